@@ -1,0 +1,133 @@
+// The job spec (DESIGN.md section 2): plain structs with defaults that run on
+// one machine, plus loading (YAML + --set overrides), validation and printing.
+// Owns the spec's shape and rules; it does not know about ranks or processes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct JobSection {
+  std::string name = "dtrain";
+  uint64_t seed = 1234;
+};
+
+struct RendezvousSpec {
+  std::string endpoint = "127.0.0.1:29400";  // host:port of the rendezvous server
+  int join_timeout_s = 60;                     // how long an agent waits for a round
+  double last_call_s = 5.0;                    // elastic: wait after min nodes joined
+  double heartbeat_s = 2.0;                    // agent heartbeat interval; 3 missed = dead
+  std::string token_file;                      // file holding the shared token (or DTRAIN_TOKEN)
+};
+
+struct TopologySpec {
+  int nvlink_domain = 0;  // devices per NVLink island; 0 = whole node (or discovered)
+};
+
+struct ClusterSpec {
+  int nodes_min = 1;  // "nodes: 2" -> min = max = 2; "nodes: 1:4" elastic
+  int nodes_max = 1;
+  int procs_per_node = 1;
+  std::string device = "cpu";    // cpu | cuda
+  std::string backend = "auto";  // auto | gloo | nccl
+  int max_restarts = 0;
+  double grace_s = 5.0;          // SIGTERM -> SIGKILL grace period when stopping workers
+  RendezvousSpec rendezvous;
+  TopologySpec topology;
+};
+
+struct ParallelSpec {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int ep = 1;
+  int zero = 0;                            // 0 = DDP, 1, 2, 3 (= FSDP full shard)
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
+  double ddp_bucket_mb = 25.0;
+  bool ddp_overlap = true;
+};
+
+struct ModelSpec {
+  std::string kind = "gpt";
+  int vocab = 256;
+  int layers = 2;
+  int d_model = 64;
+  int heads = 4;
+  int seq_len = 64;
+  double dropout = 0.0;
+};
+
+struct TrainSpec {
+  int steps = 100;
+  int micro_batch = 8;
+  int grad_accum = 1;
+  double lr = 3.0e-4;
+  double min_lr = 0.0;     // cosine decays to this
+  int warmup_steps = 10;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double grad_clip = 1.0;  // 0 = off
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
+};
+
+struct DataSpec {
+  std::string path = "data/corpus.txt";
+  std::string format = "bytes";  // bytes | tokens-u16 | synthetic
+};
+
+struct CheckpointSpec {
+  std::string dir;  // empty = no checkpoints
+  int every = 0;    // 0 = only at the end / on preemption
+  int keep = 3;
+};
+
+struct LogSpec {
+  std::string dir = "runs/dtrain";
+  int every = 10;
+};
+
+struct JobSpec {
+  JobSection job;
+  ClusterSpec cluster;
+  ParallelSpec parallel;
+  ModelSpec model;
+  TrainSpec train;
+  DataSpec data;
+  CheckpointSpec checkpoint;
+  LogSpec log;
+  std::vector<std::string> entrypoint = {"builtin"};  // or any command
+
+  std::string source;  // file the spec came from ("" for built-in defaults)
+
+  // Derived values (DESIGN.md section 2).
+  int world() const { return parallel.dp * parallel.tp * parallel.pp; }
+  int global_batch() const { return train.micro_batch * train.grad_accum * parallel.dp; }
+  int ranks_per_node() const { return cluster.procs_per_node; }
+  bool builtin_entrypoint() const {
+    return entrypoint.size() == 1 && entrypoint[0] == "builtin";
+  }
+};
+
+// Load a spec from a YAML file and apply "key.path=value" overrides (value read
+// as YAML). Validates everything and throws dtrain::Error(config) listing every
+// problem as "file:line:col: field = value ...; fix" when anything is wrong.
+// Non-fatal warnings are appended to *warnings when given.
+JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides = {},
+                      std::vector<std::string>* warnings = nullptr);
+
+// Same from YAML text (source names it in messages).
+JobSpec parse_job_spec(const std::string& yaml_text, const std::string& source,
+                       const std::vector<std::string>& overrides = {},
+                       std::vector<std::string>* warnings = nullptr);
+
+// The resolved spec, every field, as YAML (re-loadable by load_job_spec) or JSON.
+std::string job_spec_to_yaml(const JobSpec& spec);
+std::string job_spec_to_json(const JobSpec& spec);
+
+// One human line per derived value: world, GBS, ranks per node, tokens per step.
+std::string job_spec_summary(const JobSpec& spec);
+
+}  // namespace dtrain

@@ -1,0 +1,38 @@
+// The agent's side of the rendezvous: one object per agent, every call with
+// a deadline; grpc::Status is turned into dtrain::Error here and nowhere else.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "rendezvous/rendezvous_types.h"
+
+namespace dtrain::rendezvous {
+
+struct ClientOptions {
+  std::string endpoint = "127.0.0.1:29400";
+  std::string job;                // sent with every call
+  std::string token;              // sent with every call (checked by the server)
+  double call_timeout_s = 10.0;   // deadline of the short calls
+};
+
+class RendezvousClient {
+ public:
+  explicit RendezvousClient(ClientOptions options);
+  ~RendezvousClient();
+
+  // Long-poll until the round closes. Throws Error(rendezvous) on refusal
+  // (wrong token/job, duplicate node, too many nodes) with the server's
+  // reason, Error(timeout) when timeout_s passes ("joined 1 of 2 nodes").
+  Assignment join(const JoinInfo& info, double timeout_s);
+  HeartbeatReply heartbeat(const std::string& node_id, uint64_t round);
+  void report_failure(const FailureReport& report);
+  void leave(const std::string& node_id, bool success);
+  ServerStatus status();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtrain::rendezvous

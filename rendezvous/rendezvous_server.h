@@ -1,0 +1,44 @@
+// The gRPC rendezvous server (DESIGN.md section 4): rounds, placement on
+// close, heartbeats, failures. Embedded in `dtrain launch` or standalone.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "rendezvous/rendezvous_types.h"
+#include "rendezvous/topology.h"
+
+namespace dtrain::rendezvous {
+
+struct ServerOptions {
+  std::string job = "dtrain";
+  std::string token;              // required match; compared in constant time
+  int min_nodes = 1;
+  int max_nodes = 1;
+  double last_call_s = 5.0;       // elastic: close at min after this long
+  double heartbeat_s = 2.0;       // agents beat this often; 3 misses = dead
+  Mesh mesh;
+  TrafficModel traffic;
+  int nvlink_domain = 0;          // for islands when agents report none
+  bool allow_slow = false;
+};
+
+class RendezvousServer {
+ public:
+  explicit RendezvousServer(ServerOptions options);
+  ~RendezvousServer();  // shuts down
+  RendezvousServer(const RendezvousServer&) = delete;
+  RendezvousServer& operator=(const RendezvousServer&) = delete;
+
+  // Bind "host:port" (port 0 = any) and serve on background threads.
+  // Returns the bound port. Throws dtrain::Error(rendezvous) when it cannot bind.
+  int start(const std::string& address);
+  void shutdown();
+  void wait();  // block until shutdown (standalone `dtrain rendezvous`)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtrain::rendezvous

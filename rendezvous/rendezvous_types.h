@@ -1,0 +1,71 @@
+// Plain data exchanged by the rendezvous server and client (no gRPC types
+// here, so the launcher's headers stay free of generated code).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rendezvous/topology.h"
+
+namespace dtrain::rendezvous {
+
+// What an agent tells the server when it joins.
+struct JoinInfo {
+  std::string job;        // job.name; must match the server's
+  std::string token;      // shared secret (DTRAIN_TOKEN or token file)
+  std::string node_id;    // unique per agent (host:pid by default); duplicates refused
+  std::string host;       // address other nodes reach this one at
+  int slots = 1;          // workers this node runs (procs_per_node)
+  int node_rank = -1;     // requested node rank (--node-rank / SLURM), -1 = any
+  bool gpu = false;
+  std::vector<int> island_of_device;  // NVLink island per local device, may be empty
+  int master_port = 0;    // a free port on this host, used if it hosts rank 0
+};
+
+// The server's answer when a round closes.
+struct Assignment {
+  uint64_t round = 0;       // rendezvous round (increments on every new round)
+  int restart = 0;          // failure restarts so far (DTRAIN_RESTART)
+  int node_rank = 0;        // this agent's node index in the round (GROUP_RANK)
+  int num_nodes = 1;
+  Mesh mesh;
+  int world = 1;
+  std::vector<RankPlacement> local_ranks;  // this node's ranks, by local device
+  Placement placement;                     // the whole placement (same as dtrain topo)
+  std::string master_addr;
+  int master_port = 0;
+};
+
+struct HeartbeatReply {
+  bool known = true;         // false: the server dropped this node (re-join)
+  uint64_t current_round = 0;  // differs from ours: stop workers and re-join
+};
+
+struct FailureReport {
+  std::string node_id;
+  uint64_t round = 0;
+  int rank = -1;
+  int local_rank = -1;
+  int exit_code = 0;   // valid when signal == 0
+  int signal = 0;
+  std::string message;
+};
+
+struct NodeStatus {
+  std::string node_id;
+  std::string host;
+  int node_rank = -1;
+  double last_heartbeat_age_s = 0;
+};
+
+struct ServerStatus {
+  std::string job;
+  uint64_t round = 0;
+  int restart = 0;
+  int min_nodes = 1, max_nodes = 1;
+  bool round_open = true;      // waiting for joiners
+  std::vector<NodeStatus> nodes;  // members of the current round (or waiting)
+};
+
+}  // namespace dtrain::rendezvous

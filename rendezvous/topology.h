@@ -1,0 +1,88 @@
+// Cluster model and rank placement on the DP x TP x PP (x EP) mesh
+// (DESIGN.md section 5). Pure functions over plain structs: no gRPC, no I/O.
+// Shared by `dtrain topo` and the live rendezvous, so both place ranks alike.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+struct JobSpec;
+}
+
+namespace dtrain::rendezvous {
+
+// Link tiers, fastest first. loopback = processes on one CPU-only host.
+enum class LinkTier { nvlink = 0, loopback = 1, ib = 2 };
+const char* link_tier_name(LinkTier tier);
+
+struct NodeInfo {
+  std::string host = "localhost";
+  int devices = 1;                    // GPUs, or CPU worker slots
+  bool gpu = false;                   // false: CPU-only node, its links are "loopback"
+  std::vector<int> island_of_device;  // global NVLink island id per local device
+                                      // (same id on two nodes = island spans them, NVL72)
+};
+
+struct Cluster {
+  std::vector<NodeInfo> nodes;
+  int total_devices() const;
+};
+
+// nodes x devices_per_node; nvlink_domain = devices per island (0 = one island
+// per node; larger than devices_per_node = islands that span consecutive nodes).
+Cluster make_cluster(int nodes, int devices_per_node, int nvlink_domain, bool gpu);
+
+struct Mesh {
+  int dp = 1, tp = 1, pp = 1, ep = 1;
+  int world() const { return dp * tp * pp; }
+};
+
+// Per-step traffic inputs (bytes per element included), from the job spec.
+struct TrafficModel {
+  uint64_t params = 0;       // parameters of the whole model
+  int bytes_per_elem = 4;    // gradient / activation element size
+  int zero = 0;
+  int micro_batch = 1;
+  int grad_accum = 1;        // = pipeline micro-batches
+  int seq_len = 1;
+  int d_model = 1;
+  int layers = 1;
+};
+TrafficModel traffic_model_from_spec(const JobSpec& spec);
+
+struct RankPlacement {
+  int rank = 0;
+  int node = 0;
+  int device = 0;  // local device index on its node (= LOCAL_RANK)
+  int dp = 0, tp = 0, pp = 0, ep = 0;
+};
+
+struct Group {
+  std::string axis;  // "dp" | "tp" | "pp" | "ep"
+  std::vector<int> ranks;
+  LinkTier tier = LinkTier::loopback;  // slowest link its traffic crosses
+  uint64_t bytes_per_step = 0;
+};
+
+struct Placement {
+  Mesh mesh;
+  std::vector<RankPlacement> ranks;  // indexed by global rank
+  std::vector<Group> groups;
+  std::vector<std::string> warnings;
+};
+
+// Place mesh.world() ranks on the cluster. Rank order: TP innermost, then
+// DP (EP groups are formed inside the DP x TP ranks of a stage), PP outermost.
+// Throws dtrain::Error(config) when the mesh does not fit the cluster, or when
+// a TP group would cross an NVLink island (unless allow_slow: then a warning).
+Placement place_ranks(const Cluster& cluster, const Mesh& mesh, const TrafficModel& traffic,
+                      bool allow_slow = false);
+
+// Renderings used by `dtrain topo`.
+std::string placement_to_text(const Placement& placement, const Cluster& cluster);
+std::string placement_to_json(const Placement& placement);  // the stable schema of issue 2
+std::string placement_to_svg(const Placement& placement, const Cluster& cluster);
+
+}  // namespace dtrain::rendezvous
