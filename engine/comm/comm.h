@@ -1,0 +1,99 @@
+// Collectives for the engine (DESIGN.md section 6, comm/): the worker's view
+// of the world from the environment contract (section 3), one process group
+// per mesh axis (PrefixStore per group over one TCPStore), and the operations
+// Gloo in LibTorch 1.13 lacks (reduce_scatter, flat all_gather, uneven
+// all_to_all, bf16) built from what it has. Every byte sent is counted per
+// group. Does not know about models or training.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/mesh.h"
+
+namespace dtrain::engine::comm {
+
+// Who this worker is: read from RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, DTRAIN_MESH, DTRAIN_RESTART,
+// DTRAIN_SPEC, DTRAIN_RUN_DIR. Missing DTRAIN_MESH = pure data parallel.
+struct WorldInfo {
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;
+  int local_world = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  mesh::Shape shape;  // dp*tp*pp == world
+  mesh::Coord coord;
+  int restart = 0;
+  std::string spec_path;
+  std::string run_dir;
+
+  static WorldInfo from_env();  // throws dtrain::Error(config) naming the variable
+};
+
+// An async operation. wait() rethrows a failure as dtrain::Error.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// One process group: a set of global ranks (an axis group, or the world).
+// Ops are collective over the group's members; tensors are CPU contiguous.
+class Group {
+ public:
+  virtual ~Group() = default;
+  virtual const std::string& name() const = 0;  // "world", "dp", "tp", "pp", "ep"
+  virtual int rank() const = 0;                 // index of this process in the group
+  virtual int size() const = 0;
+  virtual const std::vector<int>& global_ranks() const = 0;
+
+  // Sum in place. (Mean = sum, then divide: never ReduceOp::AVG on Gloo.)
+  virtual WorkPtr all_reduce(at::Tensor& t, bool async = false) = 0;
+  // out = concat of every rank's `in` along dim 0 (same shape on all ranks);
+  // out has size()*in.numel() elements.
+  virtual WorkPtr all_gather(const at::Tensor& in, at::Tensor& out, bool async = false) = 0;
+  // in has size()*out.numel() elements: out = sum over ranks of chunk rank().
+  virtual WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, bool async = false) = 0;
+  virtual WorkPtr broadcast(at::Tensor& t, int root, bool async = false) = 0;
+  // Uneven all-to-all along dim 0: in_splits[i] rows go to rank i,
+  // out_splits[i] rows come from rank i (rows of equal size).
+  virtual WorkPtr all_to_all(const at::Tensor& in, at::Tensor& out,
+                             const std::vector<int64_t>& out_splits,
+                             const std::vector<int64_t>& in_splits, bool async = false) = 0;
+  // Point to point, peer given as the index in this group.
+  virtual WorkPtr send(const at::Tensor& t, int peer, int tag = 0) = 0;
+  virtual WorkPtr recv(at::Tensor& t, int peer, int tag = 0) = 0;
+  virtual void barrier() = 0;
+
+  // Bytes this rank has put on the wire through this group.
+  virtual uint64_t bytes_sent() const = 0;
+  virtual void reset_bytes_sent() = 0;
+};
+
+// The worker's process groups: the world and one group per mesh axis.
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual const WorldInfo& info() const = 0;
+  virtual Group& world() = 0;
+  // axis: "dp", "tp", "pp", "ep", "edp" (as common/mesh.h defines them).
+  virtual Group& axis(const std::string& axis) = 0;
+};
+
+struct CommOptions {
+  std::string backend = "gloo";  // gloo | nccl (nccl only in CUDA builds)
+  double timeout_s = 300;
+};
+
+// Connects to the TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 hosts it) and
+// builds the groups. Collective: every rank of the world must call it.
+std::unique_ptr<Comm> init_comm(const WorldInfo& info, const CommOptions& options = {});
+
+}  // namespace dtrain::engine::comm
