@@ -1,0 +1,70 @@
+// dtrain-worker: what `entrypoint: builtin` runs on every rank. Reads who it
+// is from the environment (DESIGN.md section 3), never from the launcher.
+//   dtrain-worker                 train (the default)
+//   dtrain-worker bench-comm ...  one collective, nccl-tests style
+#include <sys/prctl.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "engine/comm/comm_bench.h"
+#include "engine/trainer/trainer.h"
+
+namespace {
+
+int64_t parse_size(const std::string& s) {
+  // 1K, 64M, 1G, or plain bytes.
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  std::string unit = end ? std::string(end) : "";
+  if (unit == "K" || unit == "k") v *= 1024;
+  else if (unit == "M" || unit == "m") v *= 1024 * 1024;
+  else if (unit == "G" || unit == "g") v *= 1024.0 * 1024 * 1024;
+  else if (!unit.empty())
+    throw dtrain::Error(dtrain::ErrorCode::config, "size '" + s + "' has unknown unit '" + unit + "'",
+                        "use a number with an optional K, M or G suffix, e.g. 64M");
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // If the agent dies (even by SIGKILL), take the worker down with it.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  dtrain::log::init("worker", rank ? std::atoi(rank) : 0, world ? std::atoi(world) : 1);
+
+  CLI::App app{"dtrain-worker: the LibTorch engine of one rank"};
+  auto* bench = app.add_subcommand("bench-comm", "measure one collective (nccl-tests style)");
+  dtrain::engine::comm::CommBenchOptions bopt;
+  std::string min_s = "1K", max_s = "64M";
+  bench->add_option("--op", bopt.op, "all_reduce|all_gather|reduce_scatter|all_to_all|broadcast");
+  bench->add_option("--min", min_s, "smallest size in bytes (K/M/G suffixes)");
+  bench->add_option("--max", max_s, "largest size in bytes");
+  bench->add_option("--iters", bopt.iters, "timed repeats per size");
+  bench->add_option("--dtype", bopt.dtype, "fp32|fp16|bf16");
+  try {
+    app.parse(argc, argv);
+    if (*bench) {
+      bopt.min_bytes = parse_size(min_s);
+      bopt.max_bytes = parse_size(max_s);
+      return dtrain::engine::comm::run_comm_bench(bopt);
+    }
+    return dtrain::engine::trainer::run_training();
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  } catch (const dtrain::Error& e) {
+    std::cerr << "dtrain-worker: error: " << e.message() << "\n";
+    if (!e.hint().empty()) std::cerr << "  fix: " << e.hint() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << "dtrain-worker: error: " << e.what() << "\n";
+    return 1;
+  }
+}

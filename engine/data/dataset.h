@@ -1,0 +1,34 @@
+// Token sources (DESIGN.md section 6, data/): byte-level text (vocab 256),
+// memory-mapped uint16 token files, and a synthetic source. A sample i is
+// the window of seq_len+1 tokens starting at a position fixed by i, so any
+// rank can read any sample. Does not decide which rank reads which sample
+// (sampler.h does).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtrain::engine::data {
+
+class TokenDataset {
+ public:
+  virtual ~TokenDataset() = default;
+  virtual int64_t num_samples() const = 0;   // windows of seq_len+1 tokens
+  virtual int seq_len() const = 0;
+  // Fill inputs[B, T] and targets[B, T] (int64) for the given sample ids.
+  virtual void get_batch(const std::vector<int64_t>& sample_ids, at::Tensor& inputs,
+                         at::Tensor& targets) const = 0;
+};
+
+// format: "bytes" (any file, one token per byte), "tokens-u16" (mmap'd
+// little-endian uint16), "synthetic" (deterministic from seed; path unused).
+// Throws dtrain::Error(config) naming data.path when the file is missing or
+// too short for one sample.
+std::unique_ptr<TokenDataset> open_dataset(const std::string& format, const std::string& path,
+                                           int seq_len, int vocab, uint64_t seed);
+
+}  // namespace dtrain::engine::data

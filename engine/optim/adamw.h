@@ -1,0 +1,62 @@
+// AdamW (decoupled weight decay, as torch.optim.AdamW), the learning-rate
+// schedule (linear warmup then cosine decay to min_lr), and gradient
+// clipping by a global norm (the caller all-reduces the squared norm across
+// ranks when parameters are sharded). Works on any list of tensors: full
+// parameters or shards.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace dtrain::engine::optim {
+
+struct AdamWOptions {
+  double lr = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+class AdamW {
+ public:
+  // decay[i]: whether params[i] gets weight decay (matrices yes; biases,
+  // LayerNorm weights and embeddings' positions no, by the caller's choice).
+  AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptions options);
+  // One step with learning rate lr over params' .grad(). Skips params without grad.
+  void step(double lr);
+  void zero_grad();  // sets grads to zero (keeps storage)
+
+  int64_t step_count() const { return step_; }
+  // State for checkpoints: exp_avg and exp_avg_sq per param, same order.
+  std::vector<at::Tensor>& exp_avg() { return m_; }
+  std::vector<at::Tensor>& exp_avg_sq() { return v_; }
+  void set_step_count(int64_t s) { step_ = s; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::vector<bool> decay_;
+  AdamWOptions opt_;
+  std::vector<at::Tensor> m_, v_;
+  int64_t step_ = 0;
+};
+
+struct LrSchedule {
+  double lr = 3e-4;
+  double min_lr = 0.0;
+  int warmup_steps = 10;
+  int total_steps = 100;
+  // step is 0-based: step 0 of warmup 10 -> lr * 1/10.
+  double at(int64_t step) const;
+};
+
+// Sum of squares of every grad in `grads` (local part); the caller adds the
+// other ranks' parts, takes sqrt, and calls scale_grads with
+// min(1, max_norm / (norm + 1e-6)).
+double local_grad_sq_norm(const std::vector<at::Tensor>& grads);
+void scale_grads(const std::vector<at::Tensor>& grads, double factor);
+
+}  // namespace dtrain::engine::optim

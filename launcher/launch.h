@@ -1,0 +1,27 @@
+// `dtrain launch` as a library call: run the node agent for one spec
+// (embedded rendezvous server on node 0 / one machine), until the job ends.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+
+namespace dtrain::launcher {
+
+struct LaunchOptions {
+  int node_rank = -1;                // -1: one machine, or from SLURM_NODEID
+  std::string rdzv;                  // HOST:PORT of the rendezvous ("" = spec's endpoint)
+  std::vector<int> console_ranks;    // ranks whose output reaches the console (empty = all)
+  bool allow_slow = false;
+  std::vector<std::string> extra_env;  // "K=V" added to every worker's environment
+};
+
+// Returns the job's exit code (0 when every worker of the final round
+// exited 0). Throws dtrain::Error for refusals and timeouts.
+int launch(const JobSpec& spec, const LaunchOptions& options);
+
+// Directory of the running dtrain binary (to find dtrain-worker beside it).
+std::string self_dir();
+
+}  // namespace dtrain::launcher
