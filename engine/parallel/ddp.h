@@ -1,0 +1,78 @@
+// Data parallelism the way PyTorch DDP does it (DESIGN.md sections 6 and 8):
+// gradients live in flat buckets filled in reverse registration order; each
+// bucket's async all-reduce (SUM over the dp group) starts from the autograd
+// hooks as soon as all its grads are ready, while backward goes on. Owns the
+// buckets and the hooks; does not scale the loss or step the optimizer.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/comm/comm.h"
+
+namespace dtrain::engine::parallel {
+
+struct DdpOptions {
+  static constexpr double kDefaultBucketMb = 25.0;
+  double bucket_mb = kDefaultBucketMb;  // bucket capacity; a bucket closes once it reaches this
+  bool overlap = true;                  // false: all-reduce every bucket after backward
+};
+
+// What one synchronised step cost (for metrics and the overlap benchmark).
+struct DdpSyncStats {
+  double wait_s = 0;    // time finish_gradient_sync() spent launching + waiting (exposed comm)
+  int launched_in_backward = 0;  // buckets whose all-reduce started from a hook
+  int buckets = 0;
+};
+
+namespace detail {
+struct DdpState;
+}
+
+// Gradients are views into the flat buckets (PyTorch's gradient_as_bucket_view):
+// every param.grad() is set once, at construction, to a slice of its bucket,
+// and autograd accumulates into it in place, so there is no copy in or out.
+// Whoever zeroes the grads must keep their storage (zero_grad() does).
+//
+// Loss normalisation (DESIGN.md section 8): the caller scales each local
+// micro-batch loss by 1 / (grad_accum * dp) before backward, so the SUM of the
+// ranks' gradients is the 1-process gradient of the global-batch mean loss.
+// The all-reduce is therefore a plain SUM; nothing is divided afterwards.
+class Ddp {
+ public:
+  // params in registration order (model->named_parameters()); fp32, CPU,
+  // contiguous, requires_grad. Broadcasts them from dp rank 0 so every rank
+  // starts from the same numbers (collective: every dp rank must construct).
+  Ddp(std::vector<std::pair<std::string, at::Tensor>> named_params, comm::Group& dp,
+      DdpOptions options = {});
+  ~Ddp();
+  Ddp(const Ddp&) = delete;
+  Ddp& operator=(const Ddp&) = delete;
+
+  // PyTorch's no_sync(): false for every micro-step but the last of a step,
+  // so the hooks skip the all-reduce and grads just accumulate locally.
+  void set_grad_sync(bool enabled);
+  bool grad_sync() const;
+
+  // After the last micro-step's backward: launch what has not been launched
+  // (everything, with overlap off), then wait for every bucket. On return the
+  // grads hold the dp-wide sum and are identical on every dp rank.
+  DdpSyncStats finish_gradient_sync();
+
+  void zero_grad();  // zero the flat buckets (grads stay views into them)
+
+  int num_buckets() const;
+  int64_t grad_bytes() const;  // bytes of all buckets
+  // Params of bucket i, in the order they sit in it (tests, logging).
+  std::vector<std::string> bucket_params(int i) const;
+
+ private:
+  std::shared_ptr<detail::DdpState> state_;  // hooks hold a weak_ptr to it
+};
+
+}  // namespace dtrain::engine::parallel
