@@ -13,9 +13,13 @@ struct JobSpec;
 
 namespace dtrain::rendezvous {
 
-// Link tiers, fastest first. loopback = processes on one CPU-only host.
-enum class LinkTier { nvlink = 0, loopback = 1, ib = 2 };
+// Link tiers. loopback = processes on one CPU-only host; pcie = GPUs of one
+// node in different NVLink islands (added after the first three; the values
+// are not ordered by speed: use tier_slowness to compare).
+enum class LinkTier { nvlink = 0, loopback = 1, ib = 2, pcie = 3 };
 const char* link_tier_name(LinkTier tier);
+// 0 = fastest: nvlink 0, loopback 1, pcie 2, ib 3.
+int tier_slowness(LinkTier tier);
 
 struct NodeInfo {
   std::string host = "localhost";
@@ -79,6 +83,19 @@ struct Placement {
 // a TP group would cross an NVLink island (unless allow_slow: then a warning).
 Placement place_ranks(const Cluster& cluster, const Mesh& mesh, const TrafficModel& traffic,
                       bool allow_slow = false);
+
+// The spec's view of the cluster and the mesh, as `dtrain topo` and the
+// rendezvous see them: cluster.nodes x cluster.procs_per_node, GPU when
+// cluster.device is cuda, islands of cluster.topology.nvlink_domain devices.
+// Elastic specs ("nodes: 1:4") use the node count whose devices equal the world.
+Cluster cluster_from_spec(const JobSpec& spec);
+Mesh mesh_from_spec(const JobSpec& spec);
+
+// place_ranks(cluster_from_spec, mesh_from_spec, traffic_model_from_spec) with
+// spec_warnings (from load_job_spec) put first in the placement's warnings.
+// What `dtrain topo SPEC` prints.
+Placement place_job(const JobSpec& spec, bool allow_slow = false,
+                    const std::vector<std::string>& spec_warnings = {});
 
 // Renderings used by `dtrain topo`.
 std::string placement_to_text(const Placement& placement, const Cluster& cluster);

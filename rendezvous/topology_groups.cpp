@@ -1,0 +1,153 @@
+// The groups of a placement (one per mesh axis slice), the link tier each
+// crosses and the bytes each moves per training step; plus the adapters from
+// the job spec (cluster, mesh, traffic inputs). Placement itself is in
+// topology.cpp; text/JSON/SVG in topology_render.cpp.
+#include <algorithm>
+
+#include "common/job_spec.h"
+#include "common/mesh.h"
+#include "rendezvous/topology.h"
+#include "rendezvous/topology_detail.h"
+
+namespace dtrain::rendezvous {
+
+const char* link_tier_name(LinkTier tier) {
+  switch (tier) {
+    case LinkTier::nvlink: return "nvlink";
+    case LinkTier::loopback: return "loopback";
+    case LinkTier::pcie: return "pcie";
+    case LinkTier::ib: return "ib";
+  }
+  return "unknown";
+}
+
+int tier_slowness(LinkTier tier) {
+  switch (tier) {
+    case LinkTier::nvlink: return 0;
+    case LinkTier::loopback: return 1;
+    case LinkTier::pcie: return 2;
+    case LinkTier::ib: return 3;
+  }
+  return 3;
+}
+
+namespace detail {
+namespace {
+
+// The slowest link between any two members: one island -> nvlink (GPU; the
+// island may span nodes, as on NVL72) or loopback (a CPU node is one island);
+// one node but two islands -> pcie; two nodes -> ib (the network tier).
+LinkTier group_tier(const std::vector<int>& ranks, const std::vector<Slot>& slots,
+                    const std::vector<int>& slot_of_rank) {
+  const Slot& first = slots[slot_of_rank[ranks[0]]];
+  bool one_island = true, one_node = true, all_gpu = true;
+  for (int r : ranks) {
+    const Slot& s = slots[slot_of_rank[r]];
+    one_island = one_island && s.island == first.island;
+    one_node = one_node && s.node == first.node;
+    all_gpu = all_gpu && s.gpu;
+  }
+  if (!one_node && !one_island) return LinkTier::ib;
+  if (one_island) return all_gpu ? LinkTier::nvlink : LinkTier::loopback;
+  return all_gpu ? LinkTier::pcie : LinkTier::loopback;
+}
+
+// Bytes per training step that each member of a group of n sends, by axis.
+//   ring all-reduce of X bytes: 2(n-1)/n * X.
+//   dp: gradients of one (tp, pp) shard, G = params / (tp*pp) * bytes_per_elem,
+//       all-reduced once per step: 2(n-1)/n * G. ZeRO-1/2 (reduce-scatter +
+//       all-gather) move the same; ZeRO-3 (FSDP) 1.5x that: parameters are
+//       all-gathered again for backward.
+//   tp: Megatron's 4 all-reduces per layer (2 forward, 2 backward) of the
+//       activation A = micro_batch * seq_len * d_model * bytes_per_elem, over
+//       the layers/pp layers of a stage, for each of grad_accum micro-batches:
+//       grad_accum * (layers/pp) * 4 * 2(n-1)/n * A.
+//   pp: per micro-batch, each of the n-1 stage boundaries carries one
+//       activation forward and one gradient backward: grad_accum * 2(n-1) * A.
+//   ep: 0. The job spec has no MoE layers yet, so there is no all-to-all to count.
+uint64_t group_bytes(const std::string& axis, int n, const Mesh& m, const TrafficModel& t) {
+  auto all_reduce = [n](uint64_t x) { return x * 2 * static_cast<uint64_t>(n - 1) / n; };
+  uint64_t elem = static_cast<uint64_t>(t.bytes_per_elem);
+  uint64_t act = static_cast<uint64_t>(t.micro_batch) * t.seq_len * t.d_model * elem;
+  uint64_t micro = static_cast<uint64_t>(std::max(1, t.grad_accum));
+  if (axis == "dp") {
+    uint64_t grad = t.params / static_cast<uint64_t>(m.tp * m.pp) * elem;
+    uint64_t bytes = all_reduce(grad);
+    return t.zero == 3 ? bytes * 3 / 2 : bytes;
+  }
+  if (axis == "tp") {
+    uint64_t layers = static_cast<uint64_t>(std::max(1, t.layers / m.pp));
+    return micro * layers * 4 * all_reduce(act);
+  }
+  if (axis == "pp") return micro * 2 * static_cast<uint64_t>(n - 1) * act;
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Group> build_groups(const Placement& placement, const std::vector<Slot>& slots,
+                                const std::vector<int>& slot_of_rank, const TrafficModel& traffic) {
+  const Mesh& m = placement.mesh;
+  mesh::Shape shape{m.dp, m.tp, m.pp, m.ep};
+  std::vector<std::string> axes = {"tp", "dp", "pp"};
+  if (m.ep > 1) axes.push_back("ep");
+  std::vector<Group> groups;
+  for (const auto& axis : axes)
+    for (auto& ranks : mesh::axis_groups(shape, axis)) {
+      Group g;
+      g.axis = axis;
+      g.tier = group_tier(ranks, slots, slot_of_rank);
+      g.bytes_per_step = group_bytes(axis, static_cast<int>(ranks.size()), m, traffic);
+      g.ranks = std::move(ranks);
+      groups.push_back(std::move(g));
+    }
+  return groups;
+}
+
+}  // namespace detail
+
+// GPT parameters (model/ of DESIGN.md section 6), V vocab, T seq_len,
+// C d_model, L layers: wte V*C + wpe T*C + L blocks + ln_f 2C + head V*C (no
+// bias, untied). One block: ln1 2C, qkv 3C*C+3C, attn proj C*C+C, ln2 2C,
+// fc 4C*C+4C, mlp proj 4C*C+C = 12C^2 + 13C.
+TrafficModel traffic_model_from_spec(const JobSpec& spec) {
+  TrafficModel t;
+  uint64_t V = spec.model.vocab, T = spec.model.seq_len, C = spec.model.d_model;
+  uint64_t L = spec.model.layers;
+  t.params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C + V * C;
+  t.bytes_per_elem = spec.train.precision == "fp32" ? 4 : 2;
+  t.zero = spec.parallel.zero;
+  t.micro_batch = spec.train.micro_batch;
+  t.grad_accum = spec.train.grad_accum;
+  t.seq_len = spec.model.seq_len;
+  t.d_model = spec.model.d_model;
+  t.layers = spec.model.layers;
+  return t;
+}
+
+Cluster cluster_from_spec(const JobSpec& spec) {
+  const ClusterSpec& c = spec.cluster;
+  int nodes = c.nodes_max;
+  if (nodes * c.procs_per_node != spec.world() && c.nodes_min * c.procs_per_node == spec.world())
+    nodes = c.nodes_min;
+  return make_cluster(nodes, c.procs_per_node, c.topology.nvlink_domain, c.device == "cuda");
+}
+
+Mesh mesh_from_spec(const JobSpec& spec) {
+  Mesh m;
+  m.dp = spec.parallel.dp;
+  m.tp = spec.parallel.tp;
+  m.pp = spec.parallel.pp;
+  m.ep = spec.parallel.ep;
+  return m;
+}
+
+Placement place_job(const JobSpec& spec, bool allow_slow,
+                    const std::vector<std::string>& spec_warnings) {
+  Placement p = place_ranks(cluster_from_spec(spec), mesh_from_spec(spec),
+                            traffic_model_from_spec(spec), allow_slow);
+  p.warnings.insert(p.warnings.begin(), spec_warnings.begin(), spec_warnings.end());
+  return p;
+}
+
+}  // namespace dtrain::rendezvous
