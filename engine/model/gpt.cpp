@@ -1,0 +1,174 @@
+// The GPT of gpt.h: module construction in a fixed registration order, the
+// deterministic seeded initialisation, and the forward pass (explicit masked
+// softmax attention; a tiled FlashAttention replaces it in a later issue).
+// Not parallel: TP/PP/EP wrap or re-lay these modules elsewhere.
+//
+// Shape legend: B = batch, T = time (sequence), C = channels (d_model),
+// H = heads, D = head dim (C / H), V = vocabulary.
+#include "engine/model/gpt.h"
+
+#include "common/error.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace dtrain::engine::model {
+namespace {
+
+constexpr double kInitStd = 0.02;  // GPT-2's weight init
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+void check_config(const GptConfig& cfg) {
+  if (cfg.vocab < 1 || cfg.layers < 1 || cfg.d_model < 1 || cfg.heads < 1 || cfg.seq_len < 1) {
+    throw Error(ErrorCode::config,
+                "model: vocab, layers, d_model, heads and seq_len must be >= 1 (vocab " +
+                    std::to_string(cfg.vocab) + ", layers " + std::to_string(cfg.layers) +
+                    ", d_model " + std::to_string(cfg.d_model) + ", heads " +
+                    std::to_string(cfg.heads) + ", seq_len " + std::to_string(cfg.seq_len) + ")");
+  }
+  if (cfg.d_model % cfg.heads != 0) {
+    throw Error(ErrorCode::config,
+                "model.d_model = " + std::to_string(cfg.d_model) + " is not divisible by model.heads = " +
+                    std::to_string(cfg.heads),
+                "choose heads that divide d_model");
+  }
+  if (cfg.dropout < 0.0 || cfg.dropout >= 1.0) {
+    throw Error(ErrorCode::config, "model.dropout = " + std::to_string(cfg.dropout) + " is outside [0, 1)");
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Attention
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& cfg) : heads(cfg.heads) {
+  qkv = register_module("qkv", torch::nn::Linear(cfg.d_model, 3 * cfg.d_model));
+  proj = register_module("proj", torch::nn::Linear(cfg.d_model, cfg.d_model));
+  attn_drop = register_module("attn_drop", torch::nn::Dropout(cfg.dropout));
+  resid_drop = register_module("resid_drop", torch::nn::Dropout(cfg.dropout));
+}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  const int64_t H = heads, D = C / H;
+  auto qkv_out = qkv->forward(x);                       // [B, T, 3C]
+  auto parts = qkv_out.split(C, /*dim=*/2);             // 3 x [B, T, C]
+  auto q = parts[0].view({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
+  auto k = parts[1].view({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
+  auto v = parts[2].view({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
+
+  auto att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(D)));  // [B, H, T, T]
+  // Causal mask: position t attends to positions <= t only.
+  auto future = at::ones({T, T}, x.options().dtype(at::kBool)).triu(1);  // [T, T]
+  att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
+  att = at::softmax(att, /*dim=*/-1);
+  att = attn_drop->forward(att);
+  auto y = at::matmul(att, v);                        // [B, H, T, D]
+  y = y.transpose(1, 2).contiguous().view({B, T, C});  // [B, T, C]
+  return resid_drop->forward(proj->forward(y));
+}
+
+// ---------------------------------------------------------------------------
+// MLP: exact (erf) GELU, as torch.nn.GELU() defaults to.
+
+MlpImpl::MlpImpl(const GptConfig& cfg) {
+  fc = register_module("fc", torch::nn::Linear(cfg.d_model, 4 * cfg.d_model));
+  proj = register_module("proj", torch::nn::Linear(4 * cfg.d_model, cfg.d_model));
+  drop = register_module("drop", torch::nn::Dropout(cfg.dropout));
+}
+
+at::Tensor MlpImpl::forward(const at::Tensor& x) {
+  auto h = at::gelu(fc->forward(x));  // [B, T, 4C]
+  return drop->forward(proj->forward(h));  // [B, T, C]
+}
+
+// ---------------------------------------------------------------------------
+// Block (pre-LN)
+
+BlockImpl::BlockImpl(const GptConfig& cfg) {
+  // Registration order fixes both the parameter names' order and the order
+  // in which GptImpl draws their initial values: ln1, attn, ln2, mlp.
+  ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
+  attn = register_module("attn", CausalSelfAttention(cfg));
+  ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
+  mlp = register_module("mlp", Mlp(cfg));
+}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  auto h = x + attn->forward(ln1->forward(x));  // [B, T, C]
+  return h + mlp->forward(ln2->forward(h));      // [B, T, C]
+}
+
+// ---------------------------------------------------------------------------
+// GPT
+
+GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed) : cfg_(cfg) {
+  check_config(cfg);
+  wte = register_module("wte", torch::nn::Embedding(cfg.vocab, cfg.d_model));
+  wpe = register_module("wpe", torch::nn::Embedding(cfg.seq_len, cfg.d_model));
+  drop = register_module("drop", torch::nn::Dropout(cfg.dropout));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int i = 0; i < cfg.layers; ++i) blocks->push_back(Block(cfg));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
+  // Untied from wte (GPT-2 ties them): keeps TP/PP sharding of the head
+  // independent of the embedding's placement, at the cost of V*C parameters.
+  head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, cfg.vocab).bias(false)));
+
+  // Deterministic init: one local generator seeded with `seed`, every
+  // parameter drawn in registration order, so every process (and every
+  // layout) gets the same numbers. The global generator is never used.
+  // GPT-2 style: N(0, 0.02) weights; residual projections (attn.proj and
+  // mlp.proj) scaled by 1/sqrt(2 * layers); zero biases; LayerNorm 1 / 0.
+  auto gen = at::detail::createCPUGenerator(seed);
+  const double proj_std = kInitStd / std::sqrt(2.0 * cfg.layers);
+  at::NoGradGuard no_grad;
+  for (auto& item : named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    const bool is_ln = name.rfind("ln_f.", 0) == 0 || name.find(".ln1.") != std::string::npos ||
+                       name.find(".ln2.") != std::string::npos;
+    if (ends_with(name, ".bias")) {
+      p.zero_();
+    } else if (is_ln) {
+      p.fill_(1.0);
+    } else if (ends_with(name, "proj.weight")) {
+      p.normal_(0.0, proj_std, gen);
+    } else {
+      p.normal_(0.0, kInitStd, gen);
+    }
+  }
+}
+
+at::Tensor GptImpl::forward(const at::Tensor& tokens) {
+  const int64_t T = tokens.size(1);
+  if (T > cfg_.seq_len) {
+    throw Error(ErrorCode::internal, "gpt: sequence of " + std::to_string(T) +
+                                         " tokens exceeds model.seq_len = " + std::to_string(cfg_.seq_len));
+  }
+  auto pos = at::arange(T, tokens.options().dtype(at::kLong));  // [T]
+  auto x = wte->forward(tokens) + wpe->forward(pos);             // [B, T, C] (+ [T, C] broadcast)
+  x = drop->forward(x);
+  for (const auto& block : *blocks) x = block->as<Block>()->forward(x);  // [B, T, C]
+  return head->forward(ln_f->forward(x));                        // [B, T, V]
+}
+
+at::Tensor GptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
+  auto logits = forward(tokens);  // [B, T, V]
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+int64_t GptImpl::num_params() const {
+  int64_t n = 0;
+  for (const auto& p : parameters(/*recurse=*/true)) n += p.numel();
+  return n;
+}
+
+}  // namespace dtrain::engine::model

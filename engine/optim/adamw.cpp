@@ -1,0 +1,90 @@
+// AdamW, the learning-rate schedule and the gradient-norm helpers of adamw.h.
+// The update is torch.optim.AdamW's single-tensor path (1.13), written with
+// in-place ATen ops under NoGradGuard so it matches PyTorch step for step.
+// Does not all-reduce anything: the caller combines norms across ranks.
+#include "engine/optim/adamw.h"
+
+#include "common/error.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros_like.h>
+
+#include <cmath>
+#include <string>
+
+namespace dtrain::engine::optim {
+
+AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptions options)
+    : params_(std::move(params)), decay_(std::move(decay)), opt_(options) {
+  if (decay_.size() != params_.size()) {
+    throw Error(ErrorCode::internal, "AdamW: " + std::to_string(params_.size()) + " params but " +
+                                         std::to_string(decay_.size()) + " decay flags");
+  }
+  // State allocated up front (not lazily) so a checkpoint can be loaded into
+  // it before the first step.
+  m_.reserve(params_.size());
+  v_.reserve(params_.size());
+  at::NoGradGuard no_grad;
+  for (const auto& p : params_) {
+    m_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    v_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+  }
+}
+
+void AdamW::step(double lr) {
+  at::NoGradGuard no_grad;
+  ++step_;
+  const double b1 = opt_.beta1, b2 = opt_.beta2;
+  const double bias_correction1 = 1.0 - std::pow(b1, double(step_));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(b2, double(step_)));
+  const double step_size = lr / bias_correction1;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i];
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    if (decay_[i] && opt_.weight_decay != 0.0) p.mul_(1.0 - lr * opt_.weight_decay);  // decoupled decay
+    m_[i].mul_(b1).add_(g, 1.0 - b1);                  // m = b1 m + (1 - b1) g
+    v_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);           // v = b2 v + (1 - b2) g^2
+    auto denom = v_[i].sqrt().div_(bias_correction2_sqrt).add_(opt_.eps);  // sqrt(vhat) + eps
+    p.addcdiv_(m_[i], denom, -step_size);              // p -= lr * mhat / denom
+  }
+}
+
+void AdamW::zero_grad() {
+  for (auto& p : params_) {
+    at::Tensor g = p.grad();
+    if (g.defined()) g.zero_();
+  }
+}
+
+double LrSchedule::at(int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps) return lr * double(step + 1) / double(warmup_steps);
+  // Cosine from lr (first step after warmup) to min_lr (the last step,
+  // total_steps - 1); min_lr afterwards.
+  const int64_t span = int64_t(total_steps) - warmup_steps - 1;
+  if (span <= 0) return step < total_steps ? lr : min_lr;
+  double progress = double(step - warmup_steps) / double(span);
+  if (progress > 1.0) progress = 1.0;
+  return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (lr - min_lr);
+}
+
+double local_grad_sq_norm(const std::vector<at::Tensor>& grads) {
+  at::NoGradGuard no_grad;
+  double total = 0.0;
+  for (const auto& g : grads) {
+    if (!g.defined()) continue;
+    total += at::sum(g.mul(g), at::kDouble).item().toDouble();  // accumulate in fp64
+  }
+  return total;
+}
+
+void scale_grads(const std::vector<at::Tensor>& grads, double factor) {
+  if (factor == 1.0) return;
+  at::NoGradGuard no_grad;
+  for (auto g : grads) {
+    if (g.defined()) g.mul_(factor);
+  }
+}
+
+}  // namespace dtrain::engine::optim
