@@ -1,0 +1,45 @@
+// One worker process: spawned with posix_spawn (the agent has gRPC threads,
+// so no fork without exec) in its own process group, stdout+stderr into one
+// pipe that the agent reads. Knows nothing of ranks, rounds or logs.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+
+#include "launcher/exit_status.h"
+#include "launcher/worker.h"
+
+namespace dtrain::launcher {
+
+class Process {
+ public:
+  // Spawns spec.argv with spec.env. Throws dtrain::Error(config) when the
+  // program cannot be started (not found, not executable).
+  explicit Process(const WorkerSpec& spec);
+  // A process still running is SIGKILLed (its whole group) and reaped.
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Read end of the output pipe (non-blocking); -1 once it reached EOF.
+  int output_fd() const { return out_fd_; }
+  // Append what the pipe holds now to *chunk; closes the pipe at EOF.
+  void read_output(std::string* chunk);
+
+  // waitpid(WNOHANG): the status once the process has exited.
+  std::optional<ExitStatus> try_reap();
+  bool exited() const { return exited_; }
+
+  // Signal the worker's process group (the worker and what it spawned).
+  void signal_group(int sig) const;
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  bool exited_ = false;
+};
+
+}  // namespace dtrain::launcher

@@ -1,0 +1,59 @@
+// This node's worker processes of one round: spawns them, pumps their
+// output into RankOutputs, reaps them, and stops them (close(): a signal,
+// a grace period, then SIGKILL). The one owner of worker processes; it
+// keeps no worker states (the agent does, in WorkerGroup).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "launcher/process.h"
+#include "launcher/rank_output.h"
+#include "launcher/worker.h"
+
+namespace dtrain::launcher {
+
+struct ExitEvent {
+  size_t index = 0;  // in spawn order (= local rank)
+  ExitStatus status;
+  std::chrono::system_clock::time_point when;
+};
+
+class ProcessGroup {
+ public:
+  // wake_fd: also polled (the SignalRelay's pipe), so signals interrupt waits.
+  explicit ProcessGroup(int wake_fd);
+  // Whatever still runs is SIGKILLed and reaped.
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  // Spawn one more worker; truncate_log starts its log afresh. Throws like Process.
+  pid_t spawn(int rank, const WorkerSpec& spec, bool truncate_log);
+
+  // Wait up to timeout_s for output, exits or a wake-up; pump output; reap.
+  std::vector<ExitEvent> poll(double timeout_s);
+
+  size_t running() const;
+
+  // Send first_signal to every group, keep pumping and reaping for grace_s
+  // (or until hurry() says so), then SIGKILL what is left and reap it.
+  // Returns the exits seen meanwhile. Returns only when no worker is left.
+  std::vector<ExitEvent> close(int first_signal, double grace_s,
+                               const std::function<bool()>& hurry);
+
+ private:
+  struct Entry {
+    std::unique_ptr<Process> process;
+    std::unique_ptr<RankOutput> output;
+  };
+  void pump(size_t index);
+  void reap(std::vector<ExitEvent>* events);
+
+  int wake_fd_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace dtrain::launcher

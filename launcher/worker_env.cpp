@@ -1,0 +1,68 @@
+// worker_env (see worker_env.h). Variables that torch.distributed reads are
+// set as torchrun sets them, except TORCHELASTIC_USE_AGENT_STORE: dtrain's
+// agent hosts no TCPStore, so rank 0 creates it (plain env:// behaviour).
+#include "launcher/worker_env.h"
+
+#include <algorithm>
+#include <map>
+
+#include "common/mesh.h"
+
+namespace dtrain::launcher {
+
+std::string error_file_path(const std::string& run_dir, int rank) {
+  return run_dir + "/error_rank_" + std::to_string(rank) + ".json";
+}
+
+std::vector<std::string> worker_env(const WorkerEnvInputs& in,
+                                    const rendezvous::RankPlacement& local) {
+  const auto& a = *in.assignment;
+  std::map<std::string, std::string> env;
+  for (const auto& kv : in.base) {
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  int local_world = static_cast<int>(a.local_ranks.size());
+  std::string threads = std::to_string(std::max(1, in.cores / std::max(1, local_world)));
+  for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"})
+    if (!env.count(name)) env[name] = threads;
+
+  auto set = [&env](const std::string& k, const std::string& v) { env[k] = v; };
+  auto num = [](long long v) { return std::to_string(v); };
+  set("RANK", num(local.rank));
+  set("WORLD_SIZE", num(a.world));
+  set("LOCAL_RANK", num(local.device));
+  set("LOCAL_WORLD_SIZE", num(local_world));
+  set("GROUP_RANK", num(a.node_rank));
+  set("GROUP_WORLD_SIZE", num(a.num_nodes));
+  set("ROLE_RANK", num(local.rank));
+  set("ROLE_WORLD_SIZE", num(a.world));
+  set("ROLE_NAME", "default");
+  set("MASTER_ADDR", a.master_addr);
+  set("MASTER_PORT", num(a.master_port));
+  set("TORCHELASTIC_RESTART_COUNT", num(in.restart));
+  set("TORCHELASTIC_MAX_RESTARTS", num(in.max_restarts));
+  set("TORCHELASTIC_RUN_ID", in.job);
+  env.erase("TORCHELASTIC_USE_AGENT_STORE");
+  set("TORCHELASTIC_ERROR_FILE", error_file_path(in.run_dir, local.rank));
+
+  mesh::Shape shape{a.mesh.dp, a.mesh.tp, a.mesh.pp, a.mesh.ep};
+  mesh::Coord coord{local.dp, local.tp, local.pp, local.ep};
+  set("DTRAIN_MESH", mesh::format_shape(shape));
+  set("DTRAIN_COORD", mesh::format_coord(coord));
+  set("DTRAIN_RESTART", num(in.restart));
+  set("DTRAIN_SPEC", in.spec_path);
+  set("DTRAIN_RUN_DIR", in.run_dir);
+  set("DTRAIN_ERROR_FILE", error_file_path(in.run_dir, local.rank));
+
+  for (const auto& kv : in.extra_env) {
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace dtrain::launcher

@@ -1,0 +1,34 @@
+// The worker's environment contract (DESIGN.md section 3): torchrun's names
+// (RANK, WORLD_SIZE, LOCAL_RANK, ..., MASTER_ADDR/PORT) plus DTRAIN_*.
+// Pure: builds "K=V" strings from plain inputs; reads no global state.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "rendezvous/rendezvous_types.h"
+
+namespace dtrain::launcher {
+
+struct WorkerEnvInputs {
+  std::vector<std::string> base;        // the agent's environment ("K=V")
+  const rendezvous::Assignment* assignment = nullptr;
+  int restart = 0;                      // DTRAIN_RESTART / TORCHELASTIC_RESTART_COUNT
+  int max_restarts = 0;
+  std::string job;                      // TORCHELASTIC_RUN_ID
+  std::string spec_path;                // DTRAIN_SPEC
+  std::string run_dir;                  // DTRAIN_RUN_DIR (= log.dir)
+  int cores = 1;                        // online CPUs, for the *_NUM_THREADS defaults
+  std::vector<std::string> extra_env;   // "K=V", applied last (--env style overrides)
+};
+
+// <run_dir>/error_rank_<r>.json
+std::string error_file_path(const std::string& run_dir, int rank);
+
+// The complete environment of the worker `local` (one of assignment->local_ranks).
+// Contract variables override inherited ones; OMP/OPENBLAS/MKL_NUM_THREADS
+// default to max(1, cores / local workers) unless already set.
+std::vector<std::string> worker_env(const WorkerEnvInputs& in,
+                                    const rendezvous::RankPlacement& local);
+
+}  // namespace dtrain::launcher
