@@ -20,6 +20,8 @@ struct Slot {
 // Every device of the cluster, node by node; throws on inconsistent islands.
 std::vector<Slot> cluster_slots(const Cluster& cluster);
 std::vector<int> island_sizes(const std::vector<Slot>& slots);  // by dense island id
+// The link between two devices, by the rules of a group's tier.
+LinkTier link_between(const Slot& a, const Slot& b);
 std::string join_ints(const std::vector<int>& v, const std::string& sep);
 
 // Every group of every axis (tp, dp, pp, then ep when ep > 1), with its tier

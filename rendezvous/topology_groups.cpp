@@ -32,6 +32,14 @@ int tier_slowness(LinkTier tier) {
 }
 
 namespace detail {
+
+LinkTier link_between(const Slot& a, const Slot& b) {
+  bool gpu = a.gpu && b.gpu;
+  if (a.island == b.island) return gpu ? LinkTier::nvlink : LinkTier::loopback;
+  if (a.node == b.node) return gpu ? LinkTier::pcie : LinkTier::loopback;
+  return LinkTier::ib;
+}
+
 namespace {
 
 // The slowest link between any two members: one island -> nvlink (GPU; the

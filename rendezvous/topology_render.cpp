@@ -1,0 +1,204 @@
+// Renderings of a Placement for `dtrain topo`: a text table, the stable JSON
+// schema of issue 2, and an SVG drawing (nodes as boxes, devices coloured by
+// TP group, PP stages left to right, edges labelled with their link tier).
+// Formatting only: the placement math is in topology.cpp.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "rendezvous/topology.h"
+#include "rendezvous/topology_detail.h"
+
+namespace dtrain::rendezvous {
+namespace {
+
+std::string human_bytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) v /= 1024.0, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+std::string pad(const std::string& s, size_t width) {
+  return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
+}
+
+std::string rpad(const std::string& s, size_t width) {
+  return s.size() >= width ? s : std::string(width - s.size(), ' ') + s;
+}
+
+std::string mesh_line(const Placement& p) {
+  const Mesh& m = p.mesh;
+  return "mesh dp=" + std::to_string(m.dp) + " tp=" + std::to_string(m.tp) + " pp=" +
+         std::to_string(m.pp) + " ep=" + std::to_string(m.ep) + ", world " +
+         std::to_string(m.world());
+}
+
+void text_ranks(std::ostringstream& out, const Placement& p, const Cluster& cluster) {
+  size_t host_w = 4;
+  for (const auto& n : cluster.nodes) host_w = std::max(host_w, n.host.size());
+  out << rpad("rank", 5) << rpad("node", 6) << "  " << pad("host", host_w) << rpad("device", 8)
+      << rpad("dp", 5) << rpad("tp", 5) << rpad("pp", 5) << rpad("ep", 5) << "\n";
+  for (const auto& r : p.ranks) {
+    std::string host = r.node < static_cast<int>(cluster.nodes.size()) ? cluster.nodes[r.node].host : "?";
+    out << rpad(std::to_string(r.rank), 5) << rpad(std::to_string(r.node), 6) << "  "
+        << pad(host, host_w) << rpad(std::to_string(r.device), 8) << rpad(std::to_string(r.dp), 5)
+        << rpad(std::to_string(r.tp), 5) << rpad(std::to_string(r.pp), 5)
+        << rpad(std::to_string(r.ep), 5) << "\n";
+  }
+}
+
+void text_groups(std::ostringstream& out, const Placement& p) {
+  std::vector<std::string> ranks;
+  size_t w = 5;
+  for (const auto& g : p.groups) {
+    ranks.push_back("[" + detail::join_ints(g.ranks, ", ") + "]");
+    w = std::max(w, ranks.back().size());
+  }
+  out << pad("axis", 6) << pad("ranks", w + 2) << pad("tier", 10) << "bytes/step\n";
+  bool skipped = false;
+  for (size_t i = 0; i < p.groups.size(); ++i) {
+    const Group& g = p.groups[i];
+    if (g.ranks.size() < 2) {
+      skipped = true;  // a one-rank group moves nothing over any link
+      continue;
+    }
+    out << pad(g.axis, 6) << pad(ranks[i], w + 2) << pad(link_tier_name(g.tier), 10)
+        << human_bytes(g.bytes_per_step) << "\n";
+  }
+  if (skipped) out << "(axes of size 1 have one-rank groups that move nothing; not listed)\n";
+}
+
+}  // namespace
+
+std::string placement_to_text(const Placement& placement, const Cluster& cluster) {
+  std::ostringstream out;
+  out << mesh_line(placement) << ", " << cluster.nodes.size() << " node"
+      << (cluster.nodes.size() == 1 ? "" : "s") << "\n\n";
+  text_ranks(out, placement, cluster);
+  out << "\n";
+  text_groups(out, placement);
+  out << "\nwarnings:" << (placement.warnings.empty() ? " none\n" : "\n");
+  for (const auto& w : placement.warnings) out << "  - " << w << "\n";
+  return out.str();
+}
+
+std::string placement_to_json(const Placement& placement) {
+  using nlohmann::ordered_json;
+  const Mesh& m = placement.mesh;
+  ordered_json j;
+  j["world"] = m.world();
+  j["mesh"] = {{"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}, {"ep", m.ep}};
+  j["ranks"] = ordered_json::array();
+  for (const auto& r : placement.ranks)
+    j["ranks"].push_back({{"rank", r.rank}, {"node", r.node}, {"device", r.device}, {"dp", r.dp},
+                          {"tp", r.tp}, {"pp", r.pp}, {"ep", r.ep}});
+  j["groups"] = ordered_json::array();
+  for (const auto& g : placement.groups)
+    j["groups"].push_back({{"axis", g.axis}, {"ranks", g.ranks},
+                           {"tier", link_tier_name(g.tier)}, {"bytes_per_step", g.bytes_per_step}});
+  j["warnings"] = placement.warnings;
+  return j.dump(2) + "\n";
+}
+
+// ---- SVG -------------------------------------------------------------------
+namespace {
+
+constexpr int kBoxW = 64, kBoxH = 36, kGap = 10, kPerRow = 4, kMargin = 20;
+constexpr int kNodeHeader = 22, kStageHeader = 40;
+const char* kPalette[] = {"#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
+                          "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"};
+
+struct SvgLayout {
+  std::vector<int> x, y;  // top-left of each rank's device box
+  std::vector<int> band_y, band_h;
+  int col_w = 0, width = 0, height = 0;
+};
+
+// Columns are PP stages; each node is a horizontal band; inside a (node,
+// stage) cell the node's devices of that stage sit in rows of kPerRow.
+SvgLayout svg_layout(const Placement& p, int nodes) {
+  SvgLayout L;
+  std::map<std::pair<int, int>, std::vector<int>> cell;  // (node, stage) -> ranks
+  for (const auto& r : p.ranks) cell[{r.node, r.pp}].push_back(r.rank);
+  int widest = 1;
+  std::vector<int> rows(nodes, 1);
+  for (auto& [key, ranks] : cell) {
+    widest = std::max(widest, std::min(kPerRow, static_cast<int>(ranks.size())));
+    rows[key.first] = std::max(rows[key.first], (static_cast<int>(ranks.size()) + kPerRow - 1) / kPerRow);
+  }
+  L.col_w = widest * (kBoxW + kGap) + 3 * kGap;
+  L.x.resize(p.ranks.size());
+  L.y.resize(p.ranks.size());
+  int y = kMargin + kStageHeader;
+  for (int n = 0; n < nodes; ++n) {
+    L.band_y.push_back(y);
+    L.band_h.push_back(kNodeHeader + rows[n] * (kBoxH + kGap) + kGap);
+    y += L.band_h.back() + 2 * kGap;
+  }
+  for (auto& [key, ranks] : cell)
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      L.x[ranks[i]] = kMargin + 2 * kGap + key.second * L.col_w + static_cast<int>(i % kPerRow) * (kBoxW + kGap);
+      L.y[ranks[i]] = L.band_y[key.first] + kNodeHeader + static_cast<int>(i / kPerRow) * (kBoxH + kGap);
+    }
+  L.width = 2 * kMargin + p.mesh.pp * L.col_w + 2 * kGap;
+  L.height = y + kMargin;
+  return L;
+}
+
+void svg_edge(std::ostringstream& out, const SvgLayout& L, int a, int b, LinkTier tier, bool dashed) {
+  int x1 = L.x[a] + kBoxW / 2, y1 = L.y[a] + kBoxH / 2, x2 = L.x[b] + kBoxW / 2, y2 = L.y[b] + kBoxH / 2;
+  out << "<line x1=\"" << x1 << "\" y1=\"" << y1 << "\" x2=\"" << x2 << "\" y2=\"" << y2
+      << "\" stroke=\"" << (dashed ? "#888" : "#333") << "\" stroke-width=\"1.5\""
+      << (dashed ? " stroke-dasharray=\"4 3\"" : "") << "/>\n";
+  out << "<text x=\"" << (x1 + x2) / 2 << "\" y=\"" << (y1 + y2) / 2 - 3
+      << "\" font-size=\"9\" text-anchor=\"middle\" fill=\"#a00\">" << link_tier_name(tier) << "</text>\n";
+}
+
+}  // namespace
+
+std::string placement_to_svg(const Placement& p, const Cluster& cluster) {
+  int nodes = static_cast<int>(cluster.nodes.size());
+  SvgLayout L = svg_layout(p, nodes);
+  std::vector<detail::Slot> slots = detail::cluster_slots(cluster);
+  std::vector<int> first_slot(nodes, 0);
+  for (int n = 1; n < nodes; ++n) first_slot[n] = first_slot[n - 1] + cluster.nodes[n - 1].devices;
+  auto slot = [&](int r) { return slots[first_slot[p.ranks[r].node] + p.ranks[r].device]; };
+  std::ostringstream out;
+  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << L.width << "\" height=\"" << L.height
+      << "\" font-family=\"sans-serif\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  out << "<text x=\"" << kMargin << "\" y=\"" << kMargin << "\" font-size=\"14\">dtrain topo: "
+      << mesh_line(p) << " (colour = TP group, solid = PP, dashed = DP)</text>\n";
+  for (int s = 0; s < p.mesh.pp; ++s)
+    out << "<text x=\"" << kMargin + 2 * kGap + s * L.col_w << "\" y=\"" << kMargin + kStageHeader - 8
+        << "\" font-size=\"12\" font-weight=\"bold\">stage " << s << "</text>\n";
+  for (int n = 0; n < nodes; ++n)
+    out << "<rect x=\"" << kMargin << "\" y=\"" << L.band_y[n] << "\" width=\"" << L.width - 2 * kMargin
+        << "\" height=\"" << L.band_h[n] << "\" rx=\"6\" fill=\"#f4f4f4\" stroke=\"#555\"/>\n"
+        << "<text x=\"" << kMargin + 6 << "\" y=\"" << L.band_y[n] + 15 << "\" font-size=\"12\">node "
+        << n << " (" << cluster.nodes[n].host << (cluster.nodes[n].gpu ? ", gpu" : ", cpu") << ")</text>\n";
+  for (const auto& g : p.groups) {
+    if (g.axis != "pp" && g.axis != "dp") continue;
+    for (size_t i = 1; i < g.ranks.size(); ++i)
+      svg_edge(out, L, g.ranks[i - 1], g.ranks[i], detail::link_between(slot(g.ranks[i - 1]), slot(g.ranks[i])),
+               g.axis == "dp");
+  }
+  for (const auto& r : p.ranks)
+    out << "<rect x=\"" << L.x[r.rank] << "\" y=\"" << L.y[r.rank] << "\" width=\"" << kBoxW << "\" height=\""
+        << kBoxH << "\" rx=\"4\" fill=\"" << kPalette[(r.rank / p.mesh.tp) % 12] << "\" stroke=\"#222\"/>\n"
+        << "<text x=\"" << L.x[r.rank] + kBoxW / 2 << "\" y=\"" << L.y[r.rank] + 15
+        << "\" font-size=\"11\" text-anchor=\"middle\">rank " << r.rank << "</text>\n"
+        << "<text x=\"" << L.x[r.rank] + kBoxW / 2 << "\" y=\"" << L.y[r.rank] + 29
+        << "\" font-size=\"9\" text-anchor=\"middle\">dev " << r.device << " dp" << r.dp << " tp" << r.tp
+        << "</text>\n";
+  out << "</svg>\n";
+  return out.str();
+}
+
+}  // namespace dtrain::rendezvous
