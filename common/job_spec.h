@@ -106,6 +106,7 @@ struct JobSpec {
   int world() const { return parallel.dp * parallel.tp * parallel.pp; }
   int global_batch() const { return train.micro_batch * train.grad_accum * parallel.dp; }
   int ranks_per_node() const { return cluster.procs_per_node; }
+  long long tokens_per_step() const { return 1LL * global_batch() * model.seq_len; }
   bool builtin_entrypoint() const {
     return entrypoint.size() == 1 && entrypoint[0] == "builtin";
   }
@@ -122,6 +123,11 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
 JobSpec parse_job_spec(const std::string& yaml_text, const std::string& source,
                        const std::vector<std::string>& overrides = {},
                        std::vector<std::string>* warnings = nullptr);
+
+// Check a spec built or changed in code (e.g. a command-line flag applied after
+// loading): the same rules as load_job_spec, messages name spec.source and the
+// field instead of a line. Throws dtrain::Error(config) listing every problem.
+void validate_job_spec(const JobSpec& spec, std::vector<std::string>* warnings = nullptr);
 
 // The resolved spec, every field, as YAML (re-loadable by load_job_spec) or JSON.
 std::string job_spec_to_yaml(const JobSpec& spec);

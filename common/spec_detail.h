@@ -1,0 +1,85 @@
+// Internals of the job spec shared by spec_*.cpp: the field table (one row per
+// YAML key, bound to its JobSpec member), where a field came from (file:line:col
+// or the --set that changed it), and the list of problems found so far.
+// Not part of the public API: include common/job_spec.h instead.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/job_spec.h"
+
+namespace dtrain::detail {
+
+// cluster.nodes: "2" or elastic "1:4".
+struct NodesRef {
+  int* min;
+  int* max;
+};
+
+// What a field binds to; the alternative decides how its YAML value is read.
+using FieldRef = std::variant<int*, uint64_t*, double*, bool*, std::string*, NodesRef,
+                              std::vector<std::string>*>;
+
+struct Field {
+  const char* path;  // "parallel.tp"
+  FieldRef (*bind)(JobSpec&);
+};
+
+// Every field of the spec in print order (the one list parse, print and
+// did-you-mean use, so they cannot disagree).
+const std::vector<Field>& spec_fields();
+// Section paths ("cluster", "cluster.rendezvous", ...).
+const std::set<std::string>& spec_sections();
+bool is_spec_field(const std::string& path);
+
+// Where fields came from, for messages.
+struct SpecOrigin {
+  std::string source;                             // file name ("" = built in)
+  YAML::Node root;                                // the tree after overrides
+  std::map<std::string, std::string> overridden;  // path -> "--set path=value"
+  std::set<std::string> bad_fields;               // failed to convert: skip checks on them
+
+  // "file:12:7" (1-based), "--set parallel.tp=3", or the file name alone.
+  std::string where(const std::string& path) const;
+  // where() of the first overridden path, else the first present one.
+  std::string where_any(const std::vector<std::string>& paths) const;
+  bool any_bad(const std::vector<std::string>& paths) const;
+};
+
+struct Problems {
+  std::vector<std::string> errors;
+  std::vector<std::string> warnings;
+  void error(const std::string& where, const std::string& text) {
+    errors.push_back(where + ": " + text);
+  }
+  void warn(const std::string& text) { warnings.push_back(text); }
+};
+
+// spec_parse.cpp
+YAML::Node parse_yaml_text(const std::string& text, const std::string& source);
+void apply_overrides(const std::vector<std::string>& overrides, SpecOrigin& origin,
+                     Problems& problems);
+void check_keys(const SpecOrigin& origin, Problems& problems);
+void convert_fields(SpecOrigin& origin, JobSpec& spec, Problems& problems);
+
+// spec_print.cpp: a field's value as YAML text ("2", "1:4", "[python3, train.py]").
+std::string field_text(const FieldRef& ref);
+
+// spec_validate.cpp
+void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
+
+// Helpers.
+size_t edit_distance(const std::string& a, const std::string& b);
+// " (did you mean X?)" for the closest candidate, or "".
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+std::string format_double(double v);  // shortest text that reads back exactly
+std::string join_choices(const std::vector<int>& values, const std::string& last_sep = " or ");
+
+}  // namespace dtrain::detail

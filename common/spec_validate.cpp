@@ -1,0 +1,235 @@
+// Rules of the job spec (DESIGN.md section 2): ranges, enums, and the relations
+// between fields (mesh = cluster size, heads % tp, layers % pp, ...). Every
+// problem is collected with its origin, the value and the fix; nothing throws.
+// Poor but legal choices become warnings.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/spec_detail.h"
+
+namespace dtrain::detail {
+namespace {
+
+std::string str(int v) { return std::to_string(v); }
+std::string str(double v) { return format_double(v); }
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+struct Checker {
+  const JobSpec& spec;
+  const SpecOrigin& origin;
+  Problems& problems;
+
+  bool bad(const std::vector<std::string>& paths) const { return origin.any_bad(paths); }
+  void error(const std::string& path, const std::string& text) const {
+    problems.error(origin.where(path), text);
+  }
+
+  template <typename T>
+  void at_least(const std::string& path, T value, T min, const std::string& fix) const {
+    if (bad({path}) || value >= min) return;
+    error(path, path + " = " + str(value) + ": must be >= " + str(min) + "; " + fix);
+  }
+  void below_one(const std::string& path, double value) const {
+    if (bad({path}) || (value >= 0.0 && value < 1.0)) return;
+    error(path, path + " = " + str(value) + ": must be in [0, 1); e.g. 0.9");
+  }
+  void one_of(const std::string& path, const std::string& value,
+              const std::vector<std::string>& choices) const {
+    if (bad({path})) return;
+    std::string list;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (value == choices[i]) return;
+      list += (i ? (i + 1 == choices.size() ? " or " : ", ") : "") + choices[i];
+    }
+    error(path, path + " = " + (value.empty() ? "\"\"" : value) + ": must be " + list +
+                    did_you_mean(value, choices));
+  }
+};
+
+void check_ranges(const Checker& c) {
+  const JobSpec& s = c.spec;
+  const char* size_fix = "sizes are counts, use a positive number";
+  if (!c.bad({"job.name"}) && s.job.name.empty())
+    c.error("job.name", "job.name is empty; name the job, e.g. name: gpt-3d");
+  c.at_least("cluster.nodes", s.cluster.nodes_min, 1, "use nodes: 1 on one machine");
+  if (!c.bad({"cluster.nodes"}) && s.cluster.nodes_max < s.cluster.nodes_min)
+    c.error("cluster.nodes", "cluster.nodes = " + str(s.cluster.nodes_min) + ":" +
+                                 str(s.cluster.nodes_max) + ": the elastic range is MIN:MAX with "
+                                 "MIN <= MAX; e.g. \"1:4\"");
+  c.at_least("cluster.procs_per_node", s.cluster.procs_per_node, 1, size_fix);
+  c.at_least("cluster.max_restarts", s.cluster.max_restarts, 0, "use 0 to never restart");
+  c.at_least("cluster.grace_s", s.cluster.grace_s, 0.0, "seconds between SIGTERM and SIGKILL");
+  c.at_least("cluster.rendezvous.join_timeout_s", s.cluster.rendezvous.join_timeout_s, 1,
+             "seconds an agent waits for the round, e.g. 60");
+  c.at_least("cluster.rendezvous.last_call_s", s.cluster.rendezvous.last_call_s, 0.0,
+             "seconds to wait for more nodes after the minimum joined");
+  c.at_least("cluster.rendezvous.heartbeat_s", s.cluster.rendezvous.heartbeat_s, 0.001,
+             "a positive interval in seconds, e.g. 2");
+  c.at_least("cluster.topology.nvlink_domain", s.cluster.topology.nvlink_domain, 0,
+             "use 0 for the whole node (or discovered)");
+  for (auto [path, v] : {std::pair{"parallel.dp", s.parallel.dp}, {"parallel.tp", s.parallel.tp},
+                         {"parallel.pp", s.parallel.pp}, {"parallel.ep", s.parallel.ep}})
+    c.at_least<int>(path, v, 1, "use 1 to not split along this axis");
+  c.at_least("parallel.ddp.bucket_mb", s.parallel.ddp_bucket_mb, 0.001,
+             "a positive size in MB, e.g. 25");
+  for (auto [path, v] : {std::pair{"model.vocab", s.model.vocab}, {"model.layers", s.model.layers},
+                         {"model.d_model", s.model.d_model}, {"model.heads", s.model.heads},
+                         {"model.seq_len", s.model.seq_len}, {"train.steps", s.train.steps},
+                         {"train.micro_batch", s.train.micro_batch},
+                         {"train.grad_accum", s.train.grad_accum}, {"log.every", s.log.every},
+                         {"checkpoint.keep", s.checkpoint.keep}})
+    c.at_least<int>(path, v, 1, size_fix);
+  c.below_one("model.dropout", s.model.dropout);
+  c.below_one("train.beta1", s.train.beta1);
+  c.below_one("train.beta2", s.train.beta2);
+  c.at_least("train.lr", s.train.lr, 1e-12, "a positive learning rate, e.g. 3.0e-4");
+  c.at_least("train.min_lr", s.train.min_lr, 0.0, "use 0 to decay to zero");
+  if (!c.bad({"train.lr", "train.min_lr"}) && s.train.min_lr > s.train.lr)
+    c.error("train.min_lr", "train.min_lr = " + str(s.train.min_lr) + ": larger than train.lr = " +
+                                str(s.train.lr) + "; the schedule decays from lr down to min_lr");
+  c.at_least("train.warmup_steps", s.train.warmup_steps, 0, "use 0 for no warm-up");
+  c.at_least("train.weight_decay", s.train.weight_decay, 0.0, "e.g. 0.1, or 0 for none");
+  c.at_least("train.grad_clip", s.train.grad_clip, 0.0, "use 0 to turn clipping off");
+  c.at_least("checkpoint.every", s.checkpoint.every, 0, "use 0 to save only at the end");
+  if (!c.bad({"entrypoint"}) && s.entrypoint.empty())
+    c.error("entrypoint", "entrypoint is empty; use builtin or a command like [python3, train.py]");
+}
+
+void check_enums(const Checker& c) {
+  const JobSpec& s = c.spec;
+  c.one_of("cluster.device", s.cluster.device, {"cpu", "cuda"});
+  c.one_of("cluster.backend", s.cluster.backend, {"auto", "gloo", "nccl"});
+  c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b"});
+  c.one_of("model.kind", s.model.kind, {"gpt"});
+  c.one_of("train.precision", s.train.precision, {"fp32", "bf16", "fp16"});
+  c.one_of("data.format", s.data.format, {"bytes", "tokens-u16", "synthetic"});
+  if (!c.bad({"parallel.zero"}) && (s.parallel.zero < 0 || s.parallel.zero > 3))
+    c.error("parallel.zero", "parallel.zero = " + str(s.parallel.zero) +
+                                 ": must be 0 (DDP), 1, 2 or 3 (FSDP full shard)");
+  if (!c.bad({"cluster.backend", "cluster.device"}) && s.cluster.backend == "nccl" &&
+      s.cluster.device == "cpu")
+    c.error("cluster.backend", "cluster.backend = nccl: NCCL needs cluster.device = cuda, "
+                               "the device is cpu; use backend gloo (or auto), or device cuda");
+  const std::string& ep = s.cluster.rendezvous.endpoint;
+  size_t colon = ep.rfind(':');
+  bool port_ok = colon != std::string::npos && colon > 0 && colon + 1 < ep.size() &&
+                 ep.find_first_not_of("0123456789", colon + 1) == std::string::npos &&
+                 ep.size() - colon <= 6 && std::stoi(ep.substr(colon + 1)) <= 65535;
+  if (!c.bad({"cluster.rendezvous.endpoint"}) && !port_ok)
+    c.error("cluster.rendezvous.endpoint",
+            "cluster.rendezvous.endpoint = " + ep + ": expected host:port; e.g. 127.0.0.1:29400");
+}
+
+// parallel: dp(2) * tp(2) * pp(2) = 8 != cluster.nodes(1) * cluster.procs_per_node(4) = 4
+void check_world(const Checker& c) {
+  const JobSpec& s = c.spec;
+  if (c.bad({"parallel.dp", "parallel.tp", "parallel.pp", "cluster.nodes",
+             "cluster.procs_per_node"}))
+    return;
+  const ParallelSpec& p = s.parallel;
+  int nodes = s.cluster.nodes_max, ppn = s.cluster.procs_per_node;
+  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || nodes < 1 || ppn < 1) return;  // reported above
+  long long world = 1LL * p.dp * p.tp * p.pp, slots = 1LL * nodes * ppn;
+  if (world == slots) return;
+  std::string nodes_text = s.cluster.nodes_min == nodes
+                               ? "cluster.nodes(" + str(nodes) + ")"
+                               : "cluster.nodes(max " + str(nodes) + ")";
+  std::string fix;
+  if (slots % (1LL * p.tp * p.pp) == 0)
+    fix = "use dp " + std::to_string(slots / (1LL * p.tp * p.pp));
+  if (world % nodes == 0)
+    fix += (fix.empty() ? "set" : ", or set") + std::string(" cluster.procs_per_node: ") +
+           std::to_string(world / nodes);
+  if (fix.empty()) fix = "make dp * tp * pp equal to the number of worker slots";
+  c.problems.error(c.origin.where_any({"parallel.dp", "parallel.tp", "parallel.pp", "parallel",
+                                       "cluster.procs_per_node", "cluster.nodes"}),
+                   "parallel: dp(" + str(p.dp) + ") * tp(" + str(p.tp) + ") * pp(" + str(p.pp) +
+                       ") = " + std::to_string(world) + " != " + nodes_text +
+                       " * cluster.procs_per_node(" + str(ppn) + ") = " + std::to_string(slots) +
+                       "; " + fix);
+}
+
+// "use tp 1, 2 or 4": the values of `axis` that divide `n` (and fit `cap`).
+std::string choices(const std::string& axis, int n, int cap = 0) {
+  std::vector<int> ok;
+  for (int d : divisors(n))
+    if (cap <= 0 || d <= cap) ok.push_back(d);
+  if (ok.size() > 8) ok.erase(ok.begin() + 4, ok.end() - 3);  // 1, 2, 3, 4, ..., big ones
+  return "use " + axis + " " + join_choices(ok);
+}
+
+void check_divisibility(const Checker& c) {
+  const JobSpec& s = c.spec;
+  const ParallelSpec& p = s.parallel;
+  const ModelSpec& m = s.model;
+  int domain = s.cluster.topology.nvlink_domain;
+  if (!c.bad({"parallel.tp", "model.heads"}) && p.tp >= 1 && m.heads >= 1 && m.heads % p.tp != 0)
+    c.error("parallel.tp", "parallel.tp = " + str(p.tp) + " does not divide model.heads = " +
+                               str(m.heads) + " (each TP rank holds heads/tp heads); " +
+                               choices("tp", m.heads, domain));
+  if (!c.bad({"parallel.pp", "model.layers"}) && p.pp >= 1 && m.layers >= 1 &&
+      m.layers % p.pp != 0)
+    c.error("parallel.pp", "parallel.pp = " + str(p.pp) + " does not divide model.layers = " +
+                               str(m.layers) + " (each stage holds layers/pp blocks); " +
+                               choices("pp", m.layers));
+  if (!c.bad({"parallel.tp", "cluster.topology.nvlink_domain"}) && domain > 0 && p.tp > domain)
+    c.error("parallel.tp", "parallel.tp = " + str(p.tp) +
+                               " is larger than cluster.topology.nvlink_domain = " + str(domain) +
+                               ": a TP group must sit inside one NVLink island; use tp <= " +
+                               str(domain) + " and put the rest in dp or pp");
+  if (!c.bad({"parallel.ep", "parallel.dp", "parallel.tp"}) && p.ep >= 1 && p.dp >= 1 &&
+      p.tp >= 1 && (p.dp * p.tp) % p.ep != 0)
+    c.error("parallel.ep", "parallel.ep = " + str(p.ep) + " does not divide dp * tp = " +
+                               str(p.dp * p.tp) + " (expert groups are made of the DP x TP "
+                               "ranks of a stage); " + choices("ep", p.dp * p.tp));
+  if (!c.bad({"model.d_model", "model.heads"}) && m.d_model >= 1 && m.heads >= 1 &&
+      m.d_model % m.heads != 0)
+    c.error("model.heads", "model.d_model = " + str(m.d_model) +
+                               " is not divisible by model.heads = " + str(m.heads) +
+                               " (head size = d_model / heads); " +
+                               choices("heads", m.d_model));
+}
+
+// Legal but poor choices, and settings that are ignored.
+void check_warnings(const Checker& c) {
+  const JobSpec& s = c.spec;
+  const ParallelSpec& p = s.parallel;
+  int m = s.train.grad_accum;
+  if (p.pp > 1 && m >= 1 && m < p.pp) {
+    int bubble = static_cast<int>(100.0 * (p.pp - 1) / (m + p.pp - 1) + 0.5);
+    c.problems.warn("train.grad_accum = " + str(m) + " < parallel.pp = " + str(p.pp) +
+                    ": the pipeline runs " + str(m) + " micro-batch(es) over " + str(p.pp) +
+                    " stages, a bubble of " + str(bubble) +
+                    "% of the step (half or more); set train.grad_accum >= " + str(p.pp) +
+                    " (4 * pp keeps it under 20%)");
+  }
+  if (p.zero > 0 && p.dp == 1)
+    c.problems.warn("parallel.zero = " + str(p.zero) +
+                    " with parallel.dp = 1: there is nothing to shard across; ZeRO has no effect");
+  if (s.checkpoint.every > 0 && s.checkpoint.dir.empty())
+    c.problems.warn("checkpoint.every = " + str(s.checkpoint.every) +
+                    " is ignored: checkpoint.dir is empty, so no checkpoints are written");
+  if (s.train.warmup_steps > s.train.steps)
+    c.problems.warn("train.warmup_steps = " + str(s.train.warmup_steps) + " > train.steps = " +
+                    str(s.train.steps) + ": the run ends before the warm-up does");
+}
+
+}  // namespace
+
+void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& problems) {
+  Checker c{spec, origin, problems};
+  check_ranges(c);
+  check_enums(c);
+  check_world(c);
+  check_divisibility(c);
+  check_warnings(c);
+}
+
+}  // namespace dtrain::detail
