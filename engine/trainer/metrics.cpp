@@ -1,0 +1,92 @@
+// MetricsLogger (metrics.h): interval timing, the console line and the JSONL
+// record. Losses go to the file with 17 significant digits so parity tests can
+// compare runs at full double precision.
+#include "engine/trainer/metrics.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace dtrain::engine::trainer {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / (1 << 20)); }
+
+std::string duration_text(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  auto total = static_cast<int64_t>(std::llround(s));
+  if (total >= 3600) return fmt::format("{}h{:02d}m", total / 3600, (total / 60) % 60);
+  return fmt::format("{}m{:02d}s", total / 60, total % 60);
+}
+
+}  // namespace
+
+int64_t process_rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;  // pages
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+MetricsLogger::MetricsLogger(MetricsOptions options) : opt_(std::move(options)), start_s_(now_s()) {
+  if (opt_.every < 1) opt_.every = 1;
+  if (opt_.jsonl_path.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(opt_.jsonl_path).parent_path(), ec);
+  jsonl_ = std::fopen(opt_.jsonl_path.c_str(), opt_.truncate ? "w" : "a");
+  if (!jsonl_)
+    throw Error(ErrorCode::config, "cannot write metrics file " + opt_.jsonl_path,
+                "check that log.dir is a writable directory");
+}
+
+MetricsLogger::~MetricsLogger() {
+  if (jsonl_) std::fclose(jsonl_);
+}
+
+bool MetricsLogger::should_log(int64_t step) const {
+  return step % opt_.every == 0 || step == opt_.total_steps;
+}
+
+void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool print) {
+  interval_s_ += r.step_s;
+  interval_wait_s_ += r.sync_wait_s;
+  ++interval_steps_;
+  if (!should_log(r.step)) return;
+  const double step_s = interval_s_ / double(interval_steps_);
+  const double tokens_per_s = double(opt_.tokens_per_step) / step_s;
+  const double wait_s = interval_wait_s_ / double(interval_steps_);
+  const double elapsed = now_s() - start_s_;
+  const double eta = step_s * double(opt_.total_steps - r.step);
+  interval_s_ = interval_wait_s_ = 0;
+  interval_steps_ = 0;
+  if (!print) return;
+
+  DTRAIN_INFO(
+      "step {}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | {:.0f} ms/step (comm wait {:.1f} ms) | "
+      "ETA {} | mem rss {}, params {}, grads {}, optim {}",
+      r.step, opt_.total_steps, r.loss, r.lr, tokens_per_s, step_s * 1e3, wait_s * 1e3,
+      duration_text(eta), mib(mem.rss), mib(mem.params), mib(mem.grads), mib(mem.optimizer));
+  if (jsonl_) {
+    std::fprintf(jsonl_,
+                 "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"tokens_per_s\": %.6g, "
+                 "\"elapsed_s\": %.6g, \"step_time_s\": %.6g, \"sync_wait_s\": %.6g, "
+                 "\"grad_norm\": %.9g, \"rss_bytes\": %lld, \"param_bytes\": %lld, "
+                 "\"grad_bytes\": %lld, \"optimizer_bytes\": %lld}\n",
+                 static_cast<long long>(r.step), r.loss, r.lr, tokens_per_s, elapsed, step_s, wait_s,
+                 r.grad_norm, static_cast<long long>(mem.rss), static_cast<long long>(mem.params),
+                 static_cast<long long>(mem.grads), static_cast<long long>(mem.optimizer));
+    std::fflush(jsonl_);
+  }
+}
+
+}  // namespace dtrain::engine::trainer

@@ -1,0 +1,62 @@
+// Training metrics (DESIGN.md section 6, trainer): every log.every steps (and
+// the last) rank 0 prints step/total, the global-batch mean loss, lr, tokens/s,
+// ETA and memory, and appends one JSON object to <log dir>/metrics.jsonl.
+// Owns the timing and formatting; it does not train or decide the loss value.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace dtrain::engine::trainer {
+
+// Bytes held by the training state (process RSS from /proc/self/statm).
+struct MemoryStats {
+  int64_t rss = 0;
+  int64_t params = 0;
+  int64_t grads = 0;
+  int64_t optimizer = 0;
+};
+int64_t process_rss_bytes();
+
+// What one step reports to the logger.
+struct StepReport {
+  int64_t step = 0;       // 1-based: steps done
+  double loss = 0;        // global-batch mean (already reduced over dp)
+  double lr = 0;
+  double grad_norm = 0;   // before clipping
+  double step_s = 0;      // wall time of the step
+  double sync_wait_s = 0; // exposed gradient all-reduce time (Ddp::finish_gradient_sync)
+};
+
+struct MetricsOptions {
+  int64_t total_steps = 0;
+  int every = 10;
+  int64_t tokens_per_step = 0;  // global batch * seq_len
+  std::string jsonl_path;       // "" = no file
+  bool truncate = true;         // fresh run: start a new file; resumed: append
+};
+
+class MetricsLogger {
+ public:
+  explicit MetricsLogger(MetricsOptions options);
+  ~MetricsLogger();
+  MetricsLogger(const MetricsLogger&) = delete;
+  MetricsLogger& operator=(const MetricsLogger&) = delete;
+
+  // Same answer on every rank: whether step `step` (1-based) is logged.
+  bool should_log(int64_t step) const;
+  // Every step: accumulates timing. On rank 0 for logged steps: prints and
+  // appends one JSON line.
+  void record(const StepReport& report, const MemoryStats& memory, bool print);
+
+ private:
+  MetricsOptions opt_;
+  std::FILE* jsonl_ = nullptr;
+  double start_s_ = 0;          // monotonic time the logger was created
+  double interval_s_ = 0;       // step time since the last logged step
+  double interval_wait_s_ = 0;  // exposed comm since the last logged step
+  int64_t interval_steps_ = 0;
+};
+
+}  // namespace dtrain::engine::trainer

@@ -1,0 +1,175 @@
+// make_train_session (train_session.h): the set-up half of the trainer, in
+// the order every rank must follow (init_comm and the DDP broadcast are
+// collective), plus the memory figures and the parameter dump for parity
+// tests. The loop is in trainer.cpp.
+#include "engine/trainer/train_session.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace dtrain::engine::trainer {
+namespace {
+
+// The builtin engine runs DDP in fp32 on CPU for now; anything else is a
+// clear error rather than a silently different run.
+void check_supported(const JobSpec& spec) {
+  std::vector<std::string> problems;
+  auto axis = [&](const char* name, int v) {
+    if (v != 1)
+      problems.push_back(std::string("parallel.") + name + " = " + std::to_string(v) +
+                         " is not implemented by the builtin engine yet; use " + name + " 1");
+  };
+  axis("tp", spec.parallel.tp);
+  axis("pp", spec.parallel.pp);
+  axis("ep", spec.parallel.ep);
+  if (spec.parallel.zero != 0)
+    problems.push_back("parallel.zero = " + std::to_string(spec.parallel.zero) +
+                       " is not implemented yet; use zero 0 (DDP)");
+  if (spec.cluster.device != "cpu")
+    problems.push_back("cluster.device = " + spec.cluster.device +
+                       ": the builtin engine runs on cpu only so far; use device cpu");
+  if (spec.train.precision != "fp32")
+    problems.push_back("train.precision = " + spec.train.precision +
+                       " is not implemented yet; use precision fp32");
+  if (spec.model.kind != "gpt")
+    problems.push_back("model.kind = " + spec.model.kind + " is unknown; use kind gpt");
+  if (problems.empty()) return;
+  std::string msg = spec.source + ": this spec asks for what the builtin engine cannot run:";
+  for (auto& p : problems) msg += "\n  " + p;
+  throw Error(ErrorCode::config, msg, "change the fields above, or run your own entrypoint");
+}
+
+std::unique_ptr<data::TokenDataset> open_data(const JobSpec& spec) {
+  const auto& d = spec.data;
+  if (d.format != "synthetic" && !std::filesystem::exists(d.path))
+    throw Error(ErrorCode::config,
+                "data.path = " + d.path + " does not exist (working directory " +
+                    std::filesystem::current_path().string() + ")",
+                d.path == "data/corpus.txt" ? "run scripts/make-corpus to build data/corpus.txt"
+                                            : "point data.path at an existing file");
+  return data::open_dataset(d.format, d.path, spec.model.seq_len, spec.model.vocab, spec.job.seed);
+}
+
+model::GptConfig gpt_config(const ModelSpec& m) {
+  model::GptConfig c;
+  c.vocab = m.vocab;
+  c.layers = m.layers;
+  c.d_model = m.d_model;
+  c.heads = m.heads;
+  c.seq_len = m.seq_len;
+  c.dropout = m.dropout;
+  return c;
+}
+
+// Weight decay on matrices only (Linear weights and embedding tables, as
+// nanoGPT); never on biases or LayerNorm parameters.
+std::unique_ptr<optim::AdamW> make_optimizer(const TrainSession& s) {
+  std::vector<at::Tensor> params;
+  std::vector<bool> decay;
+  for (auto& [name, p] : s.named_params) {
+    params.push_back(p);
+    decay.push_back(p.dim() >= 2);
+  }
+  optim::AdamWOptions o;
+  o.lr = s.spec.train.lr;
+  o.beta1 = s.spec.train.beta1;
+  o.beta2 = s.spec.train.beta2;
+  o.weight_decay = s.spec.train.weight_decay;
+  return std::make_unique<optim::AdamW>(std::move(params), std::move(decay), o);
+}
+
+}  // namespace
+
+std::unique_ptr<TrainSession> make_train_session() {
+  auto s = std::make_unique<TrainSession>();
+  s->info = comm::WorldInfo::from_env();
+  if (s->info.spec_path.empty())
+    throw Error(ErrorCode::config, "DTRAIN_SPEC is not set",
+                "run the builtin worker through `dtrain launch SPEC`");
+  s->spec = load_job_spec(s->info.spec_path);
+  const JobSpec& spec = s->spec;
+  check_supported(spec);
+  // One intra-op thread per rank: ranks are the parallelism (the launcher
+  // also sets OMP/OPENBLAS_NUM_THREADS).
+  at::set_num_threads(1);
+  // Dropout differs per rank, as in PyTorch DDP; the model's init does not
+  // use this generator (it draws from its own, seeded by job.seed).
+  at::manual_seed(spec.job.seed + 7919ULL * uint64_t(s->info.rank));
+
+  comm::CommOptions copt;
+  copt.backend = spec.cluster.backend == "auto" ? "gloo" : spec.cluster.backend;
+  s->comm = comm::init_comm(s->info, copt);
+  s->dp = &s->comm->axis("dp");
+  if (s->is_log_rank()) {
+    DTRAIN_INFO("job {} from {} (seed {})", spec.job.name, spec.source, spec.job.seed);
+    std::string summary = job_spec_summary(spec);
+    if (!summary.empty() && summary.back() == '\n') summary.pop_back();
+    DTRAIN_INFO("derived sizes:\n{}", summary);
+  }
+
+  s->data = open_data(spec);
+  s->sampler = std::make_unique<data::DistributedSampler>(
+      s->data->num_samples(), spec.job.seed, s->dp->size(), s->dp->rank(), spec.train.micro_batch,
+      spec.train.grad_accum);
+  s->model = model::Gpt(gpt_config(spec.model), spec.job.seed);
+  s->model->train();
+  for (auto& item : s->model->named_parameters(/*recurse=*/true))
+    s->named_params.emplace_back(item.key(), item.value());
+
+  parallel::DdpOptions dopt;
+  dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
+  dopt.overlap = spec.parallel.ddp_overlap;
+  s->ddp = std::make_unique<parallel::Ddp>(s->named_params, *s->dp, dopt);
+  for (auto& [name, p] : s->named_params) s->grads.push_back(p.grad());
+  s->optimizer = make_optimizer(*s);
+  s->schedule.lr = spec.train.lr;
+  s->schedule.min_lr = spec.train.min_lr;
+  s->schedule.warmup_steps = spec.train.warmup_steps;
+  s->schedule.total_steps = spec.train.steps;
+  s->inputs = at::empty({spec.train.micro_batch, spec.model.seq_len}, at::kLong);   // [B, T]
+  s->targets = at::empty({spec.train.micro_batch, spec.model.seq_len}, at::kLong);  // [B, T]
+
+  if (s->is_log_rank())
+    DTRAIN_INFO("model gpt: {} parameters ({} tensors); data {} samples of {} tokens; "
+                "DDP {} bucket(s) of <= {} MB over dp {}, overlap {}",
+                s->model->num_params(), s->named_params.size(), s->data->num_samples(),
+                spec.model.seq_len, s->ddp->num_buckets(), spec.parallel.ddp_bucket_mb,
+                s->dp->size(), spec.parallel.ddp_overlap ? "on" : "off");
+  return s;
+}
+
+MemoryStats TrainSession::memory() const {
+  MemoryStats m;
+  m.rss = process_rss_bytes();
+  for (auto& [name, p] : named_params) m.params += p.numel() * int64_t(p.element_size());
+  m.grads = ddp->grad_bytes();
+  for (auto* state : {&optimizer->exp_avg(), &optimizer->exp_avg_sq()})
+    for (auto& t : *state)
+      if (t.defined()) m.optimizer += t.numel() * int64_t(t.element_size());
+  return m;
+}
+
+void maybe_dump_parameters(const TrainSession& s) {
+  const char* path = std::getenv("DTRAIN_DUMP_PARAMS");
+  if (!path || !*path || !s.is_log_rank()) return;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error(ErrorCode::config, std::string("DTRAIN_DUMP_PARAMS = ") + path + " cannot be written");
+  out << "DTPARAMS1\n";
+  for (auto& [name, p] : s.named_params) {
+    at::Tensor c = p.detach().contiguous();
+    out << name << " " << c.numel() << "\n";
+    out.write(reinterpret_cast<const char*>(c.data_ptr<float>()), std::streamsize(c.numel() * 4));
+  }
+  if (!out) throw Error(ErrorCode::config, std::string("writing ") + path + " failed");
+  DTRAIN_INFO("parameters written to {}", path);
+}
+
+}  // namespace dtrain::engine::trainer

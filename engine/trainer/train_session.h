@@ -1,0 +1,54 @@
+// Everything one rank's training loop holds, built in a fixed order from the
+// environment contract and the resolved spec: comm, data, sampler, model, DDP,
+// optimizer, LR schedule. Owns set-up and the checks of what this engine
+// supports; the loop itself lives in trainer.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "engine/comm/comm.h"
+#include "engine/data/dataset.h"
+#include "engine/data/sampler.h"
+#include "engine/model/gpt.h"
+#include "engine/optim/adamw.h"
+#include "engine/parallel/ddp.h"
+#include "engine/trainer/metrics.h"
+
+namespace dtrain::engine::trainer {
+
+struct TrainSession {
+  comm::WorldInfo info;
+  JobSpec spec;
+  std::unique_ptr<comm::Comm> comm;
+  comm::Group* dp = nullptr;  // the data-parallel group of this rank
+  std::unique_ptr<data::TokenDataset> data;
+  std::unique_ptr<data::DistributedSampler> sampler;
+  model::Gpt model{nullptr};
+  std::vector<std::pair<std::string, at::Tensor>> named_params;  // registration order
+  std::unique_ptr<parallel::Ddp> ddp;
+  std::unique_ptr<optim::AdamW> optimizer;
+  optim::LrSchedule schedule;
+  std::vector<at::Tensor> grads;  // every param's grad: views into the DDP buckets
+  at::Tensor inputs, targets;     // [micro_batch, T] int64, reused every micro-step
+
+  bool is_log_rank() const { return info.rank == 0; }
+  MemoryStats memory() const;
+};
+
+// Reads WorldInfo and DTRAIN_SPEC, sets one intra-op thread, builds the
+// groups (collective) and everything else. Throws dtrain::Error(config) for
+// layouts this engine does not run yet (tp, pp, ep, zero, cuda, bf16/fp16).
+std::unique_ptr<TrainSession> make_train_session();
+
+// DTRAIN_DUMP_PARAMS=<path>: rank 0 writes every named parameter, for parity
+// tests. Format: "DTPARAMS1\n", then per parameter a text line
+// "<name> <numel>\n" followed by numel raw little-endian fp32 values.
+void maybe_dump_parameters(const TrainSession& session);
+
+}  // namespace dtrain::engine::trainer
