@@ -15,6 +15,10 @@
 
 #include "common/mesh.h"
 
+namespace c10d {
+class Store;  // torch/csrc/distributed/c10d/Store.hpp (only comm/*.cpp include it)
+}
+
 namespace dtrain::engine::comm {
 
 // Who this worker is: read from RANK, WORLD_SIZE, LOCAL_RANK,
@@ -67,12 +71,23 @@ class Group {
   virtual WorkPtr all_to_all(const at::Tensor& in, at::Tensor& out,
                              const std::vector<int64_t>& out_splits,
                              const std::vector<int64_t>& in_splits, bool async = false) = 0;
-  // Point to point, peer given as the index in this group.
+  // Point to point, peer given as the index in this group. Always async:
+  // wait() on the returned handle. Tags must be in [0, kMaxUserTag).
   virtual WorkPtr send(const at::Tensor& t, int peer, int tag = 0) = 0;
   virtual WorkPtr recv(at::Tensor& t, int peer, int tag = 0) = 0;
+  // Waits for this group's pending ring operations, then a Gloo barrier.
   virtual void barrier() = 0;
 
-  // Bytes this rank has put on the wire through this group.
+  // Bytes this rank has put on the wire through this group (bf16 reductions
+  // travel as fp32 and count 4 bytes an element):
+  //   all_reduce      2(n-1)/n * bytes (the ring algorithm's figure; Gloo
+  //                   picks its own algorithm, which we cannot observe)
+  //   all_gather      (n-1) * in bytes (Gloo's ring)
+  //   reduce_scatter  the actual sends of our ring: (n-1)/n * in bytes
+  //   broadcast       (n-1)/n * bytes on every rank (the average over ranks
+  //                   of any tree: n-1 copies of the buffer in total)
+  //   all_to_all      the rows this rank sends to other ranks
+  //   send            the tensor's bytes; recv and barrier count nothing
   virtual uint64_t bytes_sent() const = 0;
   virtual void reset_bytes_sent() = 0;
 };
@@ -92,8 +107,22 @@ struct CommOptions {
   double timeout_s = 300;
 };
 
+// Largest tag + 1 for send/recv; tags above it are reserved for ring ops.
+constexpr int kMaxUserTag = 1 << 24;
+
 // Connects to the TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 hosts it) and
 // builds the groups. Collective: every rank of the world must call it.
 std::unique_ptr<Comm> init_comm(const WorldInfo& info, const CommOptions& options = {});
+
+// The same over a store the caller made (tests: a HashStore or TCPStore
+// shared by threads of one process). Groups live under "pg/<axis>/<index>"
+// in it; it must outlive the Comm (the Comm keeps a reference).
+std::unique_ptr<Comm> init_comm_with_store(const WorldInfo& info,
+                                           const c10::intrusive_ptr<c10d::Store>& store,
+                                           const CommOptions& options = {});
+
+// DTRAIN_MESH text ("dp=2,tp=2,pp=2,ep=1", missing axes = 1) to a Shape;
+// throws dtrain::Error(config) naming `what` (the variable) on bad input.
+mesh::Shape parse_mesh(const std::string& text, const std::string& what = "DTRAIN_MESH");
 
 }  // namespace dtrain::engine::comm

@@ -1,0 +1,231 @@
+// GlooGroup's Gloo-backed operations, its Work handles and the one adapter
+// from Gloo/c10 failures to dtrain::Error. bf16 never reaches Gloo (it
+// crashes peers in 1.13): reductions travel as fp32, pure data movement as
+// the same bits viewed as fp16. The ring reduce-scatter is in gloo_ring.cpp.
+#include "engine/comm/gloo_group.h"
+
+#include <ATen/ops/empty.h>
+
+#include <cstring>
+
+#include "common/error.h"
+
+namespace dtrain::engine::comm::detail {
+
+namespace {
+
+bool is_bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+
+// Same bytes, a dtype Gloo knows: for ops that only move data.
+at::Tensor wire_view(const at::Tensor& t) { return is_bf16(t) ? t.view(at::kHalf) : t; }
+
+int64_t wire_nbytes(const at::Tensor& t) {
+  return is_bf16(t) ? t.numel() * 4 : static_cast<int64_t>(t.nbytes());
+}
+
+class DoneWork : public Work {
+ public:
+  void wait() override {}
+};
+
+// A queued Gloo op plus what to do once it finished (copy back, unflatten).
+class GlooWork : public Work {
+ public:
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish,
+           std::string group, std::string op)
+      : work_(std::move(work)), finish_(std::move(finish)), group_(std::move(group)),
+        op_(std::move(op)) {}
+
+  void wait() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    try {
+      work_->wait();
+    } catch (...) {
+      done_ = true;
+      rethrow_comm_error(group_, op_);
+    }
+    if (finish_) finish_();
+    done_ = true;
+  }
+
+ private:
+  std::mutex mu_;
+  bool done_ = false;
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> finish_;
+  std::string group_, op_;
+};
+
+}  // namespace
+
+[[noreturn]] void rethrow_comm_error(const std::string& group, const std::string& op) {
+  std::string what;
+  try {
+    throw;
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    what = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  bool timed_out = what.find("imed out") != std::string::npos ||
+                   what.find("imeout") != std::string::npos;
+  throw Error(timed_out ? ErrorCode::timeout : ErrorCode::worker_failed,
+              op + " on group " + group + " failed: " + what,
+              timed_out ? "a peer did not reach the same collective in time (options.timeout_s)"
+                        : "a peer rank probably exited; see its log for the first failure");
+}
+
+GlooGroup::GlooGroup(std::string name, std::vector<int> global_ranks, int rank,
+                     c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int slot)
+    : name_(std::move(name)), global_ranks_(std::move(global_ranks)), rank_(rank),
+      pg_(std::move(pg)), slot_(slot) {}
+
+GlooGroup::~GlooGroup() = default;
+
+void GlooGroup::check(const at::Tensor& t, const char* op) const {
+  if (!t.device().is_cpu() || !t.is_contiguous())
+    throw Error(ErrorCode::internal,
+                std::string(op) + " on group " + name_ + ": tensors must be CPU and contiguous");
+}
+
+WorkPtr GlooGroup::gloo_work(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish,
+                             const char* op, bool async) {
+  auto w = std::make_shared<GlooWork>(std::move(work), std::move(finish), name_, op);
+  if (!async) w->wait();
+  return w;
+}
+
+WorkPtr GlooGroup::all_reduce(at::Tensor& t, bool async) {
+  check(t, "all_reduce");
+  int n = size();
+  if (n == 1) return std::make_shared<DoneWork>();
+  bytes_ += static_cast<uint64_t>(2 * (n - 1) * wire_nbytes(t) / n);
+  at::Tensor wire = is_bf16(t) ? t.to(at::kFloat) : t;  // [numel] fp32 for bf16
+  std::vector<at::Tensor> v{wire};
+  std::function<void()> finish;
+  if (is_bf16(t)) finish = [t, wire]() mutable { t.copy_(wire); };
+  try {
+    return gloo_work(pg_->allreduce(v), std::move(finish), "all_reduce", async);
+  } catch (...) {
+    rethrow_comm_error(name_, "all_reduce");
+  }
+}
+
+WorkPtr GlooGroup::all_gather(const at::Tensor& in, at::Tensor& out, bool async) {
+  check(in, "all_gather");
+  check(out, "all_gather");
+  int n = size();
+  int64_t m = in.numel();
+  if (out.numel() != n * m || out.scalar_type() != in.scalar_type())
+    throw Error(ErrorCode::internal, "all_gather on group " + name_ + ": out has " +
+                                         std::to_string(out.numel()) + " elements, expected " +
+                                         std::to_string(n) + " x " + std::to_string(m));
+  if (n == 1) {
+    out.view({-1}).copy_(in.reshape({-1}));
+    return std::make_shared<DoneWork>();
+  }
+  bytes_ += static_cast<uint64_t>((n - 1) * in.nbytes());
+  // out viewed as n rows shaped like `in`: [n][in.sizes()]
+  at::Tensor flat = wire_view(out).view({-1});
+  std::vector<std::vector<at::Tensor>> outs(1);
+  for (int i = 0; i < n; ++i) outs[0].push_back(flat.narrow(0, i * m, m).view(in.sizes()));
+  std::vector<at::Tensor> ins{wire_view(in)};
+  try {
+    return gloo_work(pg_->allgather(outs, ins), nullptr, "all_gather", async);
+  } catch (...) {
+    rethrow_comm_error(name_, "all_gather");
+  }
+}
+
+WorkPtr GlooGroup::broadcast(at::Tensor& t, int root, bool async) {
+  check(t, "broadcast");
+  int n = size();
+  if (root < 0 || root >= n)
+    throw Error(ErrorCode::internal, "broadcast on group " + name_ + ": root " +
+                                         std::to_string(root) + " not in [0, " +
+                                         std::to_string(n) + ")");
+  if (n == 1) return std::make_shared<DoneWork>();
+  bytes_ += static_cast<uint64_t>((n - 1) * t.nbytes() / n);
+  std::vector<at::Tensor> v{wire_view(t)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  try {
+    return gloo_work(pg_->broadcast(v, opts), nullptr, "broadcast", async);
+  } catch (...) {
+    rethrow_comm_error(name_, "broadcast");
+  }
+}
+
+WorkPtr GlooGroup::all_to_all(const at::Tensor& in, at::Tensor& out,
+                              const std::vector<int64_t>& out_splits,
+                              const std::vector<int64_t>& in_splits, bool async) {
+  check(in, "all_to_all");
+  check(out, "all_to_all");
+  int n = size();
+  int64_t in_rows = 0, out_rows = 0;
+  for (auto s : in_splits) in_rows += s;
+  for (auto s : out_splits) out_rows += s;
+  int64_t row = in.dim() == 0 || in.size(0) == 0 ? 0 : in.numel() / in.size(0);
+  if (static_cast<int>(in_splits.size()) != n || static_cast<int>(out_splits.size()) != n ||
+      in.dim() == 0 || out.dim() == 0 || in_rows != in.size(0) || out_rows != out.size(0))
+    throw Error(ErrorCode::internal, "all_to_all on group " + name_ + ": splits (" +
+                                         std::to_string(in_rows) + " in, " +
+                                         std::to_string(out_rows) + " out, " +
+                                         std::to_string(in_splits.size()) +
+                                         " entries) do not match the tensors' rows");
+  if (n == 1) {
+    out.copy_(in);
+    return std::make_shared<DoneWork>();
+  }
+  int64_t sent_rows = in_rows - in_splits[rank_];
+  bytes_ += static_cast<uint64_t>(sent_rows * row * in.element_size());
+  at::Tensor o = wire_view(out), i = wire_view(in);
+  std::vector<int64_t> os = out_splits, is = in_splits;
+  try {
+    return gloo_work(pg_->alltoall_base(o, i, os, is), nullptr, "all_to_all", async);
+  } catch (...) {
+    rethrow_comm_error(name_, "all_to_all");
+  }
+}
+
+WorkPtr GlooGroup::send(const at::Tensor& t, int peer, int tag) {
+  check(t, "send");
+  if (peer < 0 || peer >= size() || peer == rank_ || tag < 0 || tag >= kMaxUserTag)
+    throw Error(ErrorCode::internal, "send on group " + name_ + ": bad peer " +
+                                         std::to_string(peer) + " or tag " + std::to_string(tag));
+  bytes_ += t.nbytes();
+  std::vector<at::Tensor> v{wire_view(t)};
+  try {
+    return gloo_work(pg_->send(v, peer, tag), nullptr, "send", true);
+  } catch (...) {
+    rethrow_comm_error(name_, "send");
+  }
+}
+
+WorkPtr GlooGroup::recv(at::Tensor& t, int peer, int tag) {
+  check(t, "recv");
+  if (peer < 0 || peer >= size() || peer == rank_ || tag < 0 || tag >= kMaxUserTag)
+    throw Error(ErrorCode::internal, "recv on group " + name_ + ": bad peer " +
+                                         std::to_string(peer) + " or tag " + std::to_string(tag));
+  std::vector<at::Tensor> v{wire_view(t)};
+  try {
+    return gloo_work(pg_->recv(v, peer, tag), nullptr, "recv", true);
+  } catch (...) {
+    rethrow_comm_error(name_, "recv");
+  }
+}
+
+void GlooGroup::barrier() {
+  ring_thread_.drain();
+  if (size() == 1) return;
+  try {
+    pg_->barrier()->wait();
+  } catch (...) {
+    rethrow_comm_error(name_, "barrier");
+  }
+}
+
+}  // namespace dtrain::engine::comm::detail
