@@ -1,0 +1,46 @@
+// The gRPC channel and server settings of the rendezvous, in one place, so
+// that client and server agree (a client that pings more often than the
+// server permits gets GOAWAY "too_many_pings"). Internal: included by .cpp only.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+namespace dtrain::rendezvous::detail {
+
+// Client: ping an idle connection every 20 s (also while a Join long-poll
+// waits, so NATs and proxies keep it), give up after 10 s without an answer.
+constexpr int kKeepaliveTimeMs = 20000;
+constexpr int kKeepaliveTimeoutMs = 10000;
+// Server: accept pings down to every 10 s (half the client's period, so
+// timer jitter never counts as a strike), and ping idle clients every 30 s.
+constexpr int kServerMinPingIntervalMs = 10000;
+constexpr int kServerKeepaliveTimeMs = 30000;
+// Replies carry the whole placement: allow 64 MiB (8192 ranks need ~1 MiB).
+constexpr int kMaxMessageBytes = 64 << 20;
+// Join: the server answers a timed-out join itself ("joined K of M") at
+// timeout_s; the client's gRPC deadline is this much later.
+constexpr double kJoinDeadlineGraceS = 2.0;
+
+inline grpc::ChannelArguments client_channel_args() {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // long-polls send no data
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  return args;
+}
+
+inline void apply_server_options(grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kServerKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kServerMinPingIntervalMs);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);  // 0 = never GOAWAY
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+}
+
+}  // namespace dtrain::rendezvous::detail

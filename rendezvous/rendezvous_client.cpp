@@ -1,0 +1,176 @@
+// RendezvousClient: one channel per agent, a deadline on every call, and the
+// single place where grpc::Status becomes dtrain::Error (status_to_error).
+#include "rendezvous/rendezvous_client.h"
+
+#include <chrono>
+
+#include "common/error.h"
+#include "rendezvous/grpc_options.h"
+#include "rendezvous/rendezvous.grpc.pb.h"
+#include "rendezvous/rendezvous_proto.h"
+
+namespace dtrain::rendezvous {
+namespace {
+
+std::chrono::system_clock::time_point deadline_after(double seconds) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(
+             std::chrono::duration<double>(seconds));
+}
+
+// The adapter: every failed call goes through here.
+Error status_to_error(const grpc::Status& s, const std::string& endpoint, const char* call) {
+  const std::string server_msg = s.error_message();
+  switch (s.error_code()) {
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::ALREADY_EXISTS:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return Error(ErrorCode::rendezvous, "rendezvous at " + endpoint + " refused " + call +
+                                              ": " + server_msg);
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return Error(ErrorCode::timeout,
+                   server_msg.empty() || server_msg == "Deadline Exceeded"
+                       ? std::string("rendezvous ") + call + " to " + endpoint + " timed out"
+                       : server_msg,
+                   "start the missing agents, or raise cluster.rendezvous.join_timeout_s");
+    case grpc::StatusCode::UNAVAILABLE:
+      return Error(ErrorCode::rendezvous,
+                   std::string("cannot reach the rendezvous server at ") + endpoint + " (" + call +
+                       ": " + server_msg + "): is the rendezvous server running?",
+                   "start it (`dtrain rendezvous SPEC --port P`, or node 0's `dtrain launch`) "
+                   "and check cluster.rendezvous.endpoint / --rdzv");
+    default:
+      return Error(ErrorCode::rendezvous, std::string("rendezvous ") + call + " to " + endpoint +
+                                              " failed (gRPC code " +
+                                              std::to_string(static_cast<int>(s.error_code())) +
+                                              "): " + server_msg);
+  }
+}
+
+}  // namespace
+
+struct RendezvousClient::Impl {
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::Rendezvous::Stub> stub;
+
+  void set_auth(pb::Auth* auth) const {
+    auth->set_job(options.job);
+    auth->set_token(options.token);
+  }
+  void short_call(grpc::ClientContext& ctx) const {
+    ctx.set_deadline(deadline_after(options.call_timeout_s));
+  }
+  [[noreturn]] void fail(const grpc::Status& s, const char* call) const {
+    throw status_to_error(s, options.endpoint, call);
+  }
+  Error join_timeout(const grpc::Status& s, const std::string& node_id, double timeout_s);
+};
+
+// The server normally answers a timed-out join itself ("joined K of M").
+// If its answer did not arrive (server gone, network), ask Status for K of M.
+Error RendezvousClient::Impl::join_timeout(const grpc::Status& s, const std::string& node_id,
+                                           double timeout_s) {
+  if (s.error_message().find("joined ") != std::string::npos)
+    return status_to_error(s, options.endpoint, "join");
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", timeout_s);
+  std::string head = std::string("rendezvous timed out after ") + secs + " s: ";
+  pb::StatusRequest req;
+  pb::StatusReply reply;
+  set_auth(req.mutable_auth());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline_after(std::min(options.call_timeout_s, 2.0)));
+  grpc::Status st = stub->Status(&ctx, req, &reply);
+  if (!st.ok())
+    return Error(ErrorCode::timeout,
+                 head + "no answer from the rendezvous server at " + options.endpoint +
+                     ": is the rendezvous server running?",
+                 "start it, and check cluster.rendezvous.endpoint / --rdzv");
+  int others = 0;
+  for (const auto& n : reply.nodes()) others += n.node_id() != node_id ? 1 : 0;
+  int need = reply.min_nodes() < reply.max_nodes() ? reply.min_nodes() : reply.max_nodes();
+  return Error(ErrorCode::timeout,
+               head + "joined " + std::to_string(others + 1) + " of " + std::to_string(need) +
+                   " nodes in round " + std::to_string(reply.round()),
+               "start the missing agents, or raise cluster.rendezvous.join_timeout_s");
+}
+
+RendezvousClient::RendezvousClient(ClientOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  impl_->channel = grpc::CreateCustomChannel(
+      impl_->options.endpoint, grpc::InsecureChannelCredentials(), detail::client_channel_args());
+  impl_->stub = pb::Rendezvous::NewStub(impl_->channel);
+}
+
+RendezvousClient::~RendezvousClient() = default;
+
+Assignment RendezvousClient::join(const JoinInfo& info, double timeout_s) {
+  pb::JoinRequest req;
+  pb::JoinReply reply;
+  JoinInfo sent = info;
+  if (sent.job.empty()) sent.job = impl_->options.job;
+  if (sent.token.empty()) sent.token = impl_->options.token;
+  detail::to_proto(sent, timeout_s, &req);
+  grpc::ClientContext ctx;
+  // Wait for the server to come up (agents may start before node 0's server);
+  // the deadline bounds it.
+  ctx.set_wait_for_ready(true);
+  ctx.set_deadline(deadline_after(timeout_s + detail::kJoinDeadlineGraceS));
+  grpc::Status s = impl_->stub->Join(&ctx, req, &reply);
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
+    throw impl_->join_timeout(s, sent.node_id, timeout_s);
+  if (!s.ok()) impl_->fail(s, "join");
+  return detail::from_proto(reply);
+}
+
+HeartbeatReply RendezvousClient::heartbeat(const std::string& node_id, uint64_t round) {
+  pb::HeartbeatRequest req;
+  pb::HeartbeatReply reply;
+  impl_->set_auth(req.mutable_auth());
+  req.set_node_id(node_id);
+  req.set_round(round);
+  grpc::ClientContext ctx;
+  impl_->short_call(ctx);
+  grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &reply);
+  if (!s.ok()) impl_->fail(s, "heartbeat");
+  return {reply.known(), reply.current_round()};
+}
+
+void RendezvousClient::report_failure(const FailureReport& report) {
+  pb::FailureRequest req;
+  pb::FailureReply reply;
+  detail::to_proto(report, &req);
+  impl_->set_auth(req.mutable_auth());
+  grpc::ClientContext ctx;
+  impl_->short_call(ctx);
+  grpc::Status s = impl_->stub->ReportFailure(&ctx, req, &reply);
+  if (!s.ok()) impl_->fail(s, "report_failure");
+}
+
+void RendezvousClient::leave(const std::string& node_id, bool success) {
+  pb::LeaveRequest req;
+  pb::LeaveReply reply;
+  impl_->set_auth(req.mutable_auth());
+  req.set_node_id(node_id);
+  req.set_success(success);
+  grpc::ClientContext ctx;
+  impl_->short_call(ctx);
+  grpc::Status s = impl_->stub->Leave(&ctx, req, &reply);
+  if (!s.ok()) impl_->fail(s, "leave");
+}
+
+ServerStatus RendezvousClient::status() {
+  pb::StatusRequest req;
+  pb::StatusReply reply;
+  impl_->set_auth(req.mutable_auth());
+  grpc::ClientContext ctx;
+  impl_->short_call(ctx);
+  grpc::Status s = impl_->stub->Status(&ctx, req, &reply);
+  if (!s.ok()) impl_->fail(s, "status");
+  return detail::from_proto(reply);
+}
+
+}  // namespace dtrain::rendezvous

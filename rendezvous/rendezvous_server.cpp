@@ -1,0 +1,281 @@
+// RendezvousServer: the gRPC side of the rendezvous. A callback service, so a
+// waiting Join long-poll holds no thread (1024 agents wait on a handful of
+// gRPC threads); the round logic itself is RoundState (round_state.h), run
+// under one mutex. A ticker thread drives time: last call, heartbeat deaths,
+// join timeouts.
+#include "rendezvous/rendezvous_server.h"
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "rendezvous/grpc_options.h"
+#include "rendezvous/rendezvous.grpc.pb.h"
+#include "rendezvous/rendezvous_proto.h"
+#include "rendezvous/round_state.h"
+
+namespace dtrain::rendezvous {
+namespace {
+
+grpc::Status to_status(const Refusal& r) {
+  switch (r.kind) {
+    case RefusalKind::none: return grpc::Status::OK;
+    case RefusalKind::permission: return {grpc::StatusCode::PERMISSION_DENIED, r.message};
+    case RefusalKind::invalid: return {grpc::StatusCode::INVALID_ARGUMENT, r.message};
+    case RefusalKind::exists: return {grpc::StatusCode::ALREADY_EXISTS, r.message};
+    case RefusalKind::exhausted: return {grpc::StatusCode::RESOURCE_EXHAUSTED, r.message};
+    case RefusalKind::precondition: return {grpc::StatusCode::FAILED_PRECONDITION, r.message};
+    case RefusalKind::deadline: return {grpc::StatusCode::DEADLINE_EXCEEDED, r.message};
+  }
+  return {grpc::StatusCode::INTERNAL, r.message};
+}
+
+}  // namespace
+
+struct RendezvousServer::Impl final : public pb::Rendezvous::CallbackService {
+  class JoinReactor;
+  using Decided = std::vector<std::pair<JoinReactor*, JoinOutcome>>;
+
+  explicit Impl(ServerOptions options) : heartbeat_s(options.heartbeat_s), state(options) {}
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const pb::JoinRequest* req,
+                                 pb::JoinReply* reply) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const pb::HeartbeatRequest* req,
+                                      pb::HeartbeatReply* reply) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const pb::LeaveRequest* req,
+                                  pb::LeaveReply* reply) override;
+  grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext* ctx,
+                                          const pb::FailureRequest* req,
+                                          pb::FailureReply* reply) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
+                                   const pb::StatusRequest* req,
+                                   pb::StatusReply* reply) override;
+
+  // Under mu: pair each decided outcome with its waiting call.
+  Decided take(std::vector<JoinOutcome> outcomes);
+  static void finish(Decided decided);
+  void cancel(uint64_t ticket);
+  void tick_loop();
+  void stop();
+
+  double heartbeat_s;
+  std::mutex mu;
+  std::condition_variable cv;
+  RoundState state;
+  std::map<uint64_t, JoinReactor*> pending;
+  uint64_t next_ticket = 1;
+  bool started = false, stopping = false, stopped = false;
+  std::thread ticker;
+  std::unique_ptr<grpc::Server> server;  // destroyed before the service base
+};
+
+// One waiting Join. Finished exactly once: by whoever removes it from
+// `pending` (round close, timeout, shutdown) or by OnCancel if it is still
+// there. Deletes itself when gRPC is done with it.
+class RendezvousServer::Impl::JoinReactor final : public grpc::ServerUnaryReactor {
+ public:
+  JoinReactor(Impl* impl, pb::JoinReply* reply) : impl_(impl), reply_(reply) {}
+  void OnCancel() override { impl_->cancel(ticket_); }
+  void OnDone() override { delete this; }
+  void set_ticket(uint64_t t) { ticket_ = t; }
+  void answer(const JoinOutcome& outcome) {
+    if (outcome.refusal || !outcome.closed) {
+      Finish(to_status(outcome.refusal));
+      return;
+    }
+    detail::to_proto(*outcome.closed, outcome.node_rank, reply_);
+    Finish(grpc::Status::OK);
+  }
+
+ private:
+  Impl* impl_;
+  pb::JoinReply* reply_;
+  uint64_t ticket_ = 0;
+};
+
+RendezvousServer::Impl::Decided RendezvousServer::Impl::take(std::vector<JoinOutcome> outcomes) {
+  Decided decided;
+  for (auto& o : outcomes) {
+    auto it = pending.find(o.ticket);
+    if (it == pending.end()) continue;  // already cancelled
+    decided.emplace_back(it->second, std::move(o));
+    pending.erase(it);
+  }
+  return decided;
+}
+
+void RendezvousServer::Impl::finish(Decided decided) {
+  for (auto& [reactor, outcome] : decided) reactor->answer(outcome);
+}
+
+grpc::ServerUnaryReactor* RendezvousServer::Impl::Join(grpc::CallbackServerContext* /*ctx*/,
+                                                       const pb::JoinRequest* req,
+                                                       pb::JoinReply* reply) {
+  auto* reactor = new JoinReactor(this, reply);
+  Decided decided;
+  Refusal refusal;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    TimePoint now = Clock::now();
+    TimePoint expiry = TimePoint::max();
+    if (req->timeout_s() > 0)
+      expiry = now + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(req->timeout_s()));
+    refusal = state.check_auth(req->auth().job(), req->auth().token());
+    if (!refusal && stopping)
+      refusal = {RefusalKind::precondition, "the rendezvous server is shutting down"};
+    if (!refusal) {
+      uint64_t ticket = next_ticket++;
+      refusal = state.join(detail::from_proto(*req), ticket, now, expiry);
+      if (!refusal) {
+        reactor->set_ticket(ticket);
+        pending[ticket] = reactor;
+        decided = take(state.poll(now));
+      }
+    }
+  }
+  if (refusal) {
+    DTRAIN_WARN("rendezvous: refused join of '{}' ({}): {}", req->node_id(), req->host(),
+                refusal.message);
+    reactor->Finish(to_status(refusal));
+  }
+  finish(std::move(decided));
+  return reactor;
+}
+
+void RendezvousServer::Impl::cancel(uint64_t ticket) {
+  JoinReactor* reactor = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = pending.find(ticket);
+    if (it == pending.end()) return;  // answered already
+    reactor = it->second;
+    pending.erase(it);
+    state.withdraw(ticket);
+  }
+  reactor->Finish(grpc::Status::CANCELLED);
+}
+
+grpc::ServerUnaryReactor* RendezvousServer::Impl::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                            const pb::HeartbeatRequest* req,
+                                                            pb::HeartbeatReply* reply) {
+  auto* reactor = ctx->DefaultReactor();
+  std::lock_guard<std::mutex> lock(mu);
+  if (Refusal r = state.check_auth(req->auth().job(), req->auth().token())) {
+    reactor->Finish(to_status(r));
+    return reactor;
+  }
+  HeartbeatReply hb = state.heartbeat(req->node_id(), req->round(), Clock::now());
+  reply->set_known(hb.known);
+  reply->set_current_round(hb.current_round);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RendezvousServer::Impl::Leave(grpc::CallbackServerContext* ctx,
+                                                        const pb::LeaveRequest* req,
+                                                        pb::LeaveReply* /*reply*/) {
+  auto* reactor = ctx->DefaultReactor();
+  std::lock_guard<std::mutex> lock(mu);
+  Refusal r = state.check_auth(req->auth().job(), req->auth().token());
+  if (!r) state.leave(req->node_id(), req->success());
+  reactor->Finish(to_status(r));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RendezvousServer::Impl::ReportFailure(grpc::CallbackServerContext* ctx,
+                                                                const pb::FailureRequest* req,
+                                                                pb::FailureReply* /*reply*/) {
+  auto* reactor = ctx->DefaultReactor();
+  std::lock_guard<std::mutex> lock(mu);
+  Refusal r = state.check_auth(req->auth().job(), req->auth().token());
+  if (!r) state.report_failure(detail::from_proto(*req));
+  reactor->Finish(to_status(r));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RendezvousServer::Impl::Status(grpc::CallbackServerContext* ctx,
+                                                         const pb::StatusRequest* req,
+                                                         pb::StatusReply* reply) {
+  auto* reactor = ctx->DefaultReactor();
+  std::lock_guard<std::mutex> lock(mu);
+  Refusal r = state.check_auth(req->auth().job(), req->auth().token());
+  if (!r) detail::to_proto(state.status(Clock::now()), reply);
+  reactor->Finish(to_status(r));
+  return reactor;
+}
+
+// Time-driven transitions. The tick is a small fraction of the heartbeat so
+// death is declared within ~3 intervals, and last call closes on time.
+void RendezvousServer::Impl::tick_loop() {
+  auto tick = std::chrono::duration<double>(std::min(0.05, std::max(0.005, heartbeat_s / 10)));
+  std::unique_lock<std::mutex> lock(mu);
+  while (!stopping) {
+    cv.wait_for(lock, tick);
+    if (stopping) break;
+    Decided decided = take(state.poll(Clock::now()));
+    if (decided.empty()) continue;
+    lock.unlock();
+    finish(std::move(decided));
+    lock.lock();
+  }
+}
+
+void RendezvousServer::Impl::stop() {
+  Decided waiting;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!started || stopping) return;
+    stopping = true;
+    for (auto& [ticket, reactor] : pending) {
+      state.withdraw(ticket);
+      JoinOutcome o;
+      o.refusal = {RefusalKind::precondition, "the rendezvous server is shutting down"};
+      waiting.emplace_back(reactor, o);
+    }
+    pending.clear();
+  }
+  cv.notify_all();
+  finish(std::move(waiting));
+  if (ticker.joinable()) ticker.join();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  std::lock_guard<std::mutex> lock(mu);
+  stopped = true;
+  cv.notify_all();
+}
+
+RendezvousServer::RendezvousServer(ServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+RendezvousServer::~RendezvousServer() { shutdown(); }
+
+int RendezvousServer::start(const std::string& address) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  detail::apply_server_options(builder);
+  builder.RegisterService(impl_.get());
+  impl_->server = builder.BuildAndStart();
+  if (!impl_->server || port == 0)
+    throw Error(ErrorCode::rendezvous, "rendezvous server cannot listen on " + address,
+                "is the port already in use? pick another with --port, or 0 for any free port");
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->started = true;
+  }
+  impl_->ticker = std::thread([this] { impl_->tick_loop(); });
+  return port;
+}
+
+void RendezvousServer::shutdown() { impl_->stop(); }
+
+void RendezvousServer::wait() {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->cv.wait(lock, [&] { return impl_->stopped || !impl_->started; });
+}
+
+}  // namespace dtrain::rendezvous

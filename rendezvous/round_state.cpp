@@ -1,0 +1,219 @@
+// RoundState: admission, withdrawal, heartbeats, failures and leaving (the
+// transitions of round_state.h). Closing a round and placing its ranks live in
+// round_close.cpp. Holds no lock and reads no clock: the server does both.
+#include "rendezvous/round_state.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/log.h"
+#include "rendezvous/token.h"
+
+namespace dtrain::rendezvous {
+namespace {
+
+std::string seconds_text(double s) {
+  char buf[32];
+  if (std::fabs(s - std::round(s)) < 1e-6)
+    std::snprintf(buf, sizeof buf, "%.0f", s);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f", s);
+  return buf;
+}
+
+double seconds_between(TimePoint a, TimePoint b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+RoundState::RoundState(ServerOptions options) : options_(std::move(options)) {
+  if (options_.min_nodes < 1) options_.min_nodes = 1;
+  if (options_.max_nodes < options_.min_nodes) options_.max_nodes = options_.min_nodes;
+}
+
+Refusal RoundState::check_auth(const std::string& job, const std::string& token) const {
+  if (!tokens_equal(options_.token, token))
+    return {RefusalKind::permission,
+            "wrong token: set DTRAIN_TOKEN (or cluster.rendezvous.token_file) to the job's token"};
+  if (job != options_.job)
+    return {RefusalKind::invalid, "wrong job: this agent runs job '" + job +
+                                      "' but the rendezvous server serves job '" + options_.job +
+                                      "'; point cluster.rendezvous.endpoint at the right server"};
+  return {};
+}
+
+Refusal RoundState::check_join(const JoinInfo& info) const {
+  const std::string r = std::to_string(round_);
+  if (info.node_id.empty()) return {RefusalKind::invalid, "join without a node_id"};
+  if (info.slots < 1)
+    return {RefusalKind::invalid, "node " + info.node_id + " offers " +
+                                      std::to_string(info.slots) + " slots; it needs at least 1"};
+  if (!info.island_of_device.empty() &&
+      static_cast<int>(info.island_of_device.size()) != info.slots)
+    return {RefusalKind::invalid, "node " + info.node_id + " reports " +
+                                      std::to_string(info.island_of_device.size()) +
+                                      " NVLink island ids for " + std::to_string(info.slots) +
+                                      " slots; they must match"};
+  if (info.node_rank >= options_.max_nodes)
+    return {RefusalKind::invalid, "node_rank " + std::to_string(info.node_rank) +
+                                      " is out of range: the job has cluster.nodes = " +
+                                      std::to_string(options_.max_nodes) + " (ranks 0.." +
+                                      std::to_string(options_.max_nodes - 1) + ")"};
+  for (const Member& m : waiting_) {
+    if (m.info.node_id == info.node_id)
+      return {RefusalKind::exists, "duplicate node: node_id '" + info.node_id +
+                                       "' already joined round " + r +
+                                       "; every agent needs a unique node id"};
+    if (info.node_rank >= 0 && m.info.node_rank == info.node_rank)
+      return {RefusalKind::exists, "duplicate node rank: node_rank " +
+                                       std::to_string(info.node_rank) + " is already taken by '" +
+                                       m.info.node_id + "' (host " + m.info.host + ") in round " +
+                                       r + "; give every agent a distinct --node-rank"};
+  }
+  return {};
+}
+
+Refusal RoundState::join(const JoinInfo& info, uint64_t ticket, TimePoint now,
+                         TimePoint expiry) {
+  if (Refusal refusal = check_join(info)) return refusal;
+  if (!open_) {
+    bool member = std::any_of(active_.begin(), active_.end(),
+                              [&](const Member& m) { return m.info.node_id == info.node_id; });
+    if (member) {
+      open_next_round("node '" + info.node_id + "' re-joined");
+    } else if (static_cast<int>(active_.size()) >= options_.max_nodes) {
+      return {RefusalKind::exhausted,
+              "too many nodes: round " + std::to_string(round_) + " is full (max nodes = " +
+                  std::to_string(options_.max_nodes) + ", all joined); node '" + info.node_id +
+                  "' is one too many; raise cluster.nodes or stop this agent"};
+    } else {
+      open_next_round("node '" + info.node_id + "' joins (elastic scale-up)");
+    }
+  }
+  Member m;
+  m.ticket = ticket;
+  m.info = info;
+  m.info.token.clear();
+  m.joined = now;
+  m.expiry = expiry;
+  m.last_beat = now;
+  waiting_.push_back(std::move(m));
+  if (static_cast<int>(waiting_.size()) == options_.min_nodes) min_reached_ = now;
+  return {};
+}
+
+void RoundState::withdraw(uint64_t ticket) {
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                [&](const Member& m) { return m.ticket == ticket; }),
+                 waiting_.end());
+}
+
+void RoundState::open_next_round(const std::string& why) {
+  ++round_;
+  open_ = true;
+  DTRAIN_INFO("rendezvous: round {} opens: {} (restart count {})", round_, why, restart_);
+}
+
+std::vector<JoinOutcome> RoundState::poll(TimePoint now) {
+  std::vector<JoinOutcome> out;
+  int need = elastic() ? options_.min_nodes : options_.max_nodes;
+  for (size_t i = 0; i < waiting_.size();) {
+    const Member& m = waiting_[i];
+    if (m.expiry > now) {
+      ++i;
+      continue;
+    }
+    std::string msg = "rendezvous timed out after " +
+                      seconds_text(seconds_between(m.joined, m.expiry)) + " s: joined " +
+                      std::to_string(waiting_.size()) + " of " + std::to_string(need) +
+                      " nodes" +
+                      (elastic() ? " (elastic " + std::to_string(options_.min_nodes) + ":" +
+                                       std::to_string(options_.max_nodes) + ")"
+                                 : std::string()) +
+                      " in round " + std::to_string(round_);
+    out.push_back({m.ticket, {RefusalKind::deadline, msg}, nullptr, 0});
+    waiting_.erase(waiting_.begin() + static_cast<long>(i));
+  }
+  if (open_ && ready_to_close(now)) {
+    auto closed = close_round(now);
+    out.insert(out.end(), closed.begin(), closed.end());
+  }
+  if (!open_) {
+    auto limit = std::chrono::duration<double>(3 * options_.heartbeat_s);
+    std::vector<std::string> dead;
+    for (const Member& m : active_)
+      if (now - m.last_beat > limit) dead.push_back(m.info.node_id);
+    if (!dead.empty()) {
+      std::string names;
+      for (const auto& d : dead) names += (names.empty() ? "'" : ", '") + d + "'";
+      active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                   [&](const Member& m) { return now - m.last_beat > limit; }),
+                    active_.end());
+      open_next_round("node " + names + " missed 3 heartbeats (" +
+                      seconds_text(3 * options_.heartbeat_s) + " s) and is declared dead");
+    }
+  }
+  return out;
+}
+
+bool RoundState::ready_to_close(TimePoint now) const {
+  int n = static_cast<int>(waiting_.size());
+  if (n >= options_.max_nodes) return true;
+  if (!elastic() || n < options_.min_nodes) return false;
+  return seconds_between(min_reached_, now) >= options_.last_call_s;
+}
+
+HeartbeatReply RoundState::heartbeat(const std::string& node_id, uint64_t round,
+                                     TimePoint now) {
+  (void)round;  // the agent compares current_round with its own
+  HeartbeatReply reply;
+  reply.current_round = round_;
+  reply.known = false;
+  for (Member& m : active_)
+    if (m.info.node_id == node_id) {
+      m.last_beat = now;
+      reply.known = true;
+    }
+  for (const Member& m : waiting_)
+    if (m.info.node_id == node_id) reply.known = true;
+  return reply;
+}
+
+void RoundState::report_failure(const FailureReport& r) {
+  std::string what = r.signal ? "signal " + std::to_string(r.signal)
+                              : "exit code " + std::to_string(r.exit_code);
+  DTRAIN_WARN("rendezvous: node '{}' reports a failure in round {}: rank {} (local {}) {}{}{}",
+              r.node_id, r.round, r.rank, r.local_rank, what, r.message.empty() ? "" : ": ",
+              r.message);
+  if (r.round != round_ || open_) return;  // this round was already restarted
+  ++restart_;
+  open_next_round("worker failure on node '" + r.node_id + "'");
+}
+
+void RoundState::leave(const std::string& node_id, bool success) {
+  auto it = std::find_if(active_.begin(), active_.end(),
+                         [&](const Member& m) { return m.info.node_id == node_id; });
+  if (it == active_.end()) return;
+  active_.erase(it);
+  DTRAIN_INFO("rendezvous: node '{}' left round {} ({})", node_id, round_,
+              success ? "finished" : "failed");
+  // A clean finish is not a membership change; a failed node is.
+  if (!success && !open_) open_next_round("node '" + node_id + "' left after a failure");
+}
+
+ServerStatus RoundState::status(TimePoint now) const {
+  ServerStatus s;
+  s.job = options_.job;
+  s.round = round_;
+  s.restart = restart_;
+  s.min_nodes = options_.min_nodes;
+  s.max_nodes = options_.max_nodes;
+  s.round_open = open_;
+  for (const Member& m : open_ ? waiting_ : active_)
+    s.nodes.push_back({m.info.node_id, m.info.host, m.info.node_rank,
+                       seconds_between(m.last_beat, now)});
+  return s;
+}
+
+}  // namespace dtrain::rendezvous

@@ -1,0 +1,100 @@
+// The rendezvous round state machine: who waits, when a round closes, who is
+// dead, what each joiner is told. Pure (no gRPC, no threads, no clock: the
+// caller passes `now` and holds the lock), so it is unit-tested without
+// sockets. The server (rendezvous_server.cpp) only moves messages in and out.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rendezvous/rendezvous_server.h"
+#include "rendezvous/rendezvous_types.h"
+
+namespace dtrain::rendezvous {
+
+using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::time_point;
+
+// Why a call was refused; maps 1:1 onto a gRPC status code in the server.
+enum class RefusalKind { none, permission, invalid, exists, exhausted, precondition, deadline };
+
+struct Refusal {
+  RefusalKind kind = RefusalKind::none;
+  std::string message;
+  explicit operator bool() const { return kind != RefusalKind::none; }
+};
+
+// What every member of a closed round shares (built once per round).
+struct ClosedRound {
+  uint64_t round = 0;
+  int restart = 0;
+  Placement placement;
+  std::vector<std::string> node_ids;  // by node rank
+  std::string master_addr;
+  int master_port = 0;
+};
+
+// The answer to one waiting Join (ticket = the server's handle on the call).
+struct JoinOutcome {
+  uint64_t ticket = 0;
+  Refusal refusal;                           // set: refused (timeout, bad placement)
+  std::shared_ptr<const ClosedRound> closed; // set: the round closed with it in it
+  int node_rank = 0;
+};
+
+// A round's members (or the waiting list of an open round).
+struct Member {
+  uint64_t ticket = 0;
+  JoinInfo info;  // token cleared
+  TimePoint joined{};
+  TimePoint expiry = TimePoint::max();
+  TimePoint last_beat{};
+};
+
+class RoundState {
+ public:
+  explicit RoundState(ServerOptions options);
+
+  // Token (constant time) then job name. Every call goes through this first.
+  Refusal check_auth(const std::string& job, const std::string& token) const;
+  // Admit a joiner to the open round (opening the next one when needed) or
+  // refuse it. Call poll() afterwards: the join may have filled the round.
+  Refusal join(const JoinInfo& info, uint64_t ticket, TimePoint now, TimePoint expiry);
+  // A waiting joiner went away (cancelled, deadline): it leaves the round.
+  void withdraw(uint64_t ticket);
+  // Time-driven transitions: expired joins, last call, heartbeat deaths.
+  // Returns the answers for waiting joiners that are now decided.
+  std::vector<JoinOutcome> poll(TimePoint now);
+
+  HeartbeatReply heartbeat(const std::string& node_id, uint64_t round, TimePoint now);
+  void report_failure(const FailureReport& report);
+  void leave(const std::string& node_id, bool success);
+  ServerStatus status(TimePoint now) const;
+
+  uint64_t round() const { return round_; }
+  bool open() const { return open_; }
+
+ private:
+  bool elastic() const { return options_.min_nodes < options_.max_nodes; }
+  Refusal check_join(const JoinInfo& info) const;
+  void open_next_round(const std::string& why);
+  bool ready_to_close(TimePoint now) const;
+  std::vector<JoinOutcome> close_round(TimePoint now);
+  std::vector<Member> ordered_waiting() const;
+  Mesh mesh_for(const Cluster& cluster) const;
+  Cluster cluster_of(const std::vector<Member>& members) const;
+  void log_summary(const ClosedRound& closed, const std::vector<Member>& members);
+
+  ServerOptions options_;
+  uint64_t round_ = 1;
+  int restart_ = 0;
+  bool open_ = true;
+  std::vector<Member> waiting_;  // joiners of the open round, in join order
+  std::vector<Member> active_;   // members of the last closed round, by node rank
+  TimePoint min_reached_{};      // elastic: when waiting_ reached min_nodes
+};
+
+}  // namespace dtrain::rendezvous
