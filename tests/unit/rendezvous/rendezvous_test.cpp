@@ -1,0 +1,329 @@
+// The gRPC rendezvous end to end on loopback: a real server on 127.0.0.1:0 in
+// this process, agents as client threads. Checks ranks against place_ranks,
+// every refusal, timeouts, elastic last call, heartbeat death, failures.
+// Not covered here: the node agent (tests/unit/launcher, tests/integration).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "common/error.h"
+#include "rendezvous/rendezvous_client.h"
+#include "rendezvous/rendezvous_server.h"
+#include "rendezvous/token.h"
+
+using namespace dtrain::rendezvous;
+using dtrain::Error;
+using dtrain::ErrorCode;
+using Seconds = std::chrono::duration<double>;
+
+namespace {
+
+const char* kToken = "s3cret-token";
+
+ServerOptions server_options(int min_nodes, int max_nodes, Mesh mesh) {
+  ServerOptions o;
+  o.job = "job-a";
+  o.token = kToken;
+  o.min_nodes = min_nodes;
+  o.max_nodes = max_nodes;
+  o.mesh = mesh;
+  o.last_call_s = 0.3;
+  o.heartbeat_s = 0.2;
+  return o;
+}
+
+struct TestServer {
+  RendezvousServer server;
+  std::string endpoint;
+  explicit TestServer(ServerOptions o) : server(std::move(o)) {
+    endpoint = "127.0.0.1:" + std::to_string(server.start("127.0.0.1:0"));
+  }
+  RendezvousClient client(const std::string& token = kToken,
+                          const std::string& job = "job-a") const {
+    ClientOptions c;
+    c.endpoint = endpoint;
+    c.job = job;
+    c.token = token;
+    c.call_timeout_s = 5;
+    return RendezvousClient(c);
+  }
+};
+
+JoinInfo agent(int i, int slots, int node_rank = -1) {
+  JoinInfo j;
+  j.node_id = "node-" + std::to_string(i);
+  j.host = "10.0.0." + std::to_string(i);
+  j.slots = slots;
+  j.node_rank = node_rank;
+  j.master_port = 30000 + i;
+  return j;
+}
+
+std::future<Assignment> join_async(const TestServer& s, JoinInfo info, double timeout_s = 5) {
+  return std::async(std::launch::async, [&s, info, timeout_s] {
+    return s.client().join(info, timeout_s);
+  });
+}
+
+// Poll Status until `n` agents wait in the open round (joins are async).
+void wait_for_waiting(const TestServer& s, size_t n) {
+  auto c = s.client();
+  for (int i = 0; i < 500; ++i) {
+    ServerStatus st = c.status();
+    if (st.round_open && st.nodes.size() == n) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  FAIL("agents never reached the open round: wanted " << n);
+}
+
+Error join_error(const TestServer& s, const JoinInfo& info, const std::string& token = kToken,
+                 const std::string& job = "job-a", double timeout_s = 2) {
+  try {
+    s.client(token, job).join(info, timeout_s);
+  } catch (const Error& e) {
+    return e;
+  }
+  FAIL("join was not refused");
+  return Error(ErrorCode::internal, "unreachable");
+}
+
+bool same(const RankPlacement& a, const RankPlacement& b) {
+  return a.rank == b.rank && a.node == b.node && a.device == b.device && a.dp == b.dp &&
+         a.tp == b.tp && a.pp == b.pp && a.ep == b.ep;
+}
+
+// n agents with `slots` each; agent i requests node_rank requested[i] (or -1).
+void check_round(int n, int slots, Mesh mesh, std::vector<int> requested) {
+  TestServer s(server_options(n, n, mesh));
+  std::vector<std::future<Assignment>> futures;
+  for (int i = 0; i < n; ++i)
+    futures.push_back(join_async(s, agent(i, slots, requested.empty() ? -1 : requested[i])));
+  std::vector<Assignment> got;
+  for (auto& f : futures) got.push_back(f.get());
+  Placement want = place_ranks(make_cluster(n, slots, 0, false), mesh, TrafficModel{});
+  std::set<int> seen;
+  std::set<int> node_ranks;
+  for (int i = 0; i < n; ++i) {
+    const Assignment& a = got[static_cast<size_t>(i)];
+    CAPTURE(i);
+    CHECK(a.round == 1);
+    CHECK(a.num_nodes == n);
+    CHECK(a.world == mesh.world());
+    if (!requested.empty()) CHECK(a.node_rank == requested[static_cast<size_t>(i)]);
+    node_ranks.insert(a.node_rank);
+    REQUIRE(a.placement.ranks.size() == want.ranks.size());
+    for (size_t r = 0; r < want.ranks.size(); ++r) CHECK(same(a.placement.ranks[r], want.ranks[r]));
+    CHECK(a.placement.groups.size() == want.groups.size());
+    CHECK(static_cast<int>(a.local_ranks.size()) == slots);
+    for (const RankPlacement& r : a.local_ranks) {
+      CHECK(r.node == a.node_rank);
+      CHECK(seen.insert(r.rank).second);  // disjoint across agents
+    }
+    // MASTER_ADDR/PORT: the agent hosting rank 0 sent them.
+    int host0 = want.ranks[0].node;
+    for (int j = 0; j < n; ++j)
+      if (got[static_cast<size_t>(j)].node_rank == host0) {
+        CHECK(a.master_addr == agent(j, 1).host);
+        CHECK(a.master_port == 30000 + j);
+      }
+  }
+  CHECK(static_cast<int>(seen.size()) == mesh.world());
+  CHECK(static_cast<int>(node_ranks.size()) == n);
+}
+
+}  // namespace
+
+TEST_CASE("rendezvous: 1, 2 and 4 agents get disjoint ranks equal to place_ranks") {
+  check_round(1, 4, {2, 2, 1, 1}, {});
+  check_round(2, 2, {2, 2, 1, 1}, {});
+  check_round(4, 2, {2, 2, 2, 1}, {3, 2, 1, 0});  // requested node ranks are honoured
+}
+
+TEST_CASE("rendezvous: wrong token, wrong job, duplicate node, too many nodes") {
+  TestServer s(server_options(2, 2, {4, 1, 1, 1}));
+  Error bad_token = join_error(s, agent(0, 2), "not-the-token");
+  CHECK(bad_token.code() == ErrorCode::rendezvous);
+  CHECK(std::string(bad_token.message()).find("wrong token: set DTRAIN_TOKEN") !=
+        std::string::npos);
+  CHECK_THROWS_AS(s.client("").status(), Error);  // missing token: refused too
+  Error bad_job = join_error(s, agent(0, 2), kToken, "job-b");
+  CHECK(bad_job.message().find("'job-a'") != std::string::npos);
+  CHECK(bad_job.message().find("'job-b'") != std::string::npos);
+  CHECK(s.client().status().nodes.empty());  // refused callers hold no place
+
+  auto first = join_async(s, agent(0, 2, 0));
+  wait_for_waiting(s, 1);
+  Error dup = join_error(s, agent(0, 2));
+  CHECK(dup.code() == ErrorCode::rendezvous);
+  CHECK(dup.message().find("duplicate node") != std::string::npos);
+  Error dup_rank = join_error(s, agent(1, 2, 0));
+  CHECK(dup_rank.message().find("node_rank 0 is already taken") != std::string::npos);
+  Assignment second = s.client().join(agent(1, 2), 5);
+  CHECK(first.get().node_rank == 0);
+  CHECK(second.node_rank == 1);
+
+  Error extra = join_error(s, agent(2, 2));
+  CHECK(extra.code() == ErrorCode::rendezvous);
+  CHECK(extra.message().find("too many nodes") != std::string::npos);
+  CHECK(extra.message().find("max nodes = 2") != std::string::npos);
+}
+
+TEST_CASE("rendezvous: join timeout says how many nodes joined") {
+  TestServer s(server_options(2, 2, {2, 1, 1, 1}));
+  auto t0 = std::chrono::steady_clock::now();
+  Error e = join_error(s, agent(0, 1), kToken, "job-a", 0.4);
+  double took = Seconds(std::chrono::steady_clock::now() - t0).count();
+  CHECK(e.code() == ErrorCode::timeout);
+  CHECK(e.message().find("joined 1 of 2") != std::string::npos);
+  CHECK(took < 2.0);
+  CHECK(s.client().status().nodes.empty());  // the timed-out agent left the round
+}
+
+TEST_CASE("rendezvous: elastic min:max closes at min after the last call") {
+  TestServer s(server_options(2, 4, {1, 1, 1, 1}));
+  auto t0 = std::chrono::steady_clock::now();
+  auto a = join_async(s, agent(0, 1));
+  auto b = join_async(s, agent(1, 1));
+  Assignment ra = a.get(), rb = b.get();
+  double took = Seconds(std::chrono::steady_clock::now() - t0).count();
+  CHECK(took >= 0.3);
+  CHECK(ra.num_nodes == 2);
+  CHECK(ra.mesh.dp == 2);  // dp scales with the nodes that came
+  CHECK(rb.world == 2);
+}
+
+TEST_CASE("rendezvous: a node that stops beating is dead within 3 intervals") {
+  TestServer s(server_options(2, 2, {2, 1, 1, 1}));
+  auto a = join_async(s, agent(0, 1));
+  Assignment rb = s.client().join(agent(1, 1), 5);
+  Assignment ra = a.get();
+  REQUIRE(ra.round == rb.round);
+  // node-0 keeps beating every 0.1 s; node-1 went silent after joining.
+  auto c = s.client();
+  auto t0 = std::chrono::steady_clock::now();
+  HeartbeatReply hb;
+  double took = 0;
+  while (took < 3.0) {
+    hb = c.heartbeat("node-0", ra.round);
+    took = Seconds(std::chrono::steady_clock::now() - t0).count();
+    if (hb.current_round != ra.round) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  MESSAGE("death detected after " << took << " s (heartbeat 0.2 s)");
+  CHECK(hb.known);
+  CHECK(hb.current_round == ra.round + 1);
+  CHECK(took < 3 * 0.2 + 0.4);
+  ServerStatus st = c.status();
+  CHECK(st.restart == 0);  // a membership change is not a restart
+  CHECK(st.round_open);
+  CHECK_FALSE(c.heartbeat("node-1", ra.round).known);
+}
+
+TEST_CASE("rendezvous: ReportFailure restarts once per round") {
+  TestServer s(server_options(2, 2, {2, 1, 1, 1}));
+  auto a = join_async(s, agent(0, 1));
+  Assignment rb = s.client().join(agent(1, 1), 5);
+  Assignment ra = a.get();
+  FailureReport f;
+  f.round = ra.round;
+  f.rank = 0;
+  f.exit_code = 1;
+  f.node_id = "node-0";
+  s.client().report_failure(f);
+  f.node_id = "node-1";
+  s.client().report_failure(f);  // the same failure, seen by the other agent
+  ServerStatus st = s.client().status();
+  CHECK(st.restart == 1);
+  CHECK(st.round == ra.round + 1);
+  CHECK(s.client().heartbeat("node-1", rb.round).current_round == ra.round + 1);
+  auto a2 = join_async(s, agent(0, 1));
+  Assignment rb2 = s.client().join(agent(1, 1), 5);
+  CHECK(a2.get().restart == 1);
+  CHECK(rb2.round == ra.round + 1);
+}
+
+TEST_CASE("rendezvous: a late joiner waits for the next round") {
+  TestServer s(server_options(1, 2, {1, 1, 1, 1}));  // elastic 1:2, last call 0.3 s
+  Assignment first = s.client().join(agent(0, 1), 5);
+  CHECK(first.num_nodes == 1);
+  auto late = join_async(s, agent(1, 1));
+  // The running node learns of the new round from its heartbeat and re-joins.
+  auto c = s.client();
+  HeartbeatReply hb;
+  for (int i = 0; i < 200 && (hb = c.heartbeat("node-0", first.round)).current_round ==
+                                 first.round; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(hb.current_round == first.round + 1);
+  Assignment again = c.join(agent(0, 1), 5);
+  Assignment second = late.get();
+  CHECK(second.round == first.round + 1);
+  CHECK(second.num_nodes == 2);
+  CHECK(again.num_nodes == 2);
+  CHECK(second.restart == 0);
+}
+
+TEST_CASE("rendezvous: a clean leave opens no round; shutdown answers waiting joins") {
+  TestServer s(server_options(1, 1, {1, 1, 1, 1}));
+  Assignment a = s.client().join(agent(0, 1), 5);
+  s.client().leave("node-0", true);
+  ServerStatus st = s.client().status();
+  CHECK(st.round == a.round);
+  CHECK_FALSE(st.round_open);
+
+  TestServer t(server_options(2, 2, {2, 1, 1, 1}));
+  auto waiting = join_async(t, agent(0, 1));
+  wait_for_waiting(t, 1);
+  t.server.shutdown();
+  CHECK_THROWS_AS(waiting.get(), Error);
+}
+
+TEST_CASE("rendezvous: no server gives a clear error") {
+  std::string endpoint;
+  {
+    TestServer gone(server_options(1, 1, {1, 1, 1, 1}));
+    endpoint = gone.endpoint;
+  }
+  ClientOptions c;
+  c.endpoint = endpoint;
+  c.token = kToken;
+  c.job = "job-a";
+  c.call_timeout_s = 2;
+  try {
+    RendezvousClient(c).status();
+    FAIL("status without a server did not fail");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::rendezvous);
+    CHECK(e.message().find(endpoint) != std::string::npos);
+    CHECK(e.message().find("is the rendezvous server running?") != std::string::npos);
+  }
+}
+
+TEST_CASE("token: constant-time compare, env before file, clear errors") {
+  CHECK(tokens_equal("abc", "abc"));
+  CHECK_FALSE(tokens_equal("abc", "abd"));
+  CHECK_FALSE(tokens_equal("abc", "abcd"));
+  CHECK_FALSE(tokens_equal("abc", ""));
+  CHECK(tokens_equal("", ""));
+  CHECK(random_token().size() == 32);
+  CHECK(random_token() != random_token());
+
+  const char* saved = std::getenv("DTRAIN_TOKEN");
+  std::string saved_value = saved ? saved : "";
+  unsetenv("DTRAIN_TOKEN");
+  std::string path = std::string(DTRAIN_BINARY_DIR) + "/rendezvous_test_token.txt";
+  std::ofstream(path) << "  from-file\n";
+  CHECK(read_token(path) == "from-file");
+  setenv("DTRAIN_TOKEN", "from-env", 1);
+  CHECK(read_token(path) == "from-env");
+  unsetenv("DTRAIN_TOKEN");
+  std::remove(path.c_str());
+  CHECK_THROWS_WITH_AS(read_token(path), doctest::Contains("cannot read"), Error);
+  CHECK_THROWS_AS(read_token(""), Error);
+  CHECK(read_token("", false).empty());
+  if (saved) setenv("DTRAIN_TOKEN", saved_value.c_str(), 1);
+}
