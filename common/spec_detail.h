@@ -77,8 +77,9 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
 
 // Helpers.
 size_t edit_distance(const std::string& a, const std::string& b);
-// " (did you mean X?)" for the closest candidate, or "".
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+// " (did you mean PREFIX.X?)" for the closest candidate X, or "".
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates,
+                         const std::string& prefix = "");
 std::string format_double(double v);  // shortest text that reads back exactly
 std::string join_choices(const std::vector<int>& values, const std::string& last_sep = " or ");
 

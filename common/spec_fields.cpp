@@ -183,7 +183,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates,
+                         const std::string& prefix) {
   // Close enough: a third of the word's letters may differ (at least 1, at most 3).
   size_t limit = std::min<size_t>(3, std::max<size_t>(1, word.size() / 3));
   size_t best = limit + 1;
@@ -195,7 +196,8 @@ std::string did_you_mean(const std::string& word, const std::vector<std::string>
       best_word = c;
     }
   }
-  return best_word.empty() ? "" : " (did you mean " + best_word + "?)";
+  if (best_word.empty()) return "";
+  return " (did you mean " + (prefix.empty() ? "" : prefix + ".") + best_word + "?)";
 }
 
 std::string format_double(double v) {

@@ -140,7 +140,7 @@ void check_key(const std::string& key, const YAML::Node& value, const YAML::Mark
                                 "; write it as " + path + ": {key: value, ...}");
     return;
   }
-  std::string hint = did_you_mean(key, child_keys(prefix));
+  std::string hint = did_you_mean(key, child_keys(prefix), prefix);
   if (hint.empty()) {
     // Maybe the key belongs to another section ("train.seq_len" -> model.seq_len).
     std::vector<std::string> same_leaf;
