@@ -3,14 +3,34 @@
 // The steps themselves live in spec_parse / spec_convert / spec_validate.
 #include "common/job_spec.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/spec_detail.h"
 
 namespace dtrain {
 namespace {
+
+// Problems in file order: positioned ones by line and column, then the ones
+// about the whole file, then those of --set overrides in the order given.
+std::vector<std::string> in_file_order(const std::string& source,
+                                       std::vector<std::string> errors) {
+  std::string prefix = (source.empty() ? "<spec>" : source) + ":";
+  auto key = [&](const std::string& e) {
+    long line = 0, col = 0;
+    if (e.compare(0, prefix.size(), prefix) == 0 &&
+        std::sscanf(e.c_str() + prefix.size(), "%ld:%ld:", &line, &col) == 2)
+      return std::tuple<int, long, long>{0, line, col};
+    return std::tuple<int, long, long>{e.compare(0, 6, "--set ") == 0 ? 2 : 1, 0, 0};
+  };
+  std::stable_sort(errors.begin(), errors.end(),
+                   [&](const std::string& a, const std::string& b) { return key(a) < key(b); });
+  return errors;
+}
 
 [[noreturn]] void throw_problems(const std::string& source,
                                  const std::vector<std::string>& errors) {
@@ -28,7 +48,7 @@ namespace {
 
 void finish(detail::Problems& problems, const std::string& source,
             std::vector<std::string>* warnings) {
-  if (!problems.errors.empty()) throw_problems(source, problems.errors);
+  if (!problems.errors.empty()) throw_problems(source, in_file_order(source, problems.errors));
   if (warnings)
     warnings->insert(warnings->end(), problems.warnings.begin(), problems.warnings.end());
 }

@@ -73,6 +73,7 @@ std::string set_path(YAML::Node& root, const std::string& key, const YAML::Node&
   std::string walked;
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     walked += (i ? "." : "") + parts[i];
+    if (is_spec_field(walked)) return walked + " is a value, not a section";
     YAML::Node next = cur[parts[i]];
     if (!next || next.IsNull()) {
       cur[parts[i]] = YAML::Node(YAML::NodeType::Map);

@@ -123,7 +123,6 @@ TEST_CASE("job spec: every field of every section is read") {
 }
 
 TEST_CASE("job spec: nodes as an int, a quoted int and an elastic range") {
-  std::string base = "cluster: {procs_per_node: 1}\n";
   CHECK(parse_job_spec("cluster: {nodes: 1}", "a").cluster.nodes_max == 1);
   JobSpec s = parse_job_spec("cluster: {nodes: \"1\"}", "a");
   CHECK(s.cluster.nodes_min == 1);
