@@ -19,6 +19,11 @@ struct LaunchOptions {
 
 // Returns the job's exit code (0 when every worker of the final round
 // exited 0). Throws dtrain::Error for refusals and timeouts.
+// Exit codes: 0 success; the first failed worker's exit code, or 128 + its
+// signal, once cluster.max_restarts are used up (after the root-cause
+// block); 128 + sig when dtrain itself got SIGINT/SIGTERM (forwarded to the
+// workers, SIGKILL after cluster.grace_s; it returns only when none is left).
+// A lost rendezvous (3 missed heartbeats) throws Error(rendezvous).
 int launch(const JobSpec& spec, const LaunchOptions& options);
 
 // Directory of the running dtrain binary (to find dtrain-worker beside it).

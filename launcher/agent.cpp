@@ -1,0 +1,303 @@
+// Agent (see agent.h). The signal relay is installed only while workers
+// exist (start .. stop): between rounds dtrain has no children, so a
+// SIGINT during a join may end it the default way without leaving any.
+#include "launcher/agent.h"
+
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "launcher/root_cause.h"
+#include "launcher/worker_env.h"
+
+extern char** environ;
+
+namespace dtrain::launcher {
+
+namespace {
+
+// A port the kernel considers free now (for MASTER_PORT if we host rank 0).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// CPUs this process may run on (cgroup/affinity aware).
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+std::vector<std::string> current_environment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  return env;
+}
+
+std::string rank_list(const rendezvous::Assignment& a) {
+  std::string out;
+  for (const auto& r : a.local_ranks) out += (out.empty() ? "" : ",") + std::to_string(r.rank);
+  return out;
+}
+
+}  // namespace
+
+Agent::Agent(const JobSpec& spec, AgentConfig config, rendezvous::RendezvousClient& client)
+    : spec_(spec), config_(std::move(config)), client_(client) {}
+
+Agent::~Agent() {
+  heartbeat_.reset();
+  procs_.reset();  // SIGKILLs and reaps anything left (only on an exception path)
+  relay_.reset();
+}
+
+int Agent::run() {
+  try {
+    for (;;) {
+      rendezvous::Assignment a = rendezvous_step();
+      int restart = std::max(a.restart, failures_);
+      if (restart > spec_.cluster.max_restarts)
+        throw Error(ErrorCode::worker_failed,
+                    "the job failed on another node and restarts are used up (restart " +
+                        std::to_string(restart) + " > cluster.max_restarts " +
+                        std::to_string(spec_.cluster.max_restarts) + ")",
+                    "see the root-cause block printed by the node that failed");
+      start_step(a, restart);
+      Outcome outcome = monitor_step();
+      if (outcome == Outcome::succeeded) {
+        stop_step(SIGTERM);  // nothing left to stop; joins the heartbeat thread
+        if (stop_signal_ != 0) break;
+        leave(true);
+        return 0;
+      }
+      stop_step(outcome == Outcome::signaled ? stop_signal_ : SIGTERM);
+      if (stop_signal_ != 0) break;
+      if (outcome == Outcome::unreachable)
+        throw Error(ErrorCode::rendezvous,
+                    "lost the rendezvous server at " + config_.endpoint + ": " + heartbeat_detail_,
+                    "check that the rendezvous (node 0 or `dtrain rendezvous`) is still running");
+      if (outcome == Outcome::round_changed) {
+        DTRAIN_WARN("rendezvous: {}; stopped this node's workers, re-joining", heartbeat_detail_);
+        continue;
+      }
+      int code = restart_or_fail(restart);
+      if (code >= 0) return code;
+    }
+  } catch (...) {
+    leave(false);
+    throw;
+  }
+  DTRAIN_WARN("received {}: stopped every worker", signal_name(stop_signal_));
+  leave(false);
+  return 128 + stop_signal_;
+}
+
+rendezvous::Assignment Agent::rendezvous_step() {
+  rendezvous::JoinInfo info;
+  info.job = config_.job;
+  info.token = config_.token;
+  info.node_id = config_.node_id;
+  info.host = config_.host;
+  info.slots = spec_.cluster.procs_per_node;
+  info.node_rank = config_.node_rank;
+  info.gpu = spec_.cluster.device == "cuda";
+  info.master_port = free_port();
+  rendezvous::Assignment a = client_.join(info, spec_.cluster.rendezvous.join_timeout_s);
+  num_nodes_ = a.num_nodes;
+  if (a.node_rank == 0)
+    for (const auto& w : a.placement.warnings) DTRAIN_WARN("placement: {}", w);
+  return a;
+}
+
+void Agent::start_step(const rendezvous::Assignment& a, int restart) {
+  group_ = WorkerGroup{};
+  group_.round = a.round;
+  group_.restart = restart;
+  group_.node_rank = a.node_rank;
+  group_.world = a.world;
+  first_failure_.reset();
+  relay_ = std::make_unique<SignalRelay>();
+  procs_ = std::make_unique<ProcessGroup>(relay_->fd());
+
+  WorkerEnvInputs in;
+  in.base = current_environment();
+  in.assignment = &a;
+  in.restart = restart;
+  in.max_restarts = spec_.cluster.max_restarts;
+  in.job = config_.job;
+  in.spec_path = config_.spec_path;
+  in.run_dir = config_.run_dir;
+  in.cores = usable_cores();
+  in.extra_env = config_.extra_env;
+  const auto& show = config_.console_ranks;
+  for (const auto& placement : a.local_ranks) {
+    Worker w;
+    w.rank = placement.rank;
+    w.local_rank = placement.device;
+    w.spec.argv = config_.entrypoint;
+    w.spec.env = worker_env(in, placement);
+    w.spec.log_path = config_.run_dir + "/rank_" + std::to_string(w.rank) + ".log";
+    w.spec.error_file = error_file_path(config_.run_dir, w.rank);
+    w.spec.console = show.empty() || std::find(show.begin(), show.end(), w.rank) != show.end();
+    std::remove(w.spec.error_file.c_str());  // a stale file must not explain this run
+    bool truncate = opened_logs_.insert(w.rank).second;
+    w.pid = procs_->spawn(w.rank, w.spec, truncate);
+    w.state = WorkerState::HEALTHY;
+    group_.workers.push_back(std::move(w));
+  }
+  group_.state = WorkerState::HEALTHY;
+  SignalRelay* relay = relay_.get();
+  heartbeat_ = std::make_unique<Heartbeat>(client_, config_.node_id, a.round,
+                                           spec_.cluster.rendezvous.heartbeat_s,
+                                           [relay] { relay->wake(); });
+  DTRAIN_INFO("round {}: node {} of {}, ranks {} of {} (restart {}), master {}:{}", a.round,
+              a.node_rank, a.num_nodes, rank_list(a), a.world, restart, a.master_addr,
+              a.master_port);
+}
+
+Agent::Outcome Agent::monitor_step() {
+  for (;;) {
+    auto events = procs_->poll(0.5);
+    relay_->drain();
+    for (const auto& e : events) record_exit(e, /*stopping=*/false);
+    if (int sig = relay_->take_stop_signal()) {
+      stop_signal_ = sig;
+      DTRAIN_WARN("received {}: forwarding it to {} worker(s), SIGKILL after {} s",
+                  signal_name(sig), procs_->running(), spec_.cluster.grace_s);
+      return Outcome::signaled;
+    }
+    if (auto outcome = group_outcome()) return *outcome;
+    switch (heartbeat_->verdict()) {
+      case Heartbeat::Verdict::ok: break;
+      case Heartbeat::Verdict::round_changed: return Outcome::round_changed;
+      case Heartbeat::Verdict::unreachable: return Outcome::unreachable;
+    }
+  }
+}
+
+void Agent::record_exit(const ExitEvent& event, bool stopping) {
+  Worker& w = group_.workers[event.index];
+  w.exit = event.status;
+  w.ended = event.when;
+  if (stopping) {
+    w.state = WorkerState::STOPPED;
+  } else if (event.status.success()) {
+    w.state = WorkerState::SUCCEEDED;
+  } else {
+    w.state = WorkerState::FAILED;
+    w.error_file_text = read_error_file(w.spec.error_file);
+    DTRAIN_ERROR("rank {} (local rank {}, pid {}) failed: {}", w.rank, w.local_rank, w.pid,
+                 w.exit.describe());
+    if (!first_failure_) first_failure_ = w;
+  }
+}
+
+std::optional<Agent::Outcome> Agent::group_outcome() const {
+  bool all_succeeded = true;
+  for (const auto& w : group_.workers) {
+    if (w.state == WorkerState::FAILED) return Outcome::failed;
+    all_succeeded = all_succeeded && w.state == WorkerState::SUCCEEDED;
+  }
+  if (all_succeeded) return Outcome::succeeded;
+  return std::nullopt;
+}
+
+void Agent::stop_step(int first_signal) {
+  if (procs_ && procs_->running() > 0)
+    DTRAIN_INFO("stopping {} worker(s): {}, SIGKILL after {} s", procs_->running(),
+                signal_name(first_signal), spec_.cluster.grace_s);
+  if (procs_) {
+    auto events = procs_->close(first_signal, spec_.cluster.grace_s, [this] { return hurry(); });
+    for (const auto& e : events) record_exit(e, /*stopping=*/true);
+  }
+  if (heartbeat_) heartbeat_detail_ = heartbeat_->detail();
+  heartbeat_.reset();
+  procs_.reset();
+  if (int sig = relay_ ? relay_->take_stop_signal() : 0)
+    if (stop_signal_ == 0) stop_signal_ = sig;
+  relay_.reset();
+  group_.state = first_failure_ ? WorkerState::FAILED
+                 : std::all_of(group_.workers.begin(), group_.workers.end(),
+                               [](const Worker& w) { return w.state == WorkerState::SUCCEEDED; })
+                     ? WorkerState::SUCCEEDED
+                     : WorkerState::STOPPED;
+}
+
+bool Agent::hurry() {
+  relay_->drain();
+  int sig = relay_->take_stop_signal();
+  if (sig == 0) return false;
+  if (stop_signal_ != 0) return true;  // a second signal: SIGKILL now
+  stop_signal_ = sig;                  // stopping for a failure: do not restart after it
+  return false;
+}
+
+int Agent::restart_or_fail(int restart) {
+  const Worker& first = *first_failure_;
+  report_failure(first);
+  if (restart < spec_.cluster.max_restarts) {
+    failures_ = restart + 1;
+    DTRAIN_WARN("restarting the workers: restart {} of {} (rank {} failed: {})", failures_,
+                spec_.cluster.max_restarts, first.rank, first.exit.describe());
+    return -1;
+  }
+  RootCause cause;
+  cause.host = config_.host;
+  cause.node_id = config_.node_id;
+  cause.node_rank = group_.node_rank;
+  cause.restarts_used = restart;
+  cause.max_restarts = spec_.cluster.max_restarts;
+  cause.worker = first;
+  std::cerr << cause.to_text() << std::flush;
+  leave(false);
+  int code = first.exit.shell_code();
+  return code != 0 ? code : 1;
+}
+
+void Agent::report_failure(const Worker& worker) {
+  rendezvous::FailureReport report;
+  report.node_id = config_.node_id;
+  report.round = group_.round;
+  report.rank = worker.rank;
+  report.local_rank = worker.local_rank;
+  report.exit_code = worker.exit.exit_code;
+  report.signal = worker.exit.signal;
+  report.message = worker.exit.describe();
+  if (!worker.error_file_text.empty())
+    report.message += ": " + error_file_message(worker.error_file_text);
+  try {
+    client_.report_failure(report);
+  } catch (const Error& e) {
+    DTRAIN_WARN("could not report the failure to the rendezvous: {}", e.message());
+  }
+}
+
+void Agent::leave(bool success) {
+  try {
+    client_.leave(config_.node_id, success);
+  } catch (const Error& e) {
+    DTRAIN_DEBUG("leave: {}", e.message());
+  }
+}
+
+}  // namespace dtrain::launcher

@@ -1,0 +1,79 @@
+// The node agent (torch.distributed.elastic's model, as named steps):
+// rendezvous -> start -> monitor -> stop -> restart, until the job succeeds,
+// restarts run out, a signal arrives or the rendezvous is lost. Owns this
+// node's WorkerGroup; the rendezvous server and the CLI live elsewhere.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "launcher/heartbeat.h"
+#include "launcher/process_group.h"
+#include "launcher/signal_relay.h"
+#include "launcher/worker.h"
+#include "rendezvous/rendezvous_client.h"
+
+namespace dtrain::launcher {
+
+struct AgentConfig {
+  std::vector<std::string> entrypoint;  // resolved argv of every worker
+  std::string job;
+  std::string token;
+  std::string node_id;                  // unique per agent (host:pid)
+  std::string host;                     // address other nodes reach this one at
+  std::string endpoint;                 // the rendezvous, for messages
+  int node_rank = -1;                   // requested node rank, -1 = any
+  std::vector<int> console_ranks;       // empty = all
+  std::vector<std::string> extra_env;
+  std::string run_dir;                  // absolute log.dir
+  std::string spec_path;                // <run_dir>/spec.resolved.yaml
+};
+
+class Agent {
+ public:
+  Agent(const JobSpec& spec, AgentConfig config, rendezvous::RendezvousClient& client);
+  ~Agent();
+
+  // Returns the job's exit code on this node: 0, the first failure's code
+  // (128 + signal when a worker was killed), or 128 + the signal dtrain got.
+  // Throws dtrain::Error on refusals, join timeouts and a lost rendezvous.
+  int run();
+
+  // Nodes in the last round (1 until the first round closed).
+  int num_nodes() const { return num_nodes_; }
+
+ private:
+  enum class Outcome { succeeded, failed, round_changed, unreachable, signaled };
+
+  rendezvous::Assignment rendezvous_step();
+  void start_step(const rendezvous::Assignment& assignment, int restart);
+  Outcome monitor_step();
+  void stop_step(int first_signal);
+  int restart_or_fail(int restart);  // after a local failure: -1 = restart
+
+  void record_exit(const ExitEvent& event, bool stopping);
+  std::optional<Outcome> group_outcome() const;
+  void report_failure(const Worker& worker);
+  void leave(bool success);
+  bool hurry();  // during stop: a (second) signal arrived
+
+  const JobSpec& spec_;
+  AgentConfig config_;
+  rendezvous::RendezvousClient& client_;
+  std::unique_ptr<SignalRelay> relay_;
+  std::unique_ptr<ProcessGroup> procs_;
+  std::unique_ptr<Heartbeat> heartbeat_;
+  WorkerGroup group_;
+  std::optional<Worker> first_failure_;  // of the current round
+  std::set<int> opened_logs_;            // ranks whose log this agent started
+  int failures_ = 0;                     // restarts this agent asked for
+  int stop_signal_ = 0;                  // SIGINT/SIGTERM dtrain received
+  int num_nodes_ = 1;
+  std::string heartbeat_detail_;         // why the heartbeat ended the round
+};
+
+}  // namespace dtrain::launcher

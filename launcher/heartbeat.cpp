@@ -1,0 +1,77 @@
+// Heartbeat (see heartbeat.h).
+#include "launcher/heartbeat.h"
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace dtrain::launcher {
+
+Heartbeat::Heartbeat(rendezvous::RendezvousClient& client, std::string node_id, uint64_t round,
+                     double interval_s, std::function<void()> wake)
+    : client_(client),
+      node_id_(std::move(node_id)),
+      round_(round),
+      interval_s_(interval_s),
+      wake_(std::move(wake)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Heartbeat::~Heartbeat() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::string Heartbeat::detail() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return detail_;
+}
+
+void Heartbeat::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::duration<double>(interval_s_), [this] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    bool more = beat();
+    lock.lock();
+    if (!more) break;
+  }
+}
+
+bool Heartbeat::beat() {
+  std::string why;
+  Verdict verdict = Verdict::ok;
+  try {
+    rendezvous::HeartbeatReply reply = client_.heartbeat(node_id_, round_);
+    misses_ = 0;
+    if (!reply.known) {
+      verdict = Verdict::round_changed;
+      why = "the rendezvous dropped this node from round " + std::to_string(round_);
+    } else if (reply.current_round != round_) {
+      verdict = Verdict::round_changed;
+      why = "round " + std::to_string(round_) + " -> " + std::to_string(reply.current_round);
+    }
+  } catch (const Error& e) {
+    ++misses_;
+    DTRAIN_WARN("heartbeat {} of {} failed: {}", misses_, kMaxMisses, e.message());
+    if (misses_ >= kMaxMisses) {
+      verdict = Verdict::unreachable;
+      why = std::to_string(misses_) + " heartbeats in a row failed (every " +
+            fmt::format("{:g}", interval_s_) + " s); last: " + e.message();
+    }
+  }
+  if (verdict == Verdict::ok) return true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    detail_ = why;
+  }
+  verdict_.store(verdict);
+  wake_();
+  return false;
+}
+
+}  // namespace dtrain::launcher

@@ -1,0 +1,52 @@
+// The agent's heartbeat thread for one round: beats every interval, and
+// turns what it learns into a verdict the monitor loop reads (the round
+// moved on, or the rendezvous is unreachable). It never touches workers.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "rendezvous/rendezvous_client.h"
+
+namespace dtrain::launcher {
+
+class Heartbeat {
+ public:
+  enum class Verdict { ok, round_changed, unreachable };
+  static constexpr int kMaxMisses = 3;  // consecutive failed beats = unreachable
+
+  // wake() is called (from the heartbeat thread) when the verdict changes.
+  Heartbeat(rendezvous::RendezvousClient& client, std::string node_id, uint64_t round,
+            double interval_s, std::function<void()> wake);
+  ~Heartbeat();  // stops and joins the thread (at most one call's deadline)
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  Verdict verdict() const { return verdict_.load(); }
+  // Why (the last error, or the round numbers); valid once verdict() != ok.
+  std::string detail() const;
+
+ private:
+  void run();
+  bool beat();  // false once there is a verdict
+
+  rendezvous::RendezvousClient& client_;
+  std::string node_id_;
+  uint64_t round_;
+  double interval_s_;
+  std::function<void()> wake_;
+  std::atomic<Verdict> verdict_{Verdict::ok};
+  int misses_ = 0;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::string detail_;
+  std::thread thread_;
+};
+
+}  // namespace dtrain::launcher
