@@ -23,6 +23,13 @@ struct ServerOptions {
   bool allow_slow = false;
 };
 
+// Added: the options a spec implies (job name, nodes min:max, last call,
+// heartbeat, mesh, traffic model, nvlink_domain), so `dtrain rendezvous` and
+// the server embedded in `dtrain launch` are configured alike. The token is
+// passed in (rendezvous/token.h reads it); it never lives in the spec.
+ServerOptions server_options_from_spec(const JobSpec& spec, std::string token,
+                                       bool allow_slow = false);
+
 class RendezvousServer {
  public:
   explicit RendezvousServer(ServerOptions options);

@@ -1,0 +1,23 @@
+// server_options_from_spec (rendezvous_server.h): the one mapping from a job
+// spec to the rendezvous server's options. No gRPC here.
+#include "common/job_spec.h"
+#include "rendezvous/rendezvous_server.h"
+
+namespace dtrain::rendezvous {
+
+ServerOptions server_options_from_spec(const JobSpec& spec, std::string token, bool allow_slow) {
+  ServerOptions o;
+  o.job = spec.job.name;
+  o.token = std::move(token);
+  o.min_nodes = spec.cluster.nodes_min;
+  o.max_nodes = spec.cluster.nodes_max;
+  o.last_call_s = spec.cluster.rendezvous.last_call_s;
+  o.heartbeat_s = spec.cluster.rendezvous.heartbeat_s;
+  o.mesh = mesh_from_spec(spec);
+  o.traffic = traffic_model_from_spec(spec);
+  o.nvlink_domain = spec.cluster.topology.nvlink_domain;
+  o.allow_slow = allow_slow;
+  return o;
+}
+
+}  // namespace dtrain::rendezvous
