@@ -111,7 +111,7 @@ std::string placement_to_json(const Placement& placement) {
 namespace {
 
 constexpr int kBoxW = 64, kBoxH = 36, kGap = 10, kPerRow = 4, kMargin = 20;
-constexpr int kNodeHeader = 22, kStageHeader = 40;
+constexpr int kNodeHeader = 44, kStageHeader = 40;  // node header leaves room for DP arcs
 const char* kPalette[] = {"#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
                           "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"};
 
@@ -152,13 +152,18 @@ SvgLayout svg_layout(const Placement& p, int nodes) {
   return L;
 }
 
-void svg_edge(std::ostringstream& out, const SvgLayout& L, int a, int b, LinkTier tier, bool dashed) {
+// An edge between device centres: straight across stages, an arc over the
+// row when both ends sit in one row (so it does not hide behind the boxes
+// between them). Labels go to a second stream drawn above the boxes.
+void svg_edge(std::ostringstream& lines, std::ostringstream& labels, const SvgLayout& L, int a, int b,
+              LinkTier tier, bool dashed) {
   int x1 = L.x[a] + kBoxW / 2, y1 = L.y[a] + kBoxH / 2, x2 = L.x[b] + kBoxW / 2, y2 = L.y[b] + kBoxH / 2;
-  out << "<line x1=\"" << x1 << "\" y1=\"" << y1 << "\" x2=\"" << x2 << "\" y2=\"" << y2
-      << "\" stroke=\"" << (dashed ? "#888" : "#333") << "\" stroke-width=\"1.5\""
-      << (dashed ? " stroke-dasharray=\"4 3\"" : "") << "/>\n";
-  out << "<text x=\"" << (x1 + x2) / 2 << "\" y=\"" << (y1 + y2) / 2 - 3
-      << "\" font-size=\"9\" text-anchor=\"middle\" fill=\"#a00\">" << link_tier_name(tier) << "</text>\n";
+  int mx = (x1 + x2) / 2, my = (y1 + y2) / 2, lift = y1 == y2 ? 2 * kBoxH : 0;
+  lines << "<path d=\"M " << x1 << " " << y1 << " Q " << mx << " " << my - lift << " " << x2 << " " << y2
+        << "\" fill=\"none\" stroke=\"" << (dashed ? "#888" : "#333") << "\" stroke-width=\"1.5\""
+        << (dashed ? " stroke-dasharray=\"4 3\"" : "") << "/>\n";
+  labels << "<text x=\"" << mx << "\" y=\"" << my - lift / 2 - 3
+         << "\" font-size=\"9\" text-anchor=\"middle\" fill=\"#a00\">" << link_tier_name(tier) << "</text>\n";
 }
 
 }  // namespace
@@ -183,11 +188,12 @@ std::string placement_to_svg(const Placement& p, const Cluster& cluster) {
         << "\" height=\"" << L.band_h[n] << "\" rx=\"6\" fill=\"#f4f4f4\" stroke=\"#555\"/>\n"
         << "<text x=\"" << kMargin + 6 << "\" y=\"" << L.band_y[n] + 15 << "\" font-size=\"12\">node "
         << n << " (" << cluster.nodes[n].host << (cluster.nodes[n].gpu ? ", gpu" : ", cpu") << ")</text>\n";
+  std::ostringstream labels;
   for (const auto& g : p.groups) {
     if (g.axis != "pp" && g.axis != "dp") continue;
     for (size_t i = 1; i < g.ranks.size(); ++i)
-      svg_edge(out, L, g.ranks[i - 1], g.ranks[i], detail::link_between(slot(g.ranks[i - 1]), slot(g.ranks[i])),
-               g.axis == "dp");
+      svg_edge(out, labels, L, g.ranks[i - 1], g.ranks[i],
+               detail::link_between(slot(g.ranks[i - 1]), slot(g.ranks[i])), g.axis == "dp");
   }
   for (const auto& r : p.ranks)
     out << "<rect x=\"" << L.x[r.rank] << "\" y=\"" << L.y[r.rank] << "\" width=\"" << kBoxW << "\" height=\""
@@ -197,7 +203,7 @@ std::string placement_to_svg(const Placement& p, const Cluster& cluster) {
         << "<text x=\"" << L.x[r.rank] + kBoxW / 2 << "\" y=\"" << L.y[r.rank] + 29
         << "\" font-size=\"9\" text-anchor=\"middle\">dev " << r.device << " dp" << r.dp << " tp" << r.tp
         << "</text>\n";
-  out << "</svg>\n";
+  out << labels.str() << "</svg>\n";
   return out.str();
 }
 
