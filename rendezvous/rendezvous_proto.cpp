@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "common/error.h"
+
 namespace dtrain::rendezvous::detail {
 
 void to_proto(const JoinInfo& info, double timeout_s, pb::JoinRequest* out) {
@@ -32,7 +34,28 @@ JoinInfo from_proto(const pb::JoinRequest& req) {
   return info;
 }
 
-void to_proto(const ClosedRound& c, int node_rank, pb::JoinReply* out) {
+std::string placement_bytes(const Placement& placement) {
+  pb::PlacementInfo info;
+  auto* table = info.mutable_rank_table();
+  table->Reserve(7 * static_cast<int>(placement.ranks.size()));
+  for (const RankPlacement& r : placement.ranks)
+    for (int v : {r.rank, r.node, r.device, r.dp, r.tp, r.pp, r.ep}) table->AddAlreadyReserved(v);
+  for (const Group& g : placement.groups) {
+    int axis = 0;
+    while (axis < info.axis_names_size() && info.axis_names(axis) != g.axis) ++axis;
+    if (axis == info.axis_names_size()) info.add_axis_names(g.axis);
+    info.add_group_axis(axis);
+    info.add_group_size(static_cast<int>(g.ranks.size()));
+    info.mutable_group_ranks()->Add(g.ranks.begin(), g.ranks.end());
+    info.add_group_tier(static_cast<int>(g.tier));
+    info.add_group_bytes(g.bytes_per_step);
+  }
+  for (const auto& w : placement.warnings) info.add_warnings(w);
+  return info.SerializeAsString();
+}
+
+void to_proto(const ClosedRound& c, int node_rank, const std::string& placement,
+              pb::JoinReply* out) {
   const Mesh& mesh = c.placement.mesh;
   out->set_round(c.round);
   out->set_restart(c.restart);
@@ -42,27 +65,9 @@ void to_proto(const ClosedRound& c, int node_rank, pb::JoinReply* out) {
   out->set_tp(mesh.tp);
   out->set_pp(mesh.pp);
   out->set_ep(mesh.ep);
-  out->mutable_ranks()->Reserve(static_cast<int>(c.placement.ranks.size()));
-  for (const RankPlacement& r : c.placement.ranks) {
-    pb::RankInfo* p = out->add_ranks();
-    p->set_rank(r.rank);
-    p->set_node(r.node);
-    p->set_device(r.device);
-    p->set_dp(r.dp);
-    p->set_tp(r.tp);
-    p->set_pp(r.pp);
-    p->set_ep(r.ep);
-  }
-  for (const Group& g : c.placement.groups) {
-    pb::GroupInfo* p = out->add_groups();
-    p->set_axis(g.axis);
-    p->mutable_ranks()->Add(g.ranks.begin(), g.ranks.end());
-    p->set_tier(static_cast<int>(g.tier));
-    p->set_bytes_per_step(g.bytes_per_step);
-  }
-  for (const auto& w : c.placement.warnings) out->add_warnings(w);
   out->set_master_addr(c.master_addr);
   out->set_master_port(c.master_port);
+  out->set_placement(placement);
 }
 
 Assignment from_proto(const pb::JoinReply& reply) {
@@ -76,34 +81,54 @@ Assignment from_proto(const pb::JoinReply& reply) {
   a.mesh.pp = reply.pp();
   a.mesh.ep = reply.ep();
   a.world = a.mesh.world();
+  a.master_addr = reply.master_addr();
+  a.master_port = reply.master_port();
   a.placement.mesh = a.mesh;
-  a.placement.ranks.reserve(static_cast<size_t>(reply.ranks_size()));
-  for (const pb::RankInfo& p : reply.ranks()) {
-    RankPlacement r;
-    r.rank = p.rank();
-    r.node = p.node();
-    r.device = p.device();
-    r.dp = p.dp();
-    r.tp = p.tp();
-    r.pp = p.pp();
-    r.ep = p.ep();
+  parse_placement(reply.placement(), &a);
+  return a;
+}
+
+namespace {
+
+[[noreturn]] void bad_placement() {
+  throw Error(ErrorCode::rendezvous, "the rendezvous server sent a malformed placement",
+              "run the same dtrain version on every node and on the server");
+}
+
+}  // namespace
+
+void parse_placement(const std::string& bytes, Assignment* out) {
+  Assignment& a = *out;
+  pb::PlacementInfo info;
+  if (!info.ParseFromString(bytes)) bad_placement();
+  int groups = info.group_axis_size();
+  if (info.rank_table_size() % 7 != 0 || info.group_size_size() != groups ||
+      info.group_tier_size() != groups || info.group_bytes_size() != groups)
+    bad_placement();
+  const auto& t = info.rank_table();
+  a.placement.ranks.reserve(static_cast<size_t>(t.size() / 7));
+  for (int i = 0; i + 7 <= t.size(); i += 7) {
+    RankPlacement r{t[i], t[i + 1], t[i + 2], t[i + 3], t[i + 4], t[i + 5], t[i + 6]};
     a.placement.ranks.push_back(r);
     if (r.node == a.node_rank) a.local_ranks.push_back(r);
   }
   std::sort(a.local_ranks.begin(), a.local_ranks.end(),
             [](const RankPlacement& x, const RankPlacement& y) { return x.device < y.device; });
-  for (const pb::GroupInfo& p : reply.groups()) {
-    Group g;
-    g.axis = p.axis();
-    g.ranks.assign(p.ranks().begin(), p.ranks().end());
-    g.tier = static_cast<LinkTier>(p.tier());
-    g.bytes_per_step = p.bytes_per_step();
-    a.placement.groups.push_back(std::move(g));
+  a.placement.groups.resize(static_cast<size_t>(groups));
+  const int* next = info.group_ranks().data();
+  const int* end = next + info.group_ranks_size();
+  for (int i = 0; i < groups; ++i) {
+    Group& g = a.placement.groups[static_cast<size_t>(i)];
+    int axis = info.group_axis(i), size = info.group_size(i);
+    if (axis < 0 || axis >= info.axis_names_size() || size < 0 || end - next < size)
+      bad_placement();
+    g.axis = info.axis_names(axis);
+    g.ranks.assign(next, next + size);
+    next += size;
+    g.tier = static_cast<LinkTier>(info.group_tier(i));
+    g.bytes_per_step = info.group_bytes(i);
   }
-  a.placement.warnings.assign(reply.warnings().begin(), reply.warnings().end());
-  a.master_addr = reply.master_addr();
-  a.master_port = reply.master_port();
-  return a;
+  a.placement.warnings.assign(info.warnings().begin(), info.warnings().end());
 }
 
 void to_proto(const FailureReport& r, pb::FailureRequest* out) {

@@ -12,8 +12,14 @@ namespace dtrain::rendezvous::detail {
 void to_proto(const JoinInfo& info, double timeout_s, pb::JoinRequest* out);
 JoinInfo from_proto(const pb::JoinRequest& req);
 
-void to_proto(const ClosedRound& closed, int node_rank, pb::JoinReply* out);
+// The round's placement as a serialized PlacementInfo: built once per round.
+std::string placement_bytes(const Placement& placement);
+void to_proto(const ClosedRound& closed, int node_rank, const std::string& placement_bytes,
+              pb::JoinReply* out);
 Assignment from_proto(const pb::JoinReply& reply);
+// Fills out->placement and out->local_ranks (by out->node_rank) from
+// placement_bytes' output. Throws Error(rendezvous) when malformed.
+void parse_placement(const std::string& bytes, Assignment* out);
 
 void to_proto(const FailureReport& report, pb::FailureRequest* out);
 FailureReport from_proto(const pb::FailureRequest& req);

@@ -82,12 +82,13 @@ class RendezvousServer::Impl::JoinReactor final : public grpc::ServerUnaryReacto
   void OnCancel() override { impl_->cancel(ticket_); }
   void OnDone() override { delete this; }
   void set_ticket(uint64_t t) { ticket_ = t; }
-  void answer(const JoinOutcome& outcome) {
+  // placement: the round's serialized placement (rendezvous_proto.h).
+  void answer(const JoinOutcome& outcome, const std::string& placement) {
     if (outcome.refusal || !outcome.closed) {
       Finish(to_status(outcome.refusal));
       return;
     }
-    detail::to_proto(*outcome.closed, outcome.node_rank, reply_);
+    detail::to_proto(*outcome.closed, outcome.node_rank, placement, reply_);
     Finish(grpc::Status::OK);
   }
 
@@ -108,8 +109,18 @@ RendezvousServer::Impl::Decided RendezvousServer::Impl::take(std::vector<JoinOut
   return decided;
 }
 
+// Outside mu. The placement is serialized once per closed round, then each
+// reply copies the bytes.
 void RendezvousServer::Impl::finish(Decided decided) {
-  for (auto& [reactor, outcome] : decided) reactor->answer(outcome);
+  const ClosedRound* serialized_for = nullptr;
+  std::string placement;
+  for (auto& [reactor, outcome] : decided) {
+    if (outcome.closed && outcome.closed.get() != serialized_for) {
+      serialized_for = outcome.closed.get();
+      placement = detail::placement_bytes(outcome.closed->placement);
+    }
+    reactor->answer(outcome, placement);
+  }
 }
 
 grpc::ServerUnaryReactor* RendezvousServer::Impl::Join(grpc::CallbackServerContext* /*ctx*/,
