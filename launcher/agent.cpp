@@ -262,7 +262,7 @@ int Agent::restart_or_fail(int restart) {
     return -1;
   }
   RootCause cause;
-  cause.host = config_.host;
+  cause.host = config_.hostname;
   cause.node_id = config_.node_id;
   cause.node_rank = group_.node_rank;
   cause.restarts_used = restart;
@@ -282,9 +282,7 @@ void Agent::report_failure(const Worker& worker) {
   report.local_rank = worker.local_rank;
   report.exit_code = worker.exit.exit_code;
   report.signal = worker.exit.signal;
-  report.message = worker.exit.describe();
-  if (!worker.error_file_text.empty())
-    report.message += ": " + error_file_message(worker.error_file_text);
+  if (!worker.error_file_text.empty()) report.message = error_file_message(worker.error_file_text);
   try {
     client_.report_failure(report);
   } catch (const Error& e) {

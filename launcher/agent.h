@@ -25,6 +25,7 @@ struct AgentConfig {
   std::string token;
   std::string node_id;                  // unique per agent (host:pid)
   std::string host;                     // address other nodes reach this one at
+  std::string hostname;                 // this machine's name, for the root cause
   std::string endpoint;                 // the rendezvous, for messages
   int node_rank = -1;                   // requested node rank, -1 = any
   std::vector<int> console_ranks;       // empty = all

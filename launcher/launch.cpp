@@ -158,7 +158,8 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   }
   auto [rdzv_host, rdzv_port] = split_endpoint(config.endpoint);
   (void)rdzv_port;
-  config.host = is_loopback(rdzv_host) ? "127.0.0.1" : hostname();
+  config.hostname = hostname();
+  config.host = is_loopback(rdzv_host) ? "127.0.0.1" : config.hostname;
   config.node_id = config.host + ":" + std::to_string(::getpid());
 
   rendezvous::ClientOptions client_options;

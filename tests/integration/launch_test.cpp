@@ -1,0 +1,383 @@
+// Integration tests of `dtrain launch`: the real dtrain binary on loopback
+// running tests/env_report (or Python + torch) as workers. Covers the env
+// contract, 2 agents vs `dtrain topo`, gloo all-reduce, refusals, restarts,
+// root cause, signals and a killed agent. Every process is an RAII Child
+// tagged with a TagGuard, so no path leaves a process behind.
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "tests/support/child.h"
+
+using dtrain::testing::Child;
+using dtrain::testing::TagGuard;
+using dtrain::testing::TempDir;
+using json = nlohmann::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string env_report() { return dtrain::testing::binary_dir() + "/tests/env_report"; }
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+bool wait_until(const std::function<bool()>& pred, double timeout_s) {
+  auto start = Clock::now();
+  while (seconds_since(start) < timeout_s) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+size_t count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// One test's world: a temp dir (spec, log.dir, env.jsonl), a tag for every
+// process it starts, and helpers to run dtrain in it.
+struct Job {
+  TempDir dir;
+  TagGuard tag;
+  std::vector<std::unique_ptr<Child>> children;
+
+  // YAML for a job whose workers run `argv` (env_report by default).
+  std::string spec(const std::string& cluster, const std::string& parallel,
+                   std::vector<std::string> argv = {}) {
+    if (argv.empty()) argv = {env_report(), "--dir", dir.path()};
+    std::string list;
+    for (const auto& a : argv) list += (list.empty() ? "'" : ", '") + a + "'";
+    std::string path = dir / "job.yaml";
+    dtrain::testing::write_file(
+        path, "job: {name: itest}\ncluster: {" + cluster + "}\nparallel: {" + parallel +
+                  "}\nlog: {dir: " + (dir / "run") + "}\nentrypoint: [" + list + "]\n");
+    return path;
+  }
+
+  std::vector<std::string> env(std::vector<std::string> extra = {}) const {
+    extra.push_back(tag.env());
+    return extra;
+  }
+
+  Child& start(std::vector<std::string> args, const std::string& name,
+               std::vector<std::string> extra_env = {}) {
+    args.insert(args.begin(), dtrain::testing::dtrain_bin());
+    children.push_back(std::make_unique<Child>(args, dir / (name + ".out"), env(extra_env)));
+    return *children.back();
+  }
+
+  // Run to the end; CHECKs it ended within timeout_s.
+  std::pair<int, std::string> run(std::vector<std::string> args, double timeout_s = 60,
+                                  std::vector<std::string> extra_env = {}) {
+    Child& c = start(std::move(args), "run" + std::to_string(children.size()), extra_env);
+    bool ended = c.wait(timeout_s);
+    CHECK_MESSAGE(ended, "dtrain did not end within ", timeout_s, " s:\n", c.output());
+    return {ended ? c.exit_code() : -1, c.output()};
+  }
+
+  // `dtrain rendezvous` on a free loopback port; returns the port.
+  int rendezvous(const std::string& spec_path, std::vector<std::string> extra_env = {}) {
+    int port = free_port();
+    Child& c = start({"rendezvous", spec_path, "--host", "127.0.0.1", "--port",
+                      std::to_string(port)},
+                     "rendezvous", extra_env);
+    REQUIRE_MESSAGE(wait_until([&] { return c.output().find("listening") != std::string::npos; },
+                               20),
+                    "rendezvous did not start:\n", c.output());
+    return port;
+  }
+
+  std::vector<json> reports() const {
+    std::vector<json> out;
+    std::istringstream in(dtrain::testing::read_file(dir / "env.jsonl"));
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty()) out.push_back(json::parse(line));
+    return out;
+  }
+};
+
+int as_int(const json& report, const char* key) { return std::stoi(report[key].get<std::string>()); }
+
+}  // namespace
+
+TEST_CASE("1 node x 4 workers: env contract, MASTER reachable, logs, --ranks") {
+  Job job;
+  std::string spec = job.spec("nodes: 1, procs_per_node: 4, grace_s: 1", "dp: 4",
+                              {env_report(), "--dir", job.dir.path(), "--check-master"});
+  auto [code, out] = job.run({"launch", spec, "--ranks", "0,3"});
+  REQUIRE_MESSAGE(code == 0, out);
+  auto reports = job.reports();
+  REQUIRE(reports.size() == 4);
+  std::set<int> ranks;
+  std::string run_dir = job.dir / "run";
+  for (const auto& r : reports) {
+    int rank = as_int(r, "RANK");
+    ranks.insert(rank);
+    CHECK(as_int(r, "WORLD_SIZE") == 4);
+    CHECK(as_int(r, "LOCAL_RANK") == rank);
+    CHECK(as_int(r, "LOCAL_WORLD_SIZE") == 4);
+    CHECK(as_int(r, "GROUP_RANK") == 0);
+    CHECK(as_int(r, "ROLE_RANK") == rank);
+    CHECK(as_int(r, "DTRAIN_RESTART") == 0);
+    CHECK(r["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(r["master_ok"] == true);  // rank 0 bound MASTER_PORT, the others connected
+    CHECK(r["DTRAIN_MESH"] == "dp=4,tp=1,pp=1,ep=1");
+    CHECK(r["DTRAIN_COORD"] == "dp=" + std::to_string(rank) + ",tp=0,pp=0,ep=0");
+    CHECK(r["DTRAIN_RUN_DIR"] == run_dir);
+    CHECK(r["DTRAIN_SPEC"] == run_dir + "/spec.resolved.yaml");
+    CHECK(r["DTRAIN_ERROR_FILE"] == run_dir + "/error_rank_" + std::to_string(rank) + ".json");
+    CHECK(as_int(r, "OMP_NUM_THREADS") >= 1);
+    CHECK(r["pgid"] == r["pid"]);  // each worker leads its own process group
+    CHECK(dtrain::testing::read_file(run_dir + "/rank_" + std::to_string(rank) + ".log")
+              .find("env_report rank " + std::to_string(rank)) != std::string::npos);
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2, 3});
+  CHECK(dtrain::testing::read_file(run_dir + "/spec.resolved.yaml").find("itest") !=
+        std::string::npos);
+  CHECK(out.find("[rank 0] env_report rank 0") != std::string::npos);
+  CHECK(out.find("[rank 3] env_report rank 3") != std::string::npos);
+  CHECK(out.find("[rank 1]") == std::string::npos);  // filtered by --ranks 0,3
+  CHECK(out.find("[rank 2]") == std::string::npos);
+}
+
+TEST_CASE("2 agents x 4 workers through `dtrain rendezvous`: ranks and coords equal dtrain topo") {
+  Job job;
+  std::string spec = job.spec("nodes: 2, procs_per_node: 4, grace_s: 1, "
+                              "rendezvous: {join_timeout_s: 30, heartbeat_s: 0.5}",
+                              "dp: 2, tp: 2, pp: 2");
+  std::vector<std::string> token = {"DTRAIN_TOKEN=itest-secret"};
+  int port = job.rendezvous(spec, token);
+  std::string rdzv = "127.0.0.1:" + std::to_string(port);
+  std::vector<std::string> set = {"--set", "cluster.topology.nvlink_domain=2"};
+  auto args = [&](int node) {
+    std::vector<std::string> a = {"launch", spec, "--node-rank", std::to_string(node), "--rdzv",
+                                  rdzv};
+    a.insert(a.end(), set.begin(), set.end());
+    return a;
+  };
+  Child& a0 = job.start(args(0), "agent0", token);
+  Child& a1 = job.start(args(1), "agent1", token);
+  REQUIRE_MESSAGE(a0.wait(60), a0.output());
+  REQUIRE_MESSAGE(a1.wait(60), a1.output());
+  REQUIRE_MESSAGE(a0.exit_code() == 0, a0.output());
+  REQUIRE_MESSAGE(a1.exit_code() == 0, a1.output());
+
+  auto [topo_code, topo_out] =
+      job.run({"topo", spec, "--set", "cluster.topology.nvlink_domain=2", "--format", "json"});
+  REQUIRE_MESSAGE(topo_code == 0, topo_out);
+  json topo = json::parse(topo_out.substr(topo_out.find('{')));
+  auto reports = job.reports();
+  REQUIRE(reports.size() == 8);
+  std::set<int> seen;
+  for (const auto& r : reports) {
+    int rank = as_int(r, "RANK");
+    seen.insert(rank);
+    const json& t = topo["ranks"][rank];
+    REQUIRE(t["rank"] == rank);
+    CHECK(as_int(r, "GROUP_RANK") == t["node"].get<int>());
+    CHECK(as_int(r, "LOCAL_RANK") == t["device"].get<int>());
+    CHECK(as_int(r, "WORLD_SIZE") == 8);
+    CHECK(as_int(r, "LOCAL_WORLD_SIZE") == 4);
+    std::string coord = "dp=" + std::to_string(t["dp"].get<int>()) +
+                        ",tp=" + std::to_string(t["tp"].get<int>()) +
+                        ",pp=" + std::to_string(t["pp"].get<int>()) +
+                        ",ep=" + std::to_string(t["ep"].get<int>());
+    CHECK(r["DTRAIN_COORD"] == coord);
+    CHECK(r["DTRAIN_MESH"] == "dp=2,tp=2,pp=2,ep=1");
+  }
+  CHECK(seen.size() == 8);
+}
+
+TEST_CASE("PyTorch gloo all-reduce across 4 dtrain workers (env://)") {
+  auto [has_torch, why] =
+      dtrain::testing::run_command({"/usr/bin/python3", "-c", "import torch.distributed"},
+                                   "/dev/null", 120);
+  if (has_torch != 0) {
+    MESSAGE("skipped: /usr/bin/python3 cannot import torch (install python3-torch)");
+    return;
+  }
+  Job job;
+  std::string script = dtrain::testing::source_dir() + "/tests/support/allreduce_check.py";
+  std::string spec = job.spec("nodes: 1, procs_per_node: 4, grace_s: 1", "dp: 4",
+                              {"/usr/bin/python3", script});
+  auto [code, out] = job.run({"launch", spec}, 240);
+  CHECK_MESSAGE(code == 0, out);
+  CHECK_MESSAGE(count(out, "sum 10 expected 10 OK") == 4, out);
+}
+
+TEST_CASE("wrong token: refused with a message, no worker started") {
+  Job job;
+  std::string spec = job.spec("nodes: 2, procs_per_node: 2, rendezvous: {join_timeout_s: 10}",
+                              "dp: 4");
+  int port = job.rendezvous(spec, {"DTRAIN_TOKEN=the-right-one"});
+  auto [code, out] = job.run({"launch", spec, "--node-rank", "1", "--rdzv",
+                              "127.0.0.1:" + std::to_string(port)},
+                             30, {"DTRAIN_TOKEN=a-wrong-one"});
+  CHECK(code != 0);
+  CHECK_MESSAGE(out.find("token") != std::string::npos, out);
+  CHECK(job.reports().empty());
+}
+
+TEST_CASE("join timeout: says how many nodes of how many joined") {
+  Job job;
+  std::string spec = job.spec("nodes: 2, procs_per_node: 2, rendezvous: {join_timeout_s: 2}",
+                              "dp: 4");
+  auto [code, out] = job.run({"launch", spec, "--node-rank", "0", "--rdzv",
+                              "127.0.0.1:" + std::to_string(free_port())},
+                             30, {"DTRAIN_TOKEN=t"});
+  CHECK(code != 0);
+  CHECK_MESSAGE(out.find("1 of 2") != std::string::npos, out);
+  CHECK(job.reports().empty());
+}
+
+TEST_CASE("a worker that fails on its first run: restart, success, DTRAIN_RESTART=1") {
+  Job job;
+  std::string spec = job.spec("nodes: 1, procs_per_node: 4, max_restarts: 1, grace_s: 1", "dp: 4",
+                              {env_report(), "--dir", job.dir.path(), "--fail-restart", "0",
+                               "--fail-rank", "2"});
+  auto [code, out] = job.run({"launch", spec});
+  CHECK_MESSAGE(code == 0, out);
+  auto reports = job.reports();
+  int second_run = 0;
+  for (const auto& r : reports)
+    if (as_int(r, "DTRAIN_RESTART") == 1) {
+      ++second_run;
+      CHECK(as_int(r, "TORCHELASTIC_RESTART_COUNT") == 1);
+    }
+  CHECK(second_run == 4);
+  CHECK(out.find("Root cause") == std::string::npos);
+}
+
+TEST_CASE("failing every time with max_restarts 2: non-zero after exactly 3 runs, root cause") {
+  Job job;
+  std::string spec = job.spec("nodes: 1, procs_per_node: 4, max_restarts: 2, grace_s: 1", "dp: 4",
+                              {env_report(), "--dir", job.dir.path(), "--fail-always",
+                               "--fail-rank", "2", "--error-message", "boom 42"});
+  auto [code, out] = job.run({"launch", spec});
+  CHECK(code == 1);
+  std::set<int> restarts;
+  int rank2_runs = 0;
+  for (const auto& r : job.reports()) {
+    restarts.insert(as_int(r, "DTRAIN_RESTART"));
+    rank2_runs += as_int(r, "RANK") == 2;
+  }
+  CHECK(restarts == std::set<int>{0, 1, 2});
+  CHECK(rank2_runs == 3);
+  CHECK_MESSAGE(count(out, "Root cause") == 1, out);
+  CHECK(out.find("rank       : 2 (local rank 2)") != std::string::npos);
+  CHECK(out.find("exit code 1") != std::string::npos);
+  CHECK(out.find("boom 42") != std::string::npos);  // the worker's error file
+  CHECK(out.find("| env_report rank 2: failing on purpose") != std::string::npos);  // log tail
+}
+
+TEST_CASE("SIGKILL one worker: the others are stopped, root cause says SIGKILL") {
+  Job job;
+  std::string spec = job.spec("nodes: 1, procs_per_node: 4, grace_s: 2", "dp: 4",
+                              {env_report(), "--dir", job.dir.path(), "--sleep", "60"});
+  Child& dtrain = job.start({"launch", spec}, "dtrain");
+  REQUIRE_MESSAGE(wait_until([&] { return job.reports().size() == 4; }, 30), dtrain.output());
+  auto reports = job.reports();
+  std::vector<pid_t> pids;
+  pid_t victim = 0;
+  for (const auto& r : reports) {
+    pids.push_back(r["pid"].get<int>());
+    if (as_int(r, "RANK") == 1) victim = r["pid"].get<int>();
+  }
+  ::kill(victim, SIGKILL);
+  REQUIRE_MESSAGE(dtrain.wait(10), dtrain.output());
+  CHECK(dtrain.exit_code() == 128 + SIGKILL);
+  for (pid_t pid : pids) CHECK_FALSE(dtrain::testing::pid_alive(pid));
+  std::string out = dtrain.output();
+  CHECK_MESSAGE(out.find("signal 9 (SIGKILL)") != std::string::npos, out);
+  CHECK(out.find("rank       : 1 (local rank 1)") != std::string::npos);
+}
+
+TEST_CASE("SIGTERM to dtrain: every worker is gone within the grace period") {
+  Job job;
+  const double grace = 2.0;
+  std::string spec = job.spec("nodes: 1, procs_per_node: 4, grace_s: 2", "dp: 4",
+                              {env_report(), "--dir", job.dir.path(), "--sleep", "60",
+                               "--ignore-term", "3"});  // rank 3 needs the SIGKILL
+  Child& dtrain = job.start({"launch", spec}, "dtrain");
+  REQUIRE_MESSAGE(wait_until([&] { return job.reports().size() == 4; }, 30), dtrain.output());
+  std::vector<pid_t> pids;
+  for (const auto& r : job.reports()) pids.push_back(r["pid"].get<int>());
+  auto sent = Clock::now();
+  dtrain.signal(SIGTERM);
+  REQUIRE_MESSAGE(dtrain.wait(grace + 5), dtrain.output());
+  double took = seconds_since(sent);
+  MESSAGE("dtrain exited ", took, " s after SIGTERM (grace ", grace, " s)");
+  CHECK(took < grace + 1.5);
+  CHECK(dtrain.exit_code() == 128 + SIGTERM);
+  for (pid_t pid : pids) CHECK_FALSE(dtrain::testing::pid_alive(pid));
+}
+
+// The killed agent's workers are orphans (their agent could not stop them);
+// the TagGuard reaps them. What matters here is the survivor.
+static void check_survivor_after_kill(bool kill_node0_with_server) {
+  Job job;
+  const double heartbeat = 0.5;
+  std::string spec = job.spec("nodes: 2, procs_per_node: 2, grace_s: 1, "
+                              "rendezvous: {join_timeout_s: 4, heartbeat_s: 0.5}",
+                              "dp: 4", {env_report(), "--dir", job.dir.path(), "--sleep", "60"});
+  std::vector<std::string> token = {"DTRAIN_TOKEN=itest"};
+  int port = kill_node0_with_server ? free_port() : job.rendezvous(spec, token);
+  std::string rdzv = "127.0.0.1:" + std::to_string(port);
+  Child& a0 = job.start({"launch", spec, "--node-rank", "0", "--rdzv", rdzv}, "agent0", token);
+  if (kill_node0_with_server)
+    REQUIRE(wait_until([&] { return a0.output().find("listening") != std::string::npos; }, 20));
+  Child& a1 = job.start({"launch", spec, "--node-rank", "1", "--rdzv", rdzv}, "agent1", token);
+  REQUIRE_MESSAGE(wait_until([&] { return job.reports().size() == 4; }, 30), a1.output());
+  Child& victim = kill_node0_with_server ? a0 : a1;
+  Child& survivor = kill_node0_with_server ? a1 : a0;
+  int survivor_node = kill_node0_with_server ? 1 : 0;
+  std::vector<pid_t> survivor_pids;
+  for (const auto& r : job.reports())
+    if (as_int(r, "GROUP_RANK") == survivor_node) survivor_pids.push_back(r["pid"].get<int>());
+  REQUIRE(survivor_pids.size() == 2);
+  auto killed = Clock::now();
+  victim.signal(SIGKILL);
+  bool stopped = wait_until([&] {
+    return std::none_of(survivor_pids.begin(), survivor_pids.end(), dtrain::testing::pid_alive);
+  }, 15);
+  double took = seconds_since(killed);
+  MESSAGE("survivor stopped its workers ", took, " s after the kill (heartbeat ", heartbeat,
+          " s, grace 1 s)");
+  CHECK_MESSAGE(stopped, survivor.output());
+  // 3 missed beats (1.5 s) + one beat of the survivor + SIGTERM handling, with slack for load.
+  CHECK(took < 3 * heartbeat + heartbeat + 2.5);
+  REQUIRE_MESSAGE(survivor.wait(15), survivor.output());  // re-join times out: no hang
+  CHECK(survivor.exit_code() != 0);
+}
+
+TEST_CASE("2 agents, one agent SIGKILLed: the other stops its workers and does not hang") {
+  SUBCASE("standalone rendezvous, agent 1 killed") { check_survivor_after_kill(false); }
+  SUBCASE("node 0 (embedding the rendezvous) killed") { check_survivor_after_kill(true); }
+}
