@@ -1,0 +1,66 @@
+// Unit tests: the root-cause block and error files (launcher/root_cause.h),
+// and log tails (launcher/rank_output.h).
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "launcher/rank_output.h"
+#include "launcher/root_cause.h"
+
+using namespace dtrain::launcher;
+
+TEST_CASE("error_file_message: torchelastic JSON, plain JSON, text") {
+  CHECK(error_file_message(R"({"message": {"message": "RuntimeError: x", "extraInfo": {}}})") ==
+        "RuntimeError: x");
+  CHECK(error_file_message(R"({"message": "boom"})") == "boom");
+  CHECK(error_file_message("not json at all") == "not json at all");
+  CHECK(error_file_message(std::string(5000, 'a')).size() < 2100);
+}
+
+TEST_CASE("RankOutput: log gets raw bytes, tail_lines the last lines") {
+  char tmpl[] = "/tmp/dtrain-unit-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  std::string log = dir + "/rank_3.log";
+  {
+    RankOutput out(3, log, /*console=*/false, /*truncate=*/true);
+    for (int i = 0; i < 25; ++i) {
+      std::string line = "line " + std::to_string(i) + "\n";
+      out.write(line.data(), line.size());
+    }
+    out.write("partial", 7);
+  }
+  auto tail = tail_lines(log, 10);
+  REQUIRE(tail.size() == 10);
+  CHECK(tail.front() == "line 16");
+  CHECK(tail.back() == "partial");
+  {
+    RankOutput again(3, log, false, /*truncate=*/false);  // a restart appends
+    again.write("more\n", 5);
+  }
+  CHECK(tail_lines(log, 1).back() == "more");
+
+  RootCause cause;
+  cause.host = "h1";
+  cause.node_id = "h1:42";
+  cause.node_rank = 1;
+  cause.restarts_used = 2;
+  cause.max_restarts = 2;
+  cause.worker.rank = 5;
+  cause.worker.local_rank = 1;
+  cause.worker.exit.signal = SIGSEGV;
+  cause.worker.spec.log_path = log;
+  cause.worker.spec.error_file = dir + "/error_rank_5.json";
+  cause.worker.error_file_text = R"({"message": "segfault in kernel"})";
+  std::string text = cause.to_text();
+  CHECK(text.find("host       : h1") != std::string::npos);
+  CHECK(text.find("node       : 1 (h1:42)") != std::string::npos);
+  CHECK(text.find("rank       : 5 (local rank 1)") != std::string::npos);
+  CHECK(text.find("signal 11 (SIGSEGV)") != std::string::npos);
+  CHECK(text.find("restarts   : 2 of 2 used") != std::string::npos);
+  CHECK(text.find("segfault in kernel") != std::string::npos);
+  CHECK(text.find("    | more") != std::string::npos);
+  std::system(("rm -rf '" + dir + "'").c_str());
+}
