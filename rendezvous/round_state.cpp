@@ -132,6 +132,7 @@ std::vector<JoinOutcome> RoundState::poll(TimePoint now) {
                                        std::to_string(options_.max_nodes) + ")"
                                  : std::string()) +
                       " in round " + std::to_string(round_);
+    DTRAIN_WARN("rendezvous: join of '{}' ({}): {}", m.info.node_id, m.info.host, msg);
     out.push_back({m.ticket, {RefusalKind::deadline, msg}, nullptr, 0});
     waiting_.erase(waiting_.begin() + static_cast<long>(i));
   }

@@ -1,0 +1,90 @@
+// RoundState without sockets or sleeps: the clock is passed in, so node
+// ordering, last call, heartbeat death and restart counting are checked at
+// exact instants. The gRPC side is rendezvous_test.cpp.
+#include <doctest/doctest.h>
+
+#include "rendezvous/round_state.h"
+
+using namespace dtrain::rendezvous;
+using std::chrono::milliseconds;
+
+namespace {
+
+ServerOptions round_options(int min_nodes, int max_nodes) {
+  ServerOptions o;
+  o.token = "t";
+  o.min_nodes = min_nodes;
+  o.max_nodes = max_nodes;
+  o.mesh.dp = max_nodes;
+  o.last_call_s = 1.0;
+  o.heartbeat_s = 1.0;
+  return o;
+}
+
+JoinInfo node(int i, int node_rank = -1) {
+  JoinInfo j;
+  j.node_id = "n" + std::to_string(i);
+  j.host = "h" + std::to_string(i);
+  j.node_rank = node_rank;
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("round: requested node ranks first, then join order fills the gaps") {
+  RoundState s(round_options(3, 3));
+  TimePoint t0{};
+  CHECK_FALSE(s.join(node(0), 1, t0, TimePoint::max()));
+  CHECK_FALSE(s.join(node(1, 0), 2, t0, TimePoint::max()));
+  CHECK(s.poll(t0).empty());
+  CHECK_FALSE(s.join(node(2), 3, t0, TimePoint::max()));
+  auto out = s.poll(t0);
+  REQUIRE(out.size() == 3);
+  std::vector<std::string> order = out.front().closed->node_ids;
+  CHECK(order == std::vector<std::string>{"n1", "n0", "n2"});
+  CHECK(out.front().closed->master_addr == "h1");
+  CHECK_FALSE(s.open());
+}
+
+TEST_CASE("round: elastic last call, heartbeat death, one restart per failure") {
+  RoundState s(round_options(1, 2));
+  TimePoint t0{};
+  CHECK_FALSE(s.join(node(0), 1, t0, TimePoint::max()));
+  CHECK(s.poll(t0 + milliseconds(999)).empty());  // last call still running
+  auto out = s.poll(t0 + milliseconds(1000));
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].closed->placement.mesh.dp == 1);  // dp scales to what came
+
+  TimePoint t1 = t0 + milliseconds(1000);
+  CHECK(s.heartbeat("n0", 1, t1 + milliseconds(2500)).known);
+  s.poll(t1 + milliseconds(5400));  // 2.9 s after the beat: alive
+  CHECK(s.round() == 1);
+  s.poll(t1 + milliseconds(5600));  // 3.1 s: dead, new round, no restart
+  CHECK(s.round() == 2);
+  CHECK(s.status(t1).restart == 0);
+  CHECK_FALSE(s.heartbeat("n0", 1, t1).known);
+
+  CHECK_FALSE(s.join(node(1), 2, t1, TimePoint::max()));
+  CHECK_FALSE(s.join(node(2), 3, t1, TimePoint::max()));
+  REQUIRE(s.poll(t1).size() == 2);  // max reached: no last call
+  FailureReport f;
+  f.round = 2;
+  f.node_id = "n1";
+  s.report_failure(f);
+  f.node_id = "n2";
+  s.report_failure(f);
+  CHECK(s.status(t1).restart == 1);
+  CHECK(s.round() == 3);
+}
+
+TEST_CASE("round: an expired join is answered with K of M and leaves the round") {
+  RoundState s(round_options(2, 2));
+  TimePoint t0{};
+  CHECK_FALSE(s.join(node(0), 1, t0, t0 + milliseconds(500)));
+  auto out = s.poll(t0 + milliseconds(500));
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].refusal.kind == RefusalKind::deadline);
+  CHECK(out[0].refusal.message.find("timed out after 0.5 s: joined 1 of 2 nodes") !=
+        std::string::npos);
+  CHECK(s.status(t0).nodes.empty());
+}
