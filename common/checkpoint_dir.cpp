@@ -1,0 +1,152 @@
+// checkpoint_dir.h: rename-based atomic commit with fsync of files and
+// directories, so a crash at any point leaves `latest` on a complete one.
+#include "common/checkpoint_dir.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "common/checkpoint_index.h"
+#include "common/error.h"
+
+namespace dtrain::checkpoint {
+namespace fs = std::filesystem;
+namespace {
+
+[[noreturn]] void fail(const std::string& msg, const std::string& hint = {}) {
+  throw Error(ErrorCode::checkpoint, msg, hint);
+}
+
+bool parse_step_dir(const std::string& name, int64_t* step) {
+  if (name.rfind("step_", 0) != 0 || name.size() == 5) return false;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return false;
+  *step = std::stoll(name.substr(5));
+  return true;
+}
+
+std::string read_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  while (!line.empty() && (line.back() == '\n' || line.back() == ' ' || line.back() == '\r')) line.pop_back();
+  return line;
+}
+
+}  // namespace
+
+std::string step_dir_name(int64_t step) { return "step_" + std::to_string(step); }
+
+std::string tmp_dir(const std::string& root, int64_t step) {
+  return root + "/" + step_dir_name(step) + ".tmp";
+}
+
+void prepare_tmp_dir(const std::string& root, int64_t step) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  const std::string tmp = tmp_dir(root, step);
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec) || ec)
+    fail("cannot create checkpoint directory " + tmp + ": " + ec.message(),
+         "check that checkpoint.dir is writable");
+}
+
+void fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open " + path + " to fsync: " + std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) fail("fsync " + path + " failed: " + std::strerror(err));
+}
+
+void commit(const std::string& root, int64_t step, int keep) {
+  const std::string tmp = tmp_dir(root, step);
+  const std::string final_dir = root + "/" + step_dir_name(step);
+  for (const auto& e : fs::directory_iterator(tmp))
+    if (e.is_regular_file()) fsync_path(e.path().string());
+  fsync_path(tmp);
+  std::error_code ec;
+  if (fs::exists(final_dir)) {  // the same step saved again (e.g. resumed at the end)
+    const std::string old = final_dir + ".old.tmp";
+    fs::remove_all(old, ec);
+    fs::rename(final_dir, old, ec);
+    if (ec) fail("cannot move aside " + final_dir + ": " + ec.message());
+  }
+  fs::rename(tmp, final_dir, ec);
+  if (ec) fail("cannot rename " + tmp + " to " + final_dir + ": " + ec.message());
+  fsync_path(root);
+  const std::string latest_tmp = root + "/" + kLatestFile + ".tmp";
+  {
+    std::ofstream out(latest_tmp, std::ios::trunc);
+    out << step_dir_name(step) << "\n";
+    if (!out.flush()) fail("cannot write " + latest_tmp);
+  }
+  fsync_path(latest_tmp);
+  fs::rename(latest_tmp, root + "/" + kLatestFile, ec);
+  if (ec) fail("cannot rename " + latest_tmp + " to latest: " + ec.message());
+  fsync_path(root);
+  fs::remove_all(final_dir + ".old.tmp", ec);
+  if (keep <= 0) return;
+  std::vector<int64_t> steps = list_steps(root);
+  for (size_t i = 0; i + size_t(keep) < steps.size(); ++i)
+    if (steps[i] != step) fs::remove_all(root + "/" + step_dir_name(steps[i]), ec);
+}
+
+int clean_stale(const std::string& root) {
+  int removed = 0;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return 0;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
+      fs::remove_all(e.path(), ec);
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+std::vector<int64_t> list_steps(const std::string& root) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return steps;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    int64_t s = 0;
+    if (e.is_directory() && parse_step_dir(e.path().filename().string(), &s)) steps.push_back(s);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::string latest_dir(const std::string& root) {
+  const std::string latest = root + "/" + kLatestFile;
+  if (!fs::exists(latest)) return "";
+  const std::string name = read_line(latest);
+  const std::string dir = root + "/" + name;
+  if (name.empty() || !fs::is_directory(dir))
+    fail(latest + " names \"" + name + "\", which is not a checkpoint directory",
+         "remove " + latest + " to start afresh, or point it at an existing step_<N>");
+  return dir;
+}
+
+std::string resolve(const std::string& path) {
+  if (fs::is_regular_file(path + "/" + kIndexFile)) return path;
+  if (fs::is_directory(path)) {
+    std::string dir = latest_dir(path);
+    if (!dir.empty()) return dir;
+    fail(path + " is neither a checkpoint (no " + kIndexFile + ") nor a checkpoint root (no " +
+             kLatestFile + ")",
+         "pass a run's checkpoint.dir or one of its step_<N> directories");
+  }
+  if (fs::is_regular_file(path) && fs::path(path).filename() == kLatestFile)
+    return latest_dir(fs::path(path).parent_path().string());
+  fail("checkpoint " + path + " does not exist");
+}
+
+}  // namespace dtrain::checkpoint
