@@ -20,6 +20,7 @@ volatile sig_atomic_t g_stop_signal = 0;
 
 constexpr int kHandled[] = {SIGINT, SIGTERM, SIGCHLD};
 struct sigaction g_previous[3];
+struct sigaction g_previous_pipe;
 
 void on_signal(int sig) {
   int saved = errno;
@@ -52,10 +53,17 @@ SignalRelay::SignalRelay() {
     sa.sa_flags = SA_RESTART | (sig == SIGCHLD ? SA_NOCLDSTOP : 0);
     sigaction(sig, &sa, &g_previous[i]);
   }
+  // A closed console (dtrain ... | head) must not kill the agent and orphan
+  // its workers: writes then fail with EPIPE instead.
+  struct sigaction ignore;
+  std::memset(&ignore, 0, sizeof ignore);
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore, &g_previous_pipe);
 }
 
 SignalRelay::~SignalRelay() {
   for (int i = 0; i < 3; ++i) sigaction(kHandled[i], &g_previous[i], nullptr);
+  sigaction(SIGPIPE, &g_previous_pipe, nullptr);
   g_write_fd = -1;
   ::close(read_fd_);
   ::close(write_fd_);

@@ -1,6 +1,7 @@
 // The agent's wake-up channel: a self-pipe that SIGINT/SIGTERM/SIGCHLD
 // handlers write one byte to (no other work in a handler), and that other
-// threads (the heartbeat) poke with wake(). Does not decide what to do.
+// threads (the heartbeat) poke with wake(); SIGPIPE is ignored meanwhile.
+// Does not decide what to do.
 #pragma once
 
 namespace dtrain::launcher {
