@@ -76,12 +76,7 @@ int Agent::run() {
     for (;;) {
       rendezvous::Assignment a = rendezvous_step();
       int restart = std::max(a.restart, failures_);
-      if (restart > spec_.cluster.max_restarts)
-        throw Error(ErrorCode::worker_failed,
-                    "the job failed on another node and restarts are used up (restart " +
-                        std::to_string(restart) + " > cluster.max_restarts " +
-                        std::to_string(spec_.cluster.max_restarts) + ")",
-                    "see the root-cause block printed by the node that failed");
+      check_restarts_left(restart);
       start_step(a, restart);
       Outcome outcome = monitor_step();
       if (outcome == Outcome::succeeded) {
@@ -98,6 +93,7 @@ int Agent::run() {
                     "check that the rendezvous (node 0 or `dtrain rendezvous`) is still running");
       if (outcome == Outcome::round_changed) {
         DTRAIN_WARN("rendezvous: {}; stopped this node's workers, re-joining", heartbeat_detail_);
+        check_restarts_left(server_restart());  // do not wait for a node that gave up
         continue;
       }
       int code = restart_or_fail(restart);
@@ -110,6 +106,23 @@ int Agent::run() {
   DTRAIN_WARN("received {}: stopped every worker", signal_name(stop_signal_));
   leave(false);
   return 128 + stop_signal_;
+}
+
+void Agent::check_restarts_left(int restart) const {
+  if (restart <= spec_.cluster.max_restarts) return;
+  throw Error(ErrorCode::worker_failed,
+              "the job failed on another node and restarts are used up (restart " +
+                  std::to_string(restart) + " > cluster.max_restarts " +
+                  std::to_string(spec_.cluster.max_restarts) + ")",
+              "see the root-cause block printed by the node that failed");
+}
+
+int Agent::server_restart() {
+  try {
+    return client_.status().restart;
+  } catch (const Error&) {
+    return 0;  // unknown: the join that follows will tell
+  }
 }
 
 rendezvous::Assignment Agent::rendezvous_step() {

@@ -55,6 +55,8 @@ class Agent {
   Outcome monitor_step();
   void stop_step(int first_signal);
   int restart_or_fail(int restart);  // after a local failure: -1 = restart
+  void check_restarts_left(int restart) const;  // throws when restart > max_restarts
+  int server_restart();                         // the server's restart count (0 = unknown)
 
   void record_exit(const ExitEvent& event, bool stopping);
   std::optional<Outcome> group_outcome() const;
