@@ -54,7 +54,8 @@ MetricsLogger::~MetricsLogger() {
 }
 
 bool MetricsLogger::should_log(int64_t step) const {
-  return step % opt_.every == 0 || step == opt_.total_steps;
+  // Step 1 too: the curve starts at the untrained loss (about ln V).
+  return step == 1 || step % opt_.every == 0 || step == opt_.total_steps;
 }
 
 void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool print) {
@@ -81,10 +82,11 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
                  "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"tokens_per_s\": %.6g, "
                  "\"elapsed_s\": %.6g, \"step_time_s\": %.6g, \"sync_wait_s\": %.6g, "
                  "\"grad_norm\": %.9g, \"rss_bytes\": %lld, \"param_bytes\": %lld, "
-                 "\"grad_bytes\": %lld, \"optimizer_bytes\": %lld}\n",
+                 "\"grad_bytes\": %lld, \"optimizer_bytes\": %lld, \"buckets_in_backward\": %d}\n",
                  static_cast<long long>(r.step), r.loss, r.lr, tokens_per_s, elapsed, step_s, wait_s,
                  r.grad_norm, static_cast<long long>(mem.rss), static_cast<long long>(mem.params),
-                 static_cast<long long>(mem.grads), static_cast<long long>(mem.optimizer));
+                 static_cast<long long>(mem.grads), static_cast<long long>(mem.optimizer),
+                 r.buckets_in_backward);
     std::fflush(jsonl_);
   }
 }

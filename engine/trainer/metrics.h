@@ -1,5 +1,5 @@
 // Training metrics (DESIGN.md section 6, trainer): every log.every steps (and
-// the last) rank 0 prints step/total, the global-batch mean loss, lr, tokens/s,
+// the first and last) rank 0 prints step/total, the global-batch mean loss, lr, tokens/s,
 // ETA and memory, and appends one JSON object to <log dir>/metrics.jsonl.
 // Owns the timing and formatting; it does not train or decide the loss value.
 #pragma once
@@ -27,6 +27,7 @@ struct StepReport {
   double grad_norm = 0;   // before clipping
   double step_s = 0;      // wall time of the step
   double sync_wait_s = 0; // exposed gradient all-reduce time (Ddp::finish_gradient_sync)
+  int buckets_in_backward = 0;  // DDP buckets whose all-reduce started during backward
 };
 
 struct MetricsOptions {
@@ -44,7 +45,8 @@ class MetricsLogger {
   MetricsLogger(const MetricsLogger&) = delete;
   MetricsLogger& operator=(const MetricsLogger&) = delete;
 
-  // Same answer on every rank: whether step `step` (1-based) is logged.
+  // Same answer on every rank: whether step `step` (1-based) is logged (the
+  // first, every `every`-th and the last).
   bool should_log(int64_t step) const;
   // Every step: accumulates timing. On rank 0 for logged steps: prints and
   // appends one JSON line.

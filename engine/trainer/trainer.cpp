@@ -105,7 +105,8 @@ int run_training() {
   MetricsLogger metrics(metrics_options(s, step));
   for (; step < s.spec.train.steps; ++step) {
     StepResult r = train_step(s, step);
-    StepReport report{step + 1, 0.0, r.lr, r.grad_norm, r.step_s, r.sync.wait_s};
+    StepReport report{step + 1, 0.0, r.lr, r.grad_norm, r.step_s, r.sync.wait_s,
+                      r.sync.launched_in_backward};
     const bool logged = metrics.should_log(step + 1);
     if (logged) report.loss = global_mean_loss(s, r.local_loss_sum);
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
