@@ -1,0 +1,229 @@
+// Sharded save and index-based load of one rank's training state
+// (checkpoint.h). Tensor names: "model/<param>", "optim/exp_avg/<param>",
+// "optim/exp_avg_sq/<param>", "rng/cpu/rank_<r>". Under DDP every dp rank
+// holds the same model and optimizer state, so only dp-rank 0 of each
+// (tp, pp) coordinate writes them; every rank writes its RNG state.
+#include "engine/checkpoint/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <mutex>
+#include <unistd.h>
+
+#include "common/checkpoint_dir.h"
+#include "common/checkpoint_reader.h"
+#include "common/checkpoint_writer.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/mesh.h"
+
+namespace dtrain::engine::checkpoint {
+namespace ck = dtrain::checkpoint;
+namespace {
+
+volatile std::sig_atomic_t g_preempt = 0;
+
+void on_sigterm(int) { g_preempt = 1; }
+
+std::string dtype_name(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return "F32";
+    case at::kDouble: return "F64";
+    case at::kLong: return "I64";
+    case at::kInt: return "I32";
+    case at::kByte: return "U8";
+    case at::kBFloat16: return "BF16";
+    case at::kHalf: return "F16";
+    default:
+      throw Error(ErrorCode::internal, std::string("checkpoint: unsupported dtype ") +
+                                           std::string(c10::toString(t.scalar_type())));
+  }
+}
+
+std::vector<int64_t> shape_of(const at::Tensor& t) { return t.sizes().vec(); }
+
+std::vector<ck::Range> full_slice(const std::vector<int64_t>& shape) {
+  std::vector<ck::Range> r;
+  for (int64_t d : shape) r.emplace_back(0, d);
+  return r;
+}
+
+// A whole (unsharded) tensor as this rank's shard of it. `keep` holds the
+// contiguous copy alive until the file is written.
+void add_full(std::vector<ck::ShardData>& out, std::vector<at::Tensor>& keep, const std::string& name,
+              const at::Tensor& t) {
+  keep.push_back(t.detach().contiguous());
+  const at::Tensor& c = keep.back();
+  ck::TensorEntry e{name, dtype_name(c), shape_of(c), {ck::Shard{"", name, full_slice(shape_of(c)), 0}}};
+  out.push_back({std::move(e), c.data_ptr()});
+}
+
+std::string rank_file(int rank) { return "rank_" + std::to_string(rank) + ".safetensors"; }
+std::string rng_name(int rank) { return "rng/cpu/rank_" + std::to_string(rank); }
+
+at::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+// DTRAIN_TEST_CRASH_DURING_SAVE=<rank>[@<step>]: that rank _exits after
+// writing about half its shard (first launch only), leaving step_<N>.tmp.
+bool crash_during_this_save(const comm::WorldInfo& info, int64_t step) {
+  const char* v = std::getenv("DTRAIN_TEST_CRASH_DURING_SAVE");
+  if (!v || !*v || info.restart != 0) return false;
+  std::string s(v);
+  auto at_pos = s.find('@');
+  if (std::atoi(s.substr(0, at_pos).c_str()) != info.rank) return false;
+  return at_pos == std::string::npos || std::atoll(s.c_str() + at_pos + 1) == step;
+}
+
+std::vector<ck::ShardData> collect_shards(const TrainState& s, std::vector<at::Tensor>& keep) {
+  std::vector<ck::ShardData> shards;
+  if (s.dp->rank() == 0) {  // one copy of the replicated model and optimizer state
+    for (auto& [name, p] : *s.params) add_full(shards, keep, "model/" + name, p);
+    auto& m = s.optimizer->exp_avg();
+    auto& v = s.optimizer->exp_avg_sq();
+    for (size_t i = 0; i < s.params->size(); ++i) {
+      const std::string& name = (*s.params)[i].first;
+      add_full(shards, keep, "optim/exp_avg/" + name, m[i]);
+      add_full(shards, keep, "optim/exp_avg_sq/" + name, v[i]);
+    }
+  }
+  add_full(shards, keep, rng_name(s.info->rank), cpu_rng_state());
+  return shards;
+}
+
+ck::Index index_header(const TrainState& s, int64_t step) {
+  ck::Index x;
+  x.step = step;
+  x.mesh = mesh::format_shape(s.info->shape);
+  x.world = s.info->world;
+  x.model = model_signature(s.spec->model);
+  x.sampler_consumed = s.sampler->state().consumed;
+  x.optimizer_step = s.optimizer->step_count();
+  x.schedule = {s.schedule->lr, s.schedule->min_lr, s.schedule->warmup_steps, s.schedule->total_steps};
+  x.spec_yaml = job_spec_to_yaml(*s.spec);
+  for (int r = 0; r < s.info->world; ++r) x.files.push_back(rank_file(r));
+  return x;
+}
+
+void read_into(ck::CheckpointReader& reader, const std::string& name, at::Tensor& dst) {
+  at::Tensor c = dst.is_contiguous() ? dst : dst.contiguous();
+  reader.read_region(name, full_slice(shape_of(c)), c.data_ptr());
+  if (!c.is_same(dst)) dst.copy_(c);
+}
+
+}  // namespace
+
+std::string model_signature(const ModelSpec& m) {
+  return m.kind + " vocab=" + std::to_string(m.vocab) + " layers=" + std::to_string(m.layers) +
+         " d_model=" + std::to_string(m.d_model) + " heads=" + std::to_string(m.heads) +
+         " seq_len=" + std::to_string(m.seq_len);
+}
+
+std::string prepare_resume(const TrainState& s) {
+  const std::string& root = s.spec->checkpoint.dir;
+  if (root.empty()) return "";
+  if (s.info->rank == 0) {
+    const int removed = ck::clean_stale(root);
+    if (removed > 0) DTRAIN_WARN("checkpoint: removed {} unfinished .tmp entr{} in {}", removed,
+                                 removed == 1 ? "y" : "ies", root);
+  }
+  s.world->barrier();
+  return ck::latest_dir(root);
+}
+
+SaveStats save(const TrainState& s, int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string& root = s.spec->checkpoint.dir;
+  if (s.info->rank == 0) ck::prepare_tmp_dir(root, step);
+  s.world->barrier();  // the .tmp dir exists for everyone
+
+  std::vector<at::Tensor> keep;
+  std::vector<ck::ShardData> shards = collect_shards(s, keep);
+  safetensors::WriteOptions wopt;
+  if (crash_during_this_save(*s.info, step))
+    wopt.progress = [](uint64_t written, uint64_t total) {
+      if (2 * written >= total) ::_exit(9);  // mid-file: header and part of the data on disk
+    };
+  SaveStats stats;
+  stats.bytes = ck::write_rank_file(ck::tmp_dir(root, step), rank_file(s.info->rank), std::move(shards), wopt);
+  s.world->barrier();  // every rank file is written and fsynced
+
+  if (s.info->rank == 0) {
+    ck::write_index(ck::tmp_dir(root, step), index_header(s, step));
+    ck::commit(root, step, s.spec->checkpoint.keep);
+  }
+  s.world->barrier();  // committed: nobody runs ahead of `latest`
+  stats.dir = root + "/" + ck::step_dir_name(step);
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return stats;
+}
+
+int64_t load(const TrainState& s, const std::string& dir) {
+  ck::CheckpointReader reader(dir);
+  const ck::Index& x = reader.index();
+  std::vector<ck::ExpectedTensor> expected;
+  for (auto& [name, p] : *s.params)
+    for (const char* prefix : {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"})
+      expected.push_back({prefix + name, dtype_name(p), shape_of(p)});
+  ck::check_compatible(x, dir, model_signature(s.spec->model), expected);
+
+  at::NoGradGuard no_grad;
+  auto& m = s.optimizer->exp_avg();
+  auto& v = s.optimizer->exp_avg_sq();
+  for (size_t i = 0; i < s.params->size(); ++i) {
+    const std::string& name = (*s.params)[i].first;
+    at::Tensor p = (*s.params)[i].second;
+    read_into(reader, "model/" + name, p);
+    read_into(reader, "optim/exp_avg/" + name, m[i]);
+    read_into(reader, "optim/exp_avg_sq/" + name, v[i]);
+  }
+  s.optimizer->set_step_count(x.optimizer_step);
+  s.sampler->load_state({x.sampler_consumed});
+
+  auto gen = at::detail::getDefaultCPUGenerator();
+  const std::string rng = rng_name(s.info->rank);
+  if (x.find(rng)) {
+    const ck::TensorEntry& e = reader.at(rng);
+    at::Tensor state = at::empty(e.shape, at::kByte);
+    read_into(reader, rng, state);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  } else {
+    const uint64_t seed = s.spec->job.seed + 7919ULL * uint64_t(s.info->rank) + 104729ULL * uint64_t(x.step);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(seed);
+    if (s.info->rank == x.world)  // the first rank without a saved stream says so once
+      DTRAIN_WARN("checkpoint {} was saved by {} ranks: ranks >= {} start new RNG streams", dir, x.world, x.world);
+  }
+  return x.step;
+}
+
+void install_preemption_handler() {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigterm;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool preemption_requested(comm::Group& world) {
+  at::Tensor flag = at::full({1}, g_preempt ? 1.0f : 0.0f, at::kFloat);  // [1]
+  world.all_reduce(flag);
+  return flag.item<float>() > 0;
+}
+
+void test_kill_after_step(const comm::WorldInfo& info, int64_t step) {
+  static const char* v = std::getenv("DTRAIN_TEST_KILL_AT_STEP");
+  if (v && *v && info.rank == 0 && info.restart == 0 && std::atoll(v) == step) ::raise(SIGKILL);
+}
+
+}  // namespace dtrain::engine::checkpoint

@@ -1,0 +1,70 @@
+// Engine side of sharded checkpoints (DESIGN.md section 6): what one rank
+// saves (model and AdamW state from dp-rank 0 of each (tp, pp) coordinate,
+// every rank's RNG state) and how a rank loads its part back through the
+// index, from any mesh. Also preemption (SIGTERM -> checkpoint, exit 0) and
+// test-only fault switches. Format and directory protocol: common/checkpoint_*.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "engine/comm/comm.h"
+#include "engine/data/sampler.h"
+#include "engine/optim/adamw.h"
+
+namespace dtrain::engine::checkpoint {
+
+// The training state a checkpoint holds, as references into the trainer's
+// objects (nothing is owned).
+struct TrainState {
+  const JobSpec* spec = nullptr;
+  const comm::WorldInfo* info = nullptr;
+  comm::Group* world = nullptr;  // barriers of the save protocol
+  comm::Group* dp = nullptr;     // who holds replicated copies
+  const std::vector<std::pair<std::string, at::Tensor>>* params = nullptr;  // stable names
+  optim::AdamW* optimizer = nullptr;
+  data::DistributedSampler* sampler = nullptr;
+  const optim::LrSchedule* schedule = nullptr;
+};
+
+struct SaveStats {
+  std::string dir;         // the committed step_<N>
+  uint64_t bytes = 0;      // this rank's tensor bytes
+  double seconds = 0;      // wall time of the whole collective save
+};
+
+// "gpt vocab=256 layers=2 d_model=64 heads=4 seq_len=64": what must match
+// for a checkpoint to load (dropout, batch and mesh may change).
+std::string model_signature(const ModelSpec& m);
+
+// Rank 0 removes leftover step_<N>.tmp of checkpoint.dir, then a world
+// barrier. Returns the checkpoint to resume from ("" when none).
+std::string prepare_resume(const TrainState& s);
+
+// Collective over the world: every rank writes rank_<r>.safetensors into
+// step_<step>.tmp, rank 0 writes index.json after a barrier and commits
+// (rename, latest, keep). Throws dtrain::Error(checkpoint).
+SaveStats save(const TrainState& s, int64_t step);
+
+// Loads this rank's state from checkpoint dir `dir` (any mesh) after
+// checking the model matches; returns the step it holds. RNG: the state of
+// the same global rank when the checkpoint has it, else a fresh seed from
+// (job.seed, rank, step) -- ranks that did not exist have no stream to continue.
+int64_t load(const TrainState& s, const std::string& dir);
+
+// SIGTERM sets a flag instead of killing: the trainer finishes the step,
+// saves and exits 0. preemption_requested is collective over `world` (any
+// rank's signal stops every rank at the same step).
+void install_preemption_handler();
+bool preemption_requested(comm::Group& world);
+
+// Test-only: DTRAIN_TEST_KILL_AT_STEP=<step> makes rank 0 SIGKILL itself
+// after finishing that step (first launch only, DTRAIN_RESTART=0).
+void test_kill_after_step(const comm::WorldInfo& info, int64_t step);
+
+}  // namespace dtrain::engine::checkpoint
