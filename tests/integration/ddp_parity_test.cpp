@@ -31,7 +31,9 @@ constexpr double kParamAbsTol = 1e-5;
 constexpr int kSteps = 20;
 
 struct RunResult {
-  std::vector<double> losses;  // step 1..kSteps
+  std::vector<double> losses;      // step 1..kSteps
+  std::vector<double> grad_norms;  // before clipping: catches a wrong loss scale, which
+                                   // AdamW's scale invariance would hide from the losses
   std::map<std::string, std::vector<float>> params;
   std::string output;
 };
@@ -78,15 +80,17 @@ std::string base_spec(const TempDir& dir) {
          "entrypoint: builtin\n";
 }
 
-std::vector<double> read_losses(const std::string& path) {
-  std::vector<double> losses;
+// Every record's value of `key` in a metrics.jsonl.
+std::vector<double> read_metric(const std::string& path, const std::string& key) {
+  std::vector<double> values;
   std::ifstream in(path);
   std::string line;
+  const std::string needle = "\"" + key + "\": ";
   while (std::getline(in, line)) {
-    auto at = line.find("\"loss\": ");
-    if (at != std::string::npos) losses.push_back(std::strtod(line.c_str() + at + 8, nullptr));
+    auto at = line.find(needle);
+    if (at != std::string::npos) values.push_back(std::strtod(line.c_str() + at + needle.size(), nullptr));
   }
-  return losses;
+  return values;
 }
 
 // DTPARAMS1 file of the trainer (engine/trainer/train_session.h).
@@ -119,9 +123,11 @@ RunResult launch(const TempDir& dir, const std::string& name, std::vector<std::s
   REQUIRE(code == 0);
   RunResult r;
   r.output = output;
-  r.losses = read_losses(run_dir + "/metrics.jsonl");
+  r.losses = read_metric(run_dir + "/metrics.jsonl", "loss");
+  r.grad_norms = read_metric(run_dir + "/metrics.jsonl", "grad_norm");
   r.params = read_params(dir / (name + ".params"));
   REQUIRE(r.losses.size() == size_t(kSteps));
+  REQUIRE(r.grad_norms.size() == size_t(kSteps));
   REQUIRE(!r.params.empty());
   return r;
 }
@@ -148,13 +154,20 @@ struct Parity {
   }
 };
 
-void compare(const std::string& what, const RunResult& ddp, const RunResult& ref) {
-  double max_loss_rel = 0, max_param_abs = 0;
-  int worst_step = 0;
-  for (size_t i = 0; i < ref.losses.size(); ++i) {
-    double rel = std::fabs(ddp.losses[i] - ref.losses[i]) / std::max(std::fabs(ref.losses[i]), 1e-12);
-    if (rel > max_loss_rel) max_loss_rel = rel, worst_step = int(i) + 1;
+double max_rel_diff(const std::vector<double>& a, const std::vector<double>& ref, int* worst_step) {
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    double rel = std::fabs(a[i] - ref[i]) / std::max(std::fabs(ref[i]), 1e-12);
+    if (rel > worst) worst = rel, *worst_step = int(i) + 1;
   }
+  return worst;
+}
+
+void compare(const std::string& what, const RunResult& ddp, const RunResult& ref) {
+  int worst_step = 0, worst_norm_step = 0;
+  const double max_loss_rel = max_rel_diff(ddp.losses, ref.losses, &worst_step);
+  const double max_norm_rel = max_rel_diff(ddp.grad_norms, ref.grad_norms, &worst_norm_step);
+  double max_param_abs = 0;
   std::string worst_param;
   REQUIRE(ddp.params.size() == ref.params.size());
   for (auto& [name, ref_values] : ref.params) {
@@ -168,11 +181,14 @@ void compare(const std::string& what, const RunResult& ddp, const RunResult& ref
   }
   MESSAGE(what << ": loss " << ref.losses.front() << " -> " << ref.losses.back() << " over "
                << ref.losses.size() << " steps; max loss rel diff " << max_loss_rel << " (step "
-               << worst_step << ", tol " << kLossRelTol << "), max param abs diff " << max_param_abs
+               << worst_step << ", tol " << kLossRelTol << "), max grad-norm rel diff "
+               << max_norm_rel << " (step " << worst_norm_step << ", tol " << kLossRelTol
+               << "), max param abs diff " << max_param_abs
                << " (" << worst_param << ", tol " << kParamAbsTol << ")");
   // The runs must have trained: a parity check of two frozen models proves nothing.
   CHECK(ref.losses.back() < ref.losses.front() - 0.1);
   CHECK(max_loss_rel <= kLossRelTol);
+  CHECK(max_norm_rel <= kLossRelTol);
   CHECK(max_param_abs <= kParamAbsTol);
 }
 
