@@ -63,6 +63,15 @@ int64_t load(const TrainState& s, const std::string& dir);
 void install_preemption_handler();
 bool preemption_requested(comm::Group& world);
 
+// The trainer's two hooks.
+// resume: installs the SIGTERM handler, cleans leftover .tmp, and loads
+// DTRAIN_RESUME_FROM (set by `dtrain resume`, first launch only) or else
+// checkpoint.dir's `latest`; returns the step to continue from (0: none).
+int64_t resume(const TrainState& s);
+// after_step: saves every checkpoint.every steps, after the last step and
+// on preemption (collective). Returns true when the loop must stop now.
+bool after_step(const TrainState& s, int64_t steps_done);
+
 // Test-only: DTRAIN_TEST_KILL_AT_STEP=<step> makes rank 0 SIGKILL itself
 // after finishing that step (first launch only, DTRAIN_RESTART=0).
 void test_kill_after_step(const comm::WorldInfo& info, int64_t step);

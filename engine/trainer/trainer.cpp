@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "common/log.h"
+#include "engine/checkpoint/checkpoint.h"  // [checkpoint issue]
 #include "engine/trainer/train_session.h"
 
 namespace dtrain::engine::trainer {
@@ -71,19 +72,21 @@ double global_mean_loss(TrainSession& s, double local_loss_sum) {
   return t.item<double>() / (double(s.spec.train.grad_accum) * double(s.dp->size()));
 }
 
-// TODO(checkpoint issue): load the latest checkpoint of checkpoint.dir
-// (model, optimizer, step, sampler position, RNG states) and return its step.
-int64_t maybe_load_checkpoint(TrainSession& s) {
-  if (!s.spec.checkpoint.dir.empty() && s.is_log_rank())
-    DTRAIN_WARN("checkpoint.dir = {} is ignored: checkpoints are not implemented yet; "
-                "training starts from step 0",
-                s.spec.checkpoint.dir);
-  return 0;
+// [checkpoint issue] The trainer's view for engine/checkpoint: references
+// into the session. Resume loads DTRAIN_RESUME_FROM or checkpoint.dir's
+// latest (model, optimizer, step, sampler position, RNG states).
+checkpoint::TrainState checkpoint_state(TrainSession& s) {
+  return {&s.spec, &s.info, &s.comm->world(), s.dp, &s.named_params,
+          s.optimizer.get(), s.sampler.get(), &s.schedule};
 }
 
-// TODO(checkpoint issue): write a checkpoint every checkpoint.every steps and
-// at the end. A deliberate no-op until then.
-void maybe_save_checkpoint(TrainSession&, int64_t /*steps_done*/) {}
+int64_t maybe_load_checkpoint(TrainSession& s) { return checkpoint::resume(checkpoint_state(s)); }
+
+// [checkpoint issue] Saves every checkpoint.every steps, after the last step
+// and on SIGTERM (preemption); returns true when the loop must stop.
+bool maybe_save_checkpoint(TrainSession& s, int64_t steps_done) {
+  return checkpoint::after_step(checkpoint_state(s), steps_done);
+}
 
 MetricsOptions metrics_options(const TrainSession& s, int64_t start_step) {
   MetricsOptions o;
@@ -110,7 +113,7 @@ int run_training() {
     const bool logged = metrics.should_log(step + 1);
     if (logged) report.loss = global_mean_loss(s, r.local_loss_sum);
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
-    maybe_save_checkpoint(s, step + 1);
+    if (maybe_save_checkpoint(s, step + 1)) return 0;  // [checkpoint issue] preempted, saved
   }
   maybe_dump_parameters(s);
   if (s.is_log_rank()) DTRAIN_INFO("training done: {} steps", s.spec.train.steps);

@@ -1,0 +1,46 @@
+// The trainer hooks of checkpoint.h: resume at start, and after each step
+// the periodic / final / preemption save. Kept apart from checkpoint.cpp,
+// which is the save and load mechanics.
+#include <cstdlib>
+
+#include "common/checkpoint_dir.h"
+#include "common/log.h"
+#include "engine/checkpoint/checkpoint.h"
+
+namespace dtrain::engine::checkpoint {
+
+int64_t resume(const TrainState& s) {
+  install_preemption_handler();
+  std::string dir = prepare_resume(s);
+  const char* from = std::getenv("DTRAIN_RESUME_FROM");
+  if (from && *from && s.info->restart == 0) dir = dtrain::checkpoint::resolve(from);
+  if (dir.empty()) return 0;
+  const int64_t step = load(s, dir);
+  if (s.info->rank == 0)
+    DTRAIN_INFO("resuming from step {} ({}, sampler at {} samples)", step, dir, s.sampler->state().consumed);
+  return step;
+}
+
+bool after_step(const TrainState& s, int64_t steps_done) {
+  test_kill_after_step(*s.info, steps_done);
+  const bool preempted = preemption_requested(*s.world);
+  const auto& c = s.spec->checkpoint;
+  const bool due = (c.every > 0 && steps_done % c.every == 0) || steps_done == s.spec->train.steps;
+  if (c.dir.empty()) {
+    if (preempted && s.info->rank == 0)
+      DTRAIN_WARN("SIGTERM: stopping after step {} without a checkpoint (checkpoint.dir is empty)", steps_done);
+    return preempted;
+  }
+  if (due || preempted) {
+    SaveStats st = save(s, steps_done);
+    if (s.info->rank == 0)
+      DTRAIN_INFO("checkpoint {} saved{}: {:.1f} MB from rank 0 in {:.3f} s ({:.0f} MB/s)", st.dir,
+                  preempted ? " on SIGTERM" : "", double(st.bytes) / 1e6, st.seconds,
+                  double(st.bytes) / 1e6 / (st.seconds > 0 ? st.seconds : 1e-9));
+  }
+  if (preempted && s.info->rank == 0)
+    DTRAIN_INFO("preempted: stopping after step {}; `dtrain resume --ckpt {}` continues", steps_done, c.dir);
+  return preempted;
+}
+
+}  // namespace dtrain::engine::checkpoint
