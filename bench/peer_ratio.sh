@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# dtrain vs a Python peer at 4 CPU ranks: `dtrain launch` of the quickstart
+# GPT against bench/peer/gpt_ddp.py (same GPT, data and batch, PyTorch DDP on
+# gloo, Debian's torchrun), one thread per rank, same LibTorch 1.13.1 and BLAS.
+# Runs are interleaved (dtrain, peer, dtrain, peer, ...) so drift hits both.
+# Both time from the end of the first logged step (10) to the last step.
+#   bench/peer_ratio.sh [ROUNDS=3] [STEPS=60]   -> bench/results/peer_ratio.txt
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
+ROUNDS="${ROUNDS:-3}"
+STEPS="${STEPS:-60}"
+OUT="${OUT:-$ROOT/bench/results/peer_ratio.txt}"
+cd "$ROOT"
+
+# The quickstart's sizes (configs/quickstart.yaml), passed to both sides.
+LAYERS=4 D_MODEL=128 HEADS=4 SEQ=64 MB=8 RANKS=4 LR=1e-3 WARMUP=20 BUCKET=1 EVERY=10
+TOKENS_PER_STEP=$((MB * RANKS * SEQ))
+
+[ -x "$BUILD/apps/dtrain/dtrain" ] && [ -x "$BUILD/apps/dtrain/dtrain-worker" ] || {
+  echo "peer_ratio: build dtrain first (scripts/build, or DTRAIN_BUILD_DIR=...)" >&2; exit 2; }
+[ -f data/corpus.txt ] || scripts/make-corpus
+CORES="$(nproc --all)"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+tmp="$(mktemp -d /tmp/dtrain-peer-XXXXXX)"
+trap 'rm -rf "$tmp"' EXIT
+
+dtrain_run() {  # $1 = round; prints tokens/s
+  local dir="$tmp/dtrain$1"
+  "$BUILD/apps/dtrain/dtrain" launch configs/quickstart.yaml \
+    --set train.steps="$STEPS" --set log.every="$EVERY" --set log.dir="$dir" \
+    --set checkpoint.dir='""' --set model.layers="$LAYERS" --set model.d_model="$D_MODEL" \
+    --set model.heads="$HEADS" --set model.seq_len="$SEQ" --set train.micro_batch="$MB" \
+    --set parallel.dp="$RANKS" --set cluster.procs_per_node="$RANKS" --set train.lr="$LR" \
+    --set train.warmup_steps="$WARMUP" --set parallel.ddp.bucket_mb="$BUCKET" \
+    >"$tmp/dtrain$1.log" 2>&1 || { cat "$tmp/dtrain$1.log" >&2; echo "peer_ratio: dtrain failed" >&2; exit 1; }
+  python3 - "$dir/metrics.jsonl" "$TOKENS_PER_STEP" <<'EOF'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+first, last = recs[0], recs[-1]
+print(f"{(last['step'] - first['step']) * int(sys.argv[2]) / (last['elapsed_s'] - first['elapsed_s']):.1f}")
+EOF
+}
+
+peer_run() {  # $1 = round; prints tokens/s
+  local log="$tmp/peer$1.log"
+  set +e
+  /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node "$RANKS" \
+    --redirects 2 --tee 2 bench/peer/gpt_ddp.py --data data/corpus.txt \
+    --layers "$LAYERS" --d-model "$D_MODEL" --heads "$HEADS" --seq-len "$SEQ" \
+    --micro-batch "$MB" --steps "$STEPS" --lr "$LR" --warmup-steps "$WARMUP" \
+    --bucket-mb "$BUCKET" --log-every "$EVERY" >"$log" 2>&1
+  local rc=$?
+  set -e
+  if [ $rc -ne 0 ]; then cat "$log" >&2; echo "peer_ratio: peer exited $rc" >&2; exit 1; fi
+  grep -o 'PEER tokens_per_s=[0-9.]*' "$log" | tail -1 | cut -d= -f2
+}
+
+declare -a D P
+for r in $(seq "$ROUNDS"); do
+  D[$r]="$(dtrain_run "$r")"
+  P[$r]="$(peer_run "$r")"
+  echo "round $r: dtrain ${D[$r]} tok/s, peer ${P[$r]} tok/s" >&2
+done
+
+{
+  echo "# bench/peer_ratio.sh: dtrain launch vs PyTorch DDP (torchrun, gloo), $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "# $RANKS ranks on $CORES cores, 1 thread/rank (OMP/OPENBLAS=1), LibTorch 1.13.1 (Debian) on both sides"
+  echo "# GPT layers $LAYERS d_model $D_MODEL heads $HEADS seq_len $SEQ, micro_batch $MB x $RANKS ranks = GBS $((MB * RANKS)), $STEPS steps, bucket $BUCKET MB"
+  echo "# tokens/s from the end of step $EVERY to the last step; rounds interleaved"
+  printf "%-6s %14s %14s %8s\n" round dtrain_tok_s peer_tok_s ratio
+  for r in $(seq "$ROUNDS"); do
+    printf "%-6s %14s %14s %8.3f\n" "$r" "${D[$r]}" "${P[$r]}" "$(echo "${D[$r]} / ${P[$r]}" | bc -l)"
+  done
+  python3 - "${D[*]}" "${P[*]}" <<'EOF'
+import statistics, sys
+d = [float(x) for x in sys.argv[1].split()]
+p = [float(x) for x in sys.argv[2].split()]
+md, mp = statistics.median(d), statistics.median(p)
+print(f"median dtrain {md:.1f} tok/s, peer {mp:.1f} tok/s, ratio dtrain/peer {md / mp:.3f} (goal >= 1.2)")
+EOF
+} | tee "$OUT"
