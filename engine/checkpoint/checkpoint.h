@@ -73,7 +73,7 @@ int64_t resume(const TrainState& s);
 bool after_step(const TrainState& s, int64_t steps_done);
 
 // Test-only: DTRAIN_TEST_KILL_AT_STEP=<step> makes rank 0 SIGKILL itself
-// after finishing that step (first launch only, DTRAIN_RESTART=0).
+// after finishing that step and its checkpoint, if one was due (first launch only, DTRAIN_RESTART=0).
 void test_kill_after_step(const comm::WorldInfo& info, int64_t step);
 
 }  // namespace dtrain::engine::checkpoint

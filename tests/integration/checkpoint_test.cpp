@@ -1,0 +1,361 @@
+// Checkpoints end to end with the real `dtrain` (DESIGN.md section 7): bit-
+// exact resume after SIGKILL of a worker (agent restart, and `dtrain
+// resume`), a crash in the middle of a save, SIGTERM preemption, resharding
+// dp=4 -> dp=2 / dp=1 within 1e-5, and merge vs the 1-process model plus a
+// Python reader of the public format. Tiny model: a run takes seconds.
+#include <doctest/doctest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/child.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using dtrain::testing::TempDir;
+
+constexpr int kSteps = 30;
+constexpr double kReshardRelTol = 1e-5;
+constexpr double kParamAbsTol = 1e-5;
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string make_text(size_t bytes) {
+  static const char* words[] = {"the ", "model ", "saves ", "a ", "sharded ", "checkpoint ", "of ",
+                                "bytes ", "and ", "every ", "rank ", "resumes ", "exactly\n"};
+  std::string text;
+  uint64_t x = 88172645463325252ULL;
+  while (text.size() < bytes) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    text += words[x % (sizeof words / sizeof *words)];
+  }
+  text.resize(bytes);
+  return text;
+}
+
+// dp=2, dropout 0.1, checkpoint every 10; cases change it with --set.
+std::string base_spec(const TempDir& dir) {
+  return "job: {name: ckpt, seed: 1234}\n"
+         "cluster: {nodes: 1, procs_per_node: 2, device: cpu, backend: gloo, max_restarts: 0}\n"
+         "parallel: {dp: 2, ddp: {bucket_mb: 0.01, overlap: true}}\n"
+         "model: {kind: gpt, vocab: 256, layers: 2, d_model: 32, heads: 2, seq_len: 32, dropout: 0.1}\n"
+         "train: {steps: " + std::to_string(kSteps) +
+         ", micro_batch: 4, grad_accum: 1, lr: 3.0e-3, warmup_steps: 3, precision: fp32}\n"
+         "data: {path: " + (dir / "text.txt") + ", format: bytes}\n"
+         "checkpoint: {dir: " + (dir / "unused") + ", every: 10, keep: 3}\n"
+         "log: {dir: " + (dir / "unused") + ", every: 1}\n"
+         "entrypoint: builtin\n";
+}
+
+// step -> loss; a step logged twice (re-run after a restart) keeps the last value.
+std::map<int, double> read_losses(const std::string& path) {
+  std::map<int, double> losses;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto s = line.find("\"step\": "), l = line.find("\"loss\": ");
+    if (s != std::string::npos && l != std::string::npos)
+      losses[std::atoi(line.c_str() + s + 8)] = std::strtod(line.c_str() + l + 8, nullptr);
+  }
+  return losses;
+}
+
+std::map<std::string, std::vector<float>> read_params(const std::string& path) {
+  std::map<std::string, std::vector<float>> params;
+  std::ifstream in(path, std::ios::binary);
+  std::string line;
+  if (!std::getline(in, line) || line != "DTPARAMS1") return params;
+  while (std::getline(in, line)) {
+    auto sp = line.rfind(' ');
+    std::vector<float> v(std::stoull(line.substr(sp + 1)));
+    in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
+    params[line.substr(0, sp)] = std::move(v);
+  }
+  return params;
+}
+
+// Tensors of a safetensors file (F32 only), read by the public format.
+std::map<std::string, std::vector<float>> read_safetensors_f32(const std::string& path) {
+  std::string data = dtrain::testing::read_file(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(data[size_t(i)])) << (8 * i);
+  std::string header = data.substr(8, n);
+  std::map<std::string, std::vector<float>> out;
+  // Minimal scan: "name":{"dtype":"F32","shape":[...],"data_offsets":[b,e]}
+  size_t pos = 0;
+  while ((pos = header.find("\"data_offsets\":[", pos)) != std::string::npos) {
+    size_t name_end = header.rfind("\":{\"dtype\"", pos);
+    size_t name_start = header.rfind('"', name_end - 1) + 1;
+    std::string name = header.substr(name_start, name_end - name_start);
+    uint64_t b = std::stoull(header.substr(pos + 16));
+    uint64_t e = std::stoull(header.substr(header.find(',', pos + 16) + 1));
+    std::vector<float> v((e - b) / 4);
+    std::memcpy(v.data(), data.data() + 8 + n + b, e - b);
+    out[name] = std::move(v);
+    pos += 16;
+  }
+  return out;
+}
+
+struct Run {
+  int code = -1;
+  std::string output;
+  std::map<int, double> losses;
+};
+
+class Fixture {
+ public:
+  Fixture() {
+    dtrain::testing::write_file(dir / "text.txt", make_text(64 * 1024));
+    dtrain::testing::write_file(dir / "spec.yaml", base_spec(dir));
+  }
+  TempDir dir;
+
+  // `dtrain launch` (or `dtrain resume --ckpt`, when ckpt is given) with
+  // run dir <tmp>/<name>: metrics and checkpoints there.
+  Run run(const std::string& name, std::vector<std::string> sets, std::vector<std::string> env = {},
+          const std::string& ckpt = "", bool keep_ckpt_dir = false) {
+    dtrain::testing::TagGuard tag;
+    const std::string run_dir = dir / name;
+    std::vector<std::string> argv = {dtrain::testing::dtrain_bin()};
+    if (ckpt.empty())
+      argv.insert(argv.end(), {"launch", dir / "spec.yaml"});
+    else
+      argv.insert(argv.end(), {"resume", "--ckpt", ckpt});
+    sets.insert(sets.begin(), "log.dir=" + run_dir);
+    if (!keep_ckpt_dir) sets.insert(sets.begin(), "checkpoint.dir=" + run_dir + "/ckpt");
+    sets.push_back("cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(free_port()));
+    for (auto& s : sets) argv.insert(argv.end(), {"--set", s});
+    env.push_back(tag.env());
+    env.push_back("DTRAIN_NO_REBUILD=1");
+    env.push_back("DTRAIN_DUMP_PARAMS=" + (dir / (name + ".params")));
+    auto [code, output] = dtrain::testing::run_command(argv, dir / (name + ".log"), 300, env);
+    Run r;
+    r.code = code;
+    r.output = output;
+    r.losses = read_losses(run_dir + "/metrics.jsonl");
+    return r;
+  }
+  std::map<std::string, std::vector<float>> params(const std::string& name) {
+    return read_params(dir / (name + ".params"));
+  }
+};
+
+std::string seq(const std::map<int, double>& l, int from, int to) {
+  std::ostringstream out;
+  out.precision(17);
+  for (int s = from; s <= to; ++s) out << "  step " << s << ": " << (l.count(s) ? l.at(s) : NAN) << "\n";
+  return out.str();
+}
+
+// Losses of steps from..to bitwise equal, params bitwise equal.
+void check_bit_exact(const Run& ref, const Run& got, const std::map<std::string, std::vector<float>>& ref_p,
+                     const std::map<std::string, std::vector<float>>& got_p, int from) {
+  INFO("uninterrupted:\n" << seq(ref.losses, from, kSteps) << "resumed:\n" << seq(got.losses, from, kSteps));
+  for (int s = from; s <= kSteps; ++s) {
+    REQUIRE(got.losses.count(s));
+    CHECK(std::memcmp(&ref.losses.at(s), &got.losses.at(s), sizeof(double)) == 0);
+  }
+  REQUIRE(!ref_p.empty());
+  REQUIRE(ref_p.size() == got_p.size());
+  size_t differing = 0;
+  for (auto& [name, v] : ref_p)
+    if (!got_p.count(name) || std::memcmp(v.data(), got_p.at(name).data(), v.size() * 4) != 0) ++differing;
+  CHECK_MESSAGE(differing == 0, differing << " parameter tensors differ after step " << kSteps);
+}
+
+std::string latest_of(const std::string& root) {
+  std::string s = dtrain::testing::read_file(root + "/latest");
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("bit-exact resume after SIGKILL of a worker: agent restart and dtrain resume") {
+  Fixture f;
+  Run ref = f.run("ref", {});
+  INFO(ref.output);
+  REQUIRE(ref.code == 0);
+  REQUIRE(ref.losses.size() == size_t(kSteps));
+  auto ref_p = f.params("ref");
+
+  // Rank 0 SIGKILLs itself after step 23; the agent restarts the workers,
+  // which load step_20 and redo 21..30.
+  Run restarted = f.run("restart", {"cluster.max_restarts=1"}, {"DTRAIN_TEST_KILL_AT_STEP=23"});
+  INFO(restarted.output);
+  REQUIRE(restarted.code == 0);
+  CHECK(restarted.output.find("resuming from step 20") != std::string::npos);
+  check_bit_exact(ref, restarted, ref_p, f.params("restart"), 21);
+
+  // Killed after step 20 with no restarts left: the job fails; `dtrain resume` continues.
+  Run killed = f.run("killed", {}, {"DTRAIN_TEST_KILL_AT_STEP=20"});
+  INFO(killed.output);
+  REQUIRE(killed.code != 0);
+  REQUIRE(latest_of(f.dir / "killed/ckpt") == "step_20");
+  Run resumed = f.run("killed", {}, {}, f.dir / "killed/ckpt", /*keep_ckpt_dir=*/true);
+  INFO(resumed.output);
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.output.find("resuming from step 20") != std::string::npos);
+  check_bit_exact(ref, resumed, ref_p, f.params("killed"), 21);
+}
+
+TEST_CASE("crash in the middle of a save: latest stays on the previous checkpoint") {
+  Fixture f;
+  Run crashed = f.run("crash", {}, {"DTRAIN_TEST_CRASH_DURING_SAVE=1@20"});
+  INFO(crashed.output);
+  REQUIRE(crashed.code != 0);
+  const std::string root = f.dir / "crash/ckpt";
+  CHECK(latest_of(root) == "step_10");
+  CHECK(fs::exists(root + "/step_20.tmp"));
+  CHECK(!fs::exists(root + "/step_20"));
+  CHECK(fs::exists(root + "/step_20.tmp/rank_1.safetensors"));  // the half-written shard
+  // The previous checkpoint verifies and loads; the .tmp is cleaned.
+  auto [code, out] = dtrain::testing::run_command({dtrain::testing::dtrain_bin(), "ckpt", "inspect", root},
+                                                  f.dir / "inspect.log", 60);
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("step 10 |") != std::string::npos);
+  CHECK(out.find(": OK") != std::string::npos);
+  Run again = f.run("crash", {});
+  INFO(again.output);
+  REQUIRE(again.code == 0);
+  CHECK(again.output.find("resuming from step 10") != std::string::npos);
+  CHECK(again.output.find("removed 1 unfinished .tmp") != std::string::npos);
+  CHECK(!fs::exists(root + "/step_20.tmp"));
+  CHECK(latest_of(root) == "step_30");
+}
+
+TEST_CASE("SIGTERM: workers finish the step, checkpoint, exit; dtrain resume continues") {
+  Fixture f;
+  dtrain::testing::TagGuard tag;
+  const std::string run_dir = f.dir / "term";
+  std::vector<std::string> argv = {dtrain::testing::dtrain_bin(), "launch", f.dir / "spec.yaml"};
+  for (std::string s : {"log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt", std::string("train.steps=100000"),
+                        "cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(free_port())})
+    argv.insert(argv.end(), {"--set", s});
+  dtrain::testing::Child child(argv, f.dir / "term.log", {tag.env(), "DTRAIN_NO_REBUILD=1"});
+  for (int i = 0; i < 600 && !fs::exists(run_dir + "/ckpt/step_10"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(fs::exists(run_dir + "/ckpt/step_10"));
+  child.signal(SIGTERM);
+  REQUIRE(child.wait(60));
+  INFO(child.output());
+  CHECK(child.output().find("saved on SIGTERM") != std::string::npos);
+  CHECK(child.output().find("preempted: stopping after step") != std::string::npos);
+  CHECK(child.output().find("exit code 1") == std::string::npos);
+  const std::string latest = latest_of(run_dir + "/ckpt");
+  const int step = std::atoi(latest.c_str() + 5);
+  CHECK(step > 10);
+  // Resume for 5 more steps from where it stopped.
+  Run more = f.run("term", {"train.steps=" + std::to_string(step + 5)}, {}, run_dir + "/ckpt", true);
+  INFO(more.output);
+  REQUIRE(more.code == 0);
+  CHECK(more.output.find("resuming from step " + std::to_string(step)) != std::string::npos);
+  CHECK(latest_of(run_dir + "/ckpt") == "step_" + std::to_string(step + 5));
+}
+
+TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Python reader") {
+  Fixture f;
+  // Same global batch (8) in every layout, dropout 0 (DESIGN.md section 8).
+  const std::vector<std::string> dp4 = {"parallel.dp=4", "cluster.procs_per_node=4", "train.micro_batch=2",
+                                        "model.dropout=0.0"};
+  Run ref = f.run("dp4", dp4);
+  INFO(ref.output);
+  REQUIRE(ref.code == 0);
+  const std::string step20 = f.dir / "dp4/ckpt/step_20";
+  for (int dp : {2, 1}) {
+    const std::string name = "dp" + std::to_string(dp) + "_from_dp4";
+    fs::create_directories(f.dir / (name + "_ckpt"));
+    fs::copy(step20, f.dir / (name + "_ckpt/step_20"), fs::copy_options::recursive);
+    Run r = f.run(name,
+                  {"parallel.dp=" + std::to_string(dp), "cluster.procs_per_node=" + std::to_string(dp),
+                   "train.micro_batch=" + std::to_string(8 / dp)},
+                  {}, f.dir / (name + "_ckpt/step_20"), true);
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    CHECK(r.output.find("resuming from step 20") != std::string::npos);
+    double worst = 0;
+    for (int s = 21; s <= kSteps; ++s) {
+      REQUIRE(r.losses.count(s));
+      worst = std::max(worst, std::fabs(r.losses.at(s) - ref.losses.at(s)) / std::fabs(ref.losses.at(s)));
+    }
+    MESSAGE("dp=4 -> dp=" << dp << ": max relative loss difference over steps 21-30 = " << worst
+                          << " (tolerance " << kReshardRelTol << ")");
+    INFO("dp=4 run:\n" << seq(ref.losses, 21, kSteps) << "dp=" << dp << " run:\n" << seq(r.losses, 21, kSteps));
+    CHECK(worst <= kReshardRelTol);
+  }
+
+  // Merge the dp=4 run's final checkpoint; compare with a 1-process run.
+  Run one = f.run("one", {"parallel.dp=1", "cluster.procs_per_node=1", "train.micro_batch=8", "model.dropout=0.0"});
+  INFO(one.output);
+  REQUIRE(one.code == 0);
+  const std::string merged = f.dir / "merged.safetensors";
+  auto [mcode, mout] = dtrain::testing::run_command(
+      {dtrain::testing::dtrain_bin(), "ckpt", "merge", f.dir / "dp4/ckpt", merged}, f.dir / "merge.log", 60);
+  INFO(mout);
+  REQUIRE(mcode == 0);
+  auto m = read_safetensors_f32(merged);
+  auto p = f.params("one");
+  REQUIRE(m.size() == p.size());
+  double worst = 0;
+  for (auto& [name, v] : p) {
+    REQUIRE_MESSAGE(m.count(name), name << " missing from the merged file");
+    REQUIRE(m.at(name).size() == v.size());
+    for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, double(std::fabs(m.at(name)[i] - v[i])));
+  }
+  MESSAGE("merged dp=4 vs 1-process parameters: max abs difference " << worst << " (tolerance " << kParamAbsTol << ")");
+  CHECK(worst <= kParamAbsTol);
+
+  // Python reads the merged file by the public format and computes the loss
+  // over a file of exactly one global batch (8 windows); dtrain computes the
+  // same as the loss of step 31 resumed from that checkpoint.
+  const int T = 32;
+  dtrain::testing::write_file(f.dir / "batch.txt", make_text(size_t(8 * T + 1)));
+  Run eval = f.run("eval", {"train.steps=31", "data.path=" + (f.dir / "batch.txt"), "parallel.dp=1",
+                            "cluster.procs_per_node=1", "train.micro_batch=8"},
+                   {}, f.dir / "dp4/ckpt/step_30", false);
+  INFO(eval.output);
+  REQUIRE(eval.code == 0);
+  REQUIRE(eval.losses.count(31));
+  if (!fs::exists("/usr/bin/python3")) {
+    MESSAGE("skipping the Python reader: /usr/bin/python3 is missing");
+    return;
+  }
+  auto [pcode, pout] = dtrain::testing::run_command(
+      {"/usr/bin/python3", dtrain::testing::source_dir() + "/tests/support/read_safetensors.py", merged,
+       f.dir / "batch.txt"},
+      f.dir / "python.log", 120);
+  INFO(pout);
+  REQUIRE(pcode == 0);
+  const double py = std::strtod(pout.c_str() + pout.find("loss ") + 5, nullptr);
+  const double rel = std::fabs(py - eval.losses.at(31)) / eval.losses.at(31);
+  MESSAGE("Python loss " << py << " vs dtrain " << eval.losses.at(31) << ": relative difference " << rel);
+  CHECK(rel <= 1e-5);
+}
