@@ -233,6 +233,12 @@ void Ddp::zero_grad() {
   for (auto& b : state_->buckets) b.flat.zero_();
 }
 
+std::vector<at::Tensor> Ddp::flat_grads() const {
+  std::vector<at::Tensor> out;
+  for (auto& b : state_->buckets) out.push_back(b.flat);
+  return out;
+}
+
 int Ddp::num_buckets() const { return static_cast<int>(state_->buckets.size()); }
 
 int64_t Ddp::grad_bytes() const {

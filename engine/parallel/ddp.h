@@ -66,6 +66,10 @@ class Ddp {
 
   void zero_grad();  // zero the flat buckets (grads stay views into them)
 
+  // The flat buckets: together exactly the grads of every param, so a norm or
+  // a scale over them is one op per bucket instead of one per param.
+  std::vector<at::Tensor> flat_grads() const;
+
   int num_buckets() const;
   int64_t grad_bytes() const;  // bytes of all buckets
   // Params of bucket i, in the order they sit in it (tests, logging).

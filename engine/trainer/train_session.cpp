@@ -128,7 +128,7 @@ std::unique_ptr<TrainSession> make_train_session() {
   dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
   dopt.overlap = spec.parallel.ddp_overlap;
   s->ddp = std::make_unique<parallel::Ddp>(s->named_params, *s->dp, dopt);
-  for (auto& [name, p] : s->named_params) s->grads.push_back(p.grad());
+  s->grads = s->ddp->flat_grads();
   s->optimizer = make_optimizer(*s);
   s->schedule.lr = spec.train.lr;
   s->schedule.min_lr = spec.train.min_lr;

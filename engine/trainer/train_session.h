@@ -34,7 +34,7 @@ struct TrainSession {
   std::unique_ptr<parallel::Ddp> ddp;
   std::unique_ptr<optim::AdamW> optimizer;
   optim::LrSchedule schedule;
-  std::vector<at::Tensor> grads;  // every param's grad: views into the DDP buckets
+  std::vector<at::Tensor> grads;  // the DDP buckets: every param's grad, flat
   at::Tensor inputs, targets;     // [micro_batch, T] int64, reused every micro-step
 
   bool is_log_rank() const { return info.rank == 0; }
