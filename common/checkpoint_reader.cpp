@@ -159,19 +159,25 @@ void check_compatible(const Index& index, const std::string& dir, const std::str
   std::vector<std::string> problems;
   if (index.model != model)
     problems.push_back("it holds model \"" + index.model + "\" but this run builds \"" + model + "\"");
+  size_t more = 0;  // differences past the first 12 are counted, not listed
   for (const auto& e : expected) {
     const TensorEntry* t = index.find(e.name);
+    std::string p;
     if (!t)
-      problems.push_back("tensor " + e.name + " is missing");
+      p = "tensor " + e.name + " is missing";
     else if (t->shape != e.shape || t->dtype != e.dtype)
-      problems.push_back("tensor " + e.name + " is " + t->dtype + " " + shape_to_string(t->shape) +
-                         " in the checkpoint but " + e.dtype + " " + shape_to_string(e.shape) +
-                         " in the model");
-    if (problems.size() >= 12) break;
+      p = "tensor " + e.name + " is " + t->dtype + " " + shape_to_string(t->shape) + " in the checkpoint but " +
+          e.dtype + " " + shape_to_string(e.shape) + " in the model";
+    if (p.empty()) continue;
+    if (problems.size() < 12)
+      problems.push_back(p);
+    else
+      ++more;
   }
   if (problems.empty()) return;
   std::string msg = dir + "/" + kIndexFile + " does not match this run's model:";
   for (auto& p : problems) msg += "\n  " + p;
+  if (more) msg += "\n  ... and " + std::to_string(more) + " more tensor differences";
   fail(msg, "resume with the spec the checkpoint was saved with (dtrain resume uses it), "
             "or point checkpoint.dir elsewhere");
 }

@@ -1,6 +1,7 @@
 // The trainer hooks of checkpoint.h: resume at start, and after each step
 // the periodic / final / preemption save. Kept apart from checkpoint.cpp,
 // which is the save and load mechanics.
+#include <chrono>
 #include <cstdlib>
 
 #include "common/checkpoint_dir.h"
@@ -15,9 +16,16 @@ int64_t resume(const TrainState& s) {
   const char* from = std::getenv("DTRAIN_RESUME_FROM");
   if (from && *from && s.info->restart == 0) dir = dtrain::checkpoint::resolve(from);
   if (dir.empty()) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
   const int64_t step = load(s, dir);
-  if (s.info->rank == 0)
-    DTRAIN_INFO("resuming from step {} ({}, sampler at {} samples)", step, dir, s.sampler->state().consumed);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (s.info->rank == 0) {
+    uint64_t bytes = 0;  // what this rank read: model + AdamW state (3 x params)
+    for (auto& [name, p] : *s.params) bytes += 3 * uint64_t(p.numel()) * p.element_size();
+    DTRAIN_INFO("resuming from step {} ({}, sampler at {} samples): loaded {:.1f} MB in {:.3f} s ({:.0f} MB/s)",
+                step, dir, s.sampler->state().consumed, double(bytes) / 1e6, secs,
+                double(bytes) / 1e6 / (secs > 0 ? secs : 1e-9));
+  }
   return step;
 }
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -358,4 +359,61 @@ TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Pytho
   const double rel = std::fabs(py - eval.losses.at(31)) / eval.losses.at(31);
   MESSAGE("Python loss " << py << " vs dtrain " << eval.losses.at(31) << ": relative difference " << rel);
   CHECK(rel <= 1e-5);
+}
+
+TEST_CASE("bad checkpoints refuse to load, naming the file, the tensor and what differs") {
+  Fixture f;
+  Run ok = f.run("good", {"train.steps=10"});
+  INFO(ok.output);
+  REQUIRE(ok.code == 0);
+  const std::string good = f.dir / "good/ckpt/step_10";
+  struct Case {
+    std::string name;
+    std::function<void(const std::string& dir)> damage;
+    std::vector<std::string> sets;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"flipped byte",
+       [](const std::string& d) {
+         std::fstream io(d + "/rank_0.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+         io.seekg(-100, std::ios::end);
+         char c = 0;
+         io.get(c);
+         io.seekp(-100, std::ios::end);
+         io.put(char(c ^ 1));
+       },
+       {},
+       {"rank_0.safetensors: tensor", "checksum mismatch"}},
+      {"truncated shard",
+       [](const std::string& d) {
+         fs::resize_file(d + "/rank_0.safetensors", fs::file_size(d + "/rank_0.safetensors") / 2);
+       },
+       {},
+       {"rank_0.safetensors: truncated: tensor"}},
+      {"missing rank file", [](const std::string& d) { fs::remove(d + "/rank_1.safetensors"); }, {},
+       {"rank_1.safetensors is missing", "rng/cpu/rank_1"}},
+      {"another model", [](const std::string&) {}, {"model.d_model=64"},
+       {"does not match this run's model", "d_model=32", "tensor model/wte.weight is F32 [256, 32] in the "
+                                                          "checkpoint but F32 [256, 64] in the model"}},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    const std::string copy = f.dir / ("bad" + std::to_string(i++));
+    fs::create_directories(copy);
+    fs::copy(good, copy + "/step_10", fs::copy_options::recursive);
+    dtrain::testing::write_file(copy + "/latest", "step_10\n");
+    c.damage(copy + "/step_10");
+    const auto before = dtrain::testing::read_file(copy + "/step_10/index.json");
+    // `dtrain launch` of a spec whose checkpoint.dir holds it: resumes, so refuses.
+    std::vector<std::string> sets = {"checkpoint.dir=" + copy};
+    sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+    Run r = f.run("bad_run" + std::to_string(i), sets, {}, "", /*keep_ckpt_dir=*/true);
+    INFO(r.output);
+    CHECK(r.code != 0);
+    for (const auto& e : c.expect) CHECK(r.output.find(e) != std::string::npos);
+    CHECK(latest_of(copy) == "step_10");  // nothing overwritten
+    CHECK(dtrain::testing::read_file(copy + "/step_10/index.json") == before);
+  }
 }
