@@ -215,10 +215,34 @@ void install_preemption_handler() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-bool preemption_requested(comm::Group& world) {
-  at::Tensor flag = at::full({1}, g_preempt ? 1.0f : 0.0f, at::kFloat);  // [1]
-  world.all_reduce(flag);
-  return flag.item<float>() > 0;
+// The flag travels in an async all-reduce started after step k and read
+// after step k+1, so its latency hides behind a step's compute (a 1-float
+// collective costs milliseconds on a loaded machine). All ranks read the
+// same reduced value, so they stop after the same step.
+namespace {
+struct PreemptionPoll {
+  at::Tensor flag;  // [1]
+  comm::WorkPtr work;
+};
+PreemptionPoll& preemption_poll() {
+  static PreemptionPoll poll;
+  return poll;
+}
+}  // namespace
+
+bool preemption_requested(comm::Group& world, bool last) {
+  PreemptionPoll& p = preemption_poll();
+  bool stop = false;
+  if (p.work) {
+    p.work->wait();
+    p.work.reset();
+    stop = p.flag.item<float>() > 0;
+  }
+  if (!stop && !last) {
+    p.flag = at::full({1}, g_preempt ? 1.0f : 0.0f, at::kFloat);
+    p.work = world.all_reduce(p.flag, /*async=*/true);
+  }
+  return stop;
 }
 
 void test_kill_after_step(const comm::WorldInfo& info, int64_t step) {

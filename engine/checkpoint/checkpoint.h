@@ -58,10 +58,13 @@ SaveStats save(const TrainState& s, int64_t step);
 int64_t load(const TrainState& s, const std::string& dir);
 
 // SIGTERM sets a flag instead of killing: the trainer finishes the step,
-// saves and exits 0. preemption_requested is collective over `world` (any
-// rank's signal stops every rank at the same step).
+// saves and exits 0. preemption_requested is collective over `world`, once
+// after every step (any rank's signal stops every rank after the same step):
+// it returns the flags as of the previous step, and starts the poll of this
+// one unless `last`. So a stop comes at most two steps after the signal;
+// cluster.grace_s must cover two steps and a save.
 void install_preemption_handler();
-bool preemption_requested(comm::Group& world);
+bool preemption_requested(comm::Group& world, bool last);
 
 // The trainer's two hooks.
 // resume: installs the SIGTERM handler, cleans leftover .tmp, and loads
