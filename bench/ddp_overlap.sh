@@ -4,7 +4,7 @@
 # Ddp::finish_gradient_sync is the whole all-reduce time; with overlap on that
 # wait is only the part not hidden behind backward.
 #   hidden = 1 - wait(on) / wait(off);  step ratio = step(off) / step(on)
-#   bench/ddp_overlap.sh [ROUNDS=3] [STEPS=60] [BUCKET_MB=1]  -> bench/results/ddp_overlap.txt
+#   [ROUNDS=3] [STEPS=60] [BUCKET_MB=1] bench/ddp_overlap.sh  -> bench/results/ddp_overlap.txt
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
