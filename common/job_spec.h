@@ -24,6 +24,7 @@ struct RendezvousSpec {
 
 struct TopologySpec {
   int nvlink_domain = 0;  // devices per NVLink island; 0 = whole node (or discovered)
+  bool allow_slow = false;  // accept TP groups that cross islands (warned, not refused)
 };
 
 struct ClusterSpec {

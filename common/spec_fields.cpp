@@ -31,6 +31,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("cluster.rendezvous.heartbeat_s", cluster.rendezvous.heartbeat_s),
       DTRAIN_FIELD("cluster.rendezvous.token_file", cluster.rendezvous.token_file),
       DTRAIN_FIELD("cluster.topology.nvlink_domain", cluster.topology.nvlink_domain),
+      DTRAIN_FIELD("cluster.topology.allow_slow", cluster.topology.allow_slow),
       DTRAIN_FIELD("parallel.dp", parallel.dp),
       DTRAIN_FIELD("parallel.tp", parallel.tp),
       DTRAIN_FIELD("parallel.pp", parallel.pp),

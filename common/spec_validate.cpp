@@ -179,11 +179,16 @@ void check_divisibility(const Checker& c) {
     c.error("parallel.pp", "parallel.pp = " + str(p.pp) + " does not divide model.layers = " +
                                str(m.layers) + " (each stage holds layers/pp blocks); " +
                                choices("pp", m.layers));
-  if (!c.bad({"parallel.tp", "cluster.topology.nvlink_domain"}) && domain > 0 && p.tp > domain)
-    c.error("parallel.tp", "parallel.tp = " + str(p.tp) +
-                               " is larger than cluster.topology.nvlink_domain = " + str(domain) +
-                               ": a TP group must sit inside one NVLink island; use tp <= " +
-                               str(domain) + " and put the rest in dp or pp");
+  if (!c.bad({"parallel.tp", "cluster.topology.nvlink_domain"}) && domain > 0 && p.tp > domain) {
+    std::string text = "parallel.tp = " + str(p.tp) +
+                       " is larger than cluster.topology.nvlink_domain = " + str(domain) +
+                       ": a TP group must sit inside one NVLink island; use tp <= " + str(domain) +
+                       " and put the rest in dp or pp";
+    if (s.cluster.topology.allow_slow)  // --allow-slow: the user accepts TP over a slower link
+      c.problems.warn(text + " (allowed by cluster.topology.allow_slow: TP traffic crosses a slower link)");
+    else
+      c.error("parallel.tp", text + ", or pass --allow-slow");
+  }
   if (!c.bad({"parallel.ep", "parallel.dp", "parallel.tp"}) && p.ep >= 1 && p.dp >= 1 &&
       p.tp >= 1 && (p.dp * p.tp) % p.ep != 0)
     c.error("parallel.ep", "parallel.ep = " + str(p.ep) + " does not divide dp * tp = " +

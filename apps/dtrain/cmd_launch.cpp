@@ -31,6 +31,7 @@ int run_launch(const LaunchArgs& args) {
   std::vector<std::string> overrides;
   if (slurm.present) overrides.push_back("cluster.nodes=" + std::to_string(slurm.nodes));
   overrides.insert(overrides.end(), args.sets.begin(), args.sets.end());  // --set wins
+  if (args.allow_slow) overrides.push_back("cluster.topology.allow_slow=true");
   std::vector<std::string> warnings;
   JobSpec spec = load_job_spec(args.spec, overrides, &warnings);
   for (const auto& w : warnings) DTRAIN_WARN("{}", w);
@@ -42,7 +43,7 @@ int run_launch(const LaunchArgs& args) {
     options.rdzv = slurm.first_host + ":" + endpoint_port(spec.cluster.rendezvous.endpoint);
   if (options.node_rank < 0 && spec.cluster.nodes_max == 1) options.node_rank = 0;
   options.console_ranks = args.ranks;
-  options.allow_slow = args.allow_slow;
+  options.allow_slow = spec.cluster.topology.allow_slow;
   return launcher::launch(spec, options);
 }
 

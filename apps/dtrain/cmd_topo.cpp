@@ -38,6 +38,7 @@ std::vector<std::string> topo_overrides(const TopoOptions& o) {
   }
   if (o.nvlink_domain >= 0)
     out.push_back("cluster.topology.nvlink_domain=" + std::to_string(o.nvlink_domain));
+  if (o.allow_slow) out.push_back("cluster.topology.allow_slow=true");
   return out;
 }
 
@@ -47,7 +48,7 @@ void run_topo(const TopoOptions& o) {
   if (o.nvlink_domain >= 0 && spec.cluster.device != "cuda")
     warnings.push_back("--nvlink-domain is ignored on a CPU cluster (cluster.device = " +
                        spec.cluster.device + "); give --gpus-per-node to describe GPU nodes");
-  rendezvous::Placement placement = rendezvous::place_job(spec, o.allow_slow, warnings);
+  rendezvous::Placement placement = rendezvous::place_job(spec, spec.cluster.topology.allow_slow, warnings);
   rendezvous::Cluster cluster = rendezvous::cluster_from_spec(spec);
   if (!o.svg.empty()) {
     std::ofstream out(o.svg);
