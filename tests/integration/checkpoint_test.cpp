@@ -23,41 +23,23 @@
 #include <vector>
 
 #include "tests/support/child.h"
+#include "tests/support/train_run.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using dtrain::testing::TempDir;
+using dtrain::testing::free_port;
+using dtrain::testing::read_params;
+using dtrain::testing::word_salad;
 
 constexpr int kSteps = 30;
 constexpr double kReshardRelTol = 1e-5;
 constexpr double kParamAbsTol = 1e-5;
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
-
 std::string make_text(size_t bytes) {
-  static const char* words[] = {"the ", "model ", "saves ", "a ", "sharded ", "checkpoint ", "of ",
-                                "bytes ", "and ", "every ", "rank ", "resumes ", "exactly\n"};
-  std::string text;
-  uint64_t x = 88172645463325252ULL;
-  while (text.size() < bytes) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    text += words[x % (sizeof words / sizeof *words)];
-  }
-  text.resize(bytes);
-  return text;
+  return word_salad(bytes, {"the ", "model ", "saves ", "a ", "sharded ", "checkpoint ", "of ",
+                            "bytes ", "and ", "every ", "rank ", "resumes ", "exactly\n"});
 }
 
 // dp=2, dropout 0.1, checkpoint every 10; cases change it with --set.
@@ -85,20 +67,6 @@ std::map<int, double> read_losses(const std::string& path) {
       losses[std::atoi(line.c_str() + s + 8)] = std::strtod(line.c_str() + l + 8, nullptr);
   }
   return losses;
-}
-
-std::map<std::string, std::vector<float>> read_params(const std::string& path) {
-  std::map<std::string, std::vector<float>> params;
-  std::ifstream in(path, std::ios::binary);
-  std::string line;
-  if (!std::getline(in, line) || line != "DTPARAMS1") return params;
-  while (std::getline(in, line)) {
-    auto sp = line.rfind(' ');
-    std::vector<float> v(std::stoull(line.substr(sp + 1)));
-    in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
-    params[line.substr(0, sp)] = std::move(v);
-  }
-  return params;
 }
 
 // Tensors of a safetensors file (F32 only), read by the public format.

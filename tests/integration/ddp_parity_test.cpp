@@ -21,10 +21,14 @@
 #include <vector>
 
 #include "tests/support/child.h"
+#include "tests/support/train_run.h"
 
 namespace {
 
 using dtrain::testing::TempDir;
+using dtrain::testing::free_port;
+using dtrain::testing::read_params;
+using dtrain::testing::word_salad;
 
 constexpr double kLossRelTol = 1e-5;
 constexpr double kParamAbsTol = 1e-5;
@@ -38,33 +42,11 @@ struct RunResult {
   std::string output;
 };
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
-
 // ~64 KB of deterministic word salad: learnable bytes without a data file.
 std::string make_text() {
-  static const char* words[] = {"the ", "model ", "learns ", "a ", "distributed ", "gradient ",
+  return word_salad(64 * 1024, {"the ", "model ", "learns ", "a ", "distributed ", "gradient ",
                                 "bucket ", "of ", "bytes ", "and ", "every ", "rank ", "sums ",
-                                "its ", "share\n", "while ", "backward ", "runs. "};
-  std::string text;
-  uint64_t x = 88172645463325252ULL;
-  while (text.size() < 64 * 1024) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    text += words[x % (sizeof words / sizeof *words)];
-  }
-  return text;
+                                "its ", "share\n", "while ", "backward ", "runs. "});
 }
 
 // The shared tiny spec; each run changes it with --set.
@@ -91,21 +73,6 @@ std::vector<double> read_metric(const std::string& path, const std::string& key)
     if (at != std::string::npos) values.push_back(std::strtod(line.c_str() + at + needle.size(), nullptr));
   }
   return values;
-}
-
-// DTPARAMS1 file of the trainer (engine/trainer/train_session.h).
-std::map<std::string, std::vector<float>> read_params(const std::string& path) {
-  std::map<std::string, std::vector<float>> params;
-  std::ifstream in(path, std::ios::binary);
-  std::string line;
-  if (!std::getline(in, line) || line != "DTPARAMS1") return params;
-  while (std::getline(in, line)) {
-    auto sp = line.rfind(' ');
-    std::vector<float> v(std::stoull(line.substr(sp + 1)));
-    in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
-    params[line.substr(0, sp)] = std::move(v);
-  }
-  return params;
 }
 
 // One `dtrain launch` of the base spec with overrides; run dir <tmp>/<name>.
