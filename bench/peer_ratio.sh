@@ -35,10 +35,12 @@ dtrain_run() {  # $1 = round; prints tokens/s
     --set parallel.dp="$RANKS" --set cluster.procs_per_node="$RANKS" --set train.lr="$LR" \
     --set train.warmup_steps="$WARMUP" --set parallel.ddp.bucket_mb="$BUCKET" \
     >"$tmp/dtrain$1.log" 2>&1 || { cat "$tmp/dtrain$1.log" >&2; echo "peer_ratio: dtrain failed" >&2; exit 1; }
-  python3 - "$dir/metrics.jsonl" "$TOKENS_PER_STEP" <<'EOF'
+  # metrics.jsonl also has a record for step 1: start at step $EVERY, as the peer does.
+  python3 - "$dir/metrics.jsonl" "$TOKENS_PER_STEP" "$EVERY" <<'EOF'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-first, last = recs[0], recs[-1]
+first = next(r for r in recs if r['step'] >= int(sys.argv[3]))
+last = recs[-1]
 print(f"{(last['step'] - first['step']) * int(sys.argv[2]) / (last['elapsed_s'] - first['elapsed_s']):.1f}")
 EOF
 }

@@ -59,20 +59,26 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& cfg) : heads(c
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int64_t H = heads, D = C / H;
-  auto qkv_out = qkv->forward(x);                       // [B, T, 3C]
-  auto parts = qkv_out.split(C, /*dim=*/2);             // 3 x [B, T, C]
-  auto q = parts[0].view({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
-  auto k = parts[1].view({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
-  auto v = parts[2].view({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
+  // One head-major copy of q, k and v together (matmul on the strided
+  // [B, H, T, D] views would copy each of them anyway), then plain bmm.
+  auto qkv_out = qkv->forward(x);  // [B, T, 3C]
+  auto qkv_heads = qkv_out.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().view({3, B * H, T, D});
+  auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];  // [B*H, T, D] each
 
-  auto att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(D)));  // [B, H, T, T]
-  // Causal mask: position t attends to positions <= t only.
-  auto future = at::ones({T, T}, x.options().dtype(at::kBool)).triu(1);  // [T, T]
-  att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
+  // Causal mask: position t attends to positions <= t only. Fused into the
+  // score GEMM as an additive bias (beta 1), with the 1/sqrt(D) scale as its
+  // alpha: one pass over [B*H, T, T] instead of matmul, mul and masked_fill.
+  if (!causal_bias_.defined() || causal_bias_.size(0) != T || causal_bias_.scalar_type() != x.scalar_type() ||
+      causal_bias_.device() != x.device()) {
+    at::NoGradGuard no_grad;
+    causal_bias_ = at::full({T, T}, -std::numeric_limits<float>::infinity(), x.options()).triu_(1);  // [T, T]
+  }
+  auto att = at::baddbmm(causal_bias_, q, k.transpose(1, 2), /*beta=*/1.0,
+                         /*alpha=*/1.0 / std::sqrt(double(D)));  // [B*H, T, T]
   att = at::softmax(att, /*dim=*/-1);
   att = attn_drop->forward(att);
-  auto y = at::matmul(att, v);                        // [B, H, T, D]
-  y = y.transpose(1, 2).contiguous().view({B, T, C});  // [B, T, C]
+  auto y = at::bmm(att, v);                                             // [B*H, T, D]
+  y = y.view({B, H, T, D}).transpose(1, 2).reshape({B, T, C});          // [B, T, C]
   return resid_drop->forward(proj->forward(y));
 }
 
@@ -153,8 +159,9 @@ at::Tensor GptImpl::forward(const at::Tensor& tokens) {
     throw Error(ErrorCode::internal, "gpt: sequence of " + std::to_string(T) +
                                          " tokens exceeds model.seq_len = " + std::to_string(cfg_.seq_len));
   }
-  auto pos = at::arange(T, tokens.options().dtype(at::kLong));  // [T]
-  auto x = wte->forward(tokens) + wpe->forward(pos);             // [B, T, C] (+ [T, C] broadcast)
+  // wpe(arange(T)) is the first T rows of the table: a narrow view gives the
+  // same values and the same gradient without the gather and its backward.
+  auto x = wte->forward(tokens) + wpe->weight.narrow(0, 0, T);  // [B, T, C] (+ [T, C] broadcast)
   x = drop->forward(x);
   for (const auto& block : *blocks) x = block->as<Block>()->forward(x);  // [B, T, C]
   return head->forward(ln_f->forward(x));                        // [B, T, V]

@@ -33,6 +33,12 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear proj{nullptr};  // C -> C
   torch::nn::Dropout attn_drop{nullptr}, resid_drop{nullptr};
   int heads;
+
+ private:
+  // [T, T] additive causal mask (0 on and below the diagonal, -inf above),
+  // built on first use for a T and reused; not a buffer, so not in the
+  // state dict or checkpoints.
+  at::Tensor causal_bias_;
 };
 TORCH_MODULE(CausalSelfAttention);
 
