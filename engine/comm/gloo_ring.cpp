@@ -5,6 +5,9 @@
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "common/error.h"
 #include "engine/comm/gloo_group.h"
 
@@ -81,13 +84,21 @@ class FutureWork : public Work {
 
 constexpr int kRingTagBase = 1 << 30;  // above kMaxUserTag, below Gloo's collective slots
 constexpr int kRingTagBits = 26;       // per-slot window; 8 slots fit below 2^31
+// Each ring step of a chunk travels in segments of about this size, so that
+// a rank forwards segment k while segment k+1 is still on the wire.
+constexpr int64_t kRingSegmentBytes = 256 << 10;
+// Segments per step at most (a bigger chunk gets bigger segments). Each
+// (seq, step) owns this many consecutive tags, one per segment.
+constexpr int kRingMaxSegments = 256;
 
 }  // namespace
 
+// Tags of op `seq`, step `step`: [tag, tag + kRingMaxSegments). Windows of
+// different (seq, step) are disjoint until 2^18 / n ops later (mod wrap).
 int GlooGroup::ring_tag(uint32_t seq, int step) const {
-  uint32_t window = (seq * static_cast<uint32_t>(size()) + static_cast<uint32_t>(step)) &
-                    ((1u << kRingTagBits) - 1);
-  return kRingTagBase + (slot_ << kRingTagBits) + static_cast<int>(window);
+  constexpr uint32_t kWindows = (1u << kRingTagBits) / kRingMaxSegments;
+  uint32_t window = (seq * static_cast<uint32_t>(size()) + static_cast<uint32_t>(step)) % kWindows;
+  return kRingTagBase + (slot_ << kRingTagBits) + static_cast<int>(window) * kRingMaxSegments;
 }
 
 // in: [n*m] flat, out: [m], chunk i = in[i*m, (i+1)*m). Rank r ends with
@@ -96,32 +107,61 @@ int GlooGroup::ring_tag(uint32_t seq, int step) const {
 // just accumulated) to r+1; receive chunk (r-s-2) from r-1 and add own data.
 // The last received chunk is (r-n) mod n = r. Two buffers alternate: the one
 // received at step s is sent at step s+1 while the other receives.
+// Pipelined by segment: each chunk is cut into segments [seg] and (s, k) is
+// handled as soon as segment k of step s arrives: add, post its send for step
+// s+1, then (once send (s, k) is done, which read that memory) post recv
+// (s+1, k). Every rank handles (s, k) in the same lexicographic order and
+// (s, k) only waits on (s-1, k) of its neighbours, so it cannot deadlock.
+// The additions happen in the same order as unsegmented: results are the same.
 void GlooGroup::ring_reduce_scatter(const at::Tensor& in, at::Tensor& out, uint32_t seq) {
   const int n = size(), r = rank_;
   const int64_t m = out.numel();
+  if (m == 0) return;  // every chunk has m elements: every rank skips alike
+  const int64_t seg = std::max<int64_t>(kRingSegmentBytes / in.element_size(),
+                                        (m + kRingMaxSegments - 1) / kRingMaxSegments);
+  const int nseg = static_cast<int>((m + seg - 1) / seg);
   auto mod = [n](int x) { return ((x % n) + n) % n; };
-  auto chunk = [&](int i) { return in.narrow(0, i * m, m); };  // [m]
-  at::Tensor buf[2] = {at::empty({m}, in.options()), at::empty({m}, in.options())};
+  auto part = [&](const at::Tensor& t, int64_t off, int k) {  // [<= seg]
+    return t.narrow(0, off + k * seg, std::min(seg, m - k * seg));
+  };
+  at::Tensor buf[2] = {at::empty({m}, in.options()), at::empty({m}, in.options())};  // [m]
   const int right = mod(r + 1), left = mod(r - 1);
-  for (int s = 0; s < n - 1; ++s) {
-    const int sc = mod(r - s - 1), rc = mod(r - s - 2);
-    std::vector<at::Tensor> send_v{s == 0 ? chunk(sc) : buf[(s - 1) % 2]};
-    std::vector<at::Tensor> recv_v{buf[s % 2]};
-    const int tag = ring_tag(seq, s);
-    c10::intrusive_ptr<c10d::Work> rw, sw;
-    try {
-      if (m > 0) {  // every chunk has m elements: both sides skip empty ones alike
-        rw = pg_->recv(recv_v, left, tag);
-        sw = pg_->send(send_v, right, tag);
-        sw->wait();
-        rw->wait();
+  const uint64_t elem = static_cast<uint64_t>(in.element_size());
+  // sends[k] / recvs[k]: the in-flight send / recv of segment k.
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends(nseg), recvs(nseg);
+  auto post_recv = [&](int s, int k) {
+    std::vector<at::Tensor> v{part(buf[s % 2], 0, k)};
+    recvs[k] = pg_->recv(v, left, ring_tag(seq, s) + k);
+  };
+  auto post_send = [&](int s, int k) {
+    std::vector<at::Tensor> v{s == 0 ? part(in, mod(r - 1) * m, k) : part(buf[(s - 1) % 2], 0, k)};
+    sends[k] = pg_->send(v, right, ring_tag(seq, s) + k);
+    bytes_ += static_cast<uint64_t>(v[0].numel()) * elem;
+  };
+  int s = 0;
+  try {
+    for (int k = 0; k < nseg; ++k) post_recv(0, k);
+    for (int k = 0; k < nseg; ++k) post_send(0, k);
+    for (; s < n - 1; ++s) {
+      const int64_t rc = mod(r - s - 2) * m;  // own chunk added at step s
+      for (int k = 0; k < nseg; ++k) {
+        recvs[k]->wait();
+        at::Tensor got = part(buf[s % 2], 0, k);
+        if (s == n - 2) {
+          at::Tensor dst = part(out, 0, k);
+          at::add_out(dst, got, part(in, rc, k));
+          sends[k]->wait();
+          continue;
+        }
+        got.add_(part(in, rc, k));
+        auto done = std::move(sends[k]);
+        post_send(s + 1, k);
+        done->wait();  // it read buf[(s+1)%2] segment k, which recv (s+1, k) overwrites
+        post_recv(s + 1, k);
       }
-    } catch (...) {
-      rethrow_comm_error(name_, "reduce_scatter (ring step " + std::to_string(s) + ")");
     }
-    bytes_ += static_cast<uint64_t>(m * in.element_size());
-    if (s == n - 2) at::add_out(out, recv_v[0], chunk(rc));
-    else recv_v[0].add_(chunk(rc));
+  } catch (...) {
+    rethrow_comm_error(name_, "reduce_scatter (ring step " + std::to_string(s) + ")");
   }
 }
 
