@@ -207,6 +207,29 @@ TEST_CASE("comm: empty chunks and world of one") {
   report("comm: world 1 and empty reduce_scatter chunks:", diffs);
 }
 
+TEST_CASE("comm: ring reduce_scatter with chunks of many pipelined segments") {
+  // Chunks over the ring's 256 KB segment: several segments per step, the
+  // last one short, so the pipelined path (not just one segment) is checked.
+  Diffs diffs;
+  for (int n : {3, 4}) {
+    dtrain::mesh::Shape shape;
+    shape.dp = n;
+    run_world(shape, [&](comm::Comm& c, int r) {
+      auto& g = c.world();
+      for (at::ScalarType dt : {at::kFloat, at::kHalf}) {
+        const int64_t m = 200003;  // 781 KB fp32 per chunk
+        at::Tensor sum = at::zeros({n * m}, at::kDouble);
+        for (int q = 0; q < n; ++q) sum += input(q, n * m, dt).to(at::kDouble);
+        at::Tensor out = at::empty({m}, input(r, 1, dt).options());
+        g.reduce_scatter(input(r, n * m, dt), out);
+        diffs.add(std::string("reduce_scatter ") + dtype_name(dt),
+                  max_diff(out, sum.narrow(0, r * m, m)));
+      }
+    });
+  }
+  report("comm: ring reduce_scatter, chunk 200003 (multi-segment), world 3 and 4:", diffs);
+}
+
 TEST_CASE("comm: per-axis groups of dp=2,tp=2,pp=2 follow common/mesh.h") {
   dtrain::mesh::Shape shape;
   shape.dp = shape.tp = shape.pp = 2;
