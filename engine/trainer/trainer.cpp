@@ -105,6 +105,10 @@ int run_training() {
   auto session = make_train_session();
   TrainSession& s = *session;
   int64_t step = maybe_load_checkpoint(s);
+  if (step >= s.spec.train.steps && s.is_log_rank())
+    DTRAIN_WARN("nothing to train: the checkpoint is at step {} and train.steps = {}; "
+                "raise train.steps (--set train.steps=N) or remove checkpoint.dir = {} "
+                "to start over", step, s.spec.train.steps, s.spec.checkpoint.dir);
   MetricsLogger metrics(metrics_options(s, step));
   for (; step < s.spec.train.steps; ++step) {
     StepResult r = train_step(s, step);
