@@ -18,14 +18,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/model/gpt.h"
 
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#include <doctest/doctest.h>
+#include "tests/support/torch_doctest.h"
 
 namespace {
 

@@ -21,15 +21,7 @@
 #include "common/error.h"
 #include "engine/comm/comm.h"
 
-// glog (pulled in by c10) defines CHECK*: doctest's must win in this file.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#include <doctest/doctest.h>
+#include "tests/support/torch_doctest.h"
 
 namespace comm = dtrain::engine::comm;
 
