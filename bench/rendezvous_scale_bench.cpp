@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--slots")) slots = std::stoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--reps")) reps = std::stoi(argv[i + 1]);
   }
-  spdlog::set_level(spdlog::level::warn);  // keep the round summaries out of the table
+  dtrain::log::set_level(dtrain::log::Level::warn);  // keep the round summaries out of the table
   std::printf("%8s %6s %7s %5s %14s %14s %6s\n", "agents", "slots", "world", "rep",
               "all_joined_s", "close_to_all_s", "check");
   bool all_ok = true;

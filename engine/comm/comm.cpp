@@ -11,6 +11,7 @@
 #include <map>
 
 #include "common/error.h"
+#include "engine/comm/gloo_backend.h"
 #include "engine/comm/gloo_group.h"
 
 namespace dtrain::engine::comm {
@@ -39,35 +40,22 @@ class CommImpl : public Comm {
   void build(const CommOptions& options);
 
  private:
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> make_pg(const std::string& prefix, int rank, int size,
+  c10::intrusive_ptr<c10d::Backend> make_pg(const std::string& prefix, int rank, int size,
                                                     const CommOptions& options);
 
   WorldInfo info_;
   c10::intrusive_ptr<c10d::Store> store_;  // outlives the groups below
-  std::shared_ptr<::gloo::transport::Device> device_;
+  detail::GlooDevice device_;
   std::unique_ptr<GlooGroup> world_;
   std::map<std::string, std::unique_ptr<GlooGroup>> axes_;
 };
 
-// Loopback for a one-machine job; GLOO_SOCKET_IFNAME wins, as in PyTorch.
-std::shared_ptr<::gloo::transport::Device> make_device(const std::string& master_addr) {
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
-    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  if (master_addr.rfind("127.", 0) == 0 || master_addr == "localhost")
-    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  return c10d::ProcessGroupGloo::createDefaultDevice();
-}
-
-c10::intrusive_ptr<c10d::ProcessGroupGloo> CommImpl::make_pg(const std::string& prefix, int rank,
-                                                            int size,
-                                                            const CommOptions& options) {
-  auto opts = c10d::ProcessGroupGloo::Options::create(
-      std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000)));
-  opts->devices = {device_};
-  opts->threads = 2;  // two async ops in flight per group (DDP buckets)
+c10::intrusive_ptr<c10d::Backend> CommImpl::make_pg(const std::string& prefix, int rank, int size,
+                                                   const CommOptions& options) {
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
   try {
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    // two async ops in flight per group (DDP buckets)
+    return detail::make_gloo_backend(store, rank, size, options.timeout_s, /*threads=*/2, device_);
   } catch (...) {
     detail::rethrow_comm_error(prefix, "creating the process group");
   }
@@ -75,13 +63,13 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> CommImpl::make_pg(const std::string& 
 
 void CommImpl::build(const CommOptions& options) {
   try {
-    device_ = make_device(info_.master_addr);
+    device_ = detail::make_gloo_device(info_.master_addr);
   } catch (...) {
     detail::rethrow_comm_error("world", "creating the Gloo device");
   }
   std::vector<int> all(info_.world);
   for (int i = 0; i < info_.world; ++i) all[i] = i;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> world_pg;
+  c10::intrusive_ptr<c10d::Backend> world_pg;
   if (info_.world > 1) world_pg = make_pg("pg/world", info_.rank, info_.world, options);
   world_ = std::make_unique<GlooGroup>("world", all, info_.rank, world_pg, 0);
 
@@ -95,7 +83,7 @@ void CommImpl::build(const CommOptions& options) {
       auto pos = std::find(g.begin(), g.end(), info_.rank);
       if (pos == g.end()) continue;
       int rank = static_cast<int>(pos - g.begin());
-      c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+      c10::intrusive_ptr<c10d::Backend> pg;
       int group_slot = 0;
       if (g.size() == all.size()) {
         pg = world_pg;  // same members, same order: reuse the world's connections

@@ -79,7 +79,7 @@ class GlooWork : public Work {
 }
 
 GlooGroup::GlooGroup(std::string name, std::vector<int> global_ranks, int rank,
-                     c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int slot)
+                     c10::intrusive_ptr<c10d::Backend> pg, int slot)
     : name_(std::move(name)), global_ranks_(std::move(global_ranks)), rank_(rank),
       pg_(std::move(pg)), slot_(slot) {}
 

@@ -1,11 +1,12 @@
-// GlooGroup: comm::Group over a c10d::ProcessGroupGloo (CPU tensors).
-// Internal to engine/comm (code elsewhere uses comm.h). Gloo's own ops
-// (all_reduce, all_gather, broadcast, all_to_all, send/recv, barrier) run on
-// Gloo's threads; reduce_scatter is our ring over send/recv, run on this
-// group's TaskThread so that async really overlaps. No NCCL here.
+// GlooGroup: comm::Group over c10d's Gloo backend (CPU tensors), held as a
+// c10d::Backend (gloo_backend.h makes it). Internal to engine/comm (code
+// elsewhere uses comm.h). Gloo's own ops (all_reduce, all_gather, broadcast,
+// all_to_all, send/recv, barrier) run on Gloo's threads; reduce_scatter is our
+// ring over send/recv, run on this group's TaskThread so that async really
+// overlaps. No NCCL here.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <atomic>
 #include <condition_variable>
@@ -49,7 +50,7 @@ class GlooGroup : public Group {
   // pg == nullptr only for a group of one rank (every op is then a local copy).
   // slot (0..7) separates the ring tags of groups that share one pg.
   GlooGroup(std::string name, std::vector<int> global_ranks, int rank,
-            c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int slot);
+            c10::intrusive_ptr<c10d::Backend> pg, int slot);
   ~GlooGroup() override;
 
   const std::string& name() const override { return name_; }
@@ -70,7 +71,7 @@ class GlooGroup : public Group {
   uint64_t bytes_sent() const override { return bytes_.load(); }
   void reset_bytes_sent() override { bytes_.store(0); }
 
-  const c10::intrusive_ptr<c10d::ProcessGroupGloo>& pg() const { return pg_; }
+  const c10::intrusive_ptr<c10d::Backend>& pg() const { return pg_; }
 
  private:
   // Wraps a queued Gloo op; waits now unless async. `finish` runs after.
@@ -84,7 +85,7 @@ class GlooGroup : public Group {
   std::string name_;
   std::vector<int> global_ranks_;
   int rank_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  c10::intrusive_ptr<c10d::Backend> pg_;
   int slot_;
   uint32_t ring_seq_ = 0;  // ring ops issued (same order on every member)
   std::atomic<uint64_t> bytes_{0};

@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <utility>
 #include <chrono>
 
 #include "common/error.h"
@@ -44,7 +45,10 @@ struct DdpState : std::enable_shared_from_this<DdpState> {
   int launched_in_backward = 0;
   // The hooks hang off these nodes; a param's accumulator is only weakly
   // referenced by the param, so without these the hooks would vanish.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  // (shared_ptr in LibTorch 2.11, intrusive_ptr in later versions)
+  using AccumulatorPtr =
+      decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<AccumulatorPtr> accumulators;
 
   void launch(size_t b) {
     Bucket& bucket = buckets[b];

@@ -313,12 +313,10 @@ TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Pytho
   INFO(eval.output);
   REQUIRE(eval.code == 0);
   REQUIRE(eval.losses.count(31));
-  if (!fs::exists("/usr/bin/python3")) {
-    MESSAGE("skipping the Python reader: /usr/bin/python3 is missing");
-    return;
-  }
+  const std::string python = dtrain::testing::python();
+  REQUIRE_MESSAGE(!python.empty(), "no Python with torch was found at configure time: run scripts/install-deps");
   auto [pcode, pout] = dtrain::testing::run_command(
-      {"/usr/bin/python3", dtrain::testing::source_dir() + "/tests/support/read_safetensors.py", merged,
+      {python, dtrain::testing::source_dir() + "/tests/support/read_safetensors.py", merged,
        f.dir / "batch.txt"},
       f.dir / "python.log", 120);
   INFO(pout);

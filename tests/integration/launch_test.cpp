@@ -216,17 +216,15 @@ TEST_CASE("2 agents x 4 workers through `dtrain rendezvous`: ranks and coords eq
 }
 
 TEST_CASE("PyTorch gloo all-reduce across 4 dtrain workers (env://)") {
+  const std::string py = dtrain::testing::python();
+  REQUIRE_MESSAGE(!py.empty(), "no Python with torch was found at configure time: run scripts/install-deps");
   auto [has_torch, why] =
-      dtrain::testing::run_command({"/usr/bin/python3", "-c", "import torch.distributed"},
-                                   "/dev/null", 120);
-  if (has_torch != 0) {
-    MESSAGE("skipped: /usr/bin/python3 cannot import torch (install python3-torch)");
-    return;
-  }
+      dtrain::testing::run_command({py, "-c", "import torch.distributed"}, "/dev/null", 120);
+  REQUIRE_MESSAGE(has_torch == 0, py << " cannot import torch.distributed: " << why);
   Job job;
   std::string script = dtrain::testing::source_dir() + "/tests/support/allreduce_check.py";
   std::string spec = job.spec("nodes: 1, procs_per_node: 4, grace_s: 1", "dp: 4",
-                              {"/usr/bin/python3", script});
+                              {py, script});
   auto [code, out] = job.run({"launch", spec}, 240);
   CHECK_MESSAGE(code == 0, out);
   CHECK_MESSAGE(count(out, "sum 10 expected 10 OK") == 4, out);

@@ -29,6 +29,8 @@ namespace dtrain::testing {
 inline std::string dtrain_bin() { return std::string(DTRAIN_BINARY_DIR) + "/apps/dtrain/dtrain"; }
 inline std::string source_dir() { return DTRAIN_SOURCE_DIR; }
 inline std::string binary_dir() { return DTRAIN_BINARY_DIR; }
+// The Python with torch that CMake found (the project venv); "" when none.
+inline std::string python() { return DTRAIN_PYTHON; }
 
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path);

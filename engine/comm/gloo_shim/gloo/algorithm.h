@@ -1,0 +1,2 @@
+// gloo_shim (see ../README.md): ProcessGroupGloo.hpp includes this; it needs nothing from it.
+#pragma once
