@@ -5,7 +5,8 @@
 // (tp, pp) coordinate writes them; every rank writes its RNG state.
 #include "engine/checkpoint/checkpoint.h"
 
-#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -22,6 +23,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/mesh.h"
+#include "engine/device/device.h"
 
 namespace dtrain::engine::checkpoint {
 namespace ck = dtrain::checkpoint;
@@ -58,19 +60,16 @@ std::vector<ck::Range> full_slice(const std::vector<int64_t>& shape) {
 // contiguous copy alive until the file is written.
 void add_full(std::vector<ck::ShardData>& out, std::vector<at::Tensor>& keep, const std::string& name,
               const at::Tensor& t) {
-  keep.push_back(t.detach().contiguous());
+  keep.push_back(device::to_host(t.detach()));
   const at::Tensor& c = keep.back();
   ck::TensorEntry e{name, dtype_name(c), shape_of(c), {ck::Shard{"", name, full_slice(shape_of(c)), 0}}};
   out.push_back({std::move(e), c.data_ptr()});
 }
 
 std::string rank_file(int rank) { return "rank_" + std::to_string(rank) + ".safetensors"; }
-std::string rng_name(int rank) { return "rng/cpu/rank_" + std::to_string(rank); }
-
-at::Tensor cpu_rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
+// "rng/cpu/rank_<r>", and "rng/cuda/rank_<r>" for a rank on a GPU.
+std::string rng_name(c10::Device d, int rank) {
+  return "rng/" + device::rng_kind(d) + "/rank_" + std::to_string(rank);
 }
 
 // DTRAIN_TEST_CRASH_DURING_SAVE=<rank>[@<step>]: that rank _exits after
@@ -96,7 +95,10 @@ std::vector<ck::ShardData> collect_shards(const TrainState& s, std::vector<at::T
       add_full(shards, keep, "optim/exp_avg_sq/" + name, v[i]);
     }
   }
-  add_full(shards, keep, rng_name(s.info->rank), cpu_rng_state());
+  const c10::Device cpu(c10::DeviceType::CPU);
+  add_full(shards, keep, rng_name(cpu, s.info->rank), device::rng_state(cpu));
+  if (!s.device.is_cpu())
+    add_full(shards, keep, rng_name(s.device, s.info->rank), device::rng_state(s.device));
   return shards;
 }
 
@@ -114,10 +116,40 @@ ck::Index index_header(const TrainState& s, int64_t step) {
   return x;
 }
 
+// Reads straight into a contiguous CPU tensor; through a (pinned) host copy
+// into anything else.
 void read_into(ck::CheckpointReader& reader, const std::string& name, at::Tensor& dst) {
-  at::Tensor c = dst.is_contiguous() ? dst : dst.contiguous();
+  const bool direct = dst.device().is_cpu() && dst.is_contiguous();
+  at::Tensor c = direct ? dst
+                        : at::empty(dst.sizes(), dst.options().device(c10::kCPU)
+                                                     .pinned_memory(!dst.device().is_cpu()));
   reader.read_region(name, full_slice(shape_of(c)), c.data_ptr());
-  if (!c.is_same(dst)) dst.copy_(c);
+  if (!direct) dst.copy_(c);
+}
+
+// This rank's saved stream of `d`'s generator; a rank the checkpoint has no
+// stream for (more ranks now, or a CPU run resumed on a GPU) starts a new one
+// from the seed, the step and its rank, and says so.
+void restore_rng(ck::CheckpointReader& reader, const TrainState& s, const std::string& dir,
+                 c10::Device d) {
+  const ck::Index& x = reader.index();
+  const std::string rng = rng_name(d, s.info->rank);
+  if (x.find(rng)) {
+    const ck::TensorEntry& e = reader.at(rng);
+    at::Tensor state = at::empty(e.shape, at::kByte);
+    read_into(reader, rng, state);
+    device::set_rng_state(d, state);
+    return;
+  }
+  const uint64_t seed = s.spec->job.seed + 7919ULL * uint64_t(s.info->rank) + 104729ULL * uint64_t(x.step);
+  at::Generator gen = at::globalContext().defaultGenerator(d);
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(seed);
+  }
+  if (s.info->rank == (d.is_cpu() ? x.world : 0))  // once: the first rank without a stream
+    DTRAIN_WARN("checkpoint {} holds no {} RNG stream for rank {}: it starts a new one", dir,
+                device::rng_kind(d), s.info->rank);
 }
 
 }  // namespace
@@ -136,7 +168,7 @@ std::string prepare_resume(const TrainState& s) {
     if (removed > 0) DTRAIN_WARN("checkpoint: removed {} unfinished .tmp entr{} in {}", removed,
                                  removed == 1 ? "y" : "ies", root);
   }
-  s.world->barrier();
+  s.control->barrier();
   return ck::latest_dir(root);
 }
 
@@ -144,7 +176,7 @@ SaveStats save(const TrainState& s, int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string& root = s.spec->checkpoint.dir;
   if (s.info->rank == 0) ck::prepare_tmp_dir(root, step);
-  s.world->barrier();  // the .tmp dir exists for everyone
+  s.control->barrier();  // the .tmp dir exists for everyone
 
   std::vector<at::Tensor> keep;
   std::vector<ck::ShardData> shards = collect_shards(s, keep);
@@ -155,13 +187,13 @@ SaveStats save(const TrainState& s, int64_t step) {
     };
   SaveStats stats;
   stats.bytes = ck::write_rank_file(ck::tmp_dir(root, step), rank_file(s.info->rank), std::move(shards), wopt);
-  s.world->barrier();  // every rank file is written and fsynced
+  s.control->barrier();  // every rank file is written and fsynced
 
   if (s.info->rank == 0) {
     ck::write_index(ck::tmp_dir(root, step), index_header(s, step));
     ck::commit(root, step, s.spec->checkpoint.keep);
   }
-  s.world->barrier();  // committed: nobody runs ahead of `latest`
+  s.control->barrier();  // committed: nobody runs ahead of `latest`
   stats.dir = root + "/" + ck::step_dir_name(step);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return stats;
@@ -189,21 +221,9 @@ int64_t load(const TrainState& s, const std::string& dir) {
   s.optimizer->set_step_count(x.optimizer_step);
   s.sampler->load_state({x.sampler_consumed});
 
-  auto gen = at::detail::getDefaultCPUGenerator();
-  const std::string rng = rng_name(s.info->rank);
-  if (x.find(rng)) {
-    const ck::TensorEntry& e = reader.at(rng);
-    at::Tensor state = at::empty(e.shape, at::kByte);
-    read_into(reader, rng, state);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  } else {
-    const uint64_t seed = s.spec->job.seed + 7919ULL * uint64_t(s.info->rank) + 104729ULL * uint64_t(x.step);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_current_seed(seed);
-    if (s.info->rank == x.world)  // the first rank without a saved stream says so once
-      DTRAIN_WARN("checkpoint {} was saved by {} ranks: ranks >= {} start new RNG streams", dir, x.world, x.world);
-  }
+  const c10::Device cpu(c10::DeviceType::CPU);
+  restore_rng(reader, s, dir, cpu);
+  if (!s.device.is_cpu()) restore_rng(reader, s, dir, s.device);
   return x.step;
 }
 
@@ -230,7 +250,7 @@ PreemptionPoll& preemption_poll() {
 }
 }  // namespace
 
-bool preemption_requested(comm::Group& world, bool last) {
+bool preemption_requested(comm::Group& control, bool last) {
   PreemptionPoll& p = preemption_poll();
   bool stop = false;
   if (p.work) {
@@ -240,7 +260,7 @@ bool preemption_requested(comm::Group& world, bool last) {
   }
   if (!stop && !last) {
     p.flag = at::full({1}, g_preempt ? 1.0f : 0.0f, at::kFloat);
-    p.work = world.all_reduce(p.flag, /*async=*/true);
+    p.work = control.all_reduce(p.flag, /*async=*/true);
   }
   return stop;
 }

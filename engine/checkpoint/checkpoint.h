@@ -24,12 +24,13 @@ namespace dtrain::engine::checkpoint {
 struct TrainState {
   const JobSpec* spec = nullptr;
   const comm::WorldInfo* info = nullptr;
-  comm::Group* world = nullptr;  // barriers of the save protocol
+  comm::Group* control = nullptr;  // barriers of the save protocol (Gloo, CPU, world)
   comm::Group* dp = nullptr;     // who holds replicated copies
   const std::vector<std::pair<std::string, at::Tensor>>* params = nullptr;  // stable names
   optim::AdamW* optimizer = nullptr;
   data::DistributedSampler* sampler = nullptr;
   const optim::LrSchedule* schedule = nullptr;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);  // where params live; its RNG is saved too
 };
 
 struct SaveStats {
@@ -64,7 +65,7 @@ int64_t load(const TrainState& s, const std::string& dir);
 // one unless `last`. So a stop comes at most two steps after the signal;
 // cluster.grace_s must cover two steps and a save.
 void install_preemption_handler();
-bool preemption_requested(comm::Group& world, bool last);
+bool preemption_requested(comm::Group& control, bool last);
 
 // The trainer's two hooks.
 // resume: installs the SIGTERM handler, cleans leftover .tmp, and loads

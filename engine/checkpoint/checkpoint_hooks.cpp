@@ -30,7 +30,7 @@ int64_t resume(const TrainState& s) {
 }
 
 bool after_step(const TrainState& s, int64_t steps_done) {
-  const bool preempted = preemption_requested(*s.world, steps_done >= s.spec->train.steps);
+  const bool preempted = preemption_requested(*s.control, steps_done >= s.spec->train.steps);
   const auto& c = s.spec->checkpoint;
   const bool due = (c.every > 0 && steps_done % c.every == 0) || steps_done == s.spec->train.steps;
   if (c.dir.empty()) {

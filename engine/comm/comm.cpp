@@ -1,7 +1,11 @@
-// init_comm: the TCPStore (rank 0 serves it at MASTER_ADDR:MASTER_PORT), one
-// Gloo device, and the process groups: the world plus one group per mesh
-// axis from common/mesh.h, each over its own PrefixStore "pg/<axis>/<index>".
-// An axis group of one rank needs no Gloo; one equal to the world shares it.
+// init_comm: the TCPStore (rank 0 serves it at MASTER_ADDR:MASTER_PORT) and
+// the process groups: the world plus one group per mesh axis from
+// common/mesh.h, each over its own PrefixStore, on the data backend; and the
+// control group (Gloo, world). With Gloo: one Gloo device for all groups, an
+// axis group of one rank needs no connections, one equal to the world shares
+// the world's, and control is the world group. With NCCL: every group is an
+// NCCL group under "pg/nccl/..." (communicators are made at the first op),
+// and control is a Gloo world group of its own.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -13,8 +17,19 @@
 #include "common/error.h"
 #include "engine/comm/gloo_backend.h"
 #include "engine/comm/gloo_group.h"
+#ifdef DTRAIN_WITH_CUDA
+#include "engine/comm/nccl_group.h"
+#endif
 
 namespace dtrain::engine::comm {
+
+bool nccl_available() {
+#ifdef DTRAIN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
 
 namespace {
 
@@ -36,28 +51,45 @@ class CommImpl : public Comm {
                   "axes are dp, tp, pp, ep and edp");
     return *it->second;
   }
+  Group& control() override { return control_ ? *control_ : *world_; }
 
   void build(const CommOptions& options);
 
  private:
-  c10::intrusive_ptr<c10d::Backend> make_pg(const std::string& prefix, int rank, int size,
-                                                    const CommOptions& options);
+  c10::intrusive_ptr<c10d::Backend> make_gloo_pg(const std::string& prefix, int rank, int size,
+                                                 const CommOptions& options);
+  void build_nccl(const CommOptions& options);
 
   WorldInfo info_;
   c10::intrusive_ptr<c10d::Store> store_;  // outlives the groups below
   detail::GlooDevice device_;
-  std::unique_ptr<GlooGroup> world_;
-  std::map<std::string, std::unique_ptr<GlooGroup>> axes_;
+  std::unique_ptr<Group> world_;
+  std::unique_ptr<Group> control_;  // null with Gloo: the world group serves
+  std::map<std::string, std::unique_ptr<Group>> axes_;
 };
 
-c10::intrusive_ptr<c10d::Backend> CommImpl::make_pg(const std::string& prefix, int rank, int size,
-                                                   const CommOptions& options) {
+c10::intrusive_ptr<c10d::Backend> CommImpl::make_gloo_pg(const std::string& prefix, int rank,
+                                                        int size, const CommOptions& options) {
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
   try {
     // two async ops in flight per group (DDP buckets)
     return detail::make_gloo_backend(store, rank, size, options.timeout_s, /*threads=*/2, device_);
   } catch (...) {
     detail::rethrow_comm_error(prefix, "creating the process group");
+  }
+}
+
+// Every rank walks every group of every axis in the same order and joins
+// the one that holds it; other groups are not its business.
+template <typename Visit>
+void for_each_own_group(const WorldInfo& info, Visit visit) {
+  for (const char* axis : kAxes) {
+    auto groups = mesh::axis_groups(info.shape, axis);
+    for (size_t index = 0; index < groups.size(); ++index) {
+      const auto& g = groups[index];
+      auto pos = std::find(g.begin(), g.end(), info.rank);
+      if (pos != g.end()) visit(std::string(axis), index, g, static_cast<int>(pos - g.begin()));
+    }
   }
 }
 
@@ -69,32 +101,59 @@ void CommImpl::build(const CommOptions& options) {
   }
   std::vector<int> all(info_.world);
   for (int i = 0; i < info_.world; ++i) all[i] = i;
-  c10::intrusive_ptr<c10d::Backend> world_pg;
-  if (info_.world > 1) world_pg = make_pg("pg/world", info_.rank, info_.world, options);
-  world_ = std::make_unique<GlooGroup>("world", all, info_.rank, world_pg, 0);
-
-  // Every rank walks every group of every axis in the same order and joins
-  // the one that holds it; other groups are not its business.
-  int slot = 1;
-  for (const char* axis : kAxes) {
-    auto groups = mesh::axis_groups(info_.shape, axis);
-    for (size_t index = 0; index < groups.size(); ++index) {
-      const auto& g = groups[index];
-      auto pos = std::find(g.begin(), g.end(), info_.rank);
-      if (pos == g.end()) continue;
-      int rank = static_cast<int>(pos - g.begin());
-      c10::intrusive_ptr<c10d::Backend> pg;
-      int group_slot = 0;
-      if (g.size() == all.size()) {
-        pg = world_pg;  // same members, same order: reuse the world's connections
-        group_slot = slot++;
-      } else if (g.size() > 1) {
-        pg = make_pg("pg/" + std::string(axis) + "/" + std::to_string(index), rank,
-                     static_cast<int>(g.size()), options);
-      }
-      axes_[axis] = std::make_unique<GlooGroup>(axis, g, rank, pg, group_slot);
-    }
+  if (options.backend == "nccl") {
+    if (info_.world > 1)
+      control_ = std::make_unique<GlooGroup>(
+          "control", all, info_.rank, make_gloo_pg("pg/control", info_.rank, info_.world, options), 0);
+    else
+      control_ = std::make_unique<GlooGroup>("control", all, info_.rank, nullptr, 0);
+    build_nccl(options);
+    return;
   }
+  c10::intrusive_ptr<c10d::Backend> world_pg;
+  if (info_.world > 1) world_pg = make_gloo_pg("pg/world", info_.rank, info_.world, options);
+  world_ = std::make_unique<GlooGroup>("world", all, info_.rank, world_pg, 0);
+  int slot = 1;
+  for_each_own_group(info_, [&](const std::string& axis, size_t index, const std::vector<int>& g,
+                                int rank) {
+    c10::intrusive_ptr<c10d::Backend> pg;
+    int group_slot = 0;
+    if (g.size() == all.size()) {
+      pg = world_pg;  // same members, same order: reuse the world's connections
+      group_slot = slot++;
+    } else if (g.size() > 1) {
+      pg = make_gloo_pg("pg/" + axis + "/" + std::to_string(index), rank, static_cast<int>(g.size()),
+                        options);
+    }
+    axes_[axis] = std::make_unique<GlooGroup>(axis, g, rank, pg, group_slot);
+  });
+}
+
+void CommImpl::build_nccl(const CommOptions& options) {
+#ifdef DTRAIN_WITH_CUDA
+  auto make = [&](const std::string& prefix, int rank, int size) {
+    auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
+    try {
+      return detail::make_nccl_backend(store, rank, size, options.timeout_s);
+    } catch (...) {
+      detail::rethrow_comm_error(prefix, "creating the NCCL process group");
+    }
+  };
+  std::vector<int> all(info_.world);
+  for (int i = 0; i < info_.world; ++i) all[i] = i;
+  auto world_pg = make("pg/nccl/world", info_.rank, info_.world);
+  world_ = std::make_unique<detail::NcclGroup>("world", all, info_.rank, world_pg, options.device);
+  for_each_own_group(info_, [&](const std::string& axis, size_t index, const std::vector<int>& g,
+                                int rank) {
+    auto pg = g.size() == all.size()
+                  ? world_pg
+                  : make("pg/nccl/" + axis + "/" + std::to_string(index), rank,
+                         static_cast<int>(g.size()));
+    axes_[axis] = std::make_unique<detail::NcclGroup>(axis, g, rank, pg, options.device);
+  });
+#else
+  (void)options;
+#endif
 }
 
 }  // namespace
@@ -102,9 +161,16 @@ void CommImpl::build(const CommOptions& options) {
 std::unique_ptr<Comm> init_comm_with_store(const WorldInfo& info,
                                            const c10::intrusive_ptr<c10d::Store>& store,
                                            const CommOptions& options) {
-  if (options.backend != "gloo")
-    throw Error(ErrorCode::config, "comm backend '" + options.backend + "' is not available",
-                "this build has Gloo only (CPU); use cluster.backend gloo or a CUDA build for nccl");
+  if (options.backend != "gloo" && options.backend != "nccl")
+    throw Error(ErrorCode::config, "comm backend '" + options.backend + "' is unknown",
+                "use cluster.backend gloo or nccl");
+  if (options.backend == "nccl" && !nccl_available())
+    throw Error(ErrorCode::config, "cluster.backend = nccl, but this dtrain was built on a LibTorch "
+                                   "without CUDA, so it has no NCCL",
+                "use cluster.backend gloo, or build against PyTorch with CUDA (scripts/install-deps)");
+  if (options.backend == "nccl" && options.device.is_cpu())
+    throw Error(ErrorCode::config, "cluster.backend = nccl needs CUDA tensors, the device is cpu",
+                "use cluster.device cuda, or backend gloo");
   if (info.shape.world() != info.world)
     throw Error(ErrorCode::internal, "mesh " + mesh::format_shape(info.shape) + " has " +
                                          std::to_string(info.shape.world()) +

@@ -1,12 +1,15 @@
 // Collectives for the engine (DESIGN.md section 6, comm/): the worker's view
 // of the world from the environment contract (section 3), one process group
-// per mesh axis (PrefixStore per group over one TCPStore), and the operations
-// Gloo in LibTorch 1.13 lacks (reduce_scatter, flat all_gather, uneven
-// all_to_all, bf16) built from what it has. Every byte sent is counted per
-// group. Does not know about models or training.
+// per mesh axis (PrefixStore per group over one TCPStore) on the data
+// backend (Gloo on CPU tensors, NCCL on CUDA tensors), a `control` Gloo group
+// over the world that always exists (flags, small CPU reductions), and what a
+// backend lacks or does slowly built from what it has (Gloo: a ring
+// reduce-scatter, bf16 through fp32). Every byte sent is counted per group.
+// Does not know about models or training.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <memory>
@@ -49,11 +52,14 @@ class Work {
 using WorkPtr = std::shared_ptr<Work>;
 
 // One process group: a set of global ranks (an axis group, or the world).
-// Ops are collective over the group's members; tensors are CPU contiguous.
+// Ops are collective over the group's members; tensors are contiguous and
+// live on device() (CPU for Gloo, this rank's GPU for NCCL).
 class Group {
  public:
   virtual ~Group() = default;
-  virtual const std::string& name() const = 0;  // "world", "dp", "tp", "pp", "ep"
+  virtual const std::string& name() const = 0;  // "world", "dp", "tp", "pp", "ep", "control"
+  virtual const std::string& backend() const = 0;  // "gloo" | "nccl"
+  virtual c10::Device device() const = 0;           // where this group's tensors live
   virtual int rank() const = 0;                 // index of this process in the group
   virtual int size() const = 0;
   virtual const std::vector<int>& global_ranks() const = 0;
@@ -100,12 +106,21 @@ class Comm {
   virtual Group& world() = 0;
   // axis: "dp", "tp", "pp", "ep", "edp" (as common/mesh.h defines them).
   virtual Group& axis(const std::string& axis) = 0;
+  // Gloo over the world, CPU tensors, whatever the data backend: the
+  // preemption flag, checkpoint barriers, small CPU reductions. (With Gloo
+  // as the data backend it is the world group itself.)
+  virtual Group& control() = 0;
 };
 
 struct CommOptions {
   std::string backend = "gloo";  // gloo | nccl (nccl only in CUDA builds)
+  // NCCL: this rank's GPU (the current device). Ignored by Gloo.
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
   double timeout_s = 300;
 };
+
+// True when this build has the NCCL backend (LibTorch with CUDA).
+bool nccl_available();
 
 // Largest tag + 1 for send/recv; tags above it are reserved for ring ops.
 constexpr int kMaxUserTag = 1 << 24;

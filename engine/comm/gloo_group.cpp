@@ -1,8 +1,11 @@
-// GlooGroup's Gloo-backed operations, its Work handles and the one adapter
-// from Gloo/c10 failures to dtrain::Error. bf16 never reaches Gloo (it
-// crashes peers in 1.13): reductions travel as fp32, pure data movement as
-// the same bits viewed as fp16. The ring reduce-scatter is in gloo_ring.cpp.
+// GlooGroup's Gloo-backed operations and the one adapter from c10d/c10
+// failures to dtrain::Error (shared with nccl_group). bf16 never reaches Gloo
+// (LibTorch 1.13's crashed its peers, and summing in fp32 keeps one addition
+// order whatever Gloo supports): reductions travel as fp32, pure data
+// movement as the same bits viewed as fp16. The ring reduce-scatter is in
+// gloo_ring.cpp.
 #include "engine/comm/gloo_group.h"
+#include "engine/comm/c10d_work.h"
 
 #include <ATen/ops/empty.h>
 
@@ -22,40 +25,6 @@ at::Tensor wire_view(const at::Tensor& t) { return is_bf16(t) ? t.view(at::kHalf
 int64_t wire_nbytes(const at::Tensor& t) {
   return is_bf16(t) ? t.numel() * 4 : static_cast<int64_t>(t.nbytes());
 }
-
-class DoneWork : public Work {
- public:
-  void wait() override {}
-};
-
-// A queued Gloo op plus what to do once it finished (copy back, unflatten).
-class GlooWork : public Work {
- public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish,
-           std::string group, std::string op)
-      : work_(std::move(work)), finish_(std::move(finish)), group_(std::move(group)),
-        op_(std::move(op)) {}
-
-  void wait() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (done_) return;
-    try {
-      work_->wait();
-    } catch (...) {
-      done_ = true;
-      rethrow_comm_error(group_, op_);
-    }
-    if (finish_) finish_();
-    done_ = true;
-  }
-
- private:
-  std::mutex mu_;
-  bool done_ = false;
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::function<void()> finish_;
-  std::string group_, op_;
-};
 
 }  // namespace
 
@@ -93,7 +62,7 @@ void GlooGroup::check(const at::Tensor& t, const char* op) const {
 
 WorkPtr GlooGroup::gloo_work(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish,
                              const char* op, bool async) {
-  auto w = std::make_shared<GlooWork>(std::move(work), std::move(finish), name_, op);
+  auto w = std::make_shared<C10dWork>(std::move(work), std::move(finish), name_, op);
   if (!async) w->wait();
   return w;
 }

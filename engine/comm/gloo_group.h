@@ -54,6 +54,11 @@ class GlooGroup : public Group {
   ~GlooGroup() override;
 
   const std::string& name() const override { return name_; }
+  const std::string& backend() const override {
+    static const std::string kGloo = "gloo";
+    return kGloo;
+  }
+  c10::Device device() const override { return c10::Device(c10::DeviceType::CPU); }
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(global_ranks_.size()); }
   const std::vector<int>& global_ranks() const override { return global_ranks_; }

@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
 
 #include <cmath>
 #include <limits>
@@ -65,6 +66,15 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   auto qkv_heads = qkv_out.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().view({3, B * H, T, D});
   auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];  // [B*H, T, D] each
 
+  if (!x.device().is_cpu()) {
+    // On a GPU: PyTorch's fused causal attention (FlashAttention-style
+    // kernels), never materialising [B*H, T, T].
+    const double p = is_training() ? attn_drop->options.p() : 0.0;
+    auto y = at::scaled_dot_product_attention(q.view({B, H, T, D}), k.view({B, H, T, D}),
+                                              v.view({B, H, T, D}), /*attn_mask=*/{}, p,
+                                              /*is_causal=*/true);  // [B, H, T, D]
+    return resid_drop->forward(proj->forward(y.transpose(1, 2).reshape({B, T, C})));
+  }
   // Causal mask: position t attends to positions <= t only. Fused into the
   // score GEMM as an additive bias (beta 1), with the 1/sqrt(D) scale as its
   // alpha: one pass over [B*H, T, T] instead of matmul, mul and masked_fill.

@@ -115,12 +115,13 @@ void DdpState::on_grad_ready(int param) {
 
 namespace {
 
-void check_param(const std::string& name, const at::Tensor& p) {
-  if (p.scalar_type() != at::kFloat || !p.device().is_cpu() || !p.is_contiguous() ||
+void check_param(const std::string& name, const at::Tensor& p, const comm::Group& dp) {
+  if (p.scalar_type() != at::kFloat || p.device() != dp.device() || !p.is_contiguous() ||
       !p.requires_grad())
     throw Error(ErrorCode::internal,
-                "DDP: parameter " + name + " is not a contiguous fp32 CPU tensor requiring grad",
-                "DDP buckets hold fp32 CPU grads; keep parameters in that form");
+                "DDP: parameter " + name + " is not a contiguous fp32 tensor on " +
+                    dp.device().str() + " requiring grad (it is on " + p.device().str() + ")",
+                "DDP buckets hold fp32 grads on the dp group's device; keep parameters in that form");
 }
 
 }  // namespace
@@ -132,7 +133,7 @@ Ddp::Ddp(std::vector<std::pair<std::string, at::Tensor>> named_params, comm::Gro
   s.dp = &dp;
   s.options = options;
   for (auto& [name, p] : named_params) {
-    check_param(name, p);
+    check_param(name, p, dp);
     s.names.push_back(name);
     s.params.push_back(p);
   }

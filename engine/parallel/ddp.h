@@ -45,7 +45,7 @@ struct DdpState;
 // The all-reduce is therefore a plain SUM; nothing is divided afterwards.
 class Ddp {
  public:
-  // params in registration order (model->named_parameters()); fp32, CPU,
+  // params in registration order (model->named_parameters()); fp32, on dp.device(),
   // contiguous, requires_grad. Broadcasts them from dp rank 0 so every rank
   // starts from the same numbers (collective: every dp rank must construct).
   Ddp(std::vector<std::pair<std::string, at::Tensor>> named_params, comm::Group& dp,

@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -14,12 +15,13 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "engine/device/device.h"
 
 namespace dtrain::engine::trainer {
 namespace {
 
-// The builtin engine runs DDP in fp32 on CPU for now; anything else is a
-// clear error rather than a silently different run.
+// The builtin engine runs DDP in fp32 or bf16 (autocast) on CPU or CUDA for
+// now; anything else is a clear error rather than a silently different run.
 void check_supported(const JobSpec& spec) {
   std::vector<std::string> problems;
   auto axis = [&](const char* name, int v) {
@@ -33,12 +35,9 @@ void check_supported(const JobSpec& spec) {
   if (spec.parallel.zero != 0)
     problems.push_back("parallel.zero = " + std::to_string(spec.parallel.zero) +
                        " is not implemented yet; use zero 0 (DDP)");
-  if (spec.cluster.device != "cpu")
-    problems.push_back("cluster.device = " + spec.cluster.device +
-                       ": the builtin engine runs on cpu only so far; use device cpu");
-  if (spec.train.precision != "fp32")
+  if (spec.train.precision != "fp32" && spec.train.precision != "bf16")
     problems.push_back("train.precision = " + spec.train.precision +
-                       " is not implemented yet; use precision fp32");
+                       " is not implemented yet; use precision fp32 or bf16");
   if (spec.model.kind != "gpt")
     problems.push_back("model.kind = " + spec.model.kind + " is unknown; use kind gpt");
   if (problems.empty()) return;
@@ -104,8 +103,13 @@ std::unique_ptr<TrainSession> make_train_session() {
   // use this generator (it draws from its own, seeded by job.seed).
   at::manual_seed(spec.job.seed + 7919ULL * uint64_t(s->info.rank));
 
+  s->device = device::select(spec.cluster.device, s->info.local_rank, s->info.local_world);
+
   comm::CommOptions copt;
-  copt.backend = spec.cluster.backend == "auto" ? "gloo" : spec.cluster.backend;
+  copt.backend = spec.cluster.backend != "auto" ? spec.cluster.backend
+                 : s->device.is_cpu()           ? "gloo"
+                                                : "nccl";
+  copt.device = s->device;
   s->comm = comm::init_comm(s->info, copt);
   s->dp = &s->comm->axis("dp");
   if (s->is_log_rank()) {
@@ -119,7 +123,10 @@ std::unique_ptr<TrainSession> make_train_session() {
   s->sampler = std::make_unique<data::DistributedSampler>(
       s->data->num_samples(), spec.job.seed, s->dp->size(), s->dp->rank(), spec.train.micro_batch,
       spec.train.grad_accum);
+  // Initialised on the CPU from job.seed (the same numbers on every device),
+  // then moved.
   s->model = model::Gpt(gpt_config(spec.model), spec.job.seed);
+  s->model->to(s->device);
   s->model->train();
   for (auto& item : s->model->named_parameters(/*recurse=*/true))
     s->named_params.emplace_back(item.key(), item.value());
@@ -134,15 +141,19 @@ std::unique_ptr<TrainSession> make_train_session() {
   s->schedule.min_lr = spec.train.min_lr;
   s->schedule.warmup_steps = spec.train.warmup_steps;
   s->schedule.total_steps = spec.train.steps;
-  s->inputs = at::empty({spec.train.micro_batch, spec.model.seq_len}, at::kLong);   // [B, T]
-  s->targets = at::empty({spec.train.micro_batch, spec.model.seq_len}, at::kLong);  // [B, T]
+  const auto host = at::TensorOptions().dtype(at::kLong).pinned_memory(!s->device.is_cpu());
+  s->inputs = at::empty({spec.train.micro_batch, spec.model.seq_len}, host);   // [B, T]
+  s->targets = at::empty({spec.train.micro_batch, spec.model.seq_len}, host);  // [B, T]
+  s->inputs_dev = s->device.is_cpu() ? s->inputs : at::empty_like(s->inputs, host.device(s->device).pinned_memory(false));
+  s->targets_dev = s->device.is_cpu() ? s->targets : at::empty_like(s->targets, host.device(s->device).pinned_memory(false));
 
   if (s->is_log_rank())
     DTRAIN_INFO("model gpt: {} parameters ({} tensors); data {} samples of {} tokens; "
-                "DDP {} bucket(s) of <= {} MB over dp {}, overlap {}",
+                "DDP {} bucket(s) of <= {} MB over dp {} ({}), overlap {}; device {}, {}",
                 s->model->num_params(), s->named_params.size(), s->data->num_samples(),
                 spec.model.seq_len, s->ddp->num_buckets(), spec.parallel.ddp_bucket_mb,
-                s->dp->size(), spec.parallel.ddp_overlap ? "on" : "off");
+                s->dp->size(), s->dp->backend(), spec.parallel.ddp_overlap ? "on" : "off",
+                s->device.str(), spec.train.precision);
   return s;
 }
 
@@ -164,7 +175,7 @@ void maybe_dump_parameters(const TrainSession& s) {
   if (!out) throw Error(ErrorCode::config, std::string("DTRAIN_DUMP_PARAMS = ") + path + " cannot be written");
   out << "DTPARAMS1\n";
   for (auto& [name, p] : s.named_params) {
-    at::Tensor c = p.detach().contiguous();
+    at::Tensor c = device::to_host(p.detach());
     out << name << " " << c.numel() << "\n";
     out.write(reinterpret_cast<const char*>(c.data_ptr<float>()), std::streamsize(c.numel() * 4));
   }

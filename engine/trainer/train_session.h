@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <memory>
 #include <string>
@@ -25,6 +26,7 @@ namespace dtrain::engine::trainer {
 struct TrainSession {
   comm::WorldInfo info;
   JobSpec spec;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);  // cpu, or cuda:LOCAL_RANK
   std::unique_ptr<comm::Comm> comm;
   comm::Group* dp = nullptr;  // the data-parallel group of this rank
   std::unique_ptr<data::TokenDataset> data;
@@ -35,15 +37,17 @@ struct TrainSession {
   std::unique_ptr<optim::AdamW> optimizer;
   optim::LrSchedule schedule;
   std::vector<at::Tensor> grads;  // the DDP buckets: every param's grad, flat
-  at::Tensor inputs, targets;     // [micro_batch, T] int64, reused every micro-step
+  at::Tensor inputs, targets;     // [micro_batch, T] int64 on the CPU (pinned with a GPU)
+  at::Tensor inputs_dev, targets_dev;  // the same on `device` (== inputs/targets on the CPU)
 
   bool is_log_rank() const { return info.rank == 0; }
   MemoryStats memory() const;
 };
 
-// Reads WorldInfo and DTRAIN_SPEC, sets one intra-op thread, builds the
-// groups (collective) and everything else. Throws dtrain::Error(config) for
-// layouts this engine does not run yet (tp, pp, ep, zero, cuda, bf16/fp16).
+// Reads WorldInfo and DTRAIN_SPEC, sets one intra-op thread, picks the
+// device (cuda:LOCAL_RANK for cluster.device cuda), builds the groups
+// (collective) and everything else. Throws dtrain::Error(config) for layouts
+// this engine does not run yet (tp, pp, ep, zero, fp16).
 std::unique_ptr<TrainSession> make_train_session();
 
 // DTRAIN_DUMP_PARAMS=<path>: rank 0 writes every named parameter, for parity
