@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launcher/agent.h"
+#include "launcher/gpus.h"
 #include "rendezvous/rendezvous_client.h"
 #include "rendezvous/rendezvous_server.h"
 #include "rendezvous/token.h"
@@ -126,6 +127,7 @@ std::string self_dir() {
 }
 
 int launch(const JobSpec& spec, const LaunchOptions& options) {
+  check_devices(spec);  // before anything starts
   AgentConfig config;
   config.entrypoint = resolve_entrypoint(spec);
   std::tie(config.run_dir, config.spec_path) = prepare_run_dir(spec);
