@@ -6,6 +6,8 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "common/error.h"
@@ -165,6 +167,16 @@ void GlooGroup::ring_reduce_scatter(const at::Tensor& in, at::Tensor& out, uint3
   }
 }
 
+// Which reduce-scatter runs on Gloo: our ring (default) or Gloo's own, read
+// once from DTRAIN_GLOO_REDUCE_SCATTER (ring | native).
+bool gloo_native_reduce_scatter() {
+  static const bool native = [] {
+    const char* v = std::getenv("DTRAIN_GLOO_REDUCE_SCATTER");
+    return v && std::string(v) == "native";
+  }();
+  return native;
+}
+
 WorkPtr GlooGroup::reduce_scatter(const at::Tensor& in, at::Tensor& out, bool async) {
   check(in, "reduce_scatter");
   check(out, "reduce_scatter");
@@ -182,6 +194,19 @@ WorkPtr GlooGroup::reduce_scatter(const at::Tensor& in, at::Tensor& out, bool as
   // The ring works on flat tensors; bf16 travels (and adds) as fp32.
   at::Tensor in_w = bf16 ? in.reshape({-1}).to(at::kFloat) : in.reshape({-1});  // [n*m]
   at::Tensor out_w = bf16 ? at::empty({out.numel()}, in_w.options()) : out.view({-1});  // [m]
+  if (gloo_native_reduce_scatter()) {
+    // Gloo's own reduce-scatter (LibTorch 2.x), for comparison with the ring:
+    // DTRAIN_GLOO_REDUCE_SCATTER=native.
+    bytes_ += static_cast<uint64_t>((n - 1) * in_w.nbytes() / n);
+    std::function<void()> copy_back;
+    if (bf16) copy_back = [out, out_w]() mutable { out.view({-1}).copy_(out_w); };
+    try {
+      return gloo_work(pg_->_reduce_scatter_base(out_w, in_w), std::move(copy_back),
+                       "reduce_scatter", async);
+    } catch (...) {
+      rethrow_comm_error(name_, "reduce_scatter");
+    }
+  }
   const uint32_t seq = ring_seq_++;
   auto fut = ring_thread_.submit([this, in_w, out_w, seq]() mutable {
     ring_reduce_scatter(in_w, out_w, seq);
