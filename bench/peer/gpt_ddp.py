@@ -3,9 +3,10 @@
 # sizes, registration order, seeded init, explicit masked-softmax attention,
 # exact GELU, untied head), the same byte data and batch, trained with
 # torch.nn.parallel.DistributedDataParallel on gloo, one thread per rank.
-# Launch with Debian's torchrun:
-#   /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 4 \
-#       --redirects 2 --tee 2 bench/peer/gpt_ddp.py --data data/corpus.txt
+# Launch with the venv's torchrun (VENV = $DTRAIN_VENV, default
+# ~/.cache/dtrain/torch-2.15.0, made by scripts/install-deps):
+#   $VENV/bin/python -m torch.distributed.run --standalone --nproc-per-node 4 \
+#       bench/peer/gpt_ddp.py --data data/corpus.txt
 # Rank 0 prints "PEER tokens_per_s=<x> step_ms=<y> ..." as its last line.
 import argparse
 import math
