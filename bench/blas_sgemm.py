@@ -11,9 +11,10 @@
 # torch's MKL never shares a process with Debian's OpenBLAS). C = A @ B, square
 # n x n, row-major; every result is checked against a float64 product of a few
 # rows. GFLOP/s = 2 n^3 / time, median of REPS timed calls after one warm-up,
-# from process CPU time (robust to a shared machine) and from wall time.
+# from process CPU time (robust to a shared machine) and from wall time; all
+# rows run ROUNDS times interleaved and each cell is the median over rounds.
 # Not here: multi-threaded BLAS, other shapes, sgemm through the engine itself.
-#   $VENV/bin/python bench/blas_sgemm.py [--sizes 512,1024,2048] [--reps 5] [--out bench/results/blas.txt]
+#   $VENV/bin/python bench/blas_sgemm.py [--sizes 512,1024,2048] [--reps 5] [--rounds 3] [--out bench/results/blas.txt]
 import argparse
 import ctypes
 import glob
@@ -161,6 +162,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="512,1024,2048")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None, help="also write the table here")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child: one row
     a = ap.parse_args()
@@ -168,17 +170,30 @@ def main():
     if a.one:
         return run_one(a.one, sizes, a.reps)
 
+    # Rounds run every row in turn, so a busy spell of a shared machine hits all
+    # rows alike; each cell is the median over rounds of the per-round medians.
+    recs = {label: [] for label, _, _ in ROWS}
+    for r in range(a.rounds):
+        for label, kind, coretype in ROWS:
+            env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+            env.pop("OPENBLAS_CORETYPE", None)
+            if coretype:
+                env["OPENBLAS_CORETYPE"] = coretype
+            out = subprocess.run([sys.executable, __file__, "--one", kind, "--sizes", a.sizes,
+                                  "--reps", str(a.reps)], env=env, check=True, capture_output=True,
+                                 text=True)
+            recs[label].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"blas_sgemm: round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
     rows = []
     for label, kind, coretype in ROWS:
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        env.pop("OPENBLAS_CORETYPE", None)
-        if coretype:
-            env["OPENBLAS_CORETYPE"] = coretype
-        out = subprocess.run([sys.executable, __file__, "--one", kind, "--sizes", a.sizes,
-                              "--reps", str(a.reps)], env=env, check=True, capture_output=True, text=True)
-        rec = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append((label, coretype, rec))
-        print(f"blas_sgemm: {label} done", file=sys.stderr, flush=True)
+        rounds = recs[label]
+        res = {}
+        for n in map(str, sizes):
+            res[n] = {k: statistics.median(x["results"][n][k] for x in rounds)
+                      for k in ("gflops_cpu", "gflops_wall", "ms_cpu")}
+            res[n]["max_rel_err"] = max(x["results"][n]["max_rel_err"] for x in rounds)
+            res[n]["gflops_cpu_rounds"] = [round(x["results"][n]["gflops_cpu"], 1) for x in rounds]
+        rows.append((label, coretype, {"kind": kind, "info": rounds[0]["info"], "results": res}))
 
     mkl = rows[0][2]["results"]
     lines = [
@@ -187,8 +202,9 @@ def main():
         f"# CPU: {cpu_model()}, {os.cpu_count()} cores; load average at end: "
         f"{' '.join(open('/proc/loadavg').read().split()[:3])}",
         f"# CPU flags: {cpu_flags(['avx2', 'avx512f', 'avx512_vnni', 'avx512_bf16', 'amx_bf16', 'amx_tile'])}",
-        f"# GFLOP/s = 2 n^3 / median process CPU time of {a.reps} calls after a warm-up "
-        f"(wall-time figures in the JSON below); ratio = GFLOP/s / MKL's at the same n",
+        f"# GFLOP/s = 2 n^3 / median process CPU time of {a.reps} calls after a warm-up, median of "
+        f"{a.rounds} interleaved rounds (per-round and wall-time figures in the JSON below); "
+        f"ratio = GFLOP/s / MKL's at the same n",
     ]
     for label, coretype, rec in rows:
         desc = ", ".join(f"{k}={v}" for k, v in rec["info"].items())
