@@ -29,7 +29,7 @@ TOKENS_PER_STEP=$((MB * RANKS * SEQ))
 [ -f data/corpus.txt ] || scripts/make-corpus
 CORES="$(nproc --all)"
 TORCH="$("$PY" -c 'import torch; print(torch.__version__)')"
-BLAS="$("$PY" -c 'import torch; print(next((l.strip().lstrip("- ") for l in torch.__config__.show().splitlines() if "Math Kernel" in l or "BLAS_INFO" in l), "?")[:60])')"
+BLAS="$("$PY" -c 'import torch; print(next((l.strip().lstrip("- ").split("-Product")[0] for l in torch.__config__.show().splitlines() if "Math Kernel" in l or "BLAS_INFO" in l), "?"))')"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 tmp="$(mktemp -d /tmp/dtrain-peer-XXXXXX)"
@@ -65,9 +65,10 @@ peer_run() {  # $1 = round; prints tokens/s
   local rc=$?
   set -e
   if [ $rc -ne 0 ]; then cat "$log" >&2; echo "peer_ratio: peer exited $rc" >&2; exit 1; fi
-  grep -o 'PEER tokens_per_s=[0-9.]*' "$log" | tail -1 | cut -d= -f2
+  grep 'PEER kind=' "$log" | tail -1 | grep -o 'tokens_per_s=[0-9.]*' | cut -d= -f2
 }
 
+LOAD0="$(cut -d' ' -f1-3 /proc/loadavg)"
 declare -a D P
 for r in $(seq "$ROUNDS"); do
   D[$r]="$(dtrain_run "$r")"
@@ -79,6 +80,7 @@ done
   echo "# bench/peer_ratio.sh: dtrain launch vs PyTorch DDP (torchrun, gloo), $(date -u +%Y-%m-%dT%H:%MZ)"
   echo "# $RANKS ranks on $CORES cores, 1 thread/rank (OMP/MKL/OPENBLAS=1), torch $TORCH from $VENV on both sides"
   echo "# BLAS on both sides: $BLAS"
+  echo "# load average (1/5/15 min) at start: $LOAD0, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "# GPT layers $LAYERS d_model $D_MODEL heads $HEADS seq_len $SEQ, micro_batch $MB x $RANKS ranks = GBS $((MB * RANKS)), $STEPS steps, bucket $BUCKET MB"
   echo "# tokens/s from the end of step $EVERY to the last step; rounds interleaved"
   printf "%-6s %14s %14s %8s\n" round dtrain_tok_s peer_tok_s ratio

@@ -67,18 +67,33 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def current_rss_mb():
+    """This process's resident set size now, in MiB (VmRSS), 0 where /proc lacks it."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:")) / 1024.0
+    except (OSError, StopIteration):
+        return 0.0
+
+
+# Resident size once torch is imported, before any model or data: most of a
+# small run's peak is the wheel's libraries, so summary() prints this too.
+BASE_RSS_MB = current_rss_mb()
+
+
 def summary(kind, a, tokens_per_step, steps_timed, seconds, final_loss, extra=""):
     """All ranks call this after training; rank 0 prints one line that
     bench scripts grep: "PEER kind=<k> tokens_per_s=<x> step_ms=<y>
-    peak_rss_mb=<max over ranks> rank0_rss_mb=<z> final_loss=<l> ...".
-    final_loss must be the global mean loss of the last step on every rank."""
+    peak_rss_mb=<max over ranks> rank0_rss_mb=<z> base_rss_mb=<rank 0's after
+    import torch> final_loss=<l> ...". final_loss must be the global mean loss
+    of the last step on every rank."""
     rss = torch.tensor([peak_rss_mb()], dtype=torch.float64)
     rss_max = rss.clone()
     dist.all_reduce(rss_max, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
         print(f"PEER kind={kind} tokens_per_s={tokens_per_step * steps_timed / seconds:.1f} "
               f"step_ms={1e3 * seconds / steps_timed:.2f} peak_rss_mb={rss_max.item():.1f} "
-              f"rank0_rss_mb={rss.item():.1f} final_loss={final_loss:.4f} "
+              f"rank0_rss_mb={rss.item():.1f} base_rss_mb={BASE_RSS_MB:.1f} final_loss={final_loss:.6f} "
               f"ranks={dist.get_world_size()} tokens_per_step={tokens_per_step} seq_len={a.seq_len} "
               f"steps={a.steps} steps_timed={steps_timed} threads={torch.get_num_threads()} "
               f"torch={torch.__version__}{(' ' + extra) if extra else ''}", flush=True)
