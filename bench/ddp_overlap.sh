@@ -12,8 +12,11 @@ ROUNDS="${ROUNDS:-3}"
 STEPS="${STEPS:-60}"
 BUCKET_MB="${BUCKET_MB:-1}"
 OUT="${OUT:-$ROOT/bench/results/ddp_overlap.txt}"
+# Only the summary below needs a Python; use the venv's, as the other benches do.
+PY="${DTRAIN_VENV:-$HOME/.cache/dtrain/torch-2.15.0}/bin/python"
 cd "$ROOT"
 [ -x "$BUILD/apps/dtrain/dtrain-worker" ] || { echo "ddp_overlap: build dtrain first" >&2; exit 2; }
+[ -x "$PY" ] || { echo "ddp_overlap: no $PY (run scripts/install-deps, or set DTRAIN_VENV)" >&2; exit 2; }
 [ -f data/corpus.txt ] || scripts/make-corpus
 
 tmp="$(mktemp -d /tmp/dtrain-overlap-XXXXXX)"
@@ -35,7 +38,7 @@ for r in $(seq "$ROUNDS"); do
   echo "round $r done" >&2
 done
 
-python3 - "$tmp" "$ROUNDS" "$STEPS" "$BUCKET_MB" <<'EOF' | tee "$OUT"
+"$PY" - "$tmp" "$ROUNDS" "$STEPS" "$BUCKET_MB" <<'EOF' | tee "$OUT"
 import json, os, statistics, sys, time
 tmp, rounds, steps, bucket = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Launch overhead: wall time from start to exit of 8 workers that run
-# /bin/true, `dtrain launch` vs Debian's torchrun at its fastest settings
-# (monitor_interval 0.1; its default 5 s poll would flatter us). Runs are
+# /bin/true, `dtrain launch` vs torchrun (the venv's PyTorch, DTRAIN_VENV) at
+# its fastest settings: --monitor-interval 0.1 (2.15's default, given
+# explicitly: 1.x polled every 5 s, which would flatter us) and no
+# --redirects/--tee (no per-worker log files, no tail threads). Runs are
 # interleaved; prints each median and the ratio (goal: dtrain <= 0.3x).
 # Usage: bench/launch_overhead.sh [RUNS]   (DTRAIN_BUILD_DIR, default build/)
 set -euo pipefail
@@ -9,10 +11,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
 DTRAIN="$BUILD/apps/dtrain/dtrain"
 RUNS="${1:-10}"
-PY=/usr/bin/python3
+VENV="${DTRAIN_VENV:-$HOME/.cache/dtrain/torch-2.15.0}"
+PY="$VENV/bin/python"
 [ -x "$DTRAIN" ] || { echo "no $DTRAIN: build first (scripts/build)" >&2; exit 2; }
 "$PY" -c 'import torch.distributed.run' 2>/dev/null ||
-  { echo "$PY cannot import torch.distributed.run (apt-get install python3-torch)" >&2; exit 2; }
+  { echo "$PY cannot import torch.distributed.run (run scripts/install-deps, or set DTRAIN_VENV)" >&2; exit 2; }
 
 WORK="$(mktemp -d /tmp/dtrain-bench-XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
@@ -42,15 +45,15 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 
 # One warm-up each (page cache, Python bytecode), not counted.
 timed "$DTRAIN" launch "$WORK/spec.yaml" > /dev/null
-timed "$PY" -m torch.distributed.run --standalone --nproc_per_node 8 --redirects 2 --tee 2 \
-  --monitor_interval 0.1 --no_python true > /dev/null
+timed "$PY" -m torch.distributed.run --standalone --nproc-per-node 8 --monitor-interval 0.1 \
+  --no-python true > /dev/null
 
 : > "$WORK/dtrain.txt"
 : > "$WORK/torchrun.txt"
 for i in $(seq "$RUNS"); do
   timed "$DTRAIN" launch "$WORK/spec.yaml" >> "$WORK/dtrain.txt"
-  timed "$PY" -m torch.distributed.run --standalone --nproc_per_node 8 --redirects 2 --tee 2 \
-    --monitor_interval 0.1 --no_python true >> "$WORK/torchrun.txt"
+  timed "$PY" -m torch.distributed.run --standalone --nproc-per-node 8 --monitor-interval 0.1 \
+    --no-python true >> "$WORK/torchrun.txt"
   printf '.' >&2
 done
 echo >&2

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # dtrain vs a Python peer at 4 CPU ranks: `dtrain launch` of the quickstart
 # GPT against bench/peer/gpt_ddp.py (same GPT, data and batch, PyTorch DDP on
-# gloo, Debian's torchrun), one thread per rank, same LibTorch 1.13.1 and BLAS.
+# gloo, launched by the venv's torchrun), one thread per rank. Both sides run
+# the same PyTorch wheel (the venv's LibTorch for the engine, its Python for
+# the peer), so the same kernels and BLAS (the wheel's MKL).
 # Runs are interleaved (dtrain, peer, dtrain, peer, ...) so drift hits both.
 # Both time from the end of the first logged step (10) to the last step.
-#   [ROUNDS=3] [STEPS=150] bench/peer_ratio.sh   -> bench/results/peer_ratio.txt
+#   [ROUNDS=3] [STEPS=150] [DTRAIN_VENV=...] bench/peer_ratio.sh   -> bench/results/peer_ratio.txt
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
 ROUNDS="${ROUNDS:-3}"
 STEPS="${STEPS:-150}"
 OUT="${OUT:-$ROOT/bench/results/peer_ratio.txt}"
+# The venv scripts/install-deps makes; the engine links the LibTorch inside it.
+VENV="${DTRAIN_VENV:-$HOME/.cache/dtrain/torch-2.15.0}"
+PY="$VENV/bin/python"
 cd "$ROOT"
 
 # The quickstart's sizes (configs/quickstart.yaml), passed to both sides.
@@ -19,8 +24,12 @@ TOKENS_PER_STEP=$((MB * RANKS * SEQ))
 
 [ -x "$BUILD/apps/dtrain/dtrain" ] && [ -x "$BUILD/apps/dtrain/dtrain-worker" ] || {
   echo "peer_ratio: build dtrain first (scripts/build, or DTRAIN_BUILD_DIR=...)" >&2; exit 2; }
+"$PY" -c 'import torch.distributed.run' 2>/dev/null || {
+  echo "peer_ratio: $PY cannot import torch.distributed.run (run scripts/install-deps, or set DTRAIN_VENV)" >&2; exit 2; }
 [ -f data/corpus.txt ] || scripts/make-corpus
 CORES="$(nproc --all)"
+TORCH="$("$PY" -c 'import torch; print(torch.__version__)')"
+BLAS="$("$PY" -c 'import torch; print(next((l.strip().lstrip("- ").split("-Product")[0] for l in torch.__config__.show().splitlines() if "Math Kernel" in l or "BLAS_INFO" in l), "?"))')"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 tmp="$(mktemp -d /tmp/dtrain-peer-XXXXXX)"
@@ -36,7 +45,7 @@ dtrain_run() {  # $1 = round; prints tokens/s
     --set train.warmup_steps="$WARMUP" --set parallel.ddp.bucket_mb="$BUCKET" \
     >"$tmp/dtrain$1.log" 2>&1 || { cat "$tmp/dtrain$1.log" >&2; echo "peer_ratio: dtrain failed" >&2; exit 1; }
   # metrics.jsonl also has a record for step 1: start at step $EVERY, as the peer does.
-  python3 - "$dir/metrics.jsonl" "$TOKENS_PER_STEP" "$EVERY" <<'EOF'
+  "$PY" - "$dir/metrics.jsonl" "$TOKENS_PER_STEP" "$EVERY" <<'EOF'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 first = next(r for r in recs if r['step'] >= int(sys.argv[3]))
@@ -48,17 +57,18 @@ EOF
 peer_run() {  # $1 = round; prints tokens/s
   local log="$tmp/peer$1.log"
   set +e
-  /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node "$RANKS" \
-    --redirects 2 --tee 2 bench/peer/gpt_ddp.py --data data/corpus.txt \
+  "$PY" -m torch.distributed.run --standalone --nproc-per-node "$RANKS" \
+    bench/peer/gpt_ddp.py --data data/corpus.txt \
     --layers "$LAYERS" --d-model "$D_MODEL" --heads "$HEADS" --seq-len "$SEQ" \
     --micro-batch "$MB" --steps "$STEPS" --lr "$LR" --warmup-steps "$WARMUP" \
     --bucket-mb "$BUCKET" --log-every "$EVERY" >"$log" 2>&1
   local rc=$?
   set -e
   if [ $rc -ne 0 ]; then cat "$log" >&2; echo "peer_ratio: peer exited $rc" >&2; exit 1; fi
-  grep -o 'PEER tokens_per_s=[0-9.]*' "$log" | tail -1 | cut -d= -f2
+  grep 'PEER kind=' "$log" | tail -1 | grep -o 'tokens_per_s=[0-9.]*' | cut -d= -f2
 }
 
+LOAD0="$(cut -d' ' -f1-3 /proc/loadavg)"
 declare -a D P
 for r in $(seq "$ROUNDS"); do
   D[$r]="$(dtrain_run "$r")"
@@ -68,14 +78,16 @@ done
 
 {
   echo "# bench/peer_ratio.sh: dtrain launch vs PyTorch DDP (torchrun, gloo), $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "# $RANKS ranks on $CORES cores, 1 thread/rank (OMP/OPENBLAS=1), LibTorch 1.13.1 (Debian) on both sides"
+  echo "# $RANKS ranks on $CORES cores, 1 thread/rank (OMP/MKL/OPENBLAS=1), torch $TORCH from $VENV on both sides"
+  echo "# BLAS on both sides: $BLAS"
+  echo "# load average (1/5/15 min) at start: $LOAD0, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "# GPT layers $LAYERS d_model $D_MODEL heads $HEADS seq_len $SEQ, micro_batch $MB x $RANKS ranks = GBS $((MB * RANKS)), $STEPS steps, bucket $BUCKET MB"
   echo "# tokens/s from the end of step $EVERY to the last step; rounds interleaved"
   printf "%-6s %14s %14s %8s\n" round dtrain_tok_s peer_tok_s ratio
   for r in $(seq "$ROUNDS"); do
     printf "%-6s %14s %14s %8.3f\n" "$r" "${D[$r]}" "${P[$r]}" "$(echo "${D[$r]} / ${P[$r]}" | bc -l)"
   done
-  python3 - "${D[*]}" "${P[*]}" <<'EOF'
+  "$PY" - "${D[*]}" "${P[*]}" <<'EOF'
 import statistics, sys
 d = [float(x) for x in sys.argv[1].split()]
 p = [float(x) for x in sys.argv[2].split()]

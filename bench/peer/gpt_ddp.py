@@ -3,13 +3,15 @@
 # sizes, registration order, seeded init, explicit masked-softmax attention,
 # exact GELU, untied head), the same byte data and batch, trained with
 # torch.nn.parallel.DistributedDataParallel on gloo, one thread per rank.
-# Launch with Debian's torchrun:
-#   /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 4 \
-#       --redirects 2 --tee 2 bench/peer/gpt_ddp.py --data data/corpus.txt
-# Rank 0 prints "PEER tokens_per_s=<x> step_ms=<y> ..." as its last line.
+# Launch with the venv's torchrun (VENV = $DTRAIN_VENV, default
+# ~/.cache/dtrain/torch-2.15.0, made by scripts/install-deps):
+#   $VENV/bin/python -m torch.distributed.run --standalone --nproc-per-node 4 \
+#       bench/peer/gpt_ddp.py --data data/corpus.txt
+# Rank 0 prints "PEER kind=ddp tokens_per_s=<x> step_ms=<y> peak_rss_mb=<z>
+# final_loss=<l> ..." (peer_common.summary) as its last line. The FSDP2 and
+# pipelining peers (gpt_fsdp.py, gpt_pp.py) import the GPT from here.
 import argparse
 import math
-import os
 import time
 
 import torch
@@ -17,6 +19,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from peer_common import Batches, add_common_args, load_bytes, parse_args, summary
 
 
 class CausalSelfAttention(nn.Module):
@@ -105,30 +109,17 @@ def lr_at(step, a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default="data/corpus.txt")
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--d-model", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--micro-batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--warmup-steps", type=int, default=10)
+    ap = add_common_args(argparse.ArgumentParser())
     ap.add_argument("--bucket-mb", type=float, default=25.0)
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=1234)
-    a = ap.parse_args()
+    a = parse_args(ap)
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    with open(a.data, "rb") as f:
-        data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).to(torch.long)
     T = a.seq_len
-    num_samples = (data.numel() - 1) // T
+    gbs = a.micro_batch * world
+    batches = Batches(load_bytes(a.data), T, a.micro_batch, gbs, a.seed)
     model = Gpt(a.vocab, a.layers, a.d_model, a.heads, T, a.seed)
     ddp = DDP(model, bucket_cap_mb=a.bucket_mb, gradient_as_bucket_view=True)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -136,18 +127,12 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
-    gbs = a.micro_batch * world
-    gen = torch.Generator().manual_seed(a.seed)
-    perm = torch.randperm(num_samples, generator=gen)
-    offsets = torch.arange(T + 1)
 
-    t_first = None
-    first_logged = None
+    t_first = first_logged = None
+    mean = torch.zeros(())
     for step in range(a.steps):
-        start = (step * gbs + rank * a.micro_batch) % (num_samples - a.micro_batch)
-        ids = perm[start:start + a.micro_batch]
-        windows = data[(ids * T).unsqueeze(1) + offsets]  # [B, T+1]
-        loss = ddp(windows[:, :-1], windows[:, 1:])
+        x, y = batches.slot(step, rank)  # DP rank r takes slot r of the step
+        loss = ddp(x, y)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         for g in opt.param_groups:
@@ -166,12 +151,8 @@ def main():
                 print(f"peer step {done}/{a.steps} loss {mean.item():.4f} grad_norm {norm.item():.3f}",
                       flush=True)
     t_end = time.perf_counter()
-    if rank == 0:
-        steps_timed = a.steps - first_logged
-        tps = gbs * T * steps_timed / (t_end - t_first)
-        print(f"PEER tokens_per_s={tps:.1f} step_ms={1e3 * (t_end - t_first) / steps_timed:.2f} "
-              f"ranks={world} gbs={gbs} seq_len={T} threads={torch.get_num_threads()} "
-              f"torch={torch.__version__}", flush=True)
+    summary("ddp", a, gbs * T, a.steps - first_logged, t_end - t_first, mean.item(),
+            f"gbs={gbs} bucket_mb={a.bucket_mb:g}")
     dist.destroy_process_group()
 
 
