@@ -1,8 +1,8 @@
 // Sharded save and index-based load of one rank's training state
 // (checkpoint.h). Tensor names: "model/<param>", "optim/exp_avg/<param>",
-// "optim/exp_avg_sq/<param>", "rng/cpu/rank_<r>". Under DDP every dp rank
-// holds the same model and optimizer state, so only dp-rank 0 of each
-// (tp, pp) coordinate writes them; every rank writes its RNG state.
+// "optim/exp_avg_sq/<param>", "rng/{cpu,cuda}/rank_<r>". Which rank writes
+// which model/optimizer slice is the layout's StateProvider's business (under
+// DDP: dp rank 0 writes everything); every rank writes its RNG states.
 #include "engine/checkpoint/checkpoint.h"
 
 #include <ATen/Context.h>
@@ -50,20 +50,24 @@ std::string dtype_name(const at::Tensor& t) {
 
 std::vector<int64_t> shape_of(const at::Tensor& t) { return t.sizes().vec(); }
 
-std::vector<ck::Range> full_slice(const std::vector<int64_t>& shape) {
-  std::vector<ck::Range> r;
-  for (int64_t d : shape) r.emplace_back(0, d);
-  return r;
+
+// The slice `e` of a global tensor as this rank's shard of it. `keep` holds
+// the host copy alive until the file is written.
+void add_entry(std::vector<ck::ShardData>& out, std::vector<at::Tensor>& keep,
+               const parallel::StateEntry& e) {
+  keep.push_back(device::to_host(e.tensor.detach()));
+  const at::Tensor& c = keep.back();
+  std::vector<ck::Range> slice(e.slice.begin(), e.slice.end());
+  ck::TensorEntry t{e.name, dtype_name(c), e.global_shape, {ck::Shard{"", e.name, slice, 0}}};
+  out.push_back({std::move(t), c.data_ptr()});
 }
 
-// A whole (unsharded) tensor as this rank's shard of it. `keep` holds the
-// contiguous copy alive until the file is written.
+// A whole tensor (RNG states).
 void add_full(std::vector<ck::ShardData>& out, std::vector<at::Tensor>& keep, const std::string& name,
               const at::Tensor& t) {
-  keep.push_back(device::to_host(t.detach()));
-  const at::Tensor& c = keep.back();
-  ck::TensorEntry e{name, dtype_name(c), shape_of(c), {ck::Shard{"", name, full_slice(shape_of(c)), 0}}};
-  out.push_back({std::move(e), c.data_ptr()});
+  parallel::StateEntry e{name, shape_of(t), {}, t};
+  for (int64_t d : e.global_shape) e.slice.emplace_back(0, d);
+  add_entry(out, keep, e);
 }
 
 std::string rank_file(int rank) { return "rank_" + std::to_string(rank) + ".safetensors"; }
@@ -85,16 +89,7 @@ bool crash_during_this_save(const comm::WorldInfo& info, int64_t step) {
 
 std::vector<ck::ShardData> collect_shards(const TrainState& s, std::vector<at::Tensor>& keep) {
   std::vector<ck::ShardData> shards;
-  if (s.dp->rank() == 0) {  // one copy of the replicated model and optimizer state
-    for (auto& [name, p] : *s.params) add_full(shards, keep, "model/" + name, p);
-    auto& m = s.optimizer->exp_avg();
-    auto& v = s.optimizer->exp_avg_sq();
-    for (size_t i = 0; i < s.params->size(); ++i) {
-      const std::string& name = (*s.params)[i].first;
-      add_full(shards, keep, "optim/exp_avg/" + name, m[i]);
-      add_full(shards, keep, "optim/exp_avg_sq/" + name, v[i]);
-    }
-  }
+  for (const auto& e : s.state->save_entries()) add_entry(shards, keep, e);
   const c10::Device cpu(c10::DeviceType::CPU);
   add_full(shards, keep, rng_name(cpu, s.info->rank), device::rng_state(cpu));
   if (!s.device.is_cpu())
@@ -118,13 +113,20 @@ ck::Index index_header(const TrainState& s, int64_t step) {
 
 // Reads straight into a contiguous CPU tensor; through a (pinned) host copy
 // into anything else.
-void read_into(ck::CheckpointReader& reader, const std::string& name, at::Tensor& dst) {
+void read_into(ck::CheckpointReader& reader, const std::string& name, at::Tensor& dst,
+               const std::vector<std::pair<int64_t, int64_t>>& slice) {
   const bool direct = dst.device().is_cpu() && dst.is_contiguous();
   at::Tensor c = direct ? dst
                         : at::empty(dst.sizes(), dst.options().device(c10::kCPU)
                                                      .pinned_memory(!dst.device().is_cpu()));
-  reader.read_region(name, full_slice(shape_of(c)), c.data_ptr());
+  reader.read_region(name, std::vector<ck::Range>(slice.begin(), slice.end()), c.data_ptr());
   if (!direct) dst.copy_(c);
+}
+
+void read_into(ck::CheckpointReader& reader, const std::string& name, at::Tensor& dst) {
+  std::vector<std::pair<int64_t, int64_t>> all;
+  for (int64_t d : dst.sizes()) all.emplace_back(0, d);
+  read_into(reader, name, dst, all);
 }
 
 // This rank's saved stream of `d`'s generator; a rank the checkpoint has no
@@ -202,22 +204,13 @@ SaveStats save(const TrainState& s, int64_t step) {
 int64_t load(const TrainState& s, const std::string& dir) {
   ck::CheckpointReader reader(dir);
   const ck::Index& x = reader.index();
+  std::vector<parallel::StateEntry> entries = s.state->load_entries();
   std::vector<ck::ExpectedTensor> expected;
-  for (auto& [name, p] : *s.params)
-    for (const char* prefix : {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"})
-      expected.push_back({prefix + name, dtype_name(p), shape_of(p)});
+  for (const auto& e : entries) expected.push_back({e.name, dtype_name(e.tensor), e.global_shape});
   ck::check_compatible(x, dir, model_signature(s.spec->model), expected);
 
   at::NoGradGuard no_grad;
-  auto& m = s.optimizer->exp_avg();
-  auto& v = s.optimizer->exp_avg_sq();
-  for (size_t i = 0; i < s.params->size(); ++i) {
-    const std::string& name = (*s.params)[i].first;
-    at::Tensor p = (*s.params)[i].second;
-    read_into(reader, "model/" + name, p);
-    read_into(reader, "optim/exp_avg/" + name, m[i]);
-    read_into(reader, "optim/exp_avg_sq/" + name, v[i]);
-  }
+  for (auto& e : entries) read_into(reader, e.name, e.tensor, e.slice);
   s.optimizer->set_step_count(x.optimizer_step);
   s.sampler->load_state({x.sampler_consumed});
 

@@ -1,6 +1,6 @@
 // Engine side of sharded checkpoints (DESIGN.md section 6): what one rank
-// saves (model and AdamW state from dp-rank 0 of each (tp, pp) coordinate,
-// every rank's RNG state) and how a rank loads its part back through the
+// saves (the model and optimizer entries its layout's StateProvider gives it,
+// every rank's RNG states) and how a rank loads its part back through the
 // index, from any mesh. Also preemption (SIGTERM -> checkpoint, exit 0) and
 // test-only fault switches. Format and directory protocol: common/checkpoint_*.
 #pragma once
@@ -16,6 +16,7 @@
 #include "engine/comm/comm.h"
 #include "engine/data/sampler.h"
 #include "engine/optim/adamw.h"
+#include "engine/parallel/grad_sync.h"
 
 namespace dtrain::engine::checkpoint {
 
@@ -25,9 +26,8 @@ struct TrainState {
   const JobSpec* spec = nullptr;
   const comm::WorldInfo* info = nullptr;
   comm::Group* control = nullptr;  // barriers of the save protocol (Gloo, CPU, world)
-  comm::Group* dp = nullptr;     // who holds replicated copies
-  const std::vector<std::pair<std::string, at::Tensor>>* params = nullptr;  // stable names
-  optim::AdamW* optimizer = nullptr;
+  parallel::StateProvider* state = nullptr;  // model + optimizer tensors, and who writes which
+  optim::AdamW* optimizer = nullptr;         // its step count
   data::DistributedSampler* sampler = nullptr;
   const optim::LrSchedule* schedule = nullptr;
   c10::Device device = c10::Device(c10::DeviceType::CPU);  // where params live; its RNG is saved too

@@ -20,8 +20,8 @@ int64_t resume(const TrainState& s) {
   const int64_t step = load(s, dir);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (s.info->rank == 0) {
-    uint64_t bytes = 0;  // what this rank read: model + AdamW state (3 x params)
-    for (auto& [name, p] : *s.params) bytes += 3 * uint64_t(p.numel()) * p.element_size();
+    uint64_t bytes = 0;  // what this rank read: model + AdamW state
+    for (const auto& e : s.state->load_entries()) bytes += uint64_t(e.tensor.nbytes());
     DTRAIN_INFO("resuming from step {} ({}, sampler at {} samples): loaded {:.1f} MB in {:.3f} s ({:.0f} MB/s)",
                 step, dir, s.sampler->state().consumed, double(bytes) / 1e6, secs,
                 double(bytes) / 1e6 / (secs > 0 ? secs : 1e-9));

@@ -68,21 +68,13 @@ model::GptConfig gpt_config(const ModelSpec& m) {
   return c;
 }
 
-// Weight decay on matrices only (Linear weights and embedding tables, as
-// nanoGPT); never on biases or LayerNorm parameters.
-std::unique_ptr<optim::AdamW> make_optimizer(const TrainSession& s) {
-  std::vector<at::Tensor> params;
-  std::vector<bool> decay;
-  for (auto& [name, p] : s.named_params) {
-    params.push_back(p);
-    decay.push_back(p.dim() >= 2);
-  }
+std::unique_ptr<optim::AdamW> make_optimizer(const JobSpec& spec, parallel::OptimizerParams p) {
   optim::AdamWOptions o;
-  o.lr = s.spec.train.lr;
-  o.beta1 = s.spec.train.beta1;
-  o.beta2 = s.spec.train.beta2;
-  o.weight_decay = s.spec.train.weight_decay;
-  return std::make_unique<optim::AdamW>(std::move(params), std::move(decay), o);
+  o.lr = spec.train.lr;
+  o.beta1 = spec.train.beta1;
+  o.beta2 = spec.train.beta2;
+  o.weight_decay = spec.train.weight_decay;
+  return std::make_unique<optim::AdamW>(std::move(p.params), std::move(p.decay), o);
 }
 
 }  // namespace
@@ -123,20 +115,14 @@ std::unique_ptr<TrainSession> make_train_session() {
   s->sampler = std::make_unique<data::DistributedSampler>(
       s->data->num_samples(), spec.job.seed, s->dp->size(), s->dp->rank(), spec.train.micro_batch,
       spec.train.grad_accum);
-  // Initialised on the CPU from job.seed (the same numbers on every device),
-  // then moved.
-  s->model = model::Gpt(gpt_config(spec.model), spec.job.seed);
-  s->model->to(s->device);
-  s->model->train();
-  for (auto& item : s->model->named_parameters(/*recurse=*/true))
-    s->named_params.emplace_back(item.key(), item.value());
-
-  parallel::DdpOptions dopt;
-  dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
-  dopt.overlap = spec.parallel.ddp_overlap;
-  s->ddp = std::make_unique<parallel::Ddp>(s->named_params, *s->dp, dopt);
-  s->grads = s->ddp->flat_grads();
-  s->optimizer = make_optimizer(*s);
+  // Initialised on the CPU from job.seed (the same numbers on every device
+  // and every rank), moved, then laid out by parallelize.
+  model::Gpt model(gpt_config(spec.model), spec.job.seed);
+  model->to(s->device);
+  model->train();
+  s->par = parallel::parallelize(spec, *s->comm, std::move(model));
+  s->optimizer = make_optimizer(spec, s->par.grad_sync->optimizer_params());
+  s->state = s->par.grad_sync->state(*s->optimizer);
   s->schedule.lr = spec.train.lr;
   s->schedule.min_lr = spec.train.min_lr;
   s->schedule.warmup_steps = spec.train.warmup_steps;
@@ -148,20 +134,20 @@ std::unique_ptr<TrainSession> make_train_session() {
   s->targets_dev = s->device.is_cpu() ? s->targets : at::empty_like(s->targets, host.device(s->device).pinned_memory(false));
 
   if (s->is_log_rank())
-    DTRAIN_INFO("model gpt: {} parameters ({} tensors); data {} samples of {} tokens; "
-                "DDP {} bucket(s) of <= {} MB over dp {} ({}), overlap {}; device {}, {}",
-                s->model->num_params(), s->named_params.size(), s->data->num_samples(),
-                spec.model.seq_len, s->ddp->num_buckets(), spec.parallel.ddp_bucket_mb,
-                s->dp->size(), s->dp->backend(), spec.parallel.ddp_overlap ? "on" : "off",
-                s->device.str(), spec.train.precision);
+    DTRAIN_INFO("model gpt: {} parameters ({} tensors); data {} samples of {} tokens; {}; "
+                "schedule {}; device {}, {}",
+                s->par.parts.model->num_params(), s->par.parts.named_params.size(),
+                s->data->num_samples(), spec.model.seq_len, s->par.grad_sync->describe(),
+                s->par.schedule->name(), s->device.str(), spec.train.precision);
   return s;
 }
 
 MemoryStats TrainSession::memory() const {
   MemoryStats m;
   m.rss = process_rss_bytes();
-  for (auto& [name, p] : named_params) m.params += p.numel() * int64_t(p.element_size());
-  m.grads = ddp->grad_bytes();
+  const parallel::ModelBytes b = par.grad_sync->memory();
+  m.params = b.params;
+  m.grads = b.grads;
   for (auto* state : {&optimizer->exp_avg(), &optimizer->exp_avg_sq()})
     for (auto& t : *state)
       if (t.defined()) m.optimizer += t.numel() * int64_t(t.element_size());
@@ -174,7 +160,7 @@ void maybe_dump_parameters(const TrainSession& s) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw Error(ErrorCode::config, std::string("DTRAIN_DUMP_PARAMS = ") + path + " cannot be written");
   out << "DTPARAMS1\n";
-  for (auto& [name, p] : s.named_params) {
+  for (auto& [name, p] : s.par.parts.named_params) {
     at::Tensor c = device::to_host(p.detach());
     out << name << " " << c.numel() << "\n";
     out.write(reinterpret_cast<const char*>(c.data_ptr<float>()), std::streamsize(c.numel() * 4));

@@ -1,7 +1,8 @@
 // Everything one rank's training loop holds, built in a fixed order from the
-// environment contract and the resolved spec: comm, data, sampler, model, DDP,
-// optimizer, LR schedule. Owns set-up and the checks of what this engine
-// supports; the loop itself lives in trainer.cpp.
+// environment contract and the resolved spec: comm, data, sampler, model,
+// parallelize (model parts, gradient sync, schedule), optimizer, LR schedule.
+// Owns set-up and the checks of what this engine supports; the loop itself
+// lives in trainer.cpp. Names no parallelism: parallel/parallelize.h does.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,9 +17,9 @@
 #include "engine/comm/comm.h"
 #include "engine/data/dataset.h"
 #include "engine/data/sampler.h"
-#include "engine/model/gpt.h"
 #include "engine/optim/adamw.h"
-#include "engine/parallel/ddp.h"
+#include "engine/parallel/parallelize.h"
+#include "engine/parallel/schedule.h"
 #include "engine/trainer/metrics.h"
 
 namespace dtrain::engine::trainer {
@@ -31,12 +32,10 @@ struct TrainSession {
   comm::Group* dp = nullptr;  // the data-parallel group of this rank
   std::unique_ptr<data::TokenDataset> data;
   std::unique_ptr<data::DistributedSampler> sampler;
-  model::Gpt model{nullptr};
-  std::vector<std::pair<std::string, at::Tensor>> named_params;  // registration order
-  std::unique_ptr<parallel::Ddp> ddp;
+  parallel::Parallelized par;  // model parts, grad_sync, schedule
   std::unique_ptr<optim::AdamW> optimizer;
+  std::unique_ptr<parallel::StateProvider> state;  // the checkpoint's view of par + optimizer
   optim::LrSchedule schedule;
-  std::vector<at::Tensor> grads;  // the DDP buckets: every param's grad, flat
   at::Tensor inputs, targets;     // [micro_batch, T] int64 on the CPU (pinned with a GPU)
   at::Tensor inputs_dev, targets_dev;  // the same on `device` (== inputs/targets on the CPU)
 

@@ -1,11 +1,10 @@
 // run_training (trainer.h): the training loop, in the order of TorchTitan's
-// train.py: set up, load, then per step train / log / save. One step is
-// grad_accum micro-steps with DDP's no_sync on all but the last, the gradient
-// all-reduce, global-norm clipping and the AdamW update. Set-up lives in
-// train_session.cpp, printing in metrics.cpp.
+// train.py: set up, load, then per step train / log / save. One step is the
+// schedule's micro-steps, the gradient sync's finish and clipping, and the
+// AdamW update; which parallelism runs is parallelize's business, never the
+// loop's. Set-up lives in train_session.cpp, printing in metrics.cpp.
 #include "engine/trainer/trainer.h"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/ops/full.h>
 #include <c10/core/GradMode.h>
 
@@ -26,81 +25,47 @@ struct StepResult {
   double grad_norm = 0;
   double lr = 0;
   double step_s = 0;
-  parallel::DdpSyncStats sync;
+  parallel::SyncStats sync;
 };
 
-// Clip by the global gradient norm. After Ddp::finish_gradient_sync every dp
-// rank holds the full, summed gradient, so this rank's sum of squares IS the
-// global one: all-reducing it over dp would count every gradient dp times.
-// (Sharded layouts, ZeRO and TP, will all-reduce their partial sums over the
-// sharding group instead.) Returns the norm before clipping.
-double clip_grad_norm(TrainSession& s) {
-  const double norm = std::sqrt(optim::local_grad_sq_norm(s.grads));
-  const double max_norm = s.spec.train.grad_clip;
-  if (max_norm > 0) optim::scale_grads(s.grads, std::min(1.0, max_norm / (norm + 1e-6)));
-  return norm;
-}
-
-// train.precision bf16: autocast (torch.autocast's C++ form) around the
-// forward: matmuls and attention in bf16, reductions and the loss in fp32;
-// parameters, gradients and AdamW stay fp32.
-class AutocastScope {
+// Micro-batches from the sampler: this dp rank's slice of the step's global
+// batch, staged on the host (pinned with a GPU) and copied to the device.
+class SamplerBatches : public parallel::BatchSource {
  public:
-  AutocastScope(c10::Device d, bool enabled) : type_(d.type()), enabled_(enabled) {
-    if (!enabled_) return;
-    prev_enabled_ = at::autocast::is_autocast_enabled(type_);
-    prev_dtype_ = at::autocast::get_autocast_dtype(type_);
-    at::autocast::set_autocast_enabled(type_, true);
-    at::autocast::set_autocast_dtype(type_, at::kBFloat16);
-    at::autocast::increment_nesting();
+  explicit SamplerBatches(TrainSession& s) : s_(s) {}
+  void micro_batch(int micro, at::Tensor& inputs, at::Tensor& targets) override {
+    s_.data->get_batch(s_.sampler->micro_batch_ids(micro), s_.inputs, s_.targets);
+    if (!s_.device.is_cpu()) {
+      // Async from pinned memory; the host buffers are next written after the
+      // schedule's loss.item(), which waits for this micro-step's work.
+      s_.inputs_dev.copy_(s_.inputs, /*non_blocking=*/true);
+      s_.targets_dev.copy_(s_.targets, /*non_blocking=*/true);
+    }
+    inputs = s_.inputs_dev;
+    targets = s_.targets_dev;
   }
-  ~AutocastScope() {
-    if (!enabled_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(type_, prev_enabled_);
-    at::autocast::set_autocast_dtype(type_, prev_dtype_);
-  }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
-  c10::DeviceType type_;
-  bool enabled_;
-  bool prev_enabled_ = false;
-  at::ScalarType prev_dtype_ = at::kBFloat16;
+  TrainSession& s_;
 };
 
 StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   timer.start();
-  const int ga = s.spec.train.grad_accum;
-  const bool bf16 = s.spec.train.precision == "bf16";
+  parallel::StepOptions opt;
+  opt.grad_accum = s.spec.train.grad_accum;
   // DESIGN.md section 8: each micro-batch loss is scaled by its share of the
-  // global batch, so the DDP SUM of gradients is the 1-process gradient of
-  // the global-batch mean loss (micro-batches hold equal token counts).
-  const double loss_scale = 1.0 / (double(ga) * double(s.dp->size()));
+  // global batch, so summed gradients are the 1-process gradient of the
+  // global-batch mean loss (micro-batches hold equal token counts).
+  opt.loss_scale = 1.0 / (double(opt.grad_accum) * double(s.dp->size()));
+  opt.bf16 = s.spec.train.precision == "bf16";
+  SamplerBatches batches(s);
   StepResult r;
-  for (int micro = 0; micro < ga; ++micro) {
-    s.ddp->set_grad_sync(micro == ga - 1);  // no_sync for all but the last
-    s.data->get_batch(s.sampler->micro_batch_ids(micro), s.inputs, s.targets);
-    if (!s.device.is_cpu()) {
-      // Async from pinned memory; the host buffers are next written after
-      // loss.item() below, which waits for this step's work.
-      s.inputs_dev.copy_(s.inputs, /*non_blocking=*/true);
-      s.targets_dev.copy_(s.targets, /*non_blocking=*/true);
-    }
-    at::Tensor loss;
-    {
-      AutocastScope autocast(s.device, bf16);
-      loss = s.model->loss(s.inputs_dev, s.targets_dev);  // [] fp32 mean over B*T
-    }
-    loss.mul(loss_scale).backward();
-    r.local_loss_sum += loss.item<double>();
-  }
-  r.sync = s.ddp->finish_gradient_sync();
-  r.grad_norm = clip_grad_norm(s);
+  r.local_loss_sum = s.par.schedule->run(s.par.parts, *s.par.grad_sync, batches, opt);
+  r.sync = s.par.grad_sync->finish();
+  r.grad_norm = s.par.grad_sync->clip(s.spec.train.grad_clip);
   r.lr = s.schedule.at(step);
   s.optimizer->step(r.lr);
-  s.ddp->zero_grad();
+  s.par.grad_sync->zero();
   s.sampler->advance();
   r.step_s = timer.stop_s();
   return r;
@@ -118,8 +83,8 @@ double global_mean_loss(TrainSession& s, double local_loss_sum) {
 // into the session. Resume loads DTRAIN_RESUME_FROM or checkpoint.dir's
 // latest (model, optimizer, step, sampler position, RNG states).
 checkpoint::TrainState checkpoint_state(TrainSession& s) {
-  return {&s.spec,          &s.info,          &s.comm->control(), s.dp, &s.named_params,
-          s.optimizer.get(), s.sampler.get(), &s.schedule,        s.device};
+  return {&s.spec,    &s.info,           &s.comm->control(), s.state.get(),
+          s.optimizer.get(), s.sampler.get(), &s.schedule,       s.device};
 }
 
 int64_t maybe_load_checkpoint(TrainSession& s) { return checkpoint::resume(checkpoint_state(s)); }

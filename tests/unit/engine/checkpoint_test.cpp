@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/parallel/parallelize.h"
 #include "engine/model/gpt.h"
 
 #include "tests/support/torch_doctest.h"
@@ -29,9 +30,10 @@ struct Rig {
   dtrain::JobSpec spec;
   comm::WorldInfo info;
   std::unique_ptr<comm::Comm> comm;
-  model::Gpt model{nullptr};
+  parallel::Parallelized par;  // DDP over dp = 1: the replicated layout's checkpoint view
   std::vector<std::pair<std::string, at::Tensor>> params;
   std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<parallel::StateProvider> provider;
   std::unique_ptr<data::DistributedSampler> sampler;
   optim::LrSchedule schedule;
 
@@ -48,19 +50,20 @@ struct Rig {
     c.layers = 1;
     c.heads = 2;
     c.seq_len = 8;
-    model = model::Gpt(c, 1234);
-    for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
-    std::vector<at::Tensor> ps;
-    for (auto& [n, p] : params) ps.push_back(p);
-    opt = std::make_unique<optim::AdamW>(ps, std::vector<bool>(ps.size(), true), optim::AdamWOptions{});
+    par = parallel::parallelize(spec, *comm, model::Gpt(c, 1234));
+    params = par.parts.named_params;
+    auto o = par.grad_sync->optimizer_params();
+    opt = std::make_unique<optim::AdamW>(o.params, std::vector<bool>(o.params.size(), true),
+                                         optim::AdamWOptions{});
+    provider = par.grad_sync->state(*opt);
     sampler = std::make_unique<data::DistributedSampler>(100, 1, 1, 0, 4, 1);
   }
   checkpoint::TrainState state() {
-    return {&spec, &info, &comm->world(), &comm->axis("dp"), &params, opt.get(), sampler.get(), &schedule};
+    return {&spec, &info, &comm->control(), provider.get(), opt.get(), sampler.get(), &schedule};
   }
   void train_a_bit(int steps) {
     for (int i = 0; i < steps; ++i) {
-      for (auto& [n, p] : params) p.mutable_grad() = at::randn_like(p);
+      for (auto& [n, p] : params) p.mutable_grad().copy_(at::randn_like(p));  // grads are bucket views
       opt->step(1e-3);
       sampler->advance();
     }

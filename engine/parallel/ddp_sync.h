@@ -1,0 +1,18 @@
+// DdpSync: Ddp behind the GradSync interface, and the checkpoint view of a
+// replicated model (every dp rank holds everything; dp rank 0 writes it).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/parallel/ddp.h"
+#include "engine/parallel/grad_sync.h"
+
+namespace dtrain::engine::parallel {
+
+std::unique_ptr<GradSync> make_ddp_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
+                                        comm::Group& dp, DdpOptions options);
+
+}  // namespace dtrain::engine::parallel

@@ -1,0 +1,81 @@
+// The interfaces between a parallelism and the trainer (DESIGN.md 6.1):
+// GradSync (a step's gradient communication, clipping over the right groups,
+// what the optimizer updates) and StateProvider (what a checkpoint holds and
+// who owns it). A parallelism implements them; the trainer and the
+// checkpoint code use only these, never a parallelism's own type.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtrain::engine::optim {
+class AdamW;
+}
+
+namespace dtrain::engine::parallel {
+
+// What one step's gradient communication cost (metrics, overlap benchmark).
+struct SyncStats {
+  double wait_s = 0;             // time finish() spent launching + waiting (exposed comm)
+  int launched_in_backward = 0;  // buckets whose communication started from a hook
+  int buckets = 0;
+};
+
+// The tensors this rank's optimizer updates (full parameters for DDP, flat
+// shards for ZeRO), with their gradients in .grad() after finish().
+struct OptimizerParams {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::vector<bool> decay;  // weight decay on matrices only (nanoGPT's choice)
+};
+
+// Persistent bytes this rank holds for the model (metrics.jsonl).
+struct ModelBytes {
+  int64_t params = 0;
+  int64_t grads = 0;
+};
+
+// One tensor of a checkpoint: its stable name, the global shape, the slice
+// of it this rank holds ({begin, end} per dim) and the local tensor.
+struct StateEntry {
+  std::string name;
+  std::vector<int64_t> global_shape;
+  std::vector<std::pair<int64_t, int64_t>> slice;
+  at::Tensor tensor;
+};
+
+class StateProvider {
+ public:
+  virtual ~StateProvider() = default;
+  // What this rank writes (each global element written by exactly one rank).
+  virtual std::vector<StateEntry> save_entries() = 0;
+  // Where this rank reads into on resume (every element it holds).
+  virtual std::vector<StateEntry> load_entries() = 0;
+};
+
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  // Before micro-step `micro` of a step; `last` = the step's final one (no
+  // communication before it: PyTorch's no_sync).
+  virtual void begin_micro(int micro, bool last) = 0;
+  // After the last backward: every gradient communication of the step done.
+  virtual SyncStats finish() = 0;
+  // Clips by the global gradient norm, reducing partial norms over the right
+  // groups and counting a replicated gradient once. Returns the norm before
+  // clipping.
+  virtual double clip(double max_norm) = 0;
+  virtual OptimizerParams optimizer_params() = 0;
+  virtual void zero() = 0;  // zero the gradients (storage kept)
+  virtual ModelBytes memory() const = 0;
+  // The checkpoint's view of model and optimizer state under this layout.
+  virtual std::unique_ptr<StateProvider> state(optim::AdamW& optimizer) = 0;
+  virtual std::string describe() const = 0;  // one line for the start-up log
+};
+
+}  // namespace dtrain::engine::parallel

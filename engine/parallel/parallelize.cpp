@@ -1,0 +1,40 @@
+// parallelize (parallelize.h): the one place that knows which parallelisms
+// exist. The order is fixed and matters: a pipeline split decides which
+// layers this rank holds, tensor parallelism then shards those layers,
+// activation checkpointing wraps the (sharded) blocks, expert parallelism
+// places the experts, and data parallelism (ZeRO / DDP) comes last, over the
+// parameters that are left on this rank.
+#include "engine/parallel/parallelize.h"
+
+#include "common/error.h"
+#include "engine/parallel/ddp_sync.h"
+#include "engine/parallel/schedule.h"
+
+namespace dtrain::engine::parallel {
+
+Parallelized::Parallelized() = default;
+Parallelized::~Parallelized() = default;
+Parallelized::Parallelized(Parallelized&&) noexcept = default;
+Parallelized& Parallelized::operator=(Parallelized&&) noexcept = default;
+
+Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model) {
+  Parallelized out;
+  out.parts.model = std::move(model);
+  for (auto& item : out.parts.model->named_parameters(/*recurse=*/true))
+    out.parts.named_params.emplace_back(item.key(), item.value());
+
+  // 1. Pipeline split: none yet (pp = 1 is checked at set-up); the whole
+  //    model is this rank's one stage, run by the plain micro-step loop.
+  out.schedule = make_no_pipeline();
+  // 2. Tensor parallelism: none yet (tp = 1).
+  // 3. Activation checkpointing: none yet.
+  // 4. Expert parallelism: none yet (ep = 1).
+  // 5. Data parallelism over the dp group.
+  DdpOptions dopt;
+  dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
+  dopt.overlap = spec.parallel.ddp_overlap;
+  out.grad_sync = make_ddp_sync(out.parts.named_params, comm.axis("dp"), dopt);
+  return out;
+}
+
+}  // namespace dtrain::engine::parallel

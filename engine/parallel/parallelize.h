@@ -1,0 +1,45 @@
+// parallelize (DESIGN.md 6.1, TorchTitan's shape): applies the parallelisms
+// of the spec to a model in one fixed order and hands the trainer what it
+// needs without naming any of them: the model parts this rank holds, a
+// GradSync, and a Schedule. Adding a parallelism = one folder here, one line
+// in parallelize(), one parity test; the trainer does not change.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "engine/comm/comm.h"
+#include "engine/model/gpt.h"
+#include "engine/parallel/grad_sync.h"
+
+namespace dtrain::engine::parallel {
+
+// The stage(s) of the model this rank holds (today: the whole GPT), with its
+// parameters by stable name in registration order.
+struct ModelParts {
+  model::Gpt model{nullptr};
+  std::vector<std::pair<std::string, at::Tensor>> named_params;
+};
+
+class Schedule;
+
+struct Parallelized {
+  ModelParts parts;
+  std::unique_ptr<GradSync> grad_sync;
+  std::unique_ptr<Schedule> schedule;
+  Parallelized();
+  ~Parallelized();
+  Parallelized(Parallelized&&) noexcept;
+  Parallelized& operator=(Parallelized&&) noexcept;
+};
+
+// `model` is the full model, initialised identically on every rank and
+// already on this rank's device. Collective over the groups it uses.
+Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model);
+
+}  // namespace dtrain::engine::parallel

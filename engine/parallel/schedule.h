@@ -1,0 +1,45 @@
+// Schedule (DESIGN.md 6.1): runs one step's micro-batches over the model
+// parts this rank holds and returns the local loss sum. NoPipeline is the
+// plain micro-step loop; pipeline schedules (lists of actions per stage) will
+// implement the same interface. Knows nothing of data files or optimizers.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+
+#include "engine/parallel/grad_sync.h"
+#include "engine/parallel/parallelize.h"
+
+namespace dtrain::engine::parallel {
+
+// Where micro-batches come from: fills [B, T] int64 token tensors on the
+// model's device for micro-step `micro` of the current step.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual void micro_batch(int micro, at::Tensor& inputs, at::Tensor& targets) = 0;
+};
+
+struct StepOptions {
+  int grad_accum = 1;
+  // Each micro-batch mean loss is multiplied by this before backward (its
+  // share of the global batch: DESIGN.md section 8).
+  double loss_scale = 1.0;
+  bool bf16 = false;  // autocast the forward to bf16
+};
+
+class Schedule {
+ public:
+  virtual ~Schedule() = default;
+  // One step's forwards and backwards; gradient communication through
+  // `sync` (begin_micro per micro-step; the caller calls finish()). Returns
+  // the sum over micro-steps of the micro-batch mean loss (unscaled).
+  virtual double run(ModelParts& parts, GradSync& sync, BatchSource& batches,
+                     const StepOptions& options) = 0;
+  virtual const char* name() const = 0;
+};
+
+std::unique_ptr<Schedule> make_no_pipeline();
+
+}  // namespace dtrain::engine::parallel
