@@ -23,9 +23,15 @@ def read_params(path):
     """DTPARAMS1: the magic line, then per parameter a text line "<name> <numel>\n"
     followed by numel little-endian fp32 values. Returns [(name, array('f'))]."""
     out = []
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        print(f"compare_params: FAIL: {path}: {e.strerror} (the run did not write its parameters)")
+        raise SystemExit(1)
+    with f:
         if f.readline() != MAGIC:
-            raise SystemExit(f"compare_params: {path}: not a DTPARAMS1 file")
+            print(f"compare_params: FAIL: {path}: not a DTPARAMS1 file")
+            raise SystemExit(1)
         while True:
             line = f.readline()
             if not line:
@@ -34,7 +40,8 @@ def read_params(path):
             values = array("f")
             values.frombytes(f.read(int(numel) * 4))
             if len(values) != int(numel):
-                raise SystemExit(f"compare_params: {path}: {name} is cut short")
+                print(f"compare_params: FAIL: {path}: {name} is cut short")
+                raise SystemExit(1)
             if sys.byteorder != "little":
                 values.byteswap()
             out.append((name, values))
@@ -56,17 +63,23 @@ def diff_dumps(pa, pb, label_a, label_b):
         names_a = {n: len(v) for n, v in pa}
         names_b = {n: len(v) for n, v in pb}
         diff = sorted(set(names_a.items()) ^ set(names_b.items()))
-        raise SystemExit(f"compare_params: {label_a} and {label_b} hold different parameters: {diff[:6]}")
+        print(f"compare_params: FAIL: {label_a} and {label_b} hold different parameters: {diff[:6]}")
+        raise SystemExit(1)
     return [(n, max_abs_diff(a, b), len(a)) for (n, a), (_, b) in zip(pa, pb)]
 
 
 def step1_loss(path):
-    with open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("step") == 1:
-                return float(rec["loss"])
-    raise SystemExit(f"compare_params: {path} has no step 1")
+    try:
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if rec.get("step") == 1:
+                    return float(rec["loss"])
+    except OSError as e:
+        print(f"compare_params: FAIL: {path}: {e.strerror}")
+        raise SystemExit(1)
+    print(f"compare_params: FAIL: {path} has no step 1")
+    raise SystemExit(1)
 
 
 def main():

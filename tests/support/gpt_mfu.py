@@ -32,8 +32,12 @@ def main():
     ap.add_argument("--gpu-mem", help="nvidia-smi memory.used samples (MiB, one a line)")
     args = ap.parse_args()
 
-    with open(args.spec) as f:
-        doc = json.load(f)
+    try:
+        with open(args.spec) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"gpt_mfu: FAIL: {args.spec}: {e}")
+        return 1
     spec, derived = doc["spec"], doc["derived"]
     m = spec["model"]
     n = gpt_params(m)
@@ -42,10 +46,14 @@ def main():
     steps = spec["train"]["steps"]
 
     recs = []
-    with open(args.metrics) as f:
-        for line in f:
-            if line.strip():
-                recs.append(json.loads(line))
+    try:
+        with open(args.metrics) as f:
+            for line in f:
+                if line.strip():
+                    recs.append(json.loads(line))
+    except OSError as e:
+        print(f"gpt_mfu: FAIL: {args.metrics}: {e.strerror} (the run logged no metrics)")
+        return 1
     print(f"model: d_model {m['d_model']}, layers {m['layers']}, heads {m['heads']}, seq_len {m['seq_len']}, "
           f"vocab {m['vocab']}: N = {n:,} parameters ({n / 1e9:.3f} B)")
     print(f"flops/token = 6N + 12*L*C*T = {flops_per_token:.4e}; tokens/step = {tokens_per_step} "
@@ -76,8 +84,8 @@ def main():
     if timed and not (0 < mfu < 1.0):
         problems.append(f"MFU {mfu:.1%} is outside (0, 100%): timing or FLOP count is wrong")
 
-    print(f"tokens/s {tokens_per_s:,.0f} (steps {recs[1]['step'] if len(recs) > 1 else '?'}..{steps}, "
-          f"first interval left out); {achieved / 1e12:.1f} TFLOP/s achieved")
+    print(f"tokens/s {tokens_per_s:,.0f} (steps {recs[0]['step'] + 1 if recs else '?'}..{steps}; "
+          f"the first logged interval left out); {achieved / 1e12:.2f} TFLOP/s achieved")
     print(f"MFU {mfu:.1%} of {args.peak_tflops:g} TFLOP/s (bf16 dense peak); "
           f"{vs_measured:.1%} of the measured {args.measured_tflops:g} TFLOP/s")
     last = recs[-1] if recs else {}
