@@ -4,11 +4,13 @@
 # absolute difference of each and overall; optionally the step-1 losses of the
 # two runs' metrics.jsonl, and a negative control (a third dump from a run that
 # must differ, e.g. another learning rate) that has to exceed the tolerance by
-# far, so that a comparison which cannot tell right from wrong fails.
+# far, so that a comparison which cannot tell right from wrong fails. The
+# step-1 gradient norms are compared too: AdamW's first step is about
+# lr * sign(grad), blind to a wrongly scaled gradient.
 # Standard library only. Exit 0 when every check holds, 1 otherwise.
 #
 #   compare_params.py A.params B.params [--tol 1e-4] [--names cpu,cuda]
-#       [--loss-a A/metrics.jsonl --loss-b B/metrics.jsonl --loss-tol 1e-4]
+#       [--loss-a A/metrics.jsonl --loss-b B/metrics.jsonl --loss-tol 1e-4 --grad-rtol 1e-4]
 #       [--control C.params --control-factor 10]
 import argparse
 import json
@@ -68,13 +70,14 @@ def diff_dumps(pa, pb, label_a, label_b):
     return [(n, max_abs_diff(a, b), len(a)) for (n, a), (_, b) in zip(pa, pb)]
 
 
-def step1_loss(path):
+def step1(path):
+    """The step-1 record of a metrics.jsonl."""
     try:
         with open(path) as f:
             for line in f:
                 rec = json.loads(line)
                 if rec.get("step") == 1:
-                    return float(rec["loss"])
+                    return rec
     except OSError as e:
         print(f"compare_params: FAIL: {path}: {e.strerror}")
         raise SystemExit(1)
@@ -91,6 +94,7 @@ def main():
     ap.add_argument("--loss-a")
     ap.add_argument("--loss-b")
     ap.add_argument("--loss-tol", type=float, default=1e-4)
+    ap.add_argument("--grad-rtol", type=float, default=1e-4, help="relative tolerance of the step-1 grad norms")
     ap.add_argument("--control", help="dump of a run that must differ from A by > factor * tol")
     ap.add_argument("--control-factor", type=float, default=10.0)
     args = ap.parse_args()
@@ -109,13 +113,19 @@ def main():
     print(f"overall: {worst:.3e} over {values} values, tolerance {args.tol:.0e}: {'ok' if ok else 'TOO LARGE'}")
 
     if args.loss_a and args.loss_b:
-        a, b = step1_loss(args.loss_a), step1_loss(args.loss_b)
+        ra, rb = step1(args.loss_a), step1(args.loss_b)
+        a, b = float(ra["loss"]), float(rb["loss"])
         d = abs(a - b)
         loss_ok = math.isfinite(d) and d < args.loss_tol
         print(f"step-1 loss: {la} {a:.9f}, {lb} {b:.9f}, |diff| {d:.3e}, "
               f"tolerance {args.loss_tol:.0e}: {'ok' if loss_ok else 'TOO LARGE'}")
-        parts.append(f"loss {a:.6f} vs {b:.6f} (|diff| {d:.1e})")
-        ok = ok and loss_ok
+        ga, gb = float(ra["grad_norm"]), float(rb["grad_norm"])
+        gr = abs(ga - gb) / max(abs(ga), 1e-30)
+        grad_ok = math.isfinite(gr) and gr < args.grad_rtol
+        print(f"step-1 grad norm: {la} {ga:.9g}, {lb} {gb:.9g}, relative diff {gr:.3e}, "
+              f"tolerance {args.grad_rtol:.0e}: {'ok' if grad_ok else 'TOO LARGE'}")
+        parts.append(f"loss {a:.6f} vs {b:.6f} (|diff| {d:.1e}); grad norm rel diff {gr:.1e}")
+        ok = ok and loss_ok and grad_ok
 
     if args.control:
         rows_c = diff_dumps(pa, read_params(args.control), la, "control")
