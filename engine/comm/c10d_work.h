@@ -3,6 +3,7 @@
 // finished (copy back, unflatten). Internal to engine/comm.
 #pragma once
 
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <functional>
@@ -14,6 +15,7 @@
 namespace dtrain::engine::comm::detail {
 
 [[noreturn]] void rethrow_comm_error(const std::string& group, const std::string& op);
+c10d::ReduceOp to_c10d(ReduceOp op);
 
 class DoneWork : public Work {
  public:

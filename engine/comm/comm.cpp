@@ -23,6 +23,15 @@
 
 namespace dtrain::engine::comm {
 
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+  }
+  return "?";
+}
+
 bool nccl_available() {
 #ifdef DTRAIN_WITH_CUDA
   return true;

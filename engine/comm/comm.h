@@ -51,6 +51,9 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+enum class ReduceOp { sum, max, min };
+const char* reduce_op_name(ReduceOp op);
+
 // One process group: a set of global ranks (an axis group, or the world).
 // Ops are collective over the group's members; tensors are contiguous and
 // live on device() (CPU for Gloo, this rank's GPU for NCCL).
@@ -64,8 +67,9 @@ class Group {
   virtual int size() const = 0;
   virtual const std::vector<int>& global_ranks() const = 0;
 
-  // Sum in place. (Mean = sum, then divide: never ReduceOp::AVG on Gloo.)
-  virtual WorkPtr all_reduce(at::Tensor& t, bool async = false) = 0;
+  // Reduce in place (sum by default). Mean = sum, then divide: there is no
+  // average op, so every backend adds in the same order.
+  virtual WorkPtr all_reduce(at::Tensor& t, bool async = false, ReduceOp op = ReduceOp::sum) = 0;
   // out = concat of every rank's `in` along dim 0 (same shape on all ranks);
   // out has size()*in.numel() elements.
   virtual WorkPtr all_gather(const at::Tensor& in, at::Tensor& out, bool async = false) = 0;

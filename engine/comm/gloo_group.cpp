@@ -28,6 +28,15 @@ int64_t wire_nbytes(const at::Tensor& t) {
 
 }  // namespace
 
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return c10d::ReduceOp::SUM;
+    case ReduceOp::max: return c10d::ReduceOp::MAX;
+    case ReduceOp::min: return c10d::ReduceOp::MIN;
+  }
+  throw Error(ErrorCode::internal, "unknown ReduceOp");
+}
+
 [[noreturn]] void rethrow_comm_error(const std::string& group, const std::string& op) {
   std::string what;
   try {
@@ -67,7 +76,7 @@ WorkPtr GlooGroup::gloo_work(c10::intrusive_ptr<c10d::Work> work, std::function<
   return w;
 }
 
-WorkPtr GlooGroup::all_reduce(at::Tensor& t, bool async) {
+WorkPtr GlooGroup::all_reduce(at::Tensor& t, bool async, ReduceOp op) {
   check(t, "all_reduce");
   int n = size();
   if (n == 1) return std::make_shared<DoneWork>();
@@ -76,8 +85,10 @@ WorkPtr GlooGroup::all_reduce(at::Tensor& t, bool async) {
   std::vector<at::Tensor> v{wire};
   std::function<void()> finish;
   if (is_bf16(t)) finish = [t, wire]() mutable { t.copy_(wire); };
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
   try {
-    return gloo_work(pg_->allreduce(v), std::move(finish), "all_reduce", async);
+    return gloo_work(pg_->allreduce(v, opts), std::move(finish), "all_reduce", async);
   } catch (...) {
     rethrow_comm_error(name_, "all_reduce");
   }

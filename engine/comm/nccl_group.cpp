@@ -44,13 +44,15 @@ WorkPtr NcclGroup::wrap(c10::intrusive_ptr<c10d::Work> work, const char* op, boo
   return w;
 }
 
-WorkPtr NcclGroup::all_reduce(at::Tensor& t, bool async) {
+WorkPtr NcclGroup::all_reduce(at::Tensor& t, bool async, ReduceOp op) {
   check(t, "all_reduce");
   const int n = size();
   bytes_ += static_cast<uint64_t>(2 * (n - 1) * int64_t(t.nbytes()) / n);
   std::vector<at::Tensor> v{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
   try {
-    return wrap(pg_->allreduce(v), "all_reduce", async);
+    return wrap(pg_->allreduce(v, opts), "all_reduce", async);
   } catch (...) {
     rethrow_comm_error(name_, "all_reduce");
   }

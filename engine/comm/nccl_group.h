@@ -31,7 +31,7 @@ class NcclGroup : public Group {
   int size() const override { return static_cast<int>(global_ranks_.size()); }
   const std::vector<int>& global_ranks() const override { return global_ranks_; }
 
-  WorkPtr all_reduce(at::Tensor& t, bool async) override;
+  WorkPtr all_reduce(at::Tensor& t, bool async = false, ReduceOp op = ReduceOp::sum) override;
   WorkPtr all_gather(const at::Tensor& in, at::Tensor& out, bool async) override;
   WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, bool async) override;
   WorkPtr broadcast(at::Tensor& t, int root, bool async) override;

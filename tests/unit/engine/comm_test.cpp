@@ -10,6 +10,8 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
 #include <ATen/ops/zeros.h>
 
 #include <cstdio>
@@ -290,4 +292,24 @@ TEST_CASE("comm: WorldInfo::from_env names the missing or bad variable") {
   setenv("DTRAIN_MESH", "dp=2,tp=2,zz=2", 1);
   CHECK(message().find("unknown axis 'zz'") != std::string::npos);
   for (auto v : vars) unsetenv(v);
+}
+
+TEST_CASE("comm: all_reduce max and min, fp32 and bf16, world 3") {
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    run_world(comm::parse_mesh("dp=3"), [dt](comm::Comm& c, int r) {
+      std::vector<at::Tensor> x;
+      for (int q = 0; q < 3; ++q) x.push_back(input(q, 257, dt));
+      at::Tensor mx = x[0].clone(), mn = x[0].clone();
+      for (int q = 1; q < 3; ++q) {
+        mx = at::maximum(mx, x[q]);
+        mn = at::minimum(mn, x[q]);
+      }
+      at::Tensor a = x[r].clone(), b = x[r].clone();
+      c.world().all_reduce(a, /*async=*/false, comm::ReduceOp::max);
+      c.axis("dp").all_reduce(b, /*async=*/false, comm::ReduceOp::min);
+      // max and min pick one of the inputs: exact in every dtype
+      CHECK(max_diff(a, mx) == 0);
+      CHECK(max_diff(b, mn) == 0);
+      CHECK(max_diff(mx, mn) > 0);  // the inputs differ, so the check can fail
+    });
 }
