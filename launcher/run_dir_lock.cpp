@@ -112,7 +112,8 @@ RunDirLock::RunDirLock(const std::string& dir, const std::string& field, const L
     refuse(field, dir, "is not writable (" + std::string(std::strerror(errno)) + ")",
            "give " + field + " a directory you can write to");
   const std::string path = dir + "/" + kLockFile;
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // 0600: the job id is derived from the job's token; only its owner reads it.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd_ < 0)
     refuse(field, dir, "cannot open its lock file " + path + " (" + std::strerror(errno) + ")",
            "remove " + path + " if it is not a regular file");
