@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
@@ -81,7 +82,18 @@ void commit(const std::string& root, int64_t step, int keep) {
   fs::rename(tmp, final_dir, ec);
   if (ec) fail("cannot rename " + tmp + " to " + final_dir + ": " + ec.message());
   fsync_path(root);
+  set_latest(root, step);
+  fs::remove_all(final_dir + ".old.tmp", ec);
+  if (keep <= 0) return;
+  std::vector<int64_t> steps = list_steps(root);
+  for (size_t i = 0; i + size_t(keep) < steps.size(); ++i)
+    if (steps[i] != step) fs::remove_all(root + "/" + step_dir_name(steps[i]), ec);
+}
+
+void set_latest(const std::string& root, int64_t step) {
   const std::string latest_tmp = root + "/" + kLatestFile + ".tmp";
+  std::error_code ec;
+  fs::remove(latest_tmp, ec);  // a link or leftover there is never written through
   {
     std::ofstream out(latest_tmp, std::ios::trunc);
     out << step_dir_name(step) << "\n";
@@ -91,11 +103,26 @@ void commit(const std::string& root, int64_t step, int keep) {
   fs::rename(latest_tmp, root + "/" + kLatestFile, ec);
   if (ec) fail("cannot rename " + latest_tmp + " to latest: " + ec.message());
   fsync_path(root);
-  fs::remove_all(final_dir + ".old.tmp", ec);
-  if (keep <= 0) return;
-  std::vector<int64_t> steps = list_steps(root);
-  for (size_t i = 0; i + size_t(keep) < steps.size(); ++i)
-    if (steps[i] != step) fs::remove_all(root + "/" + step_dir_name(steps[i]), ec);
+}
+
+std::string move_aside(const std::string& root, const std::vector<std::string>& names) {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  std::string aside = root + "/previous_" + stamp;
+  for (int i = 2; fs::exists(aside); ++i) aside = root + "/previous_" + stamp + "_" + std::to_string(i);
+  std::error_code ec;
+  if (!fs::create_directory(aside, ec))
+    fail("cannot create " + aside + ": " + ec.message(), "check that checkpoint.dir is writable");
+  for (const auto& name : names) {
+    fs::rename(root + "/" + name, aside + "/" + name, ec);
+    if (ec) fail("cannot move " + root + "/" + name + " into " + aside + ": " + ec.message());
+  }
+  fsync_path(aside);
+  fsync_path(root);
+  return aside;
 }
 
 int clean_stale(const std::string& root) {
@@ -131,7 +158,9 @@ std::string latest_dir(const std::string& root) {
   const std::string dir = root + "/" + name;
   if (name.empty() || !fs::is_directory(dir))
     fail(latest + " names \"" + name + "\", which is not a checkpoint directory",
-         "remove " + latest + " to start afresh, or point it at an existing step_<N>");
+         "resume from an existing step (dtrain launch SPEC --resume-from " + root +
+             "/step_<N>), or start afresh with dtrain launch SPEC --fresh (moves the old steps "
+             "aside into previous_<time>/)");
   return dir;
 }
 
@@ -147,6 +176,48 @@ std::string resolve(const std::string& path) {
   if (fs::is_regular_file(path) && fs::path(path).filename() == kLatestFile)
     return latest_dir(fs::path(path).parent_path().string());
   fail("checkpoint " + path + " does not exist");
+}
+
+std::string owning_root(const std::string& dir) {
+  fs::path p = fs::absolute(dir).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  int64_t step = 0;
+  return parse_step_dir(p.filename().string(), &step) ? p.parent_path().string() : p.string();
+}
+
+namespace {
+
+// The real directory of a path's parent plus its last name (the name itself
+// is not resolved: a link named OUT is OUT, not its target).
+fs::path real_location(const std::string& path) {
+  fs::path p = fs::absolute(path).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  std::error_code ec;
+  fs::path parent = fs::weakly_canonical(p.parent_path(), ec);
+  return (ec ? p.parent_path() : parent) / p.filename();
+}
+
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  auto rel = inner.lexically_relative(outer);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+}  // namespace
+
+void check_outside(const std::string& out, const std::string& field, const std::string& given,
+                   const std::string& dir) {
+  const fs::path target = real_location(out);
+  for (const std::string& src : {given, dir, owning_root(dir)}) {
+    std::error_code ec;
+    fs::path root = fs::weakly_canonical(fs::absolute(src), ec);
+    if (ec) continue;
+    if (is_within(target, root))
+      throw Error(ErrorCode::config,
+                  field + " = " + out + " is inside the checkpoint being read (" + root.string() +
+                      "); writing there would clobber it",
+                  "write the output outside " + root.string() +
+                      ", e.g. " + (root.parent_path() / "merged.safetensors").string());
+  }
 }
 
 }  // namespace dtrain::checkpoint

@@ -24,6 +24,11 @@ void fsync_path(const std::string& path);
 // (replacing an existing step_<N>), fsync root, replace `latest`, then
 // delete complete checkpoints beyond the newest `keep` (keep <= 0: keep all).
 void commit(const std::string& root, int64_t step, int keep);
+// Points <root>/latest at step_<N>: latest.tmp written, fsynced, renamed.
+void set_latest(const std::string& root, int64_t step);
+// Moves the named entries of root (step_<N> dirs, `latest`) into a new
+// <root>/previous_<UTC time>/ (never deleted by `keep`); returns its path.
+std::string move_aside(const std::string& root, const std::vector<std::string>& names);
 // Removes <root>/*.tmp and latest.tmp; returns how many entries it removed.
 int clean_stale(const std::string& root);
 // Steps of the complete step_<N> directories of root, ascending.
@@ -35,5 +40,13 @@ std::string latest_dir(const std::string& root);
 // index.json), a run's checkpoint root (follows latest), or the latest file.
 // Throws dtrain::Error(checkpoint) naming the path when it is none of them.
 std::string resolve(const std::string& path);
+// The directory a checkpoint belongs to: for <root>/step_<N>, <root> (its
+// `latest` and sibling steps are part of the run); for any other dir, itself.
+std::string owning_root(const std::string& dir);
+// Throws dtrain::Error(config) naming `field` when `out` lies inside `given`
+// (what the user passed), the resolved checkpoint `dir`, or its owning_root:
+// writing there would clobber the checkpoint being read.
+void check_outside(const std::string& out, const std::string& field, const std::string& given,
+                   const std::string& dir);
 
 }  // namespace dtrain::checkpoint

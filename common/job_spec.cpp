@@ -3,8 +3,12 @@
 // The steps themselves live in spec_parse / spec_convert / spec_validate.
 #include "common/job_spec.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <tuple>
@@ -53,6 +57,34 @@ void finish(detail::Problems& problems, const std::string& source,
     warnings->insert(warnings->end(), problems.warnings.begin(), problems.warnings.end());
 }
 
+// A spec must be a regular, non-empty file of sensible size: a directory,
+// a FIFO or a device would otherwise read as an empty spec (all defaults)
+// or never end.
+void check_spec_file(const std::string& path) {
+  constexpr uintmax_t kMaxSpecBytes = 4u << 20;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw Error(ErrorCode::config, "SPEC = " + path + ": " + std::strerror(errno),
+                "pass the path of a YAML spec, e.g. configs/quickstart.yaml");
+  const char* kind = S_ISDIR(st.st_mode)   ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                     : (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) ? "a device"
+                     : S_ISREG(st.st_mode)  ? nullptr
+                                            : "not a regular file";
+  if (kind)
+    throw Error(ErrorCode::config, "SPEC = " + path + " is " + kind + ", not a YAML file",
+                "pass the path of a YAML spec, e.g. configs/quickstart.yaml");
+  if (st.st_size == 0)
+    throw Error(ErrorCode::config, "SPEC = " + path + " is empty (0 bytes)",
+                "write the job spec into it; configs/quickstart.yaml is a complete example");
+  if (uintmax_t(st.st_size) > kMaxSpecBytes)
+    throw Error(ErrorCode::config,
+                "SPEC = " + path + " is " + std::to_string(st.st_size) +
+                    " bytes, more than a job spec's maximum of 4 MiB",
+                "pass the YAML job spec, not a data file");
+}
+
 }  // namespace
 
 JobSpec parse_job_spec(const std::string& yaml_text, const std::string& source,
@@ -75,6 +107,7 @@ JobSpec parse_job_spec(const std::string& yaml_text, const std::string& source,
 
 JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides,
                       std::vector<std::string>* warnings) {
+  check_spec_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw Error(ErrorCode::config, path + ": cannot read the job spec (no such file, or not "
@@ -82,6 +115,13 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
                 "pass the path of a YAML spec, e.g. configs/quickstart.yaml");
   std::ostringstream text;
   text << in.rdbuf();
+  const YAML::Node root = detail::parse_yaml_text(text.str(), path);
+  if (!root || root.IsNull())
+    throw Error(ErrorCode::config,
+                "SPEC = " + path + " holds no YAML (only blanks or comments): a job spec is a "
+                                   "mapping of sections",
+                "write at least one section, e.g. job: {name: my-run}; configs/quickstart.yaml "
+                "is a complete example");
   return parse_job_spec(text.str(), path, overrides, warnings);
 }
 

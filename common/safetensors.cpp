@@ -69,7 +69,7 @@ std::vector<uint32_t> write_file(const std::string& path, const std::vector<Tens
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data section to 8 bytes
   const uint64_t total = offset;
 
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) fail("cannot create " + path + ": " + std::strerror(errno));
   std::vector<uint32_t> crcs;
   try {

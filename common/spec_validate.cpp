@@ -3,9 +3,11 @@
 // problem is collected with its origin, the value and the fix; nothing throws.
 // Poor but legal choices become warnings.
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
+#include "common/model_size.h"
 #include "common/spec_detail.h"
 
 namespace dtrain::detail {
@@ -202,6 +204,39 @@ void check_divisibility(const Checker& c) {
                                choices("heads", m.d_model));
 }
 
+// Products of fields, computed in 64 bits (or doubles) so that no value
+// overflows before it is compared with its stated maximum.
+void check_sizes(const Checker& c) {
+  const JobSpec& s = c.spec;
+  constexpr int64_t kMaxGlobalBatch = int64_t(1) << 24;  // samples per step
+  if (!c.bad({"train.micro_batch", "train.grad_accum", "parallel.dp"}) && s.train.micro_batch >= 1 &&
+      s.train.grad_accum >= 1 && s.parallel.dp >= 1) {
+    const int64_t gbs = int64_t(s.train.micro_batch) * s.train.grad_accum * s.parallel.dp;
+    if (gbs > kMaxGlobalBatch)
+      c.problems.error(c.origin.where_any({"train.micro_batch", "train.grad_accum", "parallel.dp"}),
+                       "train.micro_batch(" + str(s.train.micro_batch) + ") * train.grad_accum(" +
+                           str(s.train.grad_accum) + ") * parallel.dp(" + str(s.parallel.dp) +
+                           ") = " + std::to_string(gbs) + " samples per step is more than the "
+                           "maximum " + std::to_string(kMaxGlobalBatch) +
+                           "; use a smaller train.micro_batch");
+  }
+  const ModelSpec& m = s.model;
+  if (c.bad({"model.vocab", "model.layers", "model.d_model", "model.seq_len"}) || m.vocab < 1 ||
+      m.layers < 1 || m.d_model < 1 || m.seq_len < 1)
+    return;
+  const double params = model_size(s).params;
+  if (params > kMaxParams) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3g", params);
+    c.problems.error(c.origin.where_any({"model.d_model", "model.layers", "model.vocab",
+                                         "model.seq_len"}),
+                     "model.d_model = " + str(m.d_model) + ", model.layers = " + str(m.layers) +
+                         ", model.vocab = " + str(m.vocab) + ": " + text +
+                         " parameters, more than the maximum 1e12 (16 TB of fp32 training "
+                         "state); use a smaller model.d_model or model.layers");
+  }
+}
+
 // Legal but poor choices, and settings that are ignored.
 void check_warnings(const Checker& c) {
   const JobSpec& s = c.spec;
@@ -234,6 +269,7 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
   check_enums(c);
   check_world(c);
   check_divisibility(c);
+  check_sizes(c);
   check_warnings(c);
 }
 

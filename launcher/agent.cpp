@@ -173,8 +173,12 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
     w.spec.error_file = error_file_path(config_.run_dir, w.rank);
     w.spec.console = show.empty() || std::find(show.begin(), show.end(), w.rank) != show.end();
     std::remove(w.spec.error_file.c_str());  // a stale file must not explain this run
-    bool truncate = opened_logs_.insert(w.rank).second;
-    w.pid = procs_->spawn(w.rank, w.spec, truncate);
+    // Logs are appended to, never truncated: an earlier run's or restart's
+    // output stays above this separator.
+    w.pid = procs_->spawn(w.rank, w.spec,
+                          "===== dtrain: " + config_.log_header + ", round " +
+                              std::to_string(a.round) + ", restart " + std::to_string(restart) +
+                              ", rank " + std::to_string(w.rank) + " =====");
     w.state = WorkerState::HEALTHY;
     group_.workers.push_back(std::move(w));
   }

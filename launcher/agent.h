@@ -6,7 +6,6 @@
 
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +31,7 @@ struct AgentConfig {
   std::vector<std::string> extra_env;
   std::string run_dir;                  // absolute log.dir
   std::string spec_path;                // <run_dir>/spec.resolved.yaml
+  std::string log_header;               // names this run in the rank logs' separator lines
 };
 
 class Agent {
@@ -72,7 +72,6 @@ class Agent {
   std::unique_ptr<Heartbeat> heartbeat_;
   WorkerGroup group_;
   std::optional<Worker> first_failure_;  // of the current round
-  std::set<int> opened_logs_;            // ranks whose log this agent started
   int failures_ = 0;                     // restarts this agent asked for
   int stop_signal_ = 0;                  // SIGINT/SIGTERM dtrain received
   int num_nodes_ = 1;

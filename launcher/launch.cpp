@@ -1,6 +1,7 @@
 // launch(): `dtrain launch` as a library call. Resolves the entrypoint, the
 // run directory and the rendezvous (embedded server on one machine / node 0,
 // else a client of --rdzv), then runs the Agent. Exit-code rules: launch.h.
+// The run directories are locked for the whole call.
 #include "launcher/launch.h"
 
 #include <netinet/in.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <climits>
 #include <filesystem>
@@ -15,10 +17,16 @@
 #include <memory>
 #include <thread>
 
+#include "common/checkpoint_dir.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/model_size.h"
+#include "common/safe_output.h"
 #include "launcher/agent.h"
+#include "launcher/checkpoint_start.h"
 #include "launcher/gpus.h"
+#include "launcher/input_checks.h"
+#include "launcher/run_dir_lock.h"
 #include "rendezvous/rendezvous_client.h"
 #include "rendezvous/rendezvous_server.h"
 #include "rendezvous/token.h"
@@ -75,25 +83,58 @@ std::vector<std::string> resolve_entrypoint(const JobSpec& spec) {
   return {worker};
 }
 
-// Create log.dir and write the resolved spec (DTRAIN_SPEC) atomically: two
-// agents on one machine may share the directory.
-std::pair<std::string, std::string> prepare_run_dir(const JobSpec& spec) {
+std::string absolute_dir(const std::string& dir) {
   std::error_code ec;
-  fs::path dir = fs::absolute(spec.log.dir, ec).lexically_normal();
-  fs::create_directories(dir, ec);
-  if (!fs::is_directory(dir))
-    throw Error(ErrorCode::config, "log.dir = " + spec.log.dir + ": cannot create " + dir.string(),
-                "choose a writable directory");
-  std::string run_dir = dir.string();
-  if (run_dir.size() > 1 && run_dir.back() == '/') run_dir.pop_back();
-  std::string spec_path = run_dir + "/spec.resolved.yaml";
-  std::string tmp = spec_path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp);
-    out << job_spec_to_yaml(spec);
+  std::string out = fs::absolute(dir, ec).lexically_normal().string();
+  if (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
+}
+
+// log.dir and checkpoint.dir, locked for this job (one lock when they are
+// the same directory), held until launch() returns.
+struct RunDirLocks {
+  std::unique_ptr<RunDirLock> log, checkpoint;
+  // True when this agent decides what happens to checkpoint.dir's contents
+  // (another agent of the same job may hold its lock instead).
+  bool owns_checkpoints() const {
+    return checkpoint ? checkpoint->holds() : log && log->holds();
   }
-  fs::rename(tmp, spec_path, ec);
-  if (ec) throw Error(ErrorCode::config, "cannot write " + spec_path + ": " + ec.message());
+};
+
+RunDirLocks lock_run_dirs(const JobSpec& spec, const LockOwner& me) {
+  RunDirLocks locks;
+  const std::string log_dir = absolute_dir(spec.log.dir);
+  locks.log = std::make_unique<RunDirLock>(log_dir, "log.dir", me);
+  if (!spec.checkpoint.dir.empty()) {
+    const std::string ckpt_dir = absolute_dir(spec.checkpoint.dir);
+    std::error_code ec;
+    if (!fs::exists(ckpt_dir) || !fs::equivalent(ckpt_dir, log_dir, ec))
+      locks.checkpoint = std::make_unique<RunDirLock>(ckpt_dir, "checkpoint.dir", me);
+  }
+  return locks;
+}
+
+// A run that starts from scratch starts a new metrics.jsonl (the trainer
+// truncates it): an earlier run's file is renamed, not lost.
+void keep_earlier_metrics(const std::string& run_dir, const LockOwner& me) {
+  const std::string path = run_dir + "/metrics.jsonl";
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(path)) || fs::file_size(path, ec) == 0) return;
+  std::string stamp = me.started;
+  stamp.erase(std::remove(stamp.begin(), stamp.end(), ':'), stamp.end());
+  const std::string kept = run_dir + "/metrics.before_" + stamp + ".jsonl";
+  if (fs::exists(kept) || ::rename(path.c_str(), kept.c_str()) != 0) return;
+  DTRAIN_INFO("log.dir = {}: this run starts from scratch; the earlier metrics.jsonl is now {}",
+              run_dir, kept);
+}
+
+// Write the resolved spec (DTRAIN_SPEC) into the locked log.dir: a new file
+// renamed into place, never through a link.
+std::pair<std::string, std::string> prepare_run_dir(const JobSpec& spec) {
+  std::string run_dir = absolute_dir(spec.log.dir);
+  std::string spec_path = run_dir + "/spec.resolved.yaml";
+  write_file_safely(spec_path, job_spec_to_yaml(spec), "log.dir's spec.resolved.yaml",
+                    Clobber::replace);
   return {run_dir, spec_path};
 }
 
@@ -128,17 +169,40 @@ std::string self_dir() {
 
 int launch(const JobSpec& spec, const LaunchOptions& options) {
   check_devices(spec);  // before anything starts
+  check_data_file(spec);
+  check_fits_memory(spec, options.allow_large);
   AgentConfig config;
   config.entrypoint = resolve_entrypoint(spec);
-  std::tie(config.run_dir, config.spec_path) = prepare_run_dir(spec);
   config.job = spec.job.name;
   config.console_ranks = options.console_ranks;
   config.extra_env = options.extra_env;
   config.node_rank = options.node_rank;
+  config.hostname = hostname();
 
   const bool one_machine = spec.cluster.nodes_max == 1 && options.rdzv.empty();
   config.token = rendezvous::read_token(spec.cluster.rendezvous.token_file, !one_machine);
   if (config.token.empty()) config.token = rendezvous::random_token();
+
+  // One job per run directory; the agent holding checkpoint.dir's lock
+  // settles its old steps before any worker of the job can start (workers
+  // start only after every agent has joined the round).
+  // A one-machine job is this process alone; agents of a multi-node job
+  // share its token, so they share its directories.
+  const std::string job_key = one_machine ? config.token + ":" + std::to_string(::getpid()) : config.token;
+  const LockOwner me = this_agent(spec.job.name, job_id_of(spec.job.name, job_key), config.hostname);
+  RunDirLocks locks = lock_run_dirs(spec, me);
+  if (locks.owns_checkpoints()) {
+    const std::string from = prepare_checkpoint_start(
+        spec.checkpoint.dir.empty() ? "" : absolute_dir(spec.checkpoint.dir),
+        {options.resume_from, options.fresh});
+    if (from.empty() && locks.log->holds()) keep_earlier_metrics(absolute_dir(spec.log.dir), me);
+  }
+  if (!options.resume_from.empty())
+    config.extra_env.push_back("DTRAIN_RESUME_FROM=" +
+                               fs::absolute(checkpoint::resolve(options.resume_from)).string());
+  config.log_header = "job '" + spec.job.name + "' run of " + me.started + " (agent pid " +
+                      std::to_string(me.pid) + " on " + me.host + ")";
+  std::tie(config.run_dir, config.spec_path) = prepare_run_dir(spec);
 
   std::unique_ptr<rendezvous::RendezvousServer> server;
   if (one_machine) {
@@ -160,7 +224,6 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   }
   auto [rdzv_host, rdzv_port] = split_endpoint(config.endpoint);
   (void)rdzv_port;
-  config.hostname = hostname();
   config.host = is_loopback(rdzv_host) ? "127.0.0.1" : config.hostname;
   config.node_id = config.host + ":" + std::to_string(::getpid());
 

@@ -15,6 +15,9 @@ struct LaunchOptions {
   std::vector<int> console_ranks;    // ranks whose output reaches the console (empty = all)
   bool allow_slow = false;
   std::vector<std::string> extra_env;  // "K=V" added to every worker's environment
+  std::string resume_from;  // a checkpoint to load first ("" = checkpoint.dir's latest, if any)
+  bool fresh = false;       // move checkpoint.dir's old steps aside and start from scratch
+  bool allow_large = false; // skip the training-state-fits-in-memory check (common/model_size.h)
 };
 
 // Returns the job's exit code (0 when every worker of the final round
@@ -24,6 +27,9 @@ struct LaunchOptions {
 // block); 128 + sig when dtrain itself got SIGINT/SIGTERM (forwarded to the
 // workers, SIGKILL after cluster.grace_s; it returns only when none is left).
 // A lost rendezvous (3 missed heartbeats) throws Error(rendezvous).
+// Before anything starts, log.dir and checkpoint.dir are locked for this job
+// (launcher/run_dir_lock.h; a directory in use by another job is refused)
+// and checkpoint.dir's old steps are dealt with (launcher/checkpoint_start.h).
 int launch(const JobSpec& spec, const LaunchOptions& options);
 
 // Directory of the running dtrain binary (to find dtrain-worker beside it).

@@ -17,9 +17,9 @@ ProcessGroup::~ProcessGroup() {
   entries_.clear();  // ~Process reaps
 }
 
-pid_t ProcessGroup::spawn(int rank, const WorkerSpec& spec, bool truncate_log) {
+pid_t ProcessGroup::spawn(int rank, const WorkerSpec& spec, const std::string& log_header) {
   Entry entry;
-  entry.output = std::make_unique<RankOutput>(rank, spec.log_path, spec.console, truncate_log);
+  entry.output = std::make_unique<RankOutput>(rank, spec.log_path, spec.console, log_header);
   entry.process = std::make_unique<Process>(spec);
   pid_t pid = entry.process->pid();
   entries_.push_back(std::move(entry));

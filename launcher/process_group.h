@@ -30,8 +30,9 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  // Spawn one more worker; truncate_log starts its log afresh. Throws like Process.
-  pid_t spawn(int rank, const WorkerSpec& spec, bool truncate_log);
+  // Spawn one more worker; its log is appended to, after the line
+  // log_header. Throws like Process.
+  pid_t spawn(int rank, const WorkerSpec& spec, const std::string& log_header);
 
   // Wait up to timeout_s for output, exits or a wake-up; pump output; reap.
   std::vector<ExitEvent> poll(double timeout_s);

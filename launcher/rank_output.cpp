@@ -30,19 +30,24 @@ void write_all(int fd, const char* data, size_t size) {
 
 }  // namespace
 
-RankOutput::RankOutput(int rank, const std::string& log_path, bool console, bool truncate)
+RankOutput::RankOutput(int rank, const std::string& log_path, bool console,
+                       const std::string& header)
     : prefix_("[rank " + std::to_string(rank) + "] "), console_(console) {
-  int flags = O_RDWR | O_CREAT | O_CLOEXEC | (truncate ? O_TRUNC : O_APPEND);
-  log_fd_ = ::open(log_path.c_str(), flags, 0644);
+  log_fd_ = ::open(log_path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (log_fd_ < 0)
     throw Error(ErrorCode::config,
                 "cannot open worker log " + log_path + ": " + std::strerror(errno),
-                "check that log.dir is writable");
-  // A restart appends: start on a fresh line if the last run ended mid-line.
+                errno == ELOOP ? "it is a symbolic link: remove it (dtrain never writes through links)"
+                               : "check that log.dir is writable");
+  // Start on a fresh line if the last run ended mid-line.
   off_t size = ::lseek(log_fd_, 0, SEEK_END);
   char last = '\n';
-  if (!truncate && size > 0 && ::pread(log_fd_, &last, 1, size - 1) == 1 && last != '\n')
+  if (size > 0 && ::pread(log_fd_, &last, 1, size - 1) == 1 && last != '\n')
     write_all(log_fd_, "\n", 1);
+  if (!header.empty()) {
+    const std::string line = header + "\n";
+    write_all(log_fd_, line.data(), line.size());
+  }
 }
 
 RankOutput::~RankOutput() {

@@ -1,6 +1,8 @@
 // Where one worker's output goes: every byte to its log file
 // (<log.dir>/rank_<r>.log), and whole lines to the console with a
 // "[rank r] " prefix when that rank is selected (--ranks). Reads no pipes.
+// A log is only ever appended to: each run and restart starts with a
+// separator line, so an earlier run's output is never lost.
 #pragma once
 
 #include <cstddef>
@@ -11,8 +13,9 @@ namespace dtrain::launcher {
 
 class RankOutput {
  public:
-  // truncate: start a new log (first run); otherwise append (restarts).
-  RankOutput(int rank, const std::string& log_path, bool console, bool truncate);
+  // Appends to log_path (created if missing, never through a link), first
+  // the line `header` (on a fresh line).
+  RankOutput(int rank, const std::string& log_path, bool console, const std::string& header);
   ~RankOutput();
   RankOutput(const RankOutput&) = delete;
   RankOutput& operator=(const RankOutput&) = delete;

@@ -32,6 +32,9 @@ inline grpc::ChannelArguments client_channel_args() {
 }
 
 inline void apply_server_options(grpc::ServerBuilder& builder) {
+  // gRPC sets SO_REUSEPORT by default: a second server on the same port would
+  // bind too and take half of the agents. One server per port.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kServerKeepaliveTimeMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

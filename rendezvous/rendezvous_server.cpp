@@ -6,12 +6,14 @@
 #include "rendezvous/rendezvous_server.h"
 
 #include <condition_variable>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/port_owner.h"
 #include "rendezvous/grpc_options.h"
 #include "rendezvous/rendezvous.grpc.pb.h"
 #include "rendezvous/rendezvous_proto.h"
@@ -271,9 +273,14 @@ int RendezvousServer::start(const std::string& address) {
   detail::apply_server_options(builder);
   builder.RegisterService(impl_.get());
   impl_->server = builder.BuildAndStart();
-  if (!impl_->server || port == 0)
-    throw Error(ErrorCode::rendezvous, "rendezvous server cannot listen on " + address,
-                "is the port already in use? pick another with --port, or 0 for any free port");
+  if (!impl_->server || port == 0) {
+    const std::string wanted = address.substr(address.rfind(':') + 1);
+    const std::string owner = port_owner(std::atoi(wanted.c_str()));
+    throw Error(ErrorCode::rendezvous,
+                "rendezvous server cannot listen on " + address + ": port " + wanted +
+                    " is in use" + (owner.empty() ? "" : " (by " + owner + ")"),
+                "stop that server, or pick another port with --port (0 = any free port)");
+  }
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->started = true;

@@ -1,7 +1,9 @@
 // Renderings of a Placement for `dtrain topo`: a text table, the stable JSON
 // schema of issue 2, and an SVG drawing (nodes as boxes, devices coloured by
 // TP group, PP stages left to right, edges labelled with their link tier).
-// Formatting only: the placement math is in topology.cpp.
+// Formatting only: the placement math is in topology.cpp. The text stays
+// readable at any size: past kTextRanksMax ranks the rank table and the group
+// list are summarised (JSON keeps everything); every rendering is linear.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -40,37 +42,85 @@ std::string mesh_line(const Placement& p) {
          std::to_string(m.world());
 }
 
+constexpr size_t kTextRanksMax = 256;      // larger jobs: summarised text
+constexpr size_t kRanksHead = 64, kRanksTail = 8;
+constexpr size_t kGroupRanksShown = 16;    // a longer group shows its ends
+constexpr size_t kGroupsPerAxisShown = 8;  // in a summarised job
+
+void text_rank_row(std::ostringstream& out, const RankPlacement& r, const Cluster& cluster,
+                   size_t host_w) {
+  std::string host = r.node < static_cast<int>(cluster.nodes.size()) ? cluster.nodes[r.node].host : "?";
+  out << rpad(std::to_string(r.rank), 5) << rpad(std::to_string(r.node), 6) << "  "
+      << pad(host, host_w) << rpad(std::to_string(r.device), 8) << rpad(std::to_string(r.dp), 5)
+      << rpad(std::to_string(r.tp), 5) << rpad(std::to_string(r.pp), 5)
+      << rpad(std::to_string(r.ep), 5) << "\n";
+}
+
 void text_ranks(std::ostringstream& out, const Placement& p, const Cluster& cluster) {
   size_t host_w = 4;
   for (const auto& n : cluster.nodes) host_w = std::max(host_w, n.host.size());
   out << rpad("rank", 5) << rpad("node", 6) << "  " << pad("host", host_w) << rpad("device", 8)
       << rpad("dp", 5) << rpad("tp", 5) << rpad("pp", 5) << rpad("ep", 5) << "\n";
-  for (const auto& r : p.ranks) {
-    std::string host = r.node < static_cast<int>(cluster.nodes.size()) ? cluster.nodes[r.node].host : "?";
-    out << rpad(std::to_string(r.rank), 5) << rpad(std::to_string(r.node), 6) << "  "
-        << pad(host, host_w) << rpad(std::to_string(r.device), 8) << rpad(std::to_string(r.dp), 5)
-        << rpad(std::to_string(r.tp), 5) << rpad(std::to_string(r.pp), 5)
-        << rpad(std::to_string(r.ep), 5) << "\n";
+  const size_t n = p.ranks.size();
+  const bool summarise = n > kTextRanksMax;
+  for (size_t i = 0; i < n; ++i) {
+    if (summarise && i == kRanksHead) {
+      out << "  ... " << (n - kRanksHead - kRanksTail)
+          << " ranks not shown (--format json lists every rank)\n";
+      i = n - kRanksTail;
+    }
+    text_rank_row(out, p.ranks[i], cluster, host_w);
   }
 }
 
+// "[0, 8, 16]", or for a long group "[0, 8, 16, 24, ..., 4088] (512 ranks)".
+std::string group_ranks_text(const std::vector<int>& ranks) {
+  if (ranks.size() <= kGroupRanksShown) return "[" + detail::join_ints(ranks, ", ") + "]";
+  std::vector<int> head(ranks.begin(), ranks.begin() + 4);
+  std::vector<int> tail(ranks.end() - 2, ranks.end());
+  return "[" + detail::join_ints(head, ", ") + ", ..., " + detail::join_ints(tail, ", ") + "] (" +
+         std::to_string(ranks.size()) + " ranks)";
+}
+
 void text_groups(std::ostringstream& out, const Placement& p) {
+  const bool summarise = p.ranks.size() > kTextRanksMax;
   std::vector<std::string> ranks;
   size_t w = 5;
   for (const auto& g : p.groups) {
-    ranks.push_back("[" + detail::join_ints(g.ranks, ", ") + "]");
+    ranks.push_back(group_ranks_text(g.ranks));
     w = std::max(w, ranks.back().size());
   }
   out << pad("axis", 6) << pad("ranks", w + 2) << pad("tier", 10) << "bytes/step\n";
   bool skipped = false;
+  // Per axis: groups listed, and of the rest, how many per link tier.
+  std::map<std::string, size_t> listed;
+  std::map<std::string, std::map<std::string, size_t>> hidden;
+  std::vector<std::string> axis_order;
   for (size_t i = 0; i < p.groups.size(); ++i) {
     const Group& g = p.groups[i];
     if (g.ranks.size() < 2) {
       skipped = true;  // a one-rank group moves nothing over any link
       continue;
     }
+    if (!listed.count(g.axis) && !hidden.count(g.axis)) axis_order.push_back(g.axis);
+    if (summarise && listed[g.axis] >= kGroupsPerAxisShown) {
+      ++hidden[g.axis][link_tier_name(g.tier)];
+      continue;
+    }
+    ++listed[g.axis];
     out << pad(g.axis, 6) << pad(ranks[i], w + 2) << pad(link_tier_name(g.tier), 10)
         << human_bytes(g.bytes_per_step) << "\n";
+  }
+  for (const auto& axis : axis_order) {
+    if (!hidden.count(axis)) continue;
+    size_t total = 0;
+    std::string tiers;
+    for (const auto& [tier, count] : hidden[axis]) {
+      total += count;
+      tiers += (tiers.empty() ? "" : ", ") + std::to_string(count) + " over " + tier;
+    }
+    out << "  ... " << total << " more " << axis << " groups (" << tiers
+        << "; --format json lists every group)\n";
   }
   if (skipped) out << "(axes of size 1 have one-rank groups that move nothing; not listed)\n";
 }

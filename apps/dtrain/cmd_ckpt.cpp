@@ -1,7 +1,9 @@
 // `dtrain ckpt inspect DIR` and `dtrain ckpt merge DIR OUT.safetensors
 // [--with-optimizer]`: read a checkpoint through its index (no LibTorch).
 // Inspect prints step, mesh, files and tensors and verifies every checksum;
-// merge writes one file of full tensors. The format is common/checkpoint_*.
+// merge writes one file of full tensors, never over an existing file (unless
+// --force), a link, or anything inside the checkpoint it reads. The format is
+// common/checkpoint_*; the safe write is common/safe_output.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +12,7 @@
 #include "apps/dtrain/command.h"
 #include "common/checkpoint_dir.h"
 #include "common/checkpoint_reader.h"
+#include "common/safe_output.h"
 #include "common/safetensors.h"
 
 namespace dtrain::app {
@@ -51,9 +54,13 @@ int run_inspect(const std::string& path, bool verify) {
   return 0;
 }
 
-int run_merge(const std::string& path, const std::string& out, bool with_optimizer) {
+int run_merge(const std::string& path, const std::string& out, bool with_optimizer, bool force) {
   const std::string dir = checkpoint::resolve(path);
-  auto stats = checkpoint::merge(dir, out, with_optimizer);
+  checkpoint::check_outside(out, "OUT", path, dir);
+  // Checked (and the temporary created) before the shards are read.
+  SafeOutput target(out, "OUT", force ? Clobber::replace : Clobber::refuse);
+  auto stats = checkpoint::merge(dir, target.tmp_path(), with_optimizer);
+  target.commit();
   std::cout << "merged " << dir << " into " << out << ": " << stats.tensors << " tensors, "
             << mb(stats.bytes) << (with_optimizer ? " (with optimizer state)" : "") << "\n";
   return 0;
@@ -76,6 +83,7 @@ void add_ckpt(CLI::App& app, int& exit_code) {
   struct MergeArgs {
     std::string dir, out;
     bool with_optimizer = false;
+    bool force = false;
   };
   auto ma = std::make_shared<MergeArgs>();
   auto* merge = cmd->add_subcommand("merge", "write one safetensors file of full tensors");
@@ -83,7 +91,10 @@ void add_ckpt(CLI::App& app, int& exit_code) {
   merge->add_option("out", ma->out, "output .safetensors file")->required();
   merge->add_flag("--with-optimizer", ma->with_optimizer,
                   "also write AdamW state as optim.exp_avg.<name> and optim.exp_avg_sq.<name>");
-  merge->callback([ma, &exit_code] { exit_code = run_merge(ma->dir, ma->out, ma->with_optimizer); });
+  merge->add_flag("--force", ma->force, "replace OUT when it is an existing file");
+  merge->callback([ma, &exit_code] {
+    exit_code = run_merge(ma->dir, ma->out, ma->with_optimizer, ma->force);
+  });
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "apps/dtrain/command.h"
 #include "common/checkpoint_dir.h"
@@ -25,19 +24,23 @@ struct ResumeArgs {
   int node_rank = -1;
   std::string rdzv;
   std::vector<int> ranks;
+  bool allow_large = false;
 };
 
 // The stored spec as a file load_job_spec can read (removed on scope exit).
 class SpecFile {
  public:
   explicit SpecFile(const std::string& yaml) {
-    char tmpl[] = "/tmp/dtrain-resume-XXXXXX";
-    int fd = ::mkstemp(tmpl);
+    // mkstemps: created O_EXCL under its final name, so no other file or link
+    // by that name is ever written through.
+    char tmpl[] = "/tmp/dtrain-resume-XXXXXX.yaml";
+    int fd = ::mkstemps(tmpl, 5);
     if (fd < 0) throw Error(ErrorCode::internal, "cannot create a temporary spec file in /tmp");
+    path_ = tmpl;
+    bool ok = ::write(fd, yaml.data(), yaml.size()) == ssize_t(yaml.size());
     ::close(fd);
-    path_ = std::string(tmpl) + ".yaml";
-    std::filesystem::rename(tmpl, path_);
-    std::ofstream(path_) << yaml;
+    if (!ok) ::unlink(tmpl);
+    if (!ok) throw Error(ErrorCode::internal, "cannot write the temporary spec file " + path_);
   }
   ~SpecFile() { std::remove(path_.c_str()); }
   const std::string& path() const { return path_; }
@@ -66,14 +69,17 @@ int run_resume(const ResumeArgs& args) {
     DTRAIN_WARN("the checkpoint is at step {} and train.steps = {}: nothing to train; "
                 "use --set train.steps=<more>", x.step, spec.train.steps);
 
+  check_node_and_ranks(spec, args.node_rank, args.ranks);
   launcher::LaunchOptions options;
+  options.allow_large = args.allow_large;
   options.node_rank = args.node_rank;
   if (options.node_rank < 0 && spec.cluster.nodes_max == 1) options.node_rank = 0;
   options.rdzv = args.rdzv;
   options.console_ranks = args.ranks;
   // Workers load exactly this checkpoint on the first launch; an agent
-  // restart after that loads `latest` (DTRAIN_RESTART > 0).
-  options.extra_env.push_back("DTRAIN_RESUME_FROM=" + std::filesystem::absolute(dir).string());
+  // restart after that loads `latest` (DTRAIN_RESTART > 0). Steps newer than
+  // it are moved aside first (launcher/checkpoint_start.h).
+  options.resume_from = std::filesystem::absolute(dir).string();
   return launcher::launch(spec, options);
 }
 
@@ -82,7 +88,10 @@ void add_resume(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("resume", "continue a run from its checkpoint (spec from the checkpoint)");
   cmd->add_option("--ckpt", args->ckpt, "a run's checkpoint.dir (uses latest) or one step_<N>")->required();
   cmd->add_option("--set", args->sets, "override a stored spec field: key.path=value (YAML value)");
-  cmd->add_option("--node-rank", args->node_rank, "this machine's node rank (node 0 hosts the rendezvous)");
+  cmd->add_option("--node-rank", args->node_rank, "this machine's node rank (node 0 hosts the rendezvous)")
+      ->check(CLI::Range(0, kMaxNodes - 1));
+  cmd->add_flag("--allow-large", args->allow_large,
+                "start even when the training state looks larger than this machine's memory");
   cmd->add_option("--rdzv", args->rdzv, "HOST:PORT of the rendezvous");
   cmd->add_option("--ranks", args->ranks, "ranks whose output reaches the console")->delimiter(',');
   cmd->callback([args, &exit_code] { exit_code = run_resume(*args); });

@@ -2,7 +2,6 @@
 // it crosses and its bytes per step, for the spec's cluster or one described
 // by flags. Only CLI wiring: the placement is rendezvous::place_job, the same
 // call the live rendezvous makes.
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -11,6 +10,7 @@
 #include "apps/dtrain/command.h"
 #include "common/error.h"
 #include "common/job_spec.h"
+#include "common/safe_output.h"
 #include "rendezvous/topology.h"
 
 namespace dtrain::app {
@@ -25,6 +25,7 @@ struct TopoOptions {
   std::string format = "text";
   std::string svg;
   bool allow_slow = false;
+  bool force = false;
 };
 
 // Flags become spec overrides, applied after --set, so validation sees the
@@ -50,13 +51,9 @@ void run_topo(const TopoOptions& o) {
                        spec.cluster.device + "); give --gpus-per-node to describe GPU nodes");
   rendezvous::Placement placement = rendezvous::place_job(spec, spec.cluster.topology.allow_slow, warnings);
   rendezvous::Cluster cluster = rendezvous::cluster_from_spec(spec);
-  if (!o.svg.empty()) {
-    std::ofstream out(o.svg);
-    out << rendezvous::placement_to_svg(placement, cluster);
-    if (!out)
-      throw Error(ErrorCode::config, "cannot write --svg file '" + o.svg + "'",
-                  "give a path in a writable directory");
-  }
+  if (!o.svg.empty())
+    write_file_safely(o.svg, rendezvous::placement_to_svg(placement, cluster), "--svg",
+                      o.force ? Clobber::replace : Clobber::refuse);
   if (o.format == "json")
     std::cout << rendezvous::placement_to_json(placement);
   else
@@ -70,17 +67,18 @@ void add_topo(CLI::App& app, int& exit_code) {
   cmd->add_option("spec", opts->spec, "Job spec (YAML)")->required();
   cmd->add_option("--set", opts->sets, "Override a spec field: key.path=value (value read as YAML)");
   cmd->add_option("--nodes", opts->nodes, "Describe a cluster of N nodes (cluster.nodes)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, kMaxNodes));
   cmd->add_option("--gpus-per-node", opts->gpus_per_node,
                   "GPUs per node (cluster.procs_per_node, cluster.device=cuda)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--nvlink-domain", opts->nvlink_domain,
                   "GPUs per NVLink island; larger than a node = islands spanning nodes "
                   "(cluster.topology.nvlink_domain)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--format", opts->format, "Output format")
       ->check(CLI::IsMember({"text", "json"}));
-  cmd->add_option("--svg", opts->svg, "Also draw the mesh as SVG into FILE");
+  cmd->add_option("--svg", opts->svg, "Also draw the mesh as SVG into FILE (a new file)");
+  cmd->add_flag("--force", opts->force, "Replace the --svg file when it exists");
   cmd->add_flag("--allow-slow", opts->allow_slow,
                 "Accept a TP group that crosses NVLink islands (warn instead of refusing)");
   cmd->callback([opts, &exit_code] {

@@ -2,7 +2,9 @@
 // job spec, print it resolved (every field, defaults filled in), then the
 // derived values and warnings. Only CLI wiring: the rules are common/job_spec.
 // stdout stays machine-readable: text is YAML (derived values as # comments)
-// that load_job_spec reads back; json is one JSON object.
+// that load_job_spec reads back; json is one JSON object. The training
+// state must fit this machine's memory (common/model_size.h) unless
+// --allow-large.
 #include <nlohmann/json.hpp>
 
 #include <iostream>
@@ -14,6 +16,7 @@
 #include "apps/dtrain/command.h"
 #include "common/error.h"
 #include "common/job_spec.h"
+#include "common/model_size.h"
 
 namespace dtrain::app {
 namespace {
@@ -22,6 +25,7 @@ struct ValidateOptions {
   std::string spec;
   std::vector<std::string> sets;
   std::string format = "text";
+  bool allow_large = false;
 };
 
 nlohmann::ordered_json derived_json(const JobSpec& s) {
@@ -33,6 +37,9 @@ nlohmann::ordered_json derived_json(const JobSpec& s) {
   d["ranks_per_node"] = s.ranks_per_node();
   d["global_batch"] = s.global_batch();
   d["tokens_per_step"] = s.tokens_per_step();
+  const ModelSize size = model_size(s);
+  d["params"] = size.params;
+  d["train_state_bytes_per_rank"] = size.rank_bytes;
   return d;
 }
 
@@ -58,6 +65,7 @@ void print_text(const JobSpec& spec, const std::vector<std::string>& warnings) {
 void run_validate(const ValidateOptions& o) {
   std::vector<std::string> warnings;
   JobSpec spec = load_job_spec(o.spec, o.sets, &warnings);
+  check_fits_memory(spec, o.allow_large);
   if (o.format == "json")
     print_json(spec, warnings);
   else
@@ -73,6 +81,8 @@ void add_validate(CLI::App& app, int& exit_code) {
                   "Override a spec field: key.path=value (value read as YAML; repeatable)");
   cmd->add_option("--format", opts->format, "Output format")
       ->check(CLI::IsMember({"text", "json"}));
+  cmd->add_flag("--allow-large", opts->allow_large,
+                "Accept a model whose training state looks larger than this machine's memory");
   cmd->callback([opts, &exit_code] {
     run_validate(*opts);
     exit_code = 0;

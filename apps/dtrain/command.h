@@ -6,7 +6,10 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 #include <vector>
+
+#include "common/job_spec.h"
 
 namespace dtrain::app {
 
@@ -20,6 +23,19 @@ struct CommandEntry {
 };
 
 std::vector<CommandEntry>& command_registry();
+
+// Bounds of the CLI's integer options (--nodes, --node-rank).
+constexpr int kMaxNodes = 65536;
+
+// --node-rank below cluster.nodes and every --ranks entry below the world
+// size, checked once the spec is known (-1 = not given). Throws
+// dtrain::Error(config) naming the option, the value and the range.
+void check_node_and_ranks(const JobSpec& spec, int node_rank, const std::vector<int>& ranks);
+
+// The subcommand words of argv ("dtrain ckpt merge ...") against the CLI's
+// tree: an unknown one throws dtrain::Error(config) naming it, the closest
+// valid name and every valid one (CLI11 would only say a subcommand is required).
+void check_subcommands(const CLI::App& app, int argc, char** argv);
 
 struct CommandRegistrar {
   CommandRegistrar(int order, CommandAdder add) {

@@ -13,6 +13,7 @@ std::vector<CommandEntry>& command_registry() {
   static std::vector<CommandEntry> registry;
   return registry;
 }
+
 }  // namespace dtrain::app
 
 int main(int argc, char** argv) {
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
             [](const auto& a, const auto& b) { return a.order < b.order; });
   for (auto& entry : registry) entry.add(app, exit_code);
   try {
+    dtrain::app::check_subcommands(app, argc, argv);  // names a typo, before CLI11 does
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);

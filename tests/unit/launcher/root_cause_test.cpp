@@ -25,7 +25,7 @@ TEST_CASE("RankOutput: log gets raw bytes, tail_lines the last lines") {
   std::string dir = mkdtemp(tmpl);
   std::string log = dir + "/rank_3.log";
   {
-    RankOutput out(3, log, /*console=*/false, /*truncate=*/true);
+    RankOutput out(3, log, /*console=*/false, /*header=*/"");
     for (int i = 0; i < 25; ++i) {
       std::string line = "line " + std::to_string(i) + "\n";
       out.write(line.data(), line.size());
@@ -37,10 +37,13 @@ TEST_CASE("RankOutput: log gets raw bytes, tail_lines the last lines") {
   CHECK(tail.front() == "line 16");
   CHECK(tail.back() == "partial");
   {
-    RankOutput again(3, log, false, /*truncate=*/false);  // a restart appends
+    RankOutput again(3, log, false, "===== restart 1 =====");  // a restart appends
     again.write("more\n", 5);
   }
   CHECK(tail_lines(log, 1).back() == "more");
+  auto last3 = tail_lines(log, 3);
+  CHECK(last3[0] == "partial");  // ended on a fresh line before the separator
+  CHECK(last3[1] == "===== restart 1 =====");
 
   RootCause cause;
   cause.host = "h1";

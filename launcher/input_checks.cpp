@@ -1,0 +1,38 @@
+// check_data_file (input_checks.h): stat(2) only; the tokens are counted
+// from the file size (1 byte per token for bytes, 2 for tokens-u16).
+#include "launcher/input_checks.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace dtrain::launcher {
+
+void check_data_file(const JobSpec& spec) {
+  if (!spec.builtin_entrypoint() || spec.data.format == "synthetic") return;
+  const std::string& path = spec.data.path;
+  const std::string field = "data.path = " + path;
+  const std::string hint = "give data.path a file of tokens (scripts/make-corpus writes one), or "
+                           "use data.format: synthetic";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw Error(ErrorCode::config, field + ": " + std::strerror(errno), hint);
+  if (S_ISDIR(st.st_mode))
+    throw Error(ErrorCode::config, field + " is a directory, not a data file", hint);
+  if (!S_ISREG(st.st_mode))
+    throw Error(ErrorCode::config, field + " is not a regular file (a FIFO, socket or device)",
+                hint);
+  const int64_t token_bytes = spec.data.format == "tokens-u16" ? 2 : 1;
+  const int64_t tokens = int64_t(st.st_size) / token_bytes;
+  if (tokens < int64_t(spec.model.seq_len) + 1)
+    throw Error(ErrorCode::config,
+                field + " holds " + std::to_string(tokens) + " tokens (" + spec.data.format +
+                    "), fewer than one sample of model.seq_len + 1 = " +
+                    std::to_string(spec.model.seq_len + 1),
+                "use a longer file or a smaller model.seq_len");
+}
+
+}  // namespace dtrain::launcher

@@ -1,0 +1,17 @@
+// Checks of what a spec names on this machine, made by the launcher before
+// any worker starts (the engine would find the same problems only after
+// every worker had loaded LibTorch): the data file and the training state's
+// memory. The run directories are checked when they are locked
+// (run_dir_lock.h). Pure reads: nothing is created here.
+#pragma once
+
+#include "common/job_spec.h"
+
+namespace dtrain::launcher {
+
+// data.path of the builtin trainer: a regular file holding at least
+// model.seq_len + 1 tokens of data.format (nothing for synthetic data or a
+// custom entrypoint). Throws dtrain::Error(config) naming data.path.
+void check_data_file(const JobSpec& spec);
+
+}  // namespace dtrain::launcher

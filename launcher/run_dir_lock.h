@@ -1,0 +1,58 @@
+// RunDirLock: a run directory (checkpoint.dir, log.dir) belongs to one job.
+// An advisory flock on <dir>/.dtrain.lock, whose text names the holder (pid,
+// host, start time, job, job id). The lock belongs to the job, not to a
+// process: an agent of the same job (same job id) shares the directory
+// instead of refusing, and workers never take it. It does not decide what
+// happens to the directory's contents (checkpoint_start.h does).
+#pragma once
+
+#include <memory>
+#include <string>
+
+namespace dtrain::launcher {
+
+constexpr const char* kLockFile = ".dtrain.lock";
+
+// Who holds (or last held) a lock: the lines of the lock file.
+struct LockOwner {
+  long pid = 0;
+  std::string host;
+  std::string started;  // UTC, ISO 8601
+  std::string job;
+  std::string job_id;   // same for every agent of one job (job_id_of)
+
+  std::string to_text() const;
+  static LockOwner from_text(const std::string& text);
+  // "job 'x' (pid 12, host h, since 2025-01-01T10:00:00Z)"
+  std::string describe() const;
+};
+
+// The job id of a job: a hash of its name and its rendezvous token, so every
+// agent of one job computes the same id and another job (another token) never does.
+std::string job_id_of(const std::string& job, const std::string& token);
+
+// This agent as a lock holder: pid, host, now.
+LockOwner this_agent(const std::string& job, const std::string& job_id, const std::string& host);
+
+class RunDirLock {
+ public:
+  // Creates dir (mkdir -p) and takes its lock. When another agent of the same
+  // job holds it, the directory is shared (holds() is false). When another job
+  // holds it, throws dtrain::Error(config) naming field, dir and the holder.
+  // A lock left by a dead process is taken over with a warning.
+  RunDirLock(const std::string& dir, const std::string& field, const LockOwner& me);
+  ~RunDirLock();  // clears the holder's text and releases
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+  bool holds() const { return fd_ >= 0; }
+  const std::string& dir() const { return dir_; }
+  const LockOwner& holder() const { return holder_; }  // who holds it (this agent when holds())
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
+  LockOwner holder_;
+};
+
+}  // namespace dtrain::launcher
