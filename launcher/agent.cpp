@@ -218,6 +218,9 @@ void Agent::record_exit(const ExitEvent& event, bool stopping) {
   w.ended = event.when;
   if (stopping) {
     w.state = WorkerState::STOPPED;
+    // Says whether it ended on its own (exit code) or by SIGKILL after grace_s.
+    DTRAIN_INFO("rank {} (local rank {}, pid {}) stopped: {}", w.rank, w.local_rank, w.pid,
+                w.exit.describe());
   } else if (event.status.success()) {
     w.state = WorkerState::SUCCEEDED;
   } else {

@@ -111,7 +111,10 @@ int run_bench_comm(const BenchCommArgs& a) {
   launcher::LaunchOptions options;
   options.node_rank = 0;
   options.console_ranks = {0};  // rank 0 prints the table; the others only check
-  return launcher::launch(spec, options);
+  const int code = launcher::launch(spec, options);
+  std::error_code ec;
+  if (code == 0) std::filesystem::remove_all(spec.log.dir, ec);  // kept to debug a failure
+  return code;
 }
 
 void add_bench(CLI::App& app, int& exit_code) {
@@ -120,8 +123,10 @@ void add_bench(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<BenchCommArgs>();
   auto* comm = bench->add_subcommand(
       "comm", "time one collective on n local workers, nccl-tests style (algbw, busbw, check)");
+  // Checked here too (the worker checks again), so a typo fails before any worker starts.
   comm->add_option("--op", args->op, "all_reduce|all_gather|reduce_scatter|all_to_all|broadcast")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}));
   comm->add_option("--min", args->min, "smallest size in bytes (K/M/G suffixes)")
       ->capture_default_str();
   comm->add_option("--max", args->max, "largest size in bytes (doubling from --min)")

@@ -1,14 +1,18 @@
 // Checkpoints end to end with the real `dtrain` (DESIGN.md section 7): bit-
 // exact resume after SIGKILL of a worker (agent restart, and `dtrain
-// resume`), a crash in the middle of a save, SIGTERM preemption, resharding
-// dp=4 -> dp=2 / dp=1 within 1e-5, and merge vs the 1-process model plus a
-// Python reader of the public format. Tiny model: a run takes seconds.
+// resume`) and after SIGTERM preemption, a crash in the middle of a save,
+// resharding dp=4 -> dp=2 / dp=1 within 1e-5, merge vs the 1-process model
+// plus a Python reader of the public format, `ckpt inspect` and `ckpt merge
+// --with-optimizer`, and bad checkpoints. Every run from step 1 must have
+// trained (its loss fell): equal curves of frozen models prove nothing.
+// Tiny model: a run takes seconds.
 #include <doctest/doctest.h>
 
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -36,6 +40,7 @@ using dtrain::testing::word_salad;
 constexpr int kSteps = 30;
 constexpr double kReshardRelTol = 1e-5;
 constexpr double kParamAbsTol = 1e-5;
+constexpr double kMinLossDrop = 0.5;  // a run from step 1 lowers its loss by at least this
 
 std::string make_text(size_t bytes) {
   return word_salad(bytes, {"the ", "model ", "saves ", "a ", "sharded ", "checkpoint ", "of ",
@@ -56,17 +61,25 @@ std::string base_spec(const TempDir& dir) {
          "entrypoint: builtin\n";
 }
 
-// step -> loss; a step logged twice (re-run after a restart) keeps the last value.
-std::map<int, double> read_losses(const std::string& path) {
-  std::map<int, double> losses;
+// The metrics records of a run dir, in file order: a restarted or resumed
+// run appends to the same file, so a step logged twice was trained twice.
+struct Metrics {
+  std::map<int, double> losses;  // step -> loss; a step logged twice keeps the last value
+  std::vector<int> steps;        // every record's step, in file order
+};
+
+Metrics read_metrics(const std::string& path) {
+  Metrics m;
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
     auto s = line.find("\"step\": "), l = line.find("\"loss\": ");
-    if (s != std::string::npos && l != std::string::npos)
-      losses[std::atoi(line.c_str() + s + 8)] = std::strtod(line.c_str() + l + 8, nullptr);
+    if (s == std::string::npos || l == std::string::npos) continue;
+    const int step = std::atoi(line.c_str() + s + 8);
+    m.losses[step] = std::strtod(line.c_str() + l + 8, nullptr);
+    m.steps.push_back(step);
   }
-  return losses;
+  return m;
 }
 
 // Tensors of a safetensors file (F32 only), read by the public format.
@@ -82,6 +95,10 @@ std::map<std::string, std::vector<float>> read_safetensors_f32(const std::string
     size_t name_end = header.rfind("\":{\"dtype\"", pos);
     size_t name_start = header.rfind('"', name_end - 1) + 1;
     std::string name = header.substr(name_start, name_end - name_start);
+    if (header.compare(name_end, 16, "\":{\"dtype\":\"F32\"") != 0) {  // rng state: U8
+      pos += 16;
+      continue;
+    }
     uint64_t b = std::stoull(header.substr(pos + 16));
     uint64_t e = std::stoull(header.substr(header.find(',', pos + 16) + 1));
     std::vector<float> v((e - b) / 4);
@@ -96,6 +113,7 @@ struct Run {
   int code = -1;
   std::string output;
   std::map<int, double> losses;
+  std::vector<int> steps;  // as in Metrics
 };
 
 class Fixture {
@@ -128,7 +146,9 @@ class Fixture {
     Run r;
     r.code = code;
     r.output = output;
-    r.losses = read_losses(run_dir + "/metrics.jsonl");
+    Metrics m = read_metrics(run_dir + "/metrics.jsonl");
+    r.losses = std::move(m.losses);
+    r.steps = std::move(m.steps);
     return r;
   }
   std::map<std::string, std::vector<float>> params(const std::string& name) {
@@ -143,11 +163,11 @@ std::string seq(const std::map<int, double>& l, int from, int to) {
   return out.str();
 }
 
-// Losses of steps from..to bitwise equal, params bitwise equal.
+// Losses of steps from..last bitwise equal, params bitwise equal.
 void check_bit_exact(const Run& ref, const Run& got, const std::map<std::string, std::vector<float>>& ref_p,
-                     const std::map<std::string, std::vector<float>>& got_p, int from) {
-  INFO("uninterrupted:\n" << seq(ref.losses, from, kSteps) << "resumed:\n" << seq(got.losses, from, kSteps));
-  for (int s = from; s <= kSteps; ++s) {
+                     const std::map<std::string, std::vector<float>>& got_p, int from, int last = kSteps) {
+  INFO("uninterrupted:\n" << seq(ref.losses, from, last) << "resumed:\n" << seq(got.losses, from, last));
+  for (int s = from; s <= last; ++s) {
     REQUIRE(got.losses.count(s));
     CHECK(std::memcmp(&ref.losses.at(s), &got.losses.at(s), sizeof(double)) == 0);
   }
@@ -156,13 +176,85 @@ void check_bit_exact(const Run& ref, const Run& got, const std::map<std::string,
   size_t differing = 0;
   for (auto& [name, v] : ref_p)
     if (!got_p.count(name) || std::memcmp(v.data(), got_p.at(name).data(), v.size() * 4) != 0) ++differing;
-  CHECK_MESSAGE(differing == 0, differing << " parameter tensors differ after step " << kSteps);
+  CHECK_MESSAGE(differing == 0, differing << " parameter tensors differ after step " << last);
+}
+
+// A run that started at step 1 trained: the loss of its last step is below
+// the first by kMinLossDrop (a no-op optimizer would still resume bit-exactly).
+void check_trained(const std::string& what, const Run& r, int last = kSteps) {
+  REQUIRE(r.losses.count(1));
+  REQUIRE(r.losses.count(last));
+  MESSAGE(what << ": loss " << r.losses.at(1) << " at step 1 -> " << r.losses.at(last) << " at step "
+               << last << " (must fall by >= " << kMinLossDrop << ")");
+  CHECK(r.losses.at(last) < r.losses.at(1) - kMinLossDrop);
+}
+
+
+std::string step_list(const std::vector<int>& steps) {
+  std::string out;
+  for (int s : steps) {
+    if (!out.empty()) out += ' ';
+    out += std::to_string(s);
+  }
+  return out;
+}
+
+// Steps first..last, in order.
+std::vector<int> steps_from(int first, int last) {
+  std::vector<int> v;
+  for (int s = first; s <= last; ++s) v.push_back(s);
+  return v;
+}
+
+std::vector<int> concat(std::vector<int> a, const std::vector<int>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
 }
 
 std::string latest_of(const std::string& root) {
   std::string s = dtrain::testing::read_file(root + "/latest");
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
+}
+
+// `ckpt merge --with-optimizer` of a DDP checkpoint (rank 0's shard holds
+// every full model and AdamW tensor): the merged file holds each of them,
+// renamed, with the same bytes, and its model part is `params`, what the run
+// ended with; without the flag it holds the model only.
+void check_merge_with_optimizer(const TempDir& dir, const std::string& step_dir,
+                                const std::map<std::string, std::vector<float>>& params) {
+  const std::string merged = dir / "merged_opt.safetensors", plain = dir / "merged_plain.safetensors";
+  for (const auto& [out, with_opt] : {std::pair{merged, true}, std::pair{plain, false}}) {
+    std::vector<std::string> argv = {dtrain::testing::dtrain_bin(), "ckpt", "merge", step_dir, out};
+    if (with_opt) argv.push_back("--with-optimizer");
+    auto [code, output] = dtrain::testing::run_command(argv, out + ".log", 60);
+    INFO(output);
+    REQUIRE(code == 0);
+  }
+  const auto shard = read_safetensors_f32(step_dir + "/rank_0.safetensors");
+  const auto m = read_safetensors_f32(merged);
+  REQUIRE(!params.empty());
+  CHECK(m.size() == 3 * params.size());
+  CHECK(read_safetensors_f32(plain).size() == params.size());
+  size_t nonzero = 0, differing = 0;
+  for (const auto& [name, v] : params) {
+    CAPTURE(name);
+    REQUIRE(m.count(name));
+    REQUIRE(shard.count("model/" + name));
+    CHECK(std::memcmp(m.at(name).data(), v.data(), v.size() * 4) == 0);
+    CHECK(std::memcmp(shard.at("model/" + name).data(), v.data(), v.size() * 4) == 0);
+    for (const std::string moment : {"exp_avg", "exp_avg_sq"}) {
+      const std::string merged_name = "optim." + moment + "." + name;
+      const std::string shard_name = "optim/" + moment + "/" + name;
+      REQUIRE(m.count(merged_name));
+      REQUIRE(shard.count(shard_name));
+      REQUIRE(m.at(merged_name).size() == v.size());
+      if (std::memcmp(m.at(merged_name).data(), shard.at(shard_name).data(), v.size() * 4) != 0) ++differing;
+      for (float x : m.at(merged_name)) nonzero += x != 0;
+    }
+  }
+  CHECK_MESSAGE(differing == 0, differing << " optimizer tensors differ between the merged file and the shard");
+  CHECK(nonzero > 0);  // AdamW steps left non-zero moments
 }
 
 }  // namespace
@@ -173,25 +265,35 @@ TEST_CASE("bit-exact resume after SIGKILL of a worker: agent restart and dtrain 
   INFO(ref.output);
   REQUIRE(ref.code == 0);
   REQUIRE(ref.losses.size() == size_t(kSteps));
+  check_trained("uninterrupted", ref);
   auto ref_p = f.params("ref");
 
   // Rank 0 SIGKILLs itself after step 23; the agent restarts the workers,
-  // which load step_20 and redo 21..30.
+  // which load step_20 and redo 21..30. The restart appends to the same
+  // metrics file: a restart that loaded nothing would log 1..30 again (and,
+  // being deterministic, still end bit-exact).
   Run restarted = f.run("restart", {"cluster.max_restarts=1"}, {"DTRAIN_TEST_KILL_AT_STEP=23"});
   INFO(restarted.output);
   REQUIRE(restarted.code == 0);
   CHECK(restarted.output.find("resuming from step 20") != std::string::npos);
+  CHECK(step_list(restarted.steps) == step_list(concat(steps_from(1, 23), steps_from(21, kSteps))));
   check_bit_exact(ref, restarted, ref_p, f.params("restart"), 21);
 
-  // Killed after step 20 with no restarts left: the job fails; `dtrain resume` continues.
+  // Killed after step 20 with no restarts left: the job fails; `dtrain resume`
+  // continues, appending 21..30 to the killed run's records (a resume that
+  // loaded nothing would start the file over).
   Run killed = f.run("killed", {}, {"DTRAIN_TEST_KILL_AT_STEP=20"});
   INFO(killed.output);
   REQUIRE(killed.code != 0);
   REQUIRE(latest_of(f.dir / "killed/ckpt") == "step_20");
+  CHECK(step_list(killed.steps) == step_list(steps_from(1, 20)));
+  const std::string killed_records = dtrain::testing::read_file(f.dir / "killed/metrics.jsonl");
   Run resumed = f.run("killed", {}, {}, f.dir / "killed/ckpt", /*keep_ckpt_dir=*/true);
   INFO(resumed.output);
   REQUIRE(resumed.code == 0);
   CHECK(resumed.output.find("resuming from step 20") != std::string::npos);
+  CHECK(dtrain::testing::read_file(f.dir / "killed/metrics.jsonl").rfind(killed_records, 0) == 0);
+  CHECK(step_list(resumed.steps) == step_list(steps_from(1, kSteps)));
   check_bit_exact(ref, resumed, ref_p, f.params("killed"), 21);
 }
 
@@ -200,6 +302,7 @@ TEST_CASE("crash in the middle of a save: latest stays on the previous checkpoin
   Run crashed = f.run("crash", {}, {"DTRAIN_TEST_CRASH_DURING_SAVE=1@20"});
   INFO(crashed.output);
   REQUIRE(crashed.code != 0);
+  check_trained("crashed at the save of step 20", crashed, 20);
   const std::string root = f.dir / "crash/ckpt";
   CHECK(latest_of(root) == "step_10");
   CHECK(fs::exists(root + "/step_20.tmp"));
@@ -219,38 +322,77 @@ TEST_CASE("crash in the middle of a save: latest stays on the previous checkpoin
   CHECK(again.output.find("removed 1 unfinished .tmp") != std::string::npos);
   CHECK(!fs::exists(root + "/step_20.tmp"));
   CHECK(latest_of(root) == "step_30");
+  // The relaunch trained 11..30 only, after the crashed run's 1..20.
+  CHECK(step_list(again.steps) == step_list(concat(steps_from(1, 20), steps_from(11, kSteps))));
+  check_trained("crashed + relaunched", again);
 }
 
-TEST_CASE("SIGTERM: workers finish the step, checkpoint, exit; dtrain resume continues") {
+TEST_CASE("SIGTERM: workers finish the step, checkpoint, exit; dtrain resume continues bit-exactly") {
   Fixture f;
+  // A step takes milliseconds: 100 of them leave the signal ample time to
+  // land before the end (it stops 2-3 steps after the signal).
+  const int steps = 100;
+  const std::string train_steps = "train.steps=" + std::to_string(steps), every = "checkpoint.every=50";
+  Run ref = f.run("ref", {train_steps, every});
+  INFO(ref.output);
+  REQUIRE(ref.code == 0);
+  check_trained("uninterrupted", ref, steps);
+  auto ref_p = f.params("ref");
+
+  // The same spec (train.steps included, so the same lr schedule), SIGTERM
+  // to dtrain once step 12 is logged, long before the end.
   dtrain::testing::TagGuard tag;
   const std::string run_dir = f.dir / "term";
   std::vector<std::string> argv = {dtrain::testing::dtrain_bin(), "launch", f.dir / "spec.yaml"};
-  for (std::string s : {"log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt", std::string("train.steps=100000"),
+  for (std::string s : {"log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt", train_steps, every,
+                        std::string("cluster.grace_s=60"),
                         "cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(free_port())})
     argv.insert(argv.end(), {"--set", s});
   dtrain::testing::Child child(argv, f.dir / "term.log", {tag.env(), "DTRAIN_NO_REBUILD=1"});
-  for (int i = 0; i < 600 && !fs::exists(run_dir + "/ckpt/step_10"); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  REQUIRE(fs::exists(run_dir + "/ckpt/step_10"));
+  for (int i = 0; i < 6000 && child.running() && !read_metrics(run_dir + "/metrics.jsonl").losses.count(12); ++i) {
+    child.wait(0.01);
+  }
+  INFO(child.output());
+  REQUIRE(read_metrics(run_dir + "/metrics.jsonl").losses.count(12));
   child.signal(SIGTERM);
   REQUIRE(child.wait(60));
-  INFO(child.output());
-  CHECK(child.output().find("saved on SIGTERM") != std::string::npos);
-  CHECK(child.output().find("preempted: stopping after step") != std::string::npos);
-  CHECK(child.output().find("exit code 1") == std::string::npos);
+  const std::string out = child.output();
+  INFO(out);
+  // dtrain reports the signal it got (launch.h); each worker ended by
+  // itself, exit code 0, long before the 60 s grace would SIGKILL it.
+  CHECK(child.exit_code() == 128 + SIGTERM);
+  CHECK(out.find("saved on SIGTERM") != std::string::npos);
+  CHECK(out.find("preempted: stopping after step") != std::string::npos);
+  std::vector<std::string> stopped;  // the agent's line per stopped worker
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find(" stopped: ") != std::string::npos) stopped.push_back(line.substr(line.find("rank ")));
+  REQUIRE(stopped.size() == 2);
+  std::sort(stopped.begin(), stopped.end());
+  for (int rank : {0, 1}) {
+    const std::string& line = stopped[size_t(rank)];
+    CHECK(line.rfind("rank " + std::to_string(rank) + " (local rank " + std::to_string(rank), 0) == 0);
+    CHECK(line.substr(line.find(" stopped: ")) == " stopped: exit code 0");  // not "signal 9 (SIGKILL)"
+  }
   const std::string latest = latest_of(run_dir + "/ckpt");
   const int step = std::atoi(latest.c_str() + 5);
-  CHECK(step > 10);
-  // Resume for 5 more steps from where it stopped.
-  Run more = f.run("term", {"train.steps=" + std::to_string(step + 5)}, {}, run_dir + "/ckpt", true);
-  INFO(more.output);
-  REQUIRE(more.code == 0);
-  CHECK(more.output.find("resuming from step " + std::to_string(step)) != std::string::npos);
-  CHECK(latest_of(run_dir + "/ckpt") == "step_" + std::to_string(step + 5));
+  MESSAGE("SIGTERM after step 12 was logged: stopped and saved after step " << step);
+  REQUIRE(step > 12);
+  REQUIRE(step < steps);  // else the run ended before the signal: nothing was tested
+  CHECK(step_list(read_metrics(run_dir + "/metrics.jsonl").steps) == step_list(steps_from(1, step)));
+
+  // Resume with the same train.steps: steps step+1.. appended, and the whole
+  // curve and the final parameters are those of the uninterrupted run.
+  Run resumed = f.run("term", {train_steps, every}, {}, run_dir + "/ckpt", /*keep_ckpt_dir=*/true);
+  INFO(resumed.output);
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.output.find("resuming from step " + std::to_string(step)) != std::string::npos);
+  CHECK(latest_of(run_dir + "/ckpt") == "step_" + std::to_string(steps));
+  CHECK(step_list(resumed.steps) == step_list(steps_from(1, steps)));
+  check_bit_exact(ref, resumed, ref_p, f.params("term"), 1, steps);
 }
 
-TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Python reader") {
+TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Python reader; merge --with-optimizer") {
   Fixture f;
   // Same global batch (8) in every layout, dropout 0 (DESIGN.md section 8).
   const std::vector<std::string> dp4 = {"parallel.dp=4", "cluster.procs_per_node=4", "train.micro_batch=2",
@@ -258,6 +400,7 @@ TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Pytho
   Run ref = f.run("dp4", dp4);
   INFO(ref.output);
   REQUIRE(ref.code == 0);
+  check_trained("dp=4", ref);
   const std::string step20 = f.dir / "dp4/ckpt/step_20";
   for (int dp : {2, 1}) {
     const std::string name = "dp" + std::to_string(dp) + "_from_dp4";
@@ -285,6 +428,7 @@ TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Pytho
   Run one = f.run("one", {"parallel.dp=1", "cluster.procs_per_node=1", "train.micro_batch=8", "model.dropout=0.0"});
   INFO(one.output);
   REQUIRE(one.code == 0);
+  check_trained("1 process", one);
   const std::string merged = f.dir / "merged.safetensors";
   auto [mcode, mout] = dtrain::testing::run_command(
       {dtrain::testing::dtrain_bin(), "ckpt", "merge", f.dir / "dp4/ckpt", merged}, f.dir / "merge.log", 60);
@@ -301,6 +445,7 @@ TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Pytho
   }
   MESSAGE("merged dp=4 vs 1-process parameters: max abs difference " << worst << " (tolerance " << kParamAbsTol << ")");
   CHECK(worst <= kParamAbsTol);
+  check_merge_with_optimizer(f.dir, f.dir / "dp4/ckpt/step_30", f.params("dp4"));
 
   // Python reads the merged file by the public format and computes the loss
   // over a file of exactly one global batch (8 windows); dtrain computes the
@@ -327,17 +472,19 @@ TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Pytho
   CHECK(rel <= 1e-5);
 }
 
-TEST_CASE("bad checkpoints refuse to load, naming the file, the tensor and what differs") {
+TEST_CASE("bad checkpoints refuse to load and fail `ckpt inspect`, naming the file, the tensor and what differs") {
   Fixture f;
   Run ok = f.run("good", {"train.steps=10"});
   INFO(ok.output);
   REQUIRE(ok.code == 0);
+  check_trained("10 steps", ok, 10);
   const std::string good = f.dir / "good/ckpt/step_10";
   struct Case {
     std::string name;
     std::function<void(const std::string& dir)> damage;
     std::vector<std::string> sets;
     std::vector<std::string> expect;
+    std::string inspect_expect;  // what `ckpt inspect` of the damaged dir says ("" = it passes)
   };
   const std::vector<Case> cases = {
       {"flipped byte",
@@ -350,18 +497,22 @@ TEST_CASE("bad checkpoints refuse to load, naming the file, the tensor and what 
          io.put(char(c ^ 1));
        },
        {},
-       {"rank_0.safetensors: tensor", "checksum mismatch"}},
+       {"rank_0.safetensors: tensor", "checksum mismatch"},
+       "checksum mismatch"},
       {"truncated shard",
        [](const std::string& d) {
          fs::resize_file(d + "/rank_0.safetensors", fs::file_size(d + "/rank_0.safetensors") / 2);
        },
        {},
-       {"rank_0.safetensors: truncated: tensor"}},
+       {"rank_0.safetensors: truncated: tensor"},
+       "rank_0.safetensors: truncated"},
       {"missing rank file", [](const std::string& d) { fs::remove(d + "/rank_1.safetensors"); }, {},
-       {"rank_1.safetensors is missing", "rng/cpu/rank_1"}},
+       {"rank_1.safetensors is missing", "rng/cpu/rank_1"},
+       "rank_1.safetensors"},
       {"another model", [](const std::string&) {}, {"model.d_model=64"},
        {"does not match this run's model", "d_model=32", "tensor model/wte.weight is F32 [256, 32] in the "
-                                                          "checkpoint but F32 [256, 64] in the model"}},
+                                                          "checkpoint but F32 [256, 64] in the model"},
+       ""},
   };
   int i = 0;
   for (const auto& c : cases) {
@@ -381,5 +532,15 @@ TEST_CASE("bad checkpoints refuse to load, naming the file, the tensor and what 
     for (const auto& e : c.expect) CHECK(r.output.find(e) != std::string::npos);
     CHECK(latest_of(copy) == "step_10");  // nothing overwritten
     CHECK(dtrain::testing::read_file(copy + "/step_10/index.json") == before);
+    auto [icode, iout] = dtrain::testing::run_command(
+        {dtrain::testing::dtrain_bin(), "ckpt", "inspect", copy}, copy + ".inspect.log", 60);
+    INFO(iout);
+    if (c.inspect_expect.empty()) {
+      CHECK(icode == 0);
+    } else {
+      CHECK(icode != 0);
+      CHECK(iout.find(c.inspect_expect) != std::string::npos);
+      CHECK(iout.find(": OK") == std::string::npos);
+    }
   }
 }

@@ -1,7 +1,7 @@
 // Integration tests of `dtrain launch`: the real dtrain binary on loopback
 // running tests/env_report (or Python + torch) as workers. Covers the env
-// contract, 2 agents vs `dtrain topo`, gloo all-reduce, refusals, restarts,
-// root cause, signals and a killed agent. Every process is an RAII Child
+// contract, 2 agents vs `dtrain topo`, 2 agents placed by SLURM variables,
+// gloo all-reduce, refusals, restarts, root cause, signals and a killed agent. Every process is an RAII Child
 // tagged with a TagGuard, so no path leaves a process behind.
 #include <doctest/doctest.h>
 #include <netinet/in.h>
@@ -378,4 +378,74 @@ static void check_survivor_after_kill(bool kill_node0_with_server) {
 TEST_CASE("2 agents, one agent SIGKILLed: the other stops its workers and does not hang") {
   SUBCASE("standalone rendezvous, agent 1 killed") { check_survivor_after_kill(false); }
   SUBCASE("node 0 (embedding the rendezvous) killed") { check_survivor_after_kill(true); }
+}
+
+TEST_CASE("SLURM: two agents with SLURM_NODEID/NNODES/JOB_NODELIST and no --node-rank/--rdzv") {
+  Job job;
+  // cluster.nodes 1 in the spec: SLURM_NNODES=2 must make it 2. The
+  // rendezvous port comes from the spec, the host from the node list.
+  const int port = free_port();
+  std::string spec = job.spec("nodes: 1, procs_per_node: 2, grace_s: 1, rendezvous: {endpoint: "
+                              "'127.0.0.1:" + std::to_string(port) +
+                                  "', join_timeout_s: 30, heartbeat_s: 0.5}",
+                              "dp: 4");
+  auto slurm = [](int node) {
+    return std::vector<std::string>{"DTRAIN_TOKEN=itest-slurm", "SLURM_NODEID=" + std::to_string(node),
+                                    "SLURM_NNODES=2", "SLURM_JOB_NODELIST=localhost,localhost"};
+  };
+  // Node 1 first: it waits for node 0's rendezvous, and must still be node 1.
+  Child& a1 = job.start({"launch", spec}, "agent1", slurm(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Child& a0 = job.start({"launch", spec}, "agent0", slurm(0));
+  REQUIRE_MESSAGE(a0.wait(60), a0.output());
+  REQUIRE_MESSAGE(a1.wait(60), a1.output());
+  REQUIRE_MESSAGE(a0.exit_code() == 0, a0.output());
+  REQUIRE_MESSAGE(a1.exit_code() == 0, a1.output());
+  CHECK_MESSAGE(a0.output().find("listening on port " + std::to_string(port)) != std::string::npos,
+                a0.output());
+  auto reports = job.reports();
+  REQUIRE(reports.size() == 4);
+  std::set<int> ranks;
+  for (const auto& r : reports) {
+    const int rank = as_int(r, "RANK");
+    ranks.insert(rank);
+    // Each worker inherited its agent's SLURM_NODEID: the node it ran on.
+    CHECK(as_int(r, "GROUP_RANK") == as_int(r, "SLURM_NODEID"));
+    CHECK(as_int(r, "GROUP_RANK") == rank / 2);
+    CHECK(as_int(r, "WORLD_SIZE") == 4);
+    CHECK(as_int(r, "LOCAL_WORLD_SIZE") == 2);
+    CHECK(as_int(r, "LOCAL_RANK") == rank % 2);
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2, 3});
+}
+
+TEST_CASE("SLURM_* of the test runner do not reach dtrain: a 1-node launch stays 1 node") {
+  // As if the tests ran inside an allocation of 3 nodes; restored on exit.
+  struct SlurmEnvOfRunner {
+    SlurmEnvOfRunner() {
+      setenv("SLURM_NODEID", "1", 1);
+      setenv("SLURM_NNODES", "3", 1);
+      setenv("SLURM_JOB_NODELIST", "nosuchhost[1-3]", 1);
+    }
+    ~SlurmEnvOfRunner() {
+      unsetenv("SLURM_NODEID");
+      unsetenv("SLURM_NNODES");
+      unsetenv("SLURM_JOB_NODELIST");
+    }
+  } runner_env;
+  Job job;
+  std::string spec = job.spec("nodes: 1, procs_per_node: 2, grace_s: 1, "
+                              "rendezvous: {join_timeout_s: 5}",
+                              "dp: 2");
+  auto [code, out] = job.run({"launch", spec}, 30);
+  REQUIRE_MESSAGE(code == 0, out);
+  auto reports = job.reports();
+  REQUIRE(reports.size() == 2);
+  for (const auto& r : reports) {
+    CHECK(as_int(r, "GROUP_RANK") == 0);
+    CHECK(as_int(r, "WORLD_SIZE") == 2);
+    CHECK(r["SLURM_NODEID"] == "");
+    CHECK(r["SLURM_NNODES"] == "");
+    CHECK(r["SLURM_JOB_NODELIST"] == "");
+  }
 }

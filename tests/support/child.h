@@ -65,8 +65,10 @@ class TempDir {
 
 class Child {
  public:
-  // argv[0] is the program path. extra_env entries "K=V" are added to (and
-  // override) this process's environment. Output goes to output_path.
+  // argv[0] is the program path. The child gets this process's environment
+  // minus SLURM_* (a test run inside a SLURM allocation must not turn every
+  // `dtrain launch` into a multi-node one), plus extra_env: "K=V" entries
+  // that add or override, SLURM_* included. Output goes to output_path.
   Child(std::vector<std::string> argv, const std::string& output_path,
         const std::vector<std::string>& extra_env = {})
       : output_path_(output_path) {
@@ -74,7 +76,8 @@ class Child {
     for (char** e = environ; *e; ++e) {
       std::string kv(*e);
       auto eq = kv.find('=');
-      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+      if (eq == std::string::npos || kv.rfind("SLURM_", 0) == 0) continue;
+      env[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
     for (const auto& kv : extra_env) {
       auto eq = kv.find('=');

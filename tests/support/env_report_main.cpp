@@ -139,7 +139,8 @@ int main(int argc, char** argv) {
        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
         "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "DTRAIN_MESH", "DTRAIN_COORD",
         "DTRAIN_RESTART", "DTRAIN_SPEC", "DTRAIN_RUN_DIR", "DTRAIN_ERROR_FILE", "OMP_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"})
+        "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "SLURM_NODEID", "SLURM_NNODES",
+        "SLURM_JOB_NODELIST"})
     line += json_string(name) + ":" + json_string(env(name)) + ",";
   line += "\"pid\":" + std::to_string(getpid()) + ",\"pgid\":" + std::to_string(getpgrp()) +
           ",\"master_ok\":" + (master_ok ? "true" : "false") + "}\n";

@@ -3,6 +3,9 @@
 // job_spec_errors_test.cpp.
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -183,13 +186,16 @@ TEST_CASE("job spec: YAML and JSON round trips keep every field") {
 }
 
 TEST_CASE("job spec: load_job_spec reads a file, and round-trips through one") {
-  std::string path = std::string(DTRAIN_BINARY_DIR) + "/job_spec_test_roundtrip.yaml";
+  char dir[] = "/tmp/dtrain-spec-unit-XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/roundtrip.yaml";
   JobSpec full = parse_job_spec(kFull, "full.yaml");
   {
     std::ofstream out(path);
     out << dtrain::job_spec_to_yaml(full);
   }
   JobSpec loaded = dtrain::load_job_spec(path);
+  std::filesystem::remove_all(dir);
   CHECK(loaded.source == path);
   loaded.source = full.source;
   check_same(full, loaded);

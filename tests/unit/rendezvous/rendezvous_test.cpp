@@ -4,6 +4,9 @@
 // Not covered here: the node agent (tests/unit/launcher, tests/integration).
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -315,13 +318,16 @@ TEST_CASE("token: constant-time compare, env before file, clear errors") {
   const char* saved = std::getenv("DTRAIN_TOKEN");
   std::string saved_value = saved ? saved : "";
   unsetenv("DTRAIN_TOKEN");
-  std::string path = std::string(DTRAIN_BINARY_DIR) + "/rendezvous_test_token.txt";
+  char dir[] = "/tmp/dtrain-token-unit-XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/token.txt";
   std::ofstream(path) << "  from-file\n";
   CHECK(read_token(path) == "from-file");
   setenv("DTRAIN_TOKEN", "from-env", 1);
   CHECK(read_token(path) == "from-env");
   unsetenv("DTRAIN_TOKEN");
   std::remove(path.c_str());
+  ::rmdir(dir);
   CHECK_THROWS_WITH_AS(read_token(path), doctest::Contains("cannot read"), Error);
   CHECK_THROWS_AS(read_token(""), Error);
   CHECK(read_token("", false).empty());
