@@ -7,28 +7,9 @@
 
 #include "apps/dtrain/command.h"
 #include "common/error.h"
+#include "common/spec_detail.h"
 
 namespace dtrain::app {
-namespace {
-
-// Optimal string alignment distance (a swap of neighbours costs 1).
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> before(b.size() + 1), prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        cur[j] = std::min(cur[j], before[j - 2] + 1);
-    }
-    std::swap(before, prev);
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-}  // namespace
 
 void check_node_and_ranks(const JobSpec& spec, int node_rank, const std::vector<int>& ranks) {
   const int nodes = spec.cluster.nodes_max, world = spec.world();
@@ -65,7 +46,7 @@ void check_subcommands(const CLI::App& app, int argc, char** argv) {
     size_t best = word.size() / 2 + 2;  // only suggest plausible typos
     for (const auto& n : names) {
       list += (list.empty() ? "" : ", ") + n;
-      size_t d = edit_distance(word, n);
+      size_t d = dtrain::detail::edit_distance(word, n);
       if (d < best) best = d, closest = n;
     }
     throw Error(ErrorCode::config,
