@@ -32,6 +32,20 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+void Group::unsupported(const char* op) const {
+  throw Error(ErrorCode::internal,
+              "backend " + backend() + " lacks " + op + " (group " + name() + ")",
+              "use a backend that has it (gloo or nccl), or build the op from ones it has");
+}
+
+WorkPtr Group::reduce_scatter(const at::Tensor&, at::Tensor&, bool) { unsupported("reduce_scatter"); }
+WorkPtr Group::all_to_all(const at::Tensor&, at::Tensor&, const std::vector<int64_t>&,
+                          const std::vector<int64_t>&, bool) {
+  unsupported("all_to_all");
+}
+WorkPtr Group::send(const at::Tensor&, int, int) { unsupported("send"); }
+WorkPtr Group::recv(at::Tensor&, int, int) { unsupported("recv"); }
+
 bool nccl_available() {
 #ifdef DTRAIN_WITH_CUDA
   return true;

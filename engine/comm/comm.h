@@ -74,17 +74,17 @@ class Group {
   // out has size()*in.numel() elements.
   virtual WorkPtr all_gather(const at::Tensor& in, at::Tensor& out, bool async = false) = 0;
   // in has size()*out.numel() elements: out = sum over ranks of chunk rank().
-  virtual WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, bool async = false) = 0;
+  virtual WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, bool async = false);
   virtual WorkPtr broadcast(at::Tensor& t, int root, bool async = false) = 0;
   // Uneven all-to-all along dim 0: in_splits[i] rows go to rank i,
   // out_splits[i] rows come from rank i (rows of equal size).
   virtual WorkPtr all_to_all(const at::Tensor& in, at::Tensor& out,
                              const std::vector<int64_t>& out_splits,
-                             const std::vector<int64_t>& in_splits, bool async = false) = 0;
+                             const std::vector<int64_t>& in_splits, bool async = false);
   // Point to point, peer given as the index in this group. Always async:
   // wait() on the returned handle. Tags must be in [0, kMaxUserTag).
-  virtual WorkPtr send(const at::Tensor& t, int peer, int tag = 0) = 0;
-  virtual WorkPtr recv(at::Tensor& t, int peer, int tag = 0) = 0;
+  virtual WorkPtr send(const at::Tensor& t, int peer, int tag = 0);
+  virtual WorkPtr recv(at::Tensor& t, int peer, int tag = 0);
   // Waits for this group's pending ring operations, then a Gloo barrier.
   virtual void barrier() = 0;
 
@@ -100,6 +100,12 @@ class Group {
   //   send            the tensor's bytes; recv and barrier count nothing
   virtual uint64_t bytes_sent() const = 0;
   virtual void reset_bytes_sent() = 0;
+
+ protected:
+  // What a backend without an op inherits for it (reduce_scatter,
+  // all_to_all, send, recv): throws dtrain::Error(internal) naming the
+  // backend, the op and the group.
+  [[noreturn]] void unsupported(const char* op) const;
 };
 
 // The worker's process groups: the world and one group per mesh axis.

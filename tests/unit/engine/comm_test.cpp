@@ -313,3 +313,47 @@ TEST_CASE("comm: all_reduce max and min, fp32 and bf16, world 3") {
       CHECK(max_diff(mx, mn) > 0);  // the inputs differ, so the check can fail
     });
 }
+
+namespace {
+
+// A backend that has only the ops every backend must have: the others come
+// from comm::Group and must refuse, naming the backend and the op.
+class MinimalGroup : public comm::Group {
+ public:
+  const std::string& name() const override { return name_; }
+  const std::string& backend() const override { return backend_; }
+  c10::Device device() const override { return c10::Device(c10::DeviceType::CPU); }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::vector<int>& global_ranks() const override { return ranks_; }
+  comm::WorkPtr all_reduce(at::Tensor&, bool, comm::ReduceOp) override { return nullptr; }
+  comm::WorkPtr all_gather(const at::Tensor&, at::Tensor&, bool) override { return nullptr; }
+  comm::WorkPtr broadcast(at::Tensor&, int, bool) override { return nullptr; }
+  void barrier() override {}
+  uint64_t bytes_sent() const override { return 0; }
+  void reset_bytes_sent() override {}
+
+ private:
+  std::string name_ = "dp", backend_ = "minimal";
+  std::vector<int> ranks_{0};
+};
+
+}  // namespace
+
+TEST_CASE("comm: an op a backend lacks throws naming the backend and the op") {
+  MinimalGroup g;
+  at::Tensor t = at::zeros({4}), out = at::zeros({4});
+  auto expect = [](const std::function<void()>& call, const std::string& op) {
+    try {
+      call();
+      FAIL("no error for " << op);
+    } catch (const dtrain::Error& e) {
+      const std::string what = e.what();
+      CHECK_MESSAGE(what.find("backend minimal lacks " + op + " (group dp)") != std::string::npos, what);
+    }
+  };
+  expect([&] { g.reduce_scatter(t, out); }, "reduce_scatter");
+  expect([&] { g.all_to_all(t, out, {4}, {4}); }, "all_to_all");
+  expect([&] { g.send(t, 0); }, "send");
+  expect([&] { g.recv(t, 0); }, "recv");
+}
