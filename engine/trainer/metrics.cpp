@@ -74,19 +74,21 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
 
   DTRAIN_INFO(
       "step {}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | {:.0f} ms/step (comm wait {:.1f} ms) | "
-      "ETA {} | mem rss {}, params {}, grads {}, optim {}",
+      "ETA {} | mem rss {}, params {}, grads {}, optim {}, step peak {}",
       r.step, opt_.total_steps, r.loss, r.lr, tokens_per_s, step_s * 1e3, wait_s * 1e3,
-      duration_text(eta), mib(mem.rss), mib(mem.params), mib(mem.grads), mib(mem.optimizer));
+      duration_text(eta), mib(mem.rss), mib(mem.params), mib(mem.grads), mib(mem.optimizer),
+      mib(mem.peak));
   if (jsonl_) {
     std::fprintf(jsonl_,
                  "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"tokens_per_s\": %.6g, "
                  "\"elapsed_s\": %.6g, \"step_time_s\": %.6g, \"sync_wait_s\": %.6g, "
                  "\"grad_norm\": %.9g, \"rss_bytes\": %lld, \"param_bytes\": %lld, "
-                 "\"grad_bytes\": %lld, \"optimizer_bytes\": %lld, \"buckets_in_backward\": %d}\n",
+                 "\"grad_bytes\": %lld, \"optimizer_bytes\": %lld, \"peak_bytes\": %lld, "
+                 "\"buckets_in_backward\": %d}\n",
                  static_cast<long long>(r.step), r.loss, r.lr, tokens_per_s, elapsed, step_s, wait_s,
                  r.grad_norm, static_cast<long long>(mem.rss), static_cast<long long>(mem.params),
                  static_cast<long long>(mem.grads), static_cast<long long>(mem.optimizer),
-                 r.buckets_in_backward);
+                 static_cast<long long>(mem.peak), r.buckets_in_backward);
     std::fflush(jsonl_);
   }
 }

@@ -16,6 +16,7 @@ struct MemoryStats {
   int64_t params = 0;
   int64_t grads = 0;
   int64_t optimizer = 0;
+  int64_t peak = 0;  // most CPU tensor bytes alive at once during the step (counting allocator)
 };
 int64_t process_rss_bytes();
 

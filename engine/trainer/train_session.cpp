@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
 
 namespace dtrain::engine::trainer {
@@ -85,6 +86,8 @@ std::unique_ptr<TrainSession> make_train_session() {
   if (s->info.spec_path.empty())
     throw Error(ErrorCode::config, "DTRAIN_SPEC is not set",
                 "run the builtin worker through `dtrain launch SPEC`");
+  // Before any tensor of the run exists, so the step peak counts them all.
+  device::install_counting_cpu_allocator();
   s->spec = load_job_spec(s->info.spec_path);
   const JobSpec& spec = s->spec;
   check_supported(spec);
@@ -148,6 +151,7 @@ MemoryStats TrainSession::memory() const {
   const parallel::ModelBytes b = par.grad_sync->memory();
   m.params = b.params;
   m.grads = b.grads;
+  m.peak = device::cpu_peak_bytes();
   for (auto* state : {&optimizer->exp_avg(), &optimizer->exp_avg_sq()})
     for (auto& t : *state)
       if (t.defined()) m.optimizer += t.numel() * int64_t(t.element_size());

@@ -14,6 +14,7 @@
 
 #include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
 #include "engine/trainer/train_session.h"
 
@@ -50,6 +51,7 @@ class SamplerBatches : public parallel::BatchSource {
 };
 
 StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
+  device::reset_cpu_peak();  // the step's peak, reported with its metrics
   timer.start();
   parallel::StepOptions opt;
   opt.grad_accum = s.spec.train.grad_accum;

@@ -111,4 +111,23 @@ TEST_CASE("train.precision bf16 (autocast) on CPU: trains, and differs from fp32
   CHECK(max_rel < 5e-2);
   CHECK(b.rbegin()->second < b.begin()->second);  // it learns
   CHECK(bf16.output.find("bf16") != std::string::npos);
+
+  // The counting allocator's step peak holds at least the persistent state
+  // (parameters, gradients, AdamW moments are all alive during a step) plus
+  // activations, and stays below the process's resident memory.
+  auto field = [](const std::string& line, const std::string& key) {
+    auto at = line.find("\"" + key + "\": ");
+    REQUIRE(at != std::string::npos);
+    return std::stoll(line.substr(at + key.size() + 4));
+  };
+  std::string last, line;
+  std::ifstream in(dir / "fp32/metrics.jsonl");
+  while (std::getline(in, line)) last = line;
+  const long long persistent =
+      field(last, "param_bytes") + field(last, "grad_bytes") + field(last, "optimizer_bytes");
+  const long long peak = field(last, "peak_bytes"), rss = field(last, "rss_bytes");
+  MESSAGE("step peak " << peak << " B: persistent " << persistent << " B + "
+                       << peak - persistent << " B transient; rss " << rss << " B");
+  CHECK(peak > persistent);
+  CHECK(peak < rss);
 }
