@@ -85,6 +85,21 @@ struct CheckpointSpec {
   int keep = 3;
 };
 
+// Chaos testing: one fault injected on purpose, on the first launch only
+// (DTRAIN_RESTART = 0), announced by a warning on every rank. Kinds:
+//   kill_after_step    rank `rank` SIGKILLs itself after step `step` (and its
+//                      checkpoint, if one was due)
+//   crash_during_save  rank `rank` SIGKILLs itself halfway through writing its
+//                      shard of the checkpoint of step `step` (0: the first save)
+//   no_grad_sync       every DDP rank trains on its own gradient (the
+//                      all-reduces still run, on copies): a wrong layout on purpose
+struct FaultSpec {
+  std::string kind = "none";
+  int rank = 0;
+  int step = 0;
+  bool active() const { return kind != "none"; }
+};
+
 struct LogSpec {
   std::string dir = "runs/dtrain";
   int every = 10;
@@ -99,6 +114,7 @@ struct JobSpec {
   DataSpec data;
   CheckpointSpec checkpoint;
   LogSpec log;
+  FaultSpec fault;
   std::vector<std::string> entrypoint = {"builtin"};  // or any command
 
   std::string source;  // file the spec came from ("" for built-in defaults)

@@ -100,6 +100,8 @@ void check_ranges(const Checker& c) {
   c.at_least("train.weight_decay", s.train.weight_decay, 0.0, "e.g. 0.1, or 0 for none");
   c.at_least("train.grad_clip", s.train.grad_clip, 0.0, "use 0 to turn clipping off");
   c.at_least("checkpoint.every", s.checkpoint.every, 0, "use 0 to save only at the end");
+  c.at_least("fault.rank", s.fault.rank, 0, "the global rank that fails");
+  c.at_least("fault.step", s.fault.step, 0, "the step after (or during whose save) it fails");
   if (!c.bad({"entrypoint"}) && s.entrypoint.empty())
     c.error("entrypoint", "entrypoint is empty; use builtin or a command like [python3, train.py]");
 }
@@ -108,6 +110,7 @@ void check_enums(const Checker& c) {
   const JobSpec& s = c.spec;
   c.one_of("cluster.device", s.cluster.device, {"cpu", "cuda"});
   c.one_of("cluster.backend", s.cluster.backend, {"auto", "gloo", "nccl"});
+  c.one_of("fault.kind", s.fault.kind, {"none", "kill_after_step", "crash_during_save", "no_grad_sync"});
   c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b"});
   c.one_of("model.kind", s.model.kind, {"gpt"});
   c.one_of("train.precision", s.train.precision, {"fp32", "bf16", "fp16"});
@@ -253,6 +256,14 @@ void check_warnings(const Checker& c) {
   if (p.zero > 0 && p.dp == 1)
     c.problems.warn("parallel.zero = " + str(p.zero) +
                     " with parallel.dp = 1: there is nothing to shard across; ZeRO has no effect");
+  if (s.fault.active() && !c.bad({"fault.kind", "fault.rank", "fault.step"}))
+    c.problems.warn("fault.kind = " + s.fault.kind + " (rank " + str(s.fault.rank) + ", step " +
+                    str(s.fault.step) + "): this run injects a fault on purpose (chaos testing); "
+                    "remove the fault section for a real run");
+  if (s.fault.active() && s.fault.kind != "no_grad_sync" && s.fault.rank >= s.world() &&
+      !c.bad({"fault.rank"}))
+    c.error("fault.rank", "fault.rank = " + str(s.fault.rank) + ": the job has " + str(s.world()) +
+                              " ranks; use a rank below " + str(s.world()));
   if (s.checkpoint.every > 0 && s.checkpoint.dir.empty())
     c.problems.warn("checkpoint.every = " + str(s.checkpoint.every) +
                     " is ignored: checkpoint.dir is empty, so no checkpoints are written");

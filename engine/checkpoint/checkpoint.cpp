@@ -76,15 +76,13 @@ std::string rng_name(c10::Device d, int rank) {
   return "rng/" + device::rng_kind(d) + "/rank_" + std::to_string(rank);
 }
 
-// DTRAIN_TEST_CRASH_DURING_SAVE=<rank>[@<step>]: that rank _exits after
-// writing about half its shard (first launch only), leaving step_<N>.tmp.
-bool crash_during_this_save(const comm::WorldInfo& info, int64_t step) {
-  const char* v = std::getenv("DTRAIN_TEST_CRASH_DURING_SAVE");
-  if (!v || !*v || info.restart != 0) return false;
-  std::string s(v);
-  auto at_pos = s.find('@');
-  if (std::atoi(s.substr(0, at_pos).c_str()) != info.rank) return false;
-  return at_pos == std::string::npos || std::atoll(s.c_str() + at_pos + 1) == step;
+// fault.kind crash_during_save: rank fault.rank is SIGKILLed after writing
+// about half its shard of step fault.step's checkpoint (0: the first save),
+// on the first launch only, leaving step_<N>.tmp behind as a real crash would.
+bool crash_during_this_save(const TrainState& s, int64_t step) {
+  const FaultSpec& f = s.spec->fault;
+  return f.kind == "crash_during_save" && s.info->restart == 0 && s.info->rank == f.rank &&
+         (f.step == 0 || f.step == step);
 }
 
 std::vector<ck::ShardData> collect_shards(const TrainState& s, std::vector<at::Tensor>& keep) {
@@ -183,9 +181,9 @@ SaveStats save(const TrainState& s, int64_t step) {
   std::vector<at::Tensor> keep;
   std::vector<ck::ShardData> shards = collect_shards(s, keep);
   safetensors::WriteOptions wopt;
-  if (crash_during_this_save(*s.info, step))
+  if (crash_during_this_save(s, step))
     wopt.progress = [](uint64_t written, uint64_t total) {
-      if (2 * written >= total) ::_exit(9);  // mid-file: header and part of the data on disk
+      if (2 * written >= total) ::raise(SIGKILL);  // mid-file: header and part of the data on disk
     };
   SaveStats stats;
   stats.bytes = ck::write_rank_file(ck::tmp_dir(root, step), rank_file(s.info->rank), std::move(shards), wopt);
@@ -258,9 +256,10 @@ bool preemption_requested(comm::Group& control, bool last) {
   return stop;
 }
 
-void test_kill_after_step(const comm::WorldInfo& info, int64_t step) {
-  static const char* v = std::getenv("DTRAIN_TEST_KILL_AT_STEP");
-  if (v && *v && info.rank == 0 && info.restart == 0 && std::atoll(v) == step) ::raise(SIGKILL);
+void fault_after_step(const TrainState& s, int64_t step) {
+  const FaultSpec& f = s.spec->fault;
+  if (f.kind == "kill_after_step" && s.info->restart == 0 && s.info->rank == f.rank && f.step == step)
+    ::raise(SIGKILL);
 }
 
 }  // namespace dtrain::engine::checkpoint

@@ -2,7 +2,8 @@
 // saves (the model and optimizer entries its layout's StateProvider gives it,
 // every rank's RNG states) and how a rank loads its part back through the
 // index, from any mesh. Also preemption (SIGTERM -> checkpoint, exit 0) and
-// test-only fault switches. Format and directory protocol: common/checkpoint_*.
+// the chaos-testing faults of the spec's fault section that strike around
+// checkpoints. Format and directory protocol: common/checkpoint_*.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -76,8 +77,9 @@ int64_t resume(const TrainState& s);
 // on preemption (collective). Returns true when the loop must stop now.
 bool after_step(const TrainState& s, int64_t steps_done);
 
-// Test-only: DTRAIN_TEST_KILL_AT_STEP=<step> makes rank 0 SIGKILL itself
-// after finishing that step and its checkpoint, if one was due (first launch only, DTRAIN_RESTART=0).
-void test_kill_after_step(const comm::WorldInfo& info, int64_t step);
+// fault.kind kill_after_step (chaos testing): rank fault.rank SIGKILLs itself
+// after finishing step fault.step and its checkpoint, if one was due (first
+// launch only, DTRAIN_RESTART = 0).
+void fault_after_step(const TrainState& s, int64_t step);
 
 }  // namespace dtrain::engine::checkpoint

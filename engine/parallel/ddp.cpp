@@ -14,7 +14,6 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <chrono>
@@ -54,14 +53,10 @@ struct DdpState : std::enable_shared_from_this<DdpState> {
 
   void launch(size_t b) {
     Bucket& bucket = buckets[b];
-    // DTRAIN_TEST_FAULT=no_grad_sync (the parity tests' negative control):
-    // every rank still issues the same all-reduces, but of a copy, so each
-    // trains on its own unsynchronised gradient.
-    static const bool no_grad_sync_fault = [] {
-      const char* v = std::getenv("DTRAIN_TEST_FAULT");
-      return v && std::string(v) == "no_grad_sync";
-    }();
-    at::Tensor target = no_grad_sync_fault ? bucket.flat.clone() : bucket.flat;
+    // fault.kind no_grad_sync (the parity tests' negative control): every
+    // rank still issues the same all-reduces, but of a copy, so each trains
+    // on its own unsynchronised gradient.
+    at::Tensor target = options.fault_no_grad_sync ? bucket.flat.clone() : bucket.flat;
     bucket.work = dp->all_reduce(target, /*async=*/true);
     bucket.launched = true;
   }

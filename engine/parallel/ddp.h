@@ -21,6 +21,7 @@ struct DdpOptions {
   static constexpr double kDefaultBucketMb = 25.0;
   double bucket_mb = kDefaultBucketMb;  // bucket capacity; a bucket closes once it reaches this
   bool overlap = true;                  // false: all-reduce every bucket after backward
+  bool fault_no_grad_sync = false;      // chaos testing (fault.kind no_grad_sync): reduce copies
 };
 
 // What one synchronised step cost (for metrics and the overlap benchmark).

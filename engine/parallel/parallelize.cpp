@@ -33,6 +33,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   DdpOptions dopt;
   dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
   dopt.overlap = spec.parallel.ddp_overlap;
+  dopt.fault_no_grad_sync = spec.fault.kind == "no_grad_sync" && comm.info().restart == 0;
   out.grad_sync = make_ddp_sync(out.parts.named_params, comm.axis("dp"), dopt);
   return out;
 }

@@ -91,6 +91,9 @@ std::unique_ptr<TrainSession> make_train_session() {
   s->spec = load_job_spec(s->info.spec_path);
   const JobSpec& spec = s->spec;
   check_supported(spec);
+  if (spec.fault.active())
+    DTRAIN_WARN("FAULT INJECTION ON: fault.kind = {} (rank {}, step {}); this run fails on purpose",
+                spec.fault.kind, spec.fault.rank, spec.fault.step);
   // One intra-op thread per rank: ranks are the parallelism (the launcher
   // also sets OMP/OPENBLAS_NUM_THREADS).
   at::set_num_threads(1);

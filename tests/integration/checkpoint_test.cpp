@@ -272,7 +272,7 @@ TEST_CASE("bit-exact resume after SIGKILL of a worker: agent restart and dtrain 
   // which load step_20 and redo 21..30. The restart appends to the same
   // metrics file: a restart that loaded nothing would log 1..30 again (and,
   // being deterministic, still end bit-exact).
-  Run restarted = f.run("restart", {"cluster.max_restarts=1"}, {"DTRAIN_TEST_KILL_AT_STEP=23"});
+  Run restarted = f.run("restart", {"cluster.max_restarts=1", "fault.kind=kill_after_step", "fault.step=23"});
   INFO(restarted.output);
   REQUIRE(restarted.code == 0);
   CHECK(restarted.output.find("resuming from step 20") != std::string::npos);
@@ -282,7 +282,7 @@ TEST_CASE("bit-exact resume after SIGKILL of a worker: agent restart and dtrain 
   // Killed after step 20 with no restarts left: the job fails; `dtrain resume`
   // continues, appending 21..30 to the killed run's records (a resume that
   // loaded nothing would start the file over).
-  Run killed = f.run("killed", {}, {"DTRAIN_TEST_KILL_AT_STEP=20"});
+  Run killed = f.run("killed", {"fault.kind=kill_after_step", "fault.step=20"});
   INFO(killed.output);
   REQUIRE(killed.code != 0);
   REQUIRE(latest_of(f.dir / "killed/ckpt") == "step_20");
@@ -299,7 +299,7 @@ TEST_CASE("bit-exact resume after SIGKILL of a worker: agent restart and dtrain 
 
 TEST_CASE("crash in the middle of a save: latest stays on the previous checkpoint") {
   Fixture f;
-  Run crashed = f.run("crash", {}, {"DTRAIN_TEST_CRASH_DURING_SAVE=1@20"});
+  Run crashed = f.run("crash", {"fault.kind=crash_during_save", "fault.rank=1", "fault.step=20"});
   INFO(crashed.output);
   REQUIRE(crashed.code != 0);
   check_trained("crashed at the save of step 20", crashed, 20);

@@ -4,7 +4,7 @@
 // relative and the final parameters within 1e-5 absolute; each case prints
 // the max differences it saw next to the tolerance, and beside them a
 // negative control: the same DDP run with gradient synchronisation disabled
-// (DTRAIN_TEST_FAULT=no_grad_sync) must miss the reference by >= 100x the
+// (the spec's fault.kind no_grad_sync) must miss the reference by >= 100x the
 // tolerance, or the comparison could not tell right from wrong.
 #include <doctest/doctest.h>
 
@@ -194,7 +194,9 @@ void compare(const std::string& what, const RunResult& ddp, const RunResult& con
 // The negative control: the same layout, every rank on its own gradient.
 RunResult launch_without_grad_sync(const TempDir& dir, const std::string& name,
                                    const std::vector<std::string>& sets) {
-  return launch(dir, name + "_no_sync", sets, {"DTRAIN_TEST_FAULT=no_grad_sync"});
+  std::vector<std::string> faulty = sets;
+  faulty.push_back("fault.kind=no_grad_sync");
+  return launch(dir, name + "_no_sync", faulty);
 }
 
 // The DDP run really used 4 ranks and several buckets, and launched them

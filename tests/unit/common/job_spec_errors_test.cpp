@@ -291,3 +291,18 @@ TEST_CASE("validate_job_spec checks a spec changed in code") {
     CHECK(has(e.message(), "code: parallel.tp = 3 does not divide model.heads = 4"));
   }
 }
+
+TEST_CASE("spec: the fault section (chaos testing) is checked and announced") {
+  std::string e = error_of(kBase, {"fault.kind=segfault"});
+  CHECK(has(e, "fault.kind"));
+  CHECK(has(e, "segfault"));
+  CHECK(has(e, "kill_after_step"));  // the choices are listed
+  e = error_of(kBase, {"fault.kind=kill_after_step", "fault.rank=8", "fault.step=3"});
+  CHECK(has(e, "fault.rank = 8"));
+  CHECK(has(e, "below 8"));
+  CHECK(has(error_of(kBase, {"fault.step=-1"}), "fault.step"));
+  auto w = warnings_of(kBase, {"fault.kind=crash_during_save", "fault.rank=1", "fault.step=20"});
+  REQUIRE(w.size() == 1);
+  CHECK(has(w[0], "injects a fault on purpose"));
+  CHECK(warnings_of(kBase).empty());  // none by default
+}
