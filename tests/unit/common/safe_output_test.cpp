@@ -16,6 +16,7 @@
 #include "common/job_spec.h"
 #include "common/model_size.h"
 #include "common/safe_output.h"
+#include "tests/support/child.h"
 
 namespace fs = std::filesystem;
 using dtrain::Clobber;
@@ -24,22 +25,8 @@ using dtrain::ErrorCode;
 
 namespace {
 
-struct Tmp {
-  std::string path;
-  Tmp() {
-    char t[] = "/tmp/dtrain-safe-unit-XXXXXX";
-    path = mkdtemp(t);
-  }
-  ~Tmp() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return path + "/" + name; }
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using Tmp = dtrain::testing::TempDir;
+using dtrain::testing::read_file;
 
 void spit(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
@@ -71,14 +58,14 @@ size_t entries(const std::string& dir) {
 TEST_CASE("safe output: a new file appears whole, an existing one is kept unless replace") {
   Tmp t;
   dtrain::write_file_safely(t / "a.txt", "one\n", "OUT", Clobber::refuse);
-  CHECK(slurp(t / "a.txt") == "one\n");
+  CHECK(read_file(t / "a.txt") == "one\n");
   std::string e = config_error([&] { dtrain::write_file_safely(t / "a.txt", "two\n", "OUT", Clobber::refuse); });
   CHECK(has(e, "OUT = " + (t / "a.txt") + " already exists"));
   CHECK(has(e, "--force"));
-  CHECK(slurp(t / "a.txt") == "one\n");
+  CHECK(read_file(t / "a.txt") == "one\n");
   dtrain::write_file_safely(t / "a.txt", "two\n", "OUT", Clobber::replace);
-  CHECK(slurp(t / "a.txt") == "two\n");
-  CHECK(entries(t.path) == 1);  // no temporary left behind
+  CHECK(read_file(t / "a.txt") == "two\n");
+  CHECK(entries(t.path()) == 1);  // no temporary left behind
 }
 
 TEST_CASE("safe output: never through a symlink, never onto a directory") {
@@ -91,13 +78,13 @@ TEST_CASE("safe output: never through a symlink, never onto a directory") {
               "is a symbolic link"));
     CHECK(has(config_error([&] { dtrain::write_file_safely(t / "dangling.txt", "x", "OUT", c); }),
               "is a symbolic link"));
-    CHECK(has(config_error([&] { dtrain::write_file_safely(t.path, "x", "OUT", c); }), "not a file"));
+    CHECK(has(config_error([&] { dtrain::write_file_safely(t.path(), "x", "OUT", c); }), "not a file"));
   }
-  CHECK(slurp(t / "target.txt") == "precious\n");
+  CHECK(read_file(t / "target.txt") == "precious\n");
   CHECK_FALSE(fs::exists(t / "absent.txt"));
   CHECK(has(config_error([&] { dtrain::write_file_safely(t / "no/such/dir/x", "x", "--svg", Clobber::refuse); }),
             "--svg = " + (t / "no/such/dir/x") + ": the directory"));
-  CHECK(entries(t.path) == 3);
+  CHECK(entries(t.path()) == 3);
 }
 
 TEST_CASE("safe output: a file that appears before commit is not replaced") {
@@ -106,7 +93,7 @@ TEST_CASE("safe output: a file that appears before commit is not replaced") {
   out.write("mine\n");
   spit(t / "late.txt", "theirs\n");
   CHECK(has(config_error([&] { out.commit(); }), "already exists"));
-  CHECK(slurp(t / "late.txt") == "theirs\n");
+  CHECK(read_file(t / "late.txt") == "theirs\n");
 }
 
 TEST_CASE("check_outside: nothing inside the checkpoint being read") {
@@ -135,20 +122,20 @@ TEST_CASE("checkpoint dir: move_aside keeps the steps, set_latest points at one"
   Tmp t;
   namespace ck = dtrain::checkpoint;
   for (int s : {10, 20}) fs::create_directories(t / ("step_" + std::to_string(s)));
-  ck::set_latest(t.path, 20);
-  CHECK(slurp(t / "latest") == "step_20\n");
-  const std::string aside = ck::move_aside(t.path, {"step_20", "latest"});
+  ck::set_latest(t.path(), 20);
+  CHECK(read_file(t / "latest") == "step_20\n");
+  const std::string aside = ck::move_aside(t.path(), {"step_20", "latest"});
   CHECK(fs::path(aside).filename().string().rfind("previous_", 0) == 0);
   CHECK(fs::is_directory(aside + "/step_20"));
   CHECK(fs::exists(aside + "/latest"));
-  CHECK(ck::list_steps(t.path) == std::vector<int64_t>{10});  // previous_* is not a step
-  const std::string again = ck::move_aside(t.path, {"step_10"});
+  CHECK(ck::list_steps(t.path()) == std::vector<int64_t>{10});  // previous_* is not a step
+  const std::string again = ck::move_aside(t.path(), {"step_10"});
   CHECK(again != aside);  // two moves in one second get two directories
 }
 
 TEST_CASE("job spec file: a directory, an empty file or only comments is refused") {
   Tmp t;
-  CHECK(has(config_error([&] { dtrain::load_job_spec(t.path); }), "is a directory"));
+  CHECK(has(config_error([&] { dtrain::load_job_spec(t.path()); }), "is a directory"));
   spit(t / "empty.yaml", "");
   CHECK(has(config_error([&] { dtrain::load_job_spec(t / "empty.yaml"); }), "is empty"));
   spit(t / "comments.yaml", "# nothing here\n\n");

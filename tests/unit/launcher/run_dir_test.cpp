@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "launcher/checkpoint_start.h"
 #include "launcher/run_dir_lock.h"
+#include "tests/support/child.h"
 
 namespace fs = std::filesystem;
 using namespace dtrain::launcher;
@@ -25,22 +26,8 @@ namespace ck = dtrain::checkpoint;
 
 namespace {
 
-struct Tmp {
-  std::string path;
-  Tmp() {
-    char t[] = "/tmp/dtrain-rundir-unit-XXXXXX";
-    path = mkdtemp(t);
-  }
-  ~Tmp() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return path + "/" + name; }
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using Tmp = dtrain::testing::TempDir;
+using dtrain::testing::read_file;
 
 template <typename F>
 std::string config_error(F f) {
@@ -88,7 +75,7 @@ TEST_CASE("run dir lock: a second job is refused with the holder, the same job s
   LockOwner a = this_agent("job-a", job_id_of("job-a", "token-a"), "host-a");
   auto first = std::make_unique<RunDirLock>(dir, "log.dir", a);
   CHECK(first->holds());
-  CHECK(has(slurp(dir + "/" + kLockFile), "job=job-a"));
+  CHECK(has(read_file(dir + "/" + kLockFile), "job=job-a"));
 
   LockOwner b = this_agent("job-b", job_id_of("job-b", "token-b"), "host-a");
   std::string e = config_error([&] { RunDirLock second(dir, "log.dir", b); });
@@ -118,9 +105,9 @@ TEST_CASE("run dir lock: a lock left by a dead process is taken over") {
   LockOwner dead = this_agent("old", "0000", "this-host");
   dead.pid = child;
   std::ofstream(t / kLockFile) << dead.to_text();
-  RunDirLock lock(t.path, "log.dir", this_agent("new", "1111", "this-host"));
+  RunDirLock lock(t.path(), "log.dir", this_agent("new", "1111", "this-host"));
   CHECK(lock.holds());
-  CHECK(has(slurp(t / kLockFile), "job=new"));
+  CHECK(has(read_file(t / kLockFile), "job=new"));
 }
 
 TEST_CASE("run dir lock: a file or an unwritable path is refused naming the field") {
@@ -140,12 +127,12 @@ TEST_CASE("checkpoint start: steps without latest refuse a fresh start, naming t
   write_step(root, 10);
   write_step(root, 20);
   fs::create_directories(root + "/step_30");  // incomplete: no index
-  const std::string index20 = slurp(root + "/step_20/index.json");
+  const std::string index20 = read_file(root + "/step_20/index.json");
   std::string e = config_error([&] { prepare_checkpoint_start(root, {}); });
   CHECK(has(e, "checkpoint.dir = " + root + " holds step_10, step_20, step_30 but no `latest`"));
   CHECK(has(e, "--resume-from " + root + "/step_20"));  // the newest valid one
   CHECK(has(e, "--fresh"));
-  CHECK(slurp(root + "/step_20/index.json") == index20);
+  CHECK(read_file(root + "/step_20/index.json") == index20);
 
   // A `latest` naming a missing step is no better.
   std::ofstream(root + "/latest") << "step_99\n";
@@ -157,7 +144,7 @@ TEST_CASE("checkpoint start: steps without latest refuse a fresh start, naming t
   CHECK_FALSE(fs::exists(root + "/latest"));
   auto prev = previous_dirs(root);
   REQUIRE(prev.size() == 1);
-  CHECK(slurp(prev[0] + "/step_20/index.json") == index20);
+  CHECK(read_file(prev[0] + "/step_20/index.json") == index20);
   CHECK(fs::is_directory(prev[0] + "/step_30"));
 }
 
@@ -173,7 +160,7 @@ TEST_CASE("checkpoint start: resuming from an older step moves the newer ones as
   const std::string from = prepare_checkpoint_start(root, {root + "/step_10", false});
   CHECK(from == root + "/step_10");
   CHECK(ck::list_steps(root) == std::vector<int64_t>{10});
-  CHECK(slurp(root + "/latest") == "step_10\n");  // an agent restart loads the same step
+  CHECK(read_file(root + "/latest") == "step_10\n");  // an agent restart loads the same step
   auto prev = previous_dirs(root);
   REQUIRE(prev.size() == 1);
   CHECK(fs::exists(prev[0] + "/step_20/index.json"));
