@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/comm/comm.h"
+#include "engine/parallel/grad_sync.h"
 
 namespace dtrain::engine::parallel {
 
@@ -24,12 +25,8 @@ struct DdpOptions {
   bool fault_no_grad_sync = false;      // chaos testing (fault.kind no_grad_sync): reduce copies
 };
 
-// What one synchronised step cost (for metrics and the overlap benchmark).
-struct DdpSyncStats {
-  double wait_s = 0;    // time finish_gradient_sync() spent launching + waiting (exposed comm)
-  int launched_in_backward = 0;  // buckets whose all-reduce started from a hook
-  int buckets = 0;
-};
+// What one synchronised step cost: GradSync's figures (grad_sync.h).
+using DdpSyncStats = SyncStats;
 
 namespace detail {
 struct DdpState;

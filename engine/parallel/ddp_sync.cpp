@@ -56,10 +56,7 @@ class DdpSync : public GradSync {
 
   void begin_micro(int, bool last) override { ddp_.set_grad_sync(last); }
 
-  SyncStats finish() override {
-    DdpSyncStats s = ddp_.finish_gradient_sync();
-    return {s.wait_s, s.launched_in_backward, s.buckets};
-  }
+  SyncStats finish() override { return ddp_.finish_gradient_sync(); }
 
   double clip(double max_norm) override {
     const double norm = std::sqrt(optim::local_grad_sq_norm(grads_));  // one op per bucket

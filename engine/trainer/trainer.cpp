@@ -9,7 +9,6 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 #include "common/log.h"
