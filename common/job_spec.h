@@ -48,6 +48,10 @@ struct ParallelSpec {
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
   double ddp_bucket_mb = 25.0;
   bool ddp_overlap = true;
+  // ZeRO-3 (FSDP): free a unit's gathered parameters after its forward
+  // (false: keep them until its backward, ZeRO-2's memory for less traffic).
+  bool fsdp_reshard_after_forward = true;
+  bool fsdp_prefetch = true;  // gather the next unit while this one computes
 };
 
 struct ModelSpec {

@@ -58,14 +58,15 @@ void add_entry(std::vector<ck::ShardData>& out, std::vector<at::Tensor>& keep,
   keep.push_back(device::to_host(e.tensor.detach()));
   const at::Tensor& c = keep.back();
   std::vector<ck::Range> slice(e.slice.begin(), e.slice.end());
-  ck::TensorEntry t{e.name, dtype_name(c), e.global_shape, {ck::Shard{"", e.name, slice, 0}}};
+  ck::TensorEntry t{e.name, dtype_name(c), e.global_shape,
+                    {ck::Shard{"", e.key.empty() ? e.name : e.key, slice, 0}}};
   out.push_back({std::move(t), c.data_ptr()});
 }
 
 // A whole tensor (RNG states).
 void add_full(std::vector<ck::ShardData>& out, std::vector<at::Tensor>& keep, const std::string& name,
               const at::Tensor& t) {
-  parallel::StateEntry e{name, shape_of(t), {}, t};
+  parallel::StateEntry e{name, shape_of(t), {}, t, ""};
   for (int64_t d : e.global_shape) e.slice.emplace_back(0, d);
   add_entry(out, keep, e);
 }
@@ -204,7 +205,9 @@ int64_t load(const TrainState& s, const std::string& dir) {
   const ck::Index& x = reader.index();
   std::vector<parallel::StateEntry> entries = s.state->load_entries();
   std::vector<ck::ExpectedTensor> expected;
-  for (const auto& e : entries) expected.push_back({e.name, dtype_name(e.tensor), e.global_shape});
+  for (const auto& e : entries)
+    if (expected.empty() || expected.back().name != e.name)  // a tensor's slices come together
+      expected.push_back({e.name, dtype_name(e.tensor), e.global_shape});
   ck::check_compatible(x, dir, model_signature(s.spec->model), expected);
 
   at::NoGradGuard no_grad;

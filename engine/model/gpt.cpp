@@ -14,6 +14,7 @@
 #include <ATen/ops/scaled_dot_product_attention.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -171,10 +172,29 @@ at::Tensor GptImpl::forward(const at::Tensor& tokens) {
   }
   // wpe(arange(T)) is the first T rows of the table: a narrow view gives the
   // same values and the same gradient without the gather and its backward.
-  auto x = wte->forward(tokens) + wpe->weight.narrow(0, 0, T);  // [B, T, C] (+ [T, C] broadcast)
-  x = drop->forward(x);
-  for (const auto& block : *blocks) x = block->as<Block>()->forward(x);  // [B, T, C]
-  return head->forward(ln_f->forward(x));                        // [B, T, V]
+  auto x = run_unit(0, [&] {
+    return drop->forward(wte->forward(tokens) + wpe->weight.narrow(0, 0, T));  // [B, T, C] (+ [T, C] broadcast)
+  });
+  int unit = 1;
+  for (const auto& block : *blocks)
+    x = run_unit(unit++, [&] { return block->as<Block>()->forward(x); });  // [B, T, C]
+  return run_unit(unit, [&] { return head->forward(ln_f->forward(x)); });  // [B, T, V]
+}
+
+at::Tensor GptImpl::run_unit(int unit, const std::function<at::Tensor()>& body) {
+  if (!hooks_) return body();
+  hooks_->before(unit);
+  return hooks_->after(unit, body());
+}
+
+int GptImpl::unit_of(const std::string& name) const {
+  if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) return 0;
+  if (name.rfind("ln_f.", 0) == 0 || name.rfind("head.", 0) == 0) return cfg_.layers + 1;
+  if (name.rfind("blocks.", 0) == 0) {
+    const int layer = std::atoi(name.c_str() + 7);
+    if (layer >= 0 && layer < cfg_.layers) return layer + 1;
+  }
+  throw Error(ErrorCode::internal, "gpt: parameter " + name + " belongs to no unit");
 }
 
 at::Tensor GptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {

@@ -13,6 +13,8 @@
 #include <torch/nn/modules/dropout.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 namespace dtrain::engine::model {
 
@@ -62,6 +64,19 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// The model runs in units: 0 = the embeddings (wte, wpe), 1..layers = the
+// blocks, layers + 1 = the head (ln_f, head). A layout that works unit by
+// unit (ZeRO-3 gathers a unit's parameters before it runs and frees them
+// after) sees each unit's start and its output; the model itself stays
+// unaware of any layout.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before(int unit) = 0;
+  // Returns the output (the hook may attach a gradient hook to it).
+  virtual at::Tensor after(int unit, const at::Tensor& output) = 0;
+};
+
 class GptImpl : public torch::nn::Module {
  public:
   // Parameters are initialised deterministically from `seed` (same numbers
@@ -76,6 +91,13 @@ class GptImpl : public torch::nn::Module {
   int64_t num_params() const;
   const GptConfig& config() const { return cfg_; }
 
+  int num_units() const { return cfg_.layers + 2; }
+  // The unit a parameter belongs to, by its name ("blocks.3.attn.qkv.weight"
+  // -> 4); throws for a name the model does not have.
+  int unit_of(const std::string& param_name) const;
+  // Not owned; nullptr (the default) runs without hooks.
+  void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+
   torch::nn::Embedding wte{nullptr};  // [V, C]
   torch::nn::Embedding wpe{nullptr};  // [T, C]
   torch::nn::Dropout drop{nullptr};
@@ -84,7 +106,9 @@ class GptImpl : public torch::nn::Module {
   torch::nn::Linear head{nullptr};    // C -> V, no bias
 
  private:
+  at::Tensor run_unit(int unit, const std::function<at::Tensor()>& body);
   GptConfig cfg_;
+  UnitHooks* hooks_ = nullptr;
 };
 TORCH_MODULE(Gpt);
 

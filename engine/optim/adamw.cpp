@@ -15,11 +15,13 @@
 
 namespace dtrain::engine::optim {
 
-AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptions options)
-    : params_(std::move(params)), decay_(std::move(decay)), opt_(options) {
-  if (decay_.size() != params_.size()) {
+AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptions options,
+             std::vector<at::Tensor> grads)
+    : params_(std::move(params)), decay_(std::move(decay)), grads_(std::move(grads)), opt_(options) {
+  if (decay_.size() != params_.size() || (!grads_.empty() && grads_.size() != params_.size())) {
     throw Error(ErrorCode::internal, "AdamW: " + std::to_string(params_.size()) + " params but " +
-                                         std::to_string(decay_.size()) + " decay flags");
+                                         std::to_string(decay_.size()) + " decay flags and " +
+                                         std::to_string(grads_.size()) + " grads");
   }
   // State allocated up front (not lazily) so a checkpoint can be loaded into
   // it before the first step.
@@ -41,7 +43,7 @@ void AdamW::step(double lr) {
   const double step_size = lr / bias_correction1;
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
-    const at::Tensor& g = p.grad();
+    const at::Tensor& g = grads_.empty() ? p.grad() : grads_[i];
     if (!g.defined()) continue;
     if (decay_[i] && opt_.weight_decay != 0.0) p.mul_(1.0 - lr * opt_.weight_decay);  // decoupled decay
     m_[i].mul_(b1).add_(g, 1.0 - b1);                  // m = b1 m + (1 - b1) g
@@ -52,8 +54,8 @@ void AdamW::step(double lr) {
 }
 
 void AdamW::zero_grad() {
-  for (auto& p : params_) {
-    at::Tensor g = p.grad();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor g = grads_.empty() ? params_[i].grad() : grads_[i];
     if (g.defined()) g.zero_();
   }
 }

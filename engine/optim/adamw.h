@@ -24,8 +24,11 @@ class AdamW {
  public:
   // decay[i]: whether params[i] gets weight decay (matrices yes; biases,
   // LayerNorm weights and embeddings' positions no, by the caller's choice).
-  AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptions options);
-  // One step with learning rate lr over params' .grad(). Skips params without grad.
+  // grads: the gradient of each param (views of a ZeRO flat gradient shard);
+  // empty = each param's .grad().
+  AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptions options,
+        std::vector<at::Tensor> grads = {});
+  // One step with learning rate lr. Skips params without a gradient.
   void step(double lr);
   void zero_grad();  // sets grads to zero (keeps storage)
 
@@ -39,6 +42,7 @@ class AdamW {
  private:
   std::vector<at::Tensor> params_;
   std::vector<bool> decay_;
+  std::vector<at::Tensor> grads_;  // empty: params_[i].grad()
   AdamWOptions opt_;
   std::vector<at::Tensor> m_, v_;
   int64_t step_ = 0;

@@ -13,7 +13,7 @@ namespace dtrain::engine::parallel {
 namespace {
 
 StateEntry whole(std::string name, const at::Tensor& t) {
-  StateEntry e{std::move(name), t.sizes().vec(), {}, t};
+  StateEntry e{std::move(name), t.sizes().vec(), {}, t, ""};
   for (int64_t d : e.global_shape) e.slice.emplace_back(0, d);
   return e;
 }

@@ -32,6 +32,7 @@ struct OptimizerParams {
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
   std::vector<bool> decay;  // weight decay on matrices only (nanoGPT's choice)
+  std::vector<at::Tensor> grads;  // each param's gradient; empty = params[i].grad()
 };
 
 // Persistent bytes this rank holds for the model (metrics.jsonl).
@@ -41,12 +42,15 @@ struct ModelBytes {
 };
 
 // One tensor of a checkpoint: its stable name, the global shape, the slice
-// of it this rank holds ({begin, end} per dim) and the local tensor.
+// of it this rank holds ({begin, end} per dim) and the local tensor (shaped
+// like the slice). A rank holding several slices of one tensor (a flat ZeRO
+// shard cut into rectangles) gives each its own `key` in its file.
 struct StateEntry {
   std::string name;
   std::vector<int64_t> global_shape;
   std::vector<std::pair<int64_t, int64_t>> slice;
   at::Tensor tensor;
+  std::string key;  // the tensor's key in this rank's file; empty = name
 };
 
 class StateProvider {
@@ -71,6 +75,10 @@ class GradSync {
   // clipping.
   virtual double clip(double max_norm) = 0;
   virtual OptimizerParams optimizer_params() = 0;
+  // After the optimizer step: bring the updated values to where the
+  // forward reads them (ZeRO-1/2 all-gather the shards; DDP updated the
+  // parameters themselves; ZeRO-3 gathers before each unit's forward).
+  virtual void after_optimizer_step() {}
   virtual void zero() = 0;  // zero the gradients (storage kept)
   virtual ModelBytes memory() const = 0;
   // The checkpoint's view of model and optimizer state under this layout.

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "engine/parallel/ddp_sync.h"
 #include "engine/parallel/schedule.h"
+#include "engine/parallel/zero/zero_sync.h"
 
 namespace dtrain::engine::parallel {
 
@@ -29,11 +30,24 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   // 2. Tensor parallelism: none yet (tp = 1).
   // 3. Activation checkpointing: none yet.
   // 4. Expert parallelism: none yet (ep = 1).
-  // 5. Data parallelism over the dp group.
+  // 5. Data parallelism over the dp group: ZeRO (sharded) or DDP (replicated).
+  const bool no_grad_sync = spec.fault.kind == "no_grad_sync" && comm.info().restart == 0;
+  if (spec.parallel.zero > 0) {
+    ZeroOptions z;
+    z.stage = spec.parallel.zero;
+    z.reshard_after_forward = spec.parallel.fsdp_reshard_after_forward;
+    z.prefetch = spec.parallel.fsdp_prefetch;
+    z.fault_no_grad_sync = no_grad_sync;
+    std::vector<int> unit_of;
+    for (auto& [name, p] : out.parts.named_params) unit_of.push_back(out.parts.model->unit_of(name));
+    out.grad_sync = make_zero_sync(out.parts.named_params, std::move(unit_of), *out.parts.model,
+                                   comm.axis("dp"), z);
+    return out;
+  }
   DdpOptions dopt;
   dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
   dopt.overlap = spec.parallel.ddp_overlap;
-  dopt.fault_no_grad_sync = spec.fault.kind == "no_grad_sync" && comm.info().restart == 0;
+  dopt.fault_no_grad_sync = no_grad_sync;
   out.grad_sync = make_ddp_sync(out.parts.named_params, comm.axis("dp"), dopt);
   return out;
 }

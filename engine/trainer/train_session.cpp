@@ -21,7 +21,7 @@
 namespace dtrain::engine::trainer {
 namespace {
 
-// The builtin engine runs DDP in fp32 or bf16 (autocast) on CPU or CUDA for
+// The builtin engine runs DDP or ZeRO-1/2/3 in fp32 or bf16 (autocast) on CPU or CUDA for
 // now; anything else is a clear error rather than a silently different run.
 void check_supported(const JobSpec& spec) {
   std::vector<std::string> problems;
@@ -33,9 +33,6 @@ void check_supported(const JobSpec& spec) {
   axis("tp", spec.parallel.tp);
   axis("pp", spec.parallel.pp);
   axis("ep", spec.parallel.ep);
-  if (spec.parallel.zero != 0)
-    problems.push_back("parallel.zero = " + std::to_string(spec.parallel.zero) +
-                       " is not implemented yet; use zero 0 (DDP)");
   if (spec.train.precision != "fp32" && spec.train.precision != "bf16")
     problems.push_back("train.precision = " + spec.train.precision +
                        " is not implemented yet; use precision fp32 or bf16");
@@ -75,7 +72,7 @@ std::unique_ptr<optim::AdamW> make_optimizer(const JobSpec& spec, parallel::Opti
   o.beta1 = spec.train.beta1;
   o.beta2 = spec.train.beta2;
   o.weight_decay = spec.train.weight_decay;
-  return std::make_unique<optim::AdamW>(std::move(p.params), std::move(p.decay), o);
+  return std::make_unique<optim::AdamW>(std::move(p.params), std::move(p.decay), o, std::move(p.grads));
 }
 
 }  // namespace

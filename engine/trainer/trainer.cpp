@@ -66,6 +66,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   r.grad_norm = s.par.grad_sync->clip(s.spec.train.grad_clip);
   r.lr = s.schedule.at(step);
   s.optimizer->step(r.lr);
+  s.par.grad_sync->after_optimizer_step();
   s.par.grad_sync->zero();
   s.sampler->advance();
   r.step_s = timer.stop_s();

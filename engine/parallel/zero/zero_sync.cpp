@@ -1,0 +1,494 @@
+// make_zero_sync (zero_sync.h). Hooks and ordering follow Ddp (ddp.cpp): a
+// post-hook on every parameter's AccumulateGrad counts down its unit, and
+// units launch their gradient communication strictly in backward order, so
+// every rank issues the same collectives in the same order. ZeRO-3 frees a
+// unit's gathered parameters by giving its flat buffer's storage zero bytes
+// (the parameters, and every view autograd saved of them, share that
+// storage) and gathers by giving it its bytes back (FSDP's trick).
+#include "engine/parallel/zero/zero_sync.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sqrt.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "engine/optim/adamw.h"
+#include "engine/parallel/zero/flat_layout.h"
+
+namespace dtrain::engine::parallel {
+namespace {
+
+using zero::FlatLayout;
+using zero::Piece;
+
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void alloc_storage(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+struct Unit {
+  at::Tensor full;         // [padded]: the unit's parameters are views of it
+  at::Tensor param_shard;  // [S]: what this rank's optimizer updates
+  at::Tensor grad_full;    // ZeRO-1 [padded]: the parameters' grads are views of it
+  at::Tensor grad_shard;   // [S]: the reduced gradient of this rank's shard
+  bool gathered = true;    // `full` holds the current parameters
+  comm::WorkPtr gather;    // ZeRO-3: all-gather into `full` in flight
+  int pending = 0;         // grads of this unit not yet ready in this backward
+  comm::WorkPtr reduce;    // gradient all-reduce / reduce-scatter in flight
+  at::Tensor reduce_in, reduce_out;  // ZeRO-2/3: its buffers ([padded], [S])
+};
+
+struct ZeroState : std::enable_shared_from_this<ZeroState> {
+  ZeroOptions options;
+  comm::Group* dp = nullptr;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::vector<int> unit_of;
+  FlatLayout layout;
+  std::vector<Unit> units;
+  // One allocation each; the units' tensors are views of them.
+  at::Tensor full_all, grad_all, param_shards_all, grad_shards_all;
+  std::vector<int> backward_order;  // units in the order their gradients complete
+  size_t next_to_launch = 0;
+  bool sync = true;
+  bool callback_queued = false;
+  int launched_in_backward = 0;
+  double exposed_gather_s = 0;  // ZeRO-3: time spent waiting for gathers this step
+  using AccumulatorPtr =
+      decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<AccumulatorPtr> accumulators;  // keep the hooks alive (see ddp.cpp)
+
+  int stage() const { return options.stage; }
+  int64_t shard_begin(const zero::FlatUnit& u) const { return layout.rank * u.shard; }
+
+  // ---- ZeRO-3 gathers ----
+  void start_gather(int u) {
+    Unit& x = units[size_t(u)];
+    if (x.gathered || x.gather) return;
+    alloc_storage(x.full, size_t(x.full.numel()) * x.full.element_size());
+    x.gather = dp->all_gather(x.param_shard, x.full, /*async=*/true);
+  }
+  void ensure_gathered(int u) {
+    Unit& x = units[size_t(u)];
+    if (x.gathered) return;
+    start_gather(u);
+    const auto t0 = std::chrono::steady_clock::now();
+    x.gather->wait();
+    exposed_gather_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    x.gather.reset();
+    x.gathered = true;
+  }
+  void release(int u) {
+    Unit& x = units[size_t(u)];
+    if (x.gather) ensure_gathered(u);
+    if (!x.gathered) return;
+    free_storage(x.full);
+    x.gathered = false;
+  }
+
+  // ---- gradients ----
+  void launch(int u) {
+    Unit& x = units[size_t(u)];
+    const zero::FlatUnit& fu = layout.units[size_t(u)];
+    if (stage() == 1) {
+      // fault no_grad_sync: the same collective, of a copy.
+      at::Tensor target = options.fault_no_grad_sync ? x.grad_full.clone() : x.grad_full;
+      x.reduce = dp->all_reduce(target, /*async=*/true);
+      return;
+    }
+    // Pack the unit's grads into one flat buffer (zeros for padding and for
+    // parameters that got no grad) and drop them: from here on only the
+    // shard is kept.
+    x.reduce_in = at::empty({fu.padded}, x.param_shard.options());  // [padded]
+    at::NoGradGuard no_grad;
+    for (size_t k = 0; k < fu.params.size(); ++k) {
+      at::Tensor& p = params[size_t(fu.params[k])];
+      at::Tensor slot = x.reduce_in.narrow(0, fu.offsets[k], p.numel());
+      if (p.grad().defined())
+        slot.copy_(p.grad().reshape({-1}));
+      else
+        slot.zero_();
+      p.mutable_grad().reset();
+    }
+    if (fu.padded > fu.numel) x.reduce_in.narrow(0, fu.numel, fu.padded - fu.numel).zero_();
+    x.reduce_out = at::empty({fu.shard}, x.param_shard.options());  // [S]
+    x.reduce = dp->reduce_scatter(x.reduce_in, x.reduce_out, /*async=*/true);
+    if (stage() == 3) release(u);  // its backward is done
+  }
+  void wait_reduce(int u) {
+    Unit& x = units[size_t(u)];
+    if (!x.reduce) return;
+    x.reduce->wait();
+    x.reduce.reset();
+    if (stage() == 1) return;
+    at::NoGradGuard no_grad;
+    if (options.fault_no_grad_sync)  // this rank's own part, unsummed
+      x.grad_shard.add_(x.reduce_in.narrow(0, shard_begin(layout.units[size_t(u)]), x.grad_shard.numel()));
+    else
+      x.grad_shard.add_(x.reduce_out);
+    x.reduce_in = at::Tensor();
+    x.reduce_out = at::Tensor();
+  }
+  void launch_ready_in_order() {
+    while (next_to_launch < backward_order.size() && units[size_t(backward_order[next_to_launch])].pending == 0) {
+      launch(backward_order[next_to_launch++]);
+      ++launched_in_backward;
+    }
+  }
+  void launch_rest() {
+    while (next_to_launch < backward_order.size()) launch(backward_order[next_to_launch++]);
+  }
+  void reset_backward() {
+    for (size_t u = 0; u < units.size(); ++u)
+      units[u].pending = static_cast<int>(layout.units[u].params.size());
+    next_to_launch = 0;
+    callback_queued = false;
+  }
+  void on_grad_ready(int param) {
+    if (!sync) return;  // ZeRO-1/2 before the last micro-step: grads accumulate locally
+    if (!callback_queued) {
+      // Units whose parameters got no grad never count down: launch them
+      // once the whole backward is done.
+      callback_queued = true;
+      std::weak_ptr<ZeroState> weak = weak_from_this();
+      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+        if (auto s = weak.lock()) s->launch_rest();
+      });
+    }
+    if (--units[size_t(unit_of[size_t(param)])].pending == 0) launch_ready_in_order();
+  }
+};
+
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(std::weak_ptr<ZeroState> state, int param) : state_(std::move(state)), param_(param) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (auto s = state_.lock()) s->on_grad_ready(param_);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<ZeroState> state_;
+  int param_;
+};
+
+// ZeRO-3's unit hooks on the model: gather before a unit runs (prefetching
+// the next), free after (unless reshard_after_forward is off), and gather
+// again when backward reaches the unit's output.
+class GatherHooks : public model::UnitHooks {
+ public:
+  explicit GatherHooks(std::weak_ptr<ZeroState> state) : state_(std::move(state)) {}
+  void before(int unit) override {
+    auto s = state_.lock();
+    s->ensure_gathered(unit);
+    if (s->options.prefetch && unit + 1 < int(s->units.size())) s->start_gather(unit + 1);
+  }
+  at::Tensor after(int unit, const at::Tensor& output) override {
+    auto s = state_.lock();
+    // The last unit's backward comes first: it stays gathered.
+    const bool last = unit + 1 == int(s->units.size());
+    if ((s->options.reshard_after_forward || !c10::GradMode::is_enabled()) && !last) s->release(unit);
+    if (output.requires_grad()) {
+      std::weak_ptr<ZeroState> weak = state_;
+      output.register_hook([weak, unit](const at::Tensor&) {
+        auto st = weak.lock();
+        if (!st) return;
+        st->ensure_gathered(unit);
+        if (st->options.prefetch && unit > 0) st->start_gather(unit - 1);
+      });
+    }
+    return output;
+  }
+
+ private:
+  std::weak_ptr<ZeroState> state_;
+};
+
+StateEntry whole(std::string name, const at::Tensor& t) {
+  StateEntry e{std::move(name), t.sizes().vec(), {}, t, ""};
+  for (int64_t d : e.global_shape) e.slice.emplace_back(0, d);
+  return e;
+}
+
+// The checkpoint's view: each rank writes its pieces of every parameter
+// and of both AdamW moments as rectangular slices of the named tensors.
+class ShardedState : public StateProvider {
+ public:
+  ShardedState(std::shared_ptr<ZeroState> s, optim::AdamW& opt) : s_(std::move(s)), opt_(opt) {}
+
+  std::vector<StateEntry> save_entries() override { return pieces(/*with_model=*/true); }
+  std::vector<StateEntry> load_entries() override {
+    if (s_->stage() == 3) return pieces(true);
+    // ZeRO-1/2 hold every parameter whole: read them whole (no gather
+    // after loading), and the moments of this rank's shard.
+    std::vector<StateEntry> out;
+    for (size_t i = 0; i < s_->params.size(); ++i) out.push_back(whole("model/" + s_->names[i], s_->params[i]));
+    for (auto& e : pieces(false)) out.push_back(std::move(e));
+    return out;
+  }
+
+ private:
+  void add(std::vector<StateEntry>& out, const std::string& name, const Piece& pc, const at::Tensor& flat) {
+    const at::Tensor& p = s_->params[size_t(pc.param)];
+    int64_t off = 0;
+    for (auto& block : zero::flat_range_blocks(p.sizes().vec(), pc.begin, pc.end)) {
+      std::vector<int64_t> shape;
+      int64_t count = 1;
+      for (auto& r : block) shape.push_back(r.second - r.first), count *= r.second - r.first;
+      out.push_back({name, p.sizes().vec(), block, flat.narrow(0, off, count).view(shape),
+                     name + "#" + std::to_string(pc.begin + off)});
+      off += count;
+    }
+  }
+  std::vector<StateEntry> pieces(bool with_model) {
+    std::vector<StateEntry> out;
+    const auto& pcs = s_->layout.pieces;
+    for (size_t k = 0; k < pcs.size(); ++k) {
+      const Piece& pc = pcs[k];
+      const std::string& n = s_->names[size_t(pc.param)];
+      if (with_model)
+        add(out, "model/" + n, pc,
+            s_->units[size_t(pc.unit)].param_shard.narrow(0, pc.shard_offset, pc.end - pc.begin));
+      add(out, "optim/exp_avg/" + n, pc, opt_.exp_avg()[k]);
+      add(out, "optim/exp_avg_sq/" + n, pc, opt_.exp_avg_sq()[k]);
+    }
+    return out;
+  }
+
+  std::shared_ptr<ZeroState> s_;
+  optim::AdamW& opt_;
+};
+
+class ZeroSync : public GradSync {
+ public:
+  ZeroSync(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<int> unit_of,
+           model::GptImpl& model, comm::Group& dp, ZeroOptions options)
+      : s_(std::make_shared<ZeroState>()), model_(model) {
+    ZeroState& s = *s_;
+    s.options = options;
+    s.dp = &dp;
+    s.unit_of = std::move(unit_of);
+    std::vector<int64_t> numel;
+    for (auto& [name, p] : named_params) {
+      if (p.scalar_type() != at::kFloat || p.device() != dp.device() || !p.is_contiguous() ||
+          !p.requires_grad())
+        throw Error(ErrorCode::internal, "ZeRO: parameter " + name + " is not a contiguous fp32 tensor on " +
+                                             dp.device().str() + " requiring grad");
+      s.names.push_back(name);
+      s.params.push_back(p);
+      numel.push_back(p.numel());
+    }
+    s.layout = zero::make_flat_layout(numel, s.unit_of, dp.size(), dp.rank());
+    build_buffers();
+    for (int u = int(s.units.size()) - 1; u >= 0; --u) s.backward_order.push_back(u);
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
+      acc->add_post_hook(std::make_unique<GradReadyHook>(s_, int(i)));
+      s.accumulators.push_back(std::move(acc));
+    }
+    if (s.stage() == 3) {
+      hooks_ = std::make_unique<GatherHooks>(s_);
+      model_.set_unit_hooks(hooks_.get());
+      for (size_t u = 0; u < s.units.size(); ++u) s.release(int(u));
+    }
+    s.reset_backward();
+  }
+
+  ~ZeroSync() override {
+    if (hooks_) model_.set_unit_hooks(nullptr);
+  }
+
+  void begin_micro(int micro, bool last) override {
+    ZeroState& s = *s_;
+    s.sync = last || s.stage() == 3;  // ZeRO-3 reduce-scatters every micro-step
+    if (s.stage() == 3 && micro > 0) {
+      s.launch_rest();
+      for (size_t u = 0; u < s.units.size(); ++u) s.wait_reduce(int(u));
+      s.reset_backward();
+    }
+  }
+
+  SyncStats finish() override {
+    ZeroState& s = *s_;
+    SyncStats stats;
+    stats.buckets = int(s.units.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    s.launch_rest();
+    for (size_t u = 0; u < s.units.size(); ++u) s.wait_reduce(int(u));
+    stats.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
+                   s.exposed_gather_s;
+    stats.launched_in_backward = s.launched_in_backward;
+    s.launched_in_backward = 0;
+    s.exposed_gather_s = 0;
+    s.reset_backward();
+    return stats;
+  }
+
+  // Each rank's shard holds distinct elements: the partial sums of squares
+  // add up over dp to the global one, every element counted once.
+  double clip(double max_norm) override {
+    ZeroState& s = *s_;
+    at::NoGradGuard no_grad;
+    at::Tensor sq = at::zeros({1}, s.units.front().grad_shard.options().dtype(at::kDouble));  // [1]
+    for (auto& u : s.units) sq.add_(at::sum(u.grad_shard.mul(u.grad_shard), at::kDouble));
+    if (s.dp->size() > 1) s.dp->all_reduce(sq);
+    const double norm = std::sqrt(sq.item<double>());
+    if (max_norm > 0) {
+      const double factor = std::min(1.0, max_norm / (norm + 1e-6));
+      if (factor != 1.0)
+        for (auto& u : s.units) u.grad_shard.mul_(factor);
+    }
+    return norm;
+  }
+
+  OptimizerParams optimizer_params() override {
+    ZeroState& s = *s_;
+    OptimizerParams o;
+    for (const Piece& pc : s.layout.pieces) {
+      const int64_t len = pc.end - pc.begin;
+      o.names.push_back(fmt::format("{}[{}:{}]", s.names[size_t(pc.param)], pc.begin, pc.end));
+      o.params.push_back(s.units[size_t(pc.unit)].param_shard.narrow(0, pc.shard_offset, len));
+      o.grads.push_back(s.units[size_t(pc.unit)].grad_shard.narrow(0, pc.shard_offset, len));
+      o.decay.push_back(s.params[size_t(pc.param)].dim() >= 2);
+    }
+    return o;
+  }
+
+  // ZeRO-1/2: every rank's updated shard into everyone's parameters.
+  // ZeRO-3: start gathering the first unit for the next forward.
+  void after_optimizer_step() override {
+    ZeroState& s = *s_;
+    if (s.stage() == 3) {
+      if (s.options.prefetch) s.start_gather(0);
+      return;
+    }
+    if (s.dp->size() == 1) return;
+    std::vector<comm::WorkPtr> works;
+    std::vector<at::Tensor> sources;
+    for (auto& u : s.units) {
+      sources.push_back(u.param_shard.clone());  // [S]: never gather from inside the output
+      works.push_back(s.dp->all_gather(sources.back(), u.full, /*async=*/true));
+    }
+    for (auto& w : works) w->wait();
+  }
+
+  void zero() override {
+    ZeroState& s = *s_;
+    if (s.stage() == 1)
+      s.grad_all.zero_();
+    else
+      s.grad_shards_all.zero_();
+  }
+
+  ModelBytes memory() const override {
+    const ZeroState& s = *s_;
+    ModelBytes b;
+    b.params = int64_t((s.stage() == 3 ? s.param_shards_all : s.full_all).nbytes());
+    b.grads = int64_t((s.stage() == 1 ? s.grad_all : s.grad_shards_all).nbytes());
+    return b;
+  }
+
+  std::unique_ptr<StateProvider> state(optim::AdamW& optimizer) override {
+    return std::make_unique<ShardedState>(s_, optimizer);
+  }
+
+  std::string describe() const override {
+    const ZeroState& s = *s_;
+    int64_t numel = 0, padded = 0;
+    for (auto& u : s.layout.units) numel += u.numel, padded += u.padded;
+    std::string d = fmt::format("ZeRO-{}{}: {} units, flat and padded ({} + {} padding elements), over dp {} ({})",
+                                s.stage(), s.stage() == 3 ? " (FSDP full shard)" : "", s.units.size(), numel,
+                                padded - numel, s.dp->size(), s.dp->backend());
+    if (s.stage() == 3)
+      d += fmt::format(", reshard_after_forward {}, prefetch {}",
+                       s.options.reshard_after_forward ? "on" : "off", s.options.prefetch ? "on" : "off");
+    if (s.dp->size() == 1) d += "; dp = 1: nothing to shard, this rank holds everything";
+    return d;
+  }
+
+ private:
+  // Lays out every unit's flat buffers (one allocation per kind) and makes
+  // the parameters (and, for ZeRO-1, their grads) views of them.
+  void build_buffers() {
+    ZeroState& s = *s_;
+    const auto& lu = s.layout.units;
+    int64_t padded = 0, shards = 0;
+    for (auto& u : lu) padded += u.padded, shards += u.shard;
+    const auto opts = s.params.front().options().requires_grad(false);
+    if (s.stage() < 3) s.full_all = at::zeros({padded}, opts);                 // [sum padded]
+    if (s.stage() == 1) s.grad_all = at::zeros({padded}, opts);                // [sum padded]
+    if (s.stage() == 3) s.param_shards_all = at::zeros({shards}, opts);        // [sum S]
+    if (s.stage() > 1) s.grad_shards_all = at::zeros({shards}, opts);          // [sum S]
+    s.units.resize(lu.size());
+    at::NoGradGuard no_grad;
+    int64_t full_off = 0, shard_off = 0;
+    for (size_t ui = 0; ui < lu.size(); ++ui) {
+      const zero::FlatUnit& fu = lu[ui];
+      Unit& u = s.units[ui];
+      u.full = s.stage() < 3 ? s.full_all.narrow(0, full_off, fu.padded) : at::zeros({fu.padded}, opts);
+      for (size_t k = 0; k < fu.params.size(); ++k) {
+        at::Tensor& p = s.params[size_t(fu.params[k])];
+        at::Tensor slot = u.full.narrow(0, fu.offsets[k], p.numel());
+        slot.copy_(p.reshape({-1}));
+        p.set_data(slot.view(p.sizes()));  // [param shape] view into the unit's flat buffer
+      }
+      const int64_t begin = s.shard_begin(fu);
+      if (s.stage() < 3) {
+        u.param_shard = u.full.narrow(0, begin, fu.shard);
+      } else {
+        u.param_shard = s.param_shards_all.narrow(0, shard_off, fu.shard);
+        u.param_shard.copy_(u.full.narrow(0, begin, fu.shard));
+      }
+      if (s.stage() == 1) {
+        u.grad_full = s.grad_all.narrow(0, full_off, fu.padded);
+        for (size_t k = 0; k < fu.params.size(); ++k) {
+          at::Tensor& p = s.params[size_t(fu.params[k])];
+          p.mutable_grad() = u.grad_full.narrow(0, fu.offsets[k], p.numel()).view(p.sizes());
+        }
+        u.grad_shard = u.grad_full.narrow(0, begin, fu.shard);
+      } else {
+        u.grad_shard = s.grad_shards_all.narrow(0, shard_off, fu.shard);
+      }
+      full_off += fu.padded;
+      shard_off += fu.shard;
+    }
+  }
+
+  std::shared_ptr<ZeroState> s_;
+  model::GptImpl& model_;
+  std::unique_ptr<GatherHooks> hooks_;
+};
+
+}  // namespace
+
+std::unique_ptr<GradSync> make_zero_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
+                                         std::vector<int> unit_of, model::GptImpl& model,
+                                         comm::Group& dp, ZeroOptions options) {
+  if (options.stage < 1 || options.stage > 3)
+    throw Error(ErrorCode::config, "parallel.zero = " + std::to_string(options.stage) + " is not a ZeRO stage",
+                "use 0 (DDP), 1, 2 or 3");
+  return std::make_unique<ZeroSync>(std::move(named_params), std::move(unit_of), model, dp, options);
+}
+
+}  // namespace dtrain::engine::parallel

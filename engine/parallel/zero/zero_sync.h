@@ -1,0 +1,42 @@
+// ZeRO-1/2/3 (DESIGN.md 6.1) behind GradSync, over the flat padded shards of
+// flat_layout.h, one flat buffer per model unit:
+//   ZeRO-1: AdamW moments sharded; gradients all-reduced per unit from the
+//           backward hooks (overlapped), each rank updates its shard, the
+//           updated shards are all-gathered into the parameters.
+//   ZeRO-2: gradients reduce-scattered per unit while backward runs; a rank
+//           keeps only its gradient shard.
+//   ZeRO-3: parameters sharded too (FSDP full shard): a unit is all-gathered
+//           before its forward and its backward and freed after each; its
+//           gradients are reduce-scattered every micro-step and accumulated
+//           into the shard; the next unit's gather is prefetched.
+// The checkpoint view writes each rank's shards as slices of the named
+// tensors, so a ZeRO checkpoint loads under any layout and dp.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/comm/comm.h"
+#include "engine/model/gpt.h"
+#include "engine/parallel/grad_sync.h"
+
+namespace dtrain::engine::parallel {
+
+struct ZeroOptions {
+  int stage = 1;                      // 1, 2 or 3
+  bool reshard_after_forward = true;  // ZeRO-3: free a unit after its forward (false: keep until backward)
+  bool prefetch = true;               // ZeRO-3: gather the next unit while this one computes
+  bool fault_no_grad_sync = false;    // chaos testing (fault.kind no_grad_sync): each rank keeps its own gradient
+};
+
+// named_params: the model's parameters in registration order (fp32,
+// contiguous, on dp.device()), all initialised identically on every rank;
+// unit_of[i]: the unit of parameter i (model->unit_of). ZeRO-3 installs its
+// gather/free hooks on `model`, which must outlive the result.
+std::unique_ptr<GradSync> make_zero_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
+                                         std::vector<int> unit_of, model::GptImpl& model,
+                                         comm::Group& dp, ZeroOptions options);
+
+}  // namespace dtrain::engine::parallel
