@@ -1,7 +1,12 @@
 // `dtrain launch SPEC`: load the spec (plus SLURM's node count), pick the
 // node rank and rendezvous, and hand over to launcher::launch(). CLI only:
 // the agent, the server and the exit-code rules live in launcher/.
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <sstream>
+
+#include <fmt/format.h>
 
 #include "apps/dtrain/command.h"
 #include "common/job_spec.h"
@@ -22,11 +27,39 @@ struct LaunchArgs {
   std::string resume_from;
   bool fresh = false;
   bool allow_large = false;
+  bool memory_report = false;
 };
 
 std::string endpoint_port(const std::string& endpoint) {
   auto colon = endpoint.rfind(':');
   return colon == std::string::npos ? "29400" : endpoint.substr(colon + 1);
+}
+
+// --memory-report: the per-rank table of <log.dir>/memory.tsv, which rank 0
+// of the engine writes at the end of training (engine/trainer/memory_report.h).
+void print_memory_report(const std::string& run_dir) {
+  const std::string path = (std::filesystem::absolute(run_dir) / "memory.tsv").string();
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) {
+    DTRAIN_WARN("--memory-report: {} was not written (a custom entrypoint, or rank 0 runs on "
+                "another node)", path);
+    return;
+  }
+  auto mib = [](long long b) { return fmt::format("{:.3f}", double(b) / (1024.0 * 1024.0)); };
+  std::string table = fmt::format("memory per rank (MiB; persistent = params + grads + optimizer, "
+                                  "peak = most live tensor bytes in any step), from {}\n",
+                                  path);
+  table += fmt::format("{:>5} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}\n", "rank", "params",
+                       "grads", "optimizer", "persistent", "peak", "rss");
+  while (std::getline(in, line)) {
+    std::istringstream row(line);
+    long long rank = 0, p = 0, g = 0, o = 0, peak = 0, rss = 0;
+    if (!(row >> rank >> p >> g >> o >> peak >> rss)) continue;
+    table += fmt::format("{:>5} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}\n", rank, mib(p), mib(g),
+                         mib(o), mib(p + g + o), mib(peak), mib(rss));
+  }
+  std::cout << table << std::flush;
 }
 
 int run_launch(const LaunchArgs& args) {
@@ -52,7 +85,9 @@ int run_launch(const LaunchArgs& args) {
   options.resume_from = args.resume_from;
   options.fresh = args.fresh;
   options.allow_large = args.allow_large;
-  return launcher::launch(spec, options);
+  const int code = launcher::launch(spec, options);
+  if (args.memory_report && code == 0 && options.node_rank <= 0) print_memory_report(spec.log.dir);
+  return code;
 }
 
 void add_launch(CLI::App& app, int& exit_code) {
@@ -78,6 +113,8 @@ void add_launch(CLI::App& app, int& exit_code) {
   cmd->add_flag("--fresh", args->fresh,
                 "start from scratch: checkpoint.dir's old steps are moved aside into "
                 "previous_<time>/ (never overwritten)");
+  cmd->add_flag("--memory-report", args->memory_report,
+                "print each rank's parameter, gradient, optimizer and peak bytes at the end");
   cmd->callback([args, &exit_code] { exit_code = run_launch(*args); });
 }
 

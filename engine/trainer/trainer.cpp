@@ -15,6 +15,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
+#include "engine/trainer/memory_report.h"
 #include "engine/trainer/train_session.h"
 
 namespace dtrain::engine::trainer {
@@ -25,6 +26,7 @@ struct StepResult {
   double grad_norm = 0;
   double lr = 0;
   double step_s = 0;
+  int64_t dp_bytes_sent = 0;
   parallel::SyncStats sync;
 };
 
@@ -51,6 +53,7 @@ class SamplerBatches : public parallel::BatchSource {
 
 StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   device::reset_cpu_peak();  // the step's peak, reported with its metrics
+  s.dp->reset_bytes_sent();
   timer.start();
   parallel::StepOptions opt;
   opt.grad_accum = s.spec.train.grad_accum;
@@ -70,6 +73,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   s.par.grad_sync->zero();
   s.sampler->advance();
   r.step_s = timer.stop_s();
+  r.dp_bytes_sent = int64_t(s.dp->bytes_sent());
   return r;
 }
 
@@ -120,15 +124,18 @@ int run_training() {
                 "to start over", step, s.spec.train.steps, s.spec.checkpoint.dir);
   MetricsLogger metrics(metrics_options(s, step));
   device::StepTimer timer(s.device);
+  int64_t run_peak = 0;  // the largest step peak, for the memory report
   for (; step < s.spec.train.steps; ++step) {
     StepResult r = train_step(s, step, timer);
+    run_peak = std::max(run_peak, device::cpu_peak_bytes());
     StepReport report{step + 1, 0.0, r.lr, r.grad_norm, r.step_s, r.sync.wait_s,
-                      r.sync.launched_in_backward};
+                      r.sync.launched_in_backward, r.dp_bytes_sent};
     const bool logged = metrics.should_log(step + 1);
     if (logged) report.loss = global_mean_loss(s, r.local_loss_sum);
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
     if (maybe_save_checkpoint(s, step + 1)) return 0;  // preempted, saved
   }
+  write_memory_report(s, run_peak);
   maybe_dump_parameters(s);
   if (s.is_log_rank()) DTRAIN_INFO("training done: {} steps", s.spec.train.steps);
   return 0;
