@@ -70,7 +70,8 @@ bool preemption_requested(comm::Group& control, bool last);
 
 // The trainer's two hooks.
 // resume: installs the SIGTERM handler, cleans leftover .tmp, and loads
-// DTRAIN_RESUME_FROM (set by `dtrain resume`, first launch only) or else
+// WorldInfo::resume_from (DTRAIN_RESUME_FROM, set by `dtrain resume`; first
+// launch only) or else
 // checkpoint.dir's `latest`; returns the step to continue from (0: none).
 int64_t resume(const TrainState& s);
 // after_step: saves every checkpoint.every steps, after the last step and

@@ -118,24 +118,26 @@ void for_each_own_group(const WorldInfo& info, Visit visit) {
 
 void CommImpl::build(const CommOptions& options) {
   try {
-    device_ = detail::make_gloo_device(info_.master_addr);
+    device_ = detail::make_gloo_device(info_.master_addr, info_.gloo_socket_ifname);
   } catch (...) {
     detail::rethrow_comm_error("world", "creating the Gloo device");
   }
   std::vector<int> all(info_.world);
   for (int i = 0; i < info_.world; ++i) all[i] = i;
+  const bool native_rs = info_.gloo_reduce_scatter == "native";
   if (options.backend == "nccl") {
     if (info_.world > 1)
       control_ = std::make_unique<GlooGroup>(
-          "control", all, info_.rank, make_gloo_pg("pg/control", info_.rank, info_.world, options), 0);
+          "control", all, info_.rank, make_gloo_pg("pg/control", info_.rank, info_.world, options), 0,
+          native_rs);
     else
-      control_ = std::make_unique<GlooGroup>("control", all, info_.rank, nullptr, 0);
+      control_ = std::make_unique<GlooGroup>("control", all, info_.rank, nullptr, 0, native_rs);
     build_nccl(options);
     return;
   }
   c10::intrusive_ptr<c10d::Backend> world_pg;
   if (info_.world > 1) world_pg = make_gloo_pg("pg/world", info_.rank, info_.world, options);
-  world_ = std::make_unique<GlooGroup>("world", all, info_.rank, world_pg, 0);
+  world_ = std::make_unique<GlooGroup>("world", all, info_.rank, world_pg, 0, native_rs);
   int slot = 1;
   for_each_own_group(info_, [&](const std::string& axis, size_t index, const std::vector<int>& g,
                                 int rank) {
@@ -148,7 +150,7 @@ void CommImpl::build(const CommOptions& options) {
       pg = make_gloo_pg("pg/" + axis + "/" + std::to_string(index), rank, static_cast<int>(g.size()),
                         options);
     }
-    axes_[axis] = std::make_unique<GlooGroup>(axis, g, rank, pg, group_slot);
+    axes_[axis] = std::make_unique<GlooGroup>(axis, g, rank, pg, group_slot, native_rs);
   });
 }
 

@@ -26,7 +26,10 @@ namespace dtrain::engine::comm {
 
 // Who this worker is: read from RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, DTRAIN_MESH, DTRAIN_RESTART,
-// DTRAIN_SPEC, DTRAIN_RUN_DIR. Missing DTRAIN_MESH = pure data parallel.
+// DTRAIN_SPEC, DTRAIN_RUN_DIR, DTRAIN_RESUME_FROM, GLOO_SOCKET_IFNAME and
+// DTRAIN_GLOO_REDUCE_SCATTER. Missing DTRAIN_MESH = pure data parallel.
+// from_env is the engine's only reader of the environment: code below it
+// takes these fields.
 struct WorldInfo {
   int rank = 0;
   int world = 1;
@@ -39,6 +42,14 @@ struct WorldInfo {
   int restart = 0;
   std::string spec_path;
   std::string run_dir;
+  // Checkpoint to load on the first launch (`dtrain resume` sets it); "" = none.
+  std::string resume_from;
+  // Network interface for Gloo, as in PyTorch; "" = loopback when
+  // MASTER_ADDR is 127.x or localhost, else the host's default.
+  std::string gloo_socket_ifname;
+  // Which reduce-scatter Gloo groups run: "ring" (ours, the default) or
+  // "native" (Gloo's own, for comparison in `dtrain bench comm`).
+  std::string gloo_reduce_scatter = "ring";
 
   static WorldInfo from_env();  // throws dtrain::Error(config) naming the variable
 };
