@@ -1,7 +1,8 @@
 // Collectives for the engine (DESIGN.md section 6, comm/): the worker's view
 // of the world from the environment contract (section 3), one process group
-// per mesh axis (PrefixStore per group over one TCPStore) on the data
-// backend (Gloo on CPU tensors, NCCL on CUDA tensors), a `control` Gloo group
+// per mesh axis (PrefixStore per group over one TCPStore) on that axis's
+// backend (Gloo on CPU tensors, NCCL on CUDA tensors; the data backend unless
+// CommOptions.axis_backend says otherwise), a `control` Gloo group
 // over the world that always exists (flags, small CPU reductions), and what a
 // backend lacks or does slowly built from what it has (Gloo: a ring
 // reduce-scatter, bf16 through fp32). Every byte sent is counted per group.
@@ -12,6 +13,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -134,7 +136,14 @@ class Comm {
 };
 
 struct CommOptions {
-  std::string backend = "gloo";  // gloo | nccl (nccl only in CUDA builds)
+  // The data backend: gloo | nccl (nccl only in CUDA builds). The world
+  // group and every axis not in axis_backend use it.
+  std::string backend = "gloo";
+  // Per axis ("dp", "tp", "pp", "ep", "edp"): a backend other than `backend`
+  // for that axis's groups, e.g. {{"tp", "nccl"}} with backend gloo.
+  // init_comm checks every entry (known axis, known backend, built in, on
+  // the right device) and throws dtrain::Error(config) naming it.
+  std::map<std::string, std::string> axis_backend;
   // NCCL: this rank's GPU (the current device). Ignored by Gloo.
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   double timeout_s = 300;

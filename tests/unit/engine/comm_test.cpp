@@ -344,6 +344,61 @@ TEST_CASE("comm: WorldInfo::gloo_reduce_scatter native runs Gloo's reduce-scatte
   report("comm: Gloo's native reduce-scatter (and the other ops beside it), world 2 and 3:", diffs);
 }
 
+TEST_CASE("comm: per-axis backends; unknown names, unknown axes and nccl without a GPU are refused") {
+  // Named per axis, the groups are built on that backend (gloo: the only
+  // one without a GPU) and work as the default ones do.
+  Diffs diffs;
+  run_world(
+      comm::parse_mesh("dp=2,tp=2"),
+      [&](comm::Comm& c, int) {
+        for (const char* axis : {"dp", "tp"}) {
+          CHECK(c.axis(axis).backend() == "gloo");
+          check_ops(c.axis(axis), 5, at::kFloat, diffs);
+        }
+        CHECK(&c.control() == &c.world());  // the world is Gloo: it is the control group
+      },
+      [](comm::WorldInfo&, comm::CommOptions& o) { o.axis_backend = {{"dp", "gloo"}, {"tp", "gloo"}}; });
+  report("comm: axis_backend dp=gloo, tp=gloo on dp=2,tp=2:", diffs);
+
+  comm::WorldInfo info;
+  info.shape = comm::parse_mesh("dp=1");
+  auto error_of = [&](const comm::CommOptions& o) {
+    try {
+      comm::init_comm_with_store(info, c10::make_intrusive<c10d::HashStore>(), o);
+    } catch (const dtrain::Error& e) {
+      CHECK(e.code() == dtrain::ErrorCode::config);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto has = [](const std::string& text, const std::string& part) {
+    CHECK_MESSAGE(text.find(part) != std::string::npos, "missing '", part, "' in: ", text);
+  };
+  comm::CommOptions o;
+  o.axis_backend = {{"tp", "mpi"}};
+  std::string e = error_of(o);
+  has(e, "axis tp: comm backend 'mpi' is unknown");
+  has(e, "use gloo or nccl for axis tp");
+
+  o.axis_backend = {{"zz", "gloo"}};
+  e = error_of(o);
+  has(e, "axis 'zz'");
+  has(e, "dp, tp, pp, ep and edp");
+
+  o.axis_backend = {};
+  o.backend = "mpi";
+  has(error_of(o), "cluster.backend: comm backend 'mpi' is unknown");
+
+  // nccl for one axis, with the tensors on the CPU: refused before any group
+  // connects, naming the axis and the way out, in CPU and CUDA builds alike.
+  o.backend = "gloo";
+  o.axis_backend = {{"dp", "nccl"}};
+  e = error_of(o);
+  has(e, "axis dp = nccl");
+  has(e, comm::nccl_available() ? "needs CUDA tensors, the device is cpu" : "has no NCCL");
+  has(e, "gloo for axis dp");
+}
+
 TEST_CASE("comm: all_reduce max and min, fp32 and bf16, world 3") {
   for (auto dt : {at::kFloat, at::kBFloat16})
     run_world(comm::parse_mesh("dp=3"), [dt](comm::Comm& c, int r) {
