@@ -44,7 +44,7 @@ bool after_step(const TrainState& s, int64_t steps_done) {
                   preempted ? " on SIGTERM" : "", double(st.bytes) / 1e6, st.seconds,
                   double(st.bytes) / 1e6 / (st.seconds > 0 ? st.seconds : 1e-9));
   }
-  fault_after_step(s, steps_done);  // after the step's checkpoint, if one was due
+  fault_after_step(s.spec->fault, *s.info, steps_done);  // after the step's checkpoint, if one was due
   if (preempted && s.info->rank == 0)
     DTRAIN_INFO("preempted: stopping after step {}; `dtrain resume --ckpt {}` continues", steps_done, c.dir);
   return preempted;
