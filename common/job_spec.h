@@ -90,9 +90,15 @@ struct CheckpointSpec {
 };
 
 // Chaos testing: one fault injected on purpose, on the first launch only
-// (DTRAIN_RESTART = 0), announced by a warning on every rank. Kinds:
+// (DTRAIN_RESTART = 0), announced by a warning on every rank. Steps count
+// from 1, as in metrics.jsonl. Kinds:
 //   kill_after_step    rank `rank` SIGKILLs itself after step `step` (and its
 //                      checkpoint, if one was due)
+//   hang               rank `rank` sleeps forever after step `step` (and its
+//                      checkpoint): the others wait in their next collective
+//                      until the launcher is told to stop
+//   slow               rank `rank` sleeps `ms` milliseconds inside every step
+//                      from step `step` on (a straggler)
 //   crash_during_save  rank `rank` SIGKILLs itself halfway through writing its
 //                      shard of the checkpoint of step `step` (0: the first save)
 //   no_grad_sync       every DDP rank trains on its own gradient (the
@@ -101,6 +107,7 @@ struct FaultSpec {
   std::string kind = "none";
   int rank = 0;
   int step = 0;
+  int ms = 0;  // slow only: the delay added to each step
   bool active() const { return kind != "none"; }
 };
 

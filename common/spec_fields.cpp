@@ -70,6 +70,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("fault.kind", fault.kind),
       DTRAIN_FIELD("fault.rank", fault.rank),
       DTRAIN_FIELD("fault.step", fault.step),
+      DTRAIN_FIELD("fault.ms", fault.ms),
       DTRAIN_FIELD("entrypoint", entrypoint),
   };
   return fields;

@@ -102,6 +102,7 @@ void check_ranges(const Checker& c) {
   c.at_least("checkpoint.every", s.checkpoint.every, 0, "use 0 to save only at the end");
   c.at_least("fault.rank", s.fault.rank, 0, "the global rank that fails");
   c.at_least("fault.step", s.fault.step, 0, "the step after (or during whose save) it fails");
+  c.at_least("fault.ms", s.fault.ms, 0, "milliseconds the slow rank adds to each step, e.g. 200");
   if (!c.bad({"entrypoint"}) && s.entrypoint.empty())
     c.error("entrypoint", "entrypoint is empty; use builtin or a command like [python3, train.py]");
 }
@@ -110,7 +111,8 @@ void check_enums(const Checker& c) {
   const JobSpec& s = c.spec;
   c.one_of("cluster.device", s.cluster.device, {"cpu", "cuda"});
   c.one_of("cluster.backend", s.cluster.backend, {"auto", "gloo", "nccl"});
-  c.one_of("fault.kind", s.fault.kind, {"none", "kill_after_step", "crash_during_save", "no_grad_sync"});
+  c.one_of("fault.kind", s.fault.kind,
+           {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync"});
   c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b"});
   c.one_of("model.kind", s.model.kind, {"gpt"});
   c.one_of("train.precision", s.train.precision, {"fp32", "bf16", "fp16"});
@@ -240,6 +242,28 @@ void check_sizes(const Checker& c) {
   }
 }
 
+// The fault section's relations: what each kind needs, and its announcement.
+void check_fault(const Checker& c) {
+  const FaultSpec& f = c.spec.fault;
+  if (c.bad({"fault.kind", "fault.step", "fault.ms"})) return;
+  const bool after_step = f.kind == "kill_after_step" || f.kind == "hang";
+  if (after_step && f.step == 0)
+    c.error("fault.step", "fault.step = 0: fault.kind = " + f.kind +
+                              " strikes after step fault.step, and steps count from 1; "
+                              "use fault.step >= 1");
+  if (f.kind == "slow" && f.ms == 0)
+    c.error("fault.ms", "fault.ms = 0: fault.kind = slow adds fault.ms milliseconds to every "
+                        "step; set fault.ms > 0, e.g. 200");
+  if (f.kind != "slow" && f.ms > 0)
+    c.problems.warn("fault.ms = " + str(f.ms) + " is ignored: only fault.kind = slow uses it "
+                    "(fault.kind = " + f.kind + ")");
+  if (f.active() && !c.bad({"fault.rank"}))
+    c.problems.warn("fault.kind = " + f.kind + " (rank " + str(f.rank) + ", step " + str(f.step) +
+                    (f.kind == "slow" ? ", " + str(f.ms) + " ms" : "") +
+                    "): this run injects a fault on purpose (chaos testing); "
+                    "remove the fault section for a real run");
+}
+
 // Legal but poor choices, and settings that are ignored.
 void check_warnings(const Checker& c) {
   const JobSpec& s = c.spec;
@@ -256,10 +280,7 @@ void check_warnings(const Checker& c) {
   if (p.zero > 0 && p.dp == 1)
     c.problems.warn("parallel.zero = " + str(p.zero) +
                     " with parallel.dp = 1: there is nothing to shard across; ZeRO has no effect");
-  if (s.fault.active() && !c.bad({"fault.kind", "fault.rank", "fault.step"}))
-    c.problems.warn("fault.kind = " + s.fault.kind + " (rank " + str(s.fault.rank) + ", step " +
-                    str(s.fault.step) + "): this run injects a fault on purpose (chaos testing); "
-                    "remove the fault section for a real run");
+  check_fault(c);
   if (s.fault.active() && s.fault.kind != "no_grad_sync" && s.fault.rank >= s.world() &&
       !c.bad({"fault.rank"}))
     c.error("fault.rank", "fault.rank = " + str(s.fault.rank) + ": the job has " + str(s.world()) +

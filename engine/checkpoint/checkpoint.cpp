@@ -77,15 +77,6 @@ std::string rng_name(c10::Device d, int rank) {
   return "rng/" + device::rng_kind(d) + "/rank_" + std::to_string(rank);
 }
 
-// fault.kind crash_during_save: rank fault.rank is SIGKILLed after writing
-// about half its shard of step fault.step's checkpoint (0: the first save),
-// on the first launch only, leaving step_<N>.tmp behind as a real crash would.
-bool crash_during_this_save(const TrainState& s, int64_t step) {
-  const FaultSpec& f = s.spec->fault;
-  return f.kind == "crash_during_save" && s.info->restart == 0 && s.info->rank == f.rank &&
-         (f.step == 0 || f.step == step);
-}
-
 std::vector<ck::ShardData> collect_shards(const TrainState& s, std::vector<at::Tensor>& keep) {
   std::vector<ck::ShardData> shards;
   for (const auto& e : s.state->save_entries()) add_entry(shards, keep, e);
@@ -182,7 +173,9 @@ SaveStats save(const TrainState& s, int64_t step) {
   std::vector<at::Tensor> keep;
   std::vector<ck::ShardData> shards = collect_shards(s, keep);
   safetensors::WriteOptions wopt;
-  if (crash_during_this_save(s, step))
+  if (crash_during_save(s.spec->fault, *s.info, step))
+    // fault.kind crash_during_save: SIGKILLed after writing about half the
+    // shard, leaving step_<N>.tmp behind as a real crash would
     wopt.progress = [](uint64_t written, uint64_t total) {
       if (2 * written >= total) ::raise(SIGKILL);  // mid-file: header and part of the data on disk
     };
@@ -257,12 +250,6 @@ bool preemption_requested(comm::Group& control, bool last) {
     p.work = control.all_reduce(p.flag, /*async=*/true);
   }
   return stop;
-}
-
-void fault_after_step(const TrainState& s, int64_t step) {
-  const FaultSpec& f = s.spec->fault;
-  if (f.kind == "kill_after_step" && s.info->restart == 0 && s.info->rank == f.rank && f.step == step)
-    ::raise(SIGKILL);
 }
 
 }  // namespace dtrain::engine::checkpoint

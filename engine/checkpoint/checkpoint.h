@@ -1,9 +1,9 @@
 // Engine side of sharded checkpoints (DESIGN.md section 6): what one rank
 // saves (the model and optimizer entries its layout's StateProvider gives it,
 // every rank's RNG states) and how a rank loads its part back through the
-// index, from any mesh. Also preemption (SIGTERM -> checkpoint, exit 0) and
-// the chaos-testing faults of the spec's fault section that strike around
-// checkpoints. Format and directory protocol: common/checkpoint_*.
+// index, from any mesh. Also preemption (SIGTERM -> checkpoint, exit 0);
+// the chaos-testing faults of the spec's fault section are in fault.h.
+// Format and directory protocol: common/checkpoint_*.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "engine/checkpoint/fault.h"  // the trainer calls fault_in_step
 #include "engine/comm/comm.h"
 #include "engine/data/sampler.h"
 #include "engine/optim/adamw.h"
@@ -70,16 +71,12 @@ bool preemption_requested(comm::Group& control, bool last);
 
 // The trainer's two hooks.
 // resume: installs the SIGTERM handler, cleans leftover .tmp, and loads
-// DTRAIN_RESUME_FROM (set by `dtrain resume`, first launch only) or else
+// WorldInfo::resume_from (DTRAIN_RESUME_FROM, set by `dtrain resume`; first
+// launch only) or else
 // checkpoint.dir's `latest`; returns the step to continue from (0: none).
 int64_t resume(const TrainState& s);
 // after_step: saves every checkpoint.every steps, after the last step and
 // on preemption (collective). Returns true when the loop must stop now.
 bool after_step(const TrainState& s, int64_t steps_done);
-
-// fault.kind kill_after_step (chaos testing): rank fault.rank SIGKILLs itself
-// after finishing step fault.step and its checkpoint, if one was due (first
-// launch only, DTRAIN_RESTART = 0).
-void fault_after_step(const TrainState& s, int64_t step);
 
 }  // namespace dtrain::engine::checkpoint

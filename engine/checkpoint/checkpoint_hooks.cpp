@@ -2,7 +2,6 @@
 // the periodic / final / preemption save. Kept apart from checkpoint.cpp,
 // which is the save and load mechanics.
 #include <chrono>
-#include <cstdlib>
 
 #include "common/checkpoint_dir.h"
 #include "common/log.h"
@@ -13,8 +12,8 @@ namespace dtrain::engine::checkpoint {
 int64_t resume(const TrainState& s) {
   install_preemption_handler();
   std::string dir = prepare_resume(s);
-  const char* from = std::getenv("DTRAIN_RESUME_FROM");
-  if (from && *from && s.info->restart == 0) dir = dtrain::checkpoint::resolve(from);
+  if (!s.info->resume_from.empty() && s.info->restart == 0)
+    dir = dtrain::checkpoint::resolve(s.info->resume_from);
   if (dir.empty()) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t step = load(s, dir);
@@ -45,7 +44,7 @@ bool after_step(const TrainState& s, int64_t steps_done) {
                   preempted ? " on SIGTERM" : "", double(st.bytes) / 1e6, st.seconds,
                   double(st.bytes) / 1e6 / (st.seconds > 0 ? st.seconds : 1e-9));
   }
-  fault_after_step(s, steps_done);  // after the step's checkpoint, if one was due
+  fault_after_step(s.spec->fault, *s.info, steps_done);  // after the step's checkpoint, if one was due
   if (preempted && s.info->rank == 0)
     DTRAIN_INFO("preempted: stopping after step {}; `dtrain resume --ckpt {}` continues", steps_done, c.dir);
   return preempted;

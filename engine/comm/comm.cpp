@@ -1,25 +1,25 @@
 // init_comm: the TCPStore (rank 0 serves it at MASTER_ADDR:MASTER_PORT) and
-// the process groups: the world plus one group per mesh axis from
-// common/mesh.h, each over its own PrefixStore, on the data backend; and the
-// control group (Gloo, world). With Gloo: one Gloo device for all groups, an
-// axis group of one rank needs no connections, one equal to the world shares
-// the world's, and control is the world group. With NCCL: every group is an
-// NCCL group under "pg/nccl/..." (communicators are made at the first op),
-// and control is a Gloo world group of its own.
+// the process groups: the world on the data backend (CommOptions.backend),
+// one group per mesh axis from common/mesh.h on that axis's backend
+// (CommOptions.axis_backend, else the data backend), each over its own
+// PrefixStore, and the control group (Gloo, world). Which groups exist and
+// which connections they share is decided here; group_factory.cpp makes
+// them. Gloo: one Gloo device for all groups, a group of one rank needs no
+// connections, and one equal to the world on the world's backend shares the
+// world's pg. NCCL groups live under "pg/nccl/..." (communicators are made at
+// the first op). Control is the world group when the world is Gloo, else a
+// Gloo world group of its own.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
+#include <iterator>
 #include <map>
 
 #include "common/error.h"
-#include "engine/comm/gloo_backend.h"
 #include "engine/comm/gloo_group.h"
-#ifdef DTRAIN_WITH_CUDA
-#include "engine/comm/nccl_group.h"
-#endif
+#include "engine/comm/group_factory.h"
 
 namespace dtrain::engine::comm {
 
@@ -56,8 +56,6 @@ bool nccl_available() {
 
 namespace {
 
-using detail::GlooGroup;
-
 const char* const kAxes[] = {"dp", "tp", "pp", "ep", "edp"};
 
 class CommImpl : public Comm {
@@ -79,27 +77,26 @@ class CommImpl : public Comm {
   void build(const CommOptions& options);
 
  private:
-  c10::intrusive_ptr<c10d::Backend> make_gloo_pg(const std::string& prefix, int rank, int size,
-                                                 const CommOptions& options);
-  void build_nccl(const CommOptions& options);
+  // The pg over every rank in rank order for `backend`, made on first use:
+  // groups with the world's members share it instead of connecting again.
+  const c10::intrusive_ptr<c10d::Backend>& world_pg(const std::string& backend);
 
   WorldInfo info_;
   c10::intrusive_ptr<c10d::Store> store_;  // outlives the groups below
-  detail::GlooDevice device_;
+  detail::GroupContext ctx_;
+  std::vector<int> all_;  // 0..world-1
+  std::map<std::string, c10::intrusive_ptr<c10d::Backend>> world_pgs_;  // by backend
   std::unique_ptr<Group> world_;
-  std::unique_ptr<Group> control_;  // null with Gloo: the world group serves
+  std::unique_ptr<Group> control_;  // null when the world is Gloo: the world group serves
   std::map<std::string, std::unique_ptr<Group>> axes_;
 };
 
-c10::intrusive_ptr<c10d::Backend> CommImpl::make_gloo_pg(const std::string& prefix, int rank,
-                                                        int size, const CommOptions& options) {
-  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
-  try {
-    // two async ops in flight per group (DDP buckets)
-    return detail::make_gloo_backend(store, rank, size, options.timeout_s, /*threads=*/2, device_);
-  } catch (...) {
-    detail::rethrow_comm_error(prefix, "creating the process group");
-  }
+const c10::intrusive_ptr<c10d::Backend>& CommImpl::world_pg(const std::string& backend) {
+  auto it = world_pgs_.find(backend);
+  if (it == world_pgs_.end())
+    it = world_pgs_.emplace(backend, detail::make_pg(backend, "world", info_.rank, info_.world, ctx_))
+             .first;
+  return it->second;
 }
 
 // Every rank walks every group of every axis in the same order and joins
@@ -116,67 +113,40 @@ void for_each_own_group(const WorldInfo& info, Visit visit) {
   }
 }
 
+// Order (the same on every rank, since groups connect collectively): the
+// world on the data backend, then control (Gloo, unless the world is Gloo
+// and serves), then the axes in kAxes order.
 void CommImpl::build(const CommOptions& options) {
+  ctx_.store = store_;
+  ctx_.device = options.device;
+  ctx_.timeout_s = options.timeout_s;
+  ctx_.native_reduce_scatter = info_.gloo_reduce_scatter == "native";
   try {
-    device_ = detail::make_gloo_device(info_.master_addr);
+    ctx_.gloo_device = detail::make_gloo_device(info_.master_addr, info_.gloo_socket_ifname);
   } catch (...) {
     detail::rethrow_comm_error("world", "creating the Gloo device");
   }
-  std::vector<int> all(info_.world);
-  for (int i = 0; i < info_.world; ++i) all[i] = i;
-  if (options.backend == "nccl") {
-    if (info_.world > 1)
-      control_ = std::make_unique<GlooGroup>(
-          "control", all, info_.rank, make_gloo_pg("pg/control", info_.rank, info_.world, options), 0);
-    else
-      control_ = std::make_unique<GlooGroup>("control", all, info_.rank, nullptr, 0);
-    build_nccl(options);
-    return;
-  }
-  c10::intrusive_ptr<c10d::Backend> world_pg;
-  if (info_.world > 1) world_pg = make_gloo_pg("pg/world", info_.rank, info_.world, options);
-  world_ = std::make_unique<GlooGroup>("world", all, info_.rank, world_pg, 0);
-  int slot = 1;
+  all_.resize(info_.world);
+  for (int i = 0; i < info_.world; ++i) all_[i] = i;
+  world_ = detail::make_group(options.backend, "world", all_, info_.rank, world_pg(options.backend),
+                              0, ctx_);
+  if (options.backend != "gloo")
+    control_ = detail::make_group("gloo", "control", all_, info_.rank, world_pg("gloo"), 0, ctx_);
+  int slot = 1;  // ring-tag slots of the Gloo groups sharing the Gloo world pg (0 is its own)
   for_each_own_group(info_, [&](const std::string& axis, size_t index, const std::vector<int>& g,
                                 int rank) {
+    const std::string& backend = detail::backend_of(options, axis);
     c10::intrusive_ptr<c10d::Backend> pg;
     int group_slot = 0;
-    if (g.size() == all.size()) {
-      pg = world_pg;  // same members, same order: reuse the world's connections
+    if (g == all_) {
+      pg = world_pg(backend);  // same members, same order: reuse the world's connections
       group_slot = slot++;
-    } else if (g.size() > 1) {
-      pg = make_gloo_pg("pg/" + axis + "/" + std::to_string(index), rank, static_cast<int>(g.size()),
-                        options);
+    } else {
+      pg = detail::make_pg(backend, axis + "/" + std::to_string(index), rank,
+                           static_cast<int>(g.size()), ctx_);
     }
-    axes_[axis] = std::make_unique<GlooGroup>(axis, g, rank, pg, group_slot);
+    axes_[axis] = detail::make_group(backend, axis, g, rank, pg, group_slot, ctx_);
   });
-}
-
-void CommImpl::build_nccl(const CommOptions& options) {
-#ifdef DTRAIN_WITH_CUDA
-  auto make = [&](const std::string& prefix, int rank, int size) {
-    auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
-    try {
-      return detail::make_nccl_backend(store, rank, size, options.timeout_s);
-    } catch (...) {
-      detail::rethrow_comm_error(prefix, "creating the NCCL process group");
-    }
-  };
-  std::vector<int> all(info_.world);
-  for (int i = 0; i < info_.world; ++i) all[i] = i;
-  auto world_pg = make("pg/nccl/world", info_.rank, info_.world);
-  world_ = std::make_unique<detail::NcclGroup>("world", all, info_.rank, world_pg, options.device);
-  for_each_own_group(info_, [&](const std::string& axis, size_t index, const std::vector<int>& g,
-                                int rank) {
-    auto pg = g.size() == all.size()
-                  ? world_pg
-                  : make("pg/nccl/" + axis + "/" + std::to_string(index), rank,
-                         static_cast<int>(g.size()));
-    axes_[axis] = std::make_unique<detail::NcclGroup>(axis, g, rank, pg, options.device);
-  });
-#else
-  (void)options;
-#endif
 }
 
 }  // namespace
@@ -184,16 +154,17 @@ void CommImpl::build_nccl(const CommOptions& options) {
 std::unique_ptr<Comm> init_comm_with_store(const WorldInfo& info,
                                            const c10::intrusive_ptr<c10d::Store>& store,
                                            const CommOptions& options) {
-  if (options.backend != "gloo" && options.backend != "nccl")
-    throw Error(ErrorCode::config, "comm backend '" + options.backend + "' is unknown",
-                "use cluster.backend gloo or nccl");
-  if (options.backend == "nccl" && !nccl_available())
-    throw Error(ErrorCode::config, "cluster.backend = nccl, but this dtrain was built on a LibTorch "
-                                   "without CUDA, so it has no NCCL",
-                "use cluster.backend gloo, or build against PyTorch with CUDA (scripts/install-deps)");
-  if (options.backend == "nccl" && options.device.is_cpu())
-    throw Error(ErrorCode::config, "cluster.backend = nccl needs CUDA tensors, the device is cpu",
-                "use cluster.device cuda, or backend gloo");
+  // Every backend is checked before any group connects, so a bad one fails
+  // on every rank alike instead of leaving peers waiting.
+  detail::check_backend("cluster.backend", options.backend, options);
+  for (const auto& [axis, backend] : options.axis_backend) {
+    if (std::find(std::begin(kAxes), std::end(kAxes), axis) == std::end(kAxes))
+      throw Error(ErrorCode::config,
+                  "CommOptions.axis_backend names axis '" + axis + "' (backend " + backend +
+                      "), which is not a mesh axis",
+                  "axes are dp, tp, pp, ep and edp");
+    detail::check_backend("axis " + axis, backend, options);
+  }
   if (info.shape.world() != info.world)
     throw Error(ErrorCode::internal, "mesh " + mesh::format_shape(info.shape) + " has " +
                                          std::to_string(info.shape.world()) +

@@ -1,7 +1,8 @@
 // Collectives for the engine (DESIGN.md section 6, comm/): the worker's view
 // of the world from the environment contract (section 3), one process group
-// per mesh axis (PrefixStore per group over one TCPStore) on the data
-// backend (Gloo on CPU tensors, NCCL on CUDA tensors), a `control` Gloo group
+// per mesh axis (PrefixStore per group over one TCPStore) on that axis's
+// backend (Gloo on CPU tensors, NCCL on CUDA tensors; the data backend unless
+// CommOptions.axis_backend says otherwise), a `control` Gloo group
 // over the world that always exists (flags, small CPU reductions), and what a
 // backend lacks or does slowly built from what it has (Gloo: a ring
 // reduce-scatter, bf16 through fp32). Every byte sent is counted per group.
@@ -12,6 +13,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,7 +28,10 @@ namespace dtrain::engine::comm {
 
 // Who this worker is: read from RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, DTRAIN_MESH, DTRAIN_RESTART,
-// DTRAIN_SPEC, DTRAIN_RUN_DIR. Missing DTRAIN_MESH = pure data parallel.
+// DTRAIN_SPEC, DTRAIN_RUN_DIR, DTRAIN_RESUME_FROM, GLOO_SOCKET_IFNAME and
+// DTRAIN_GLOO_REDUCE_SCATTER. Missing DTRAIN_MESH = pure data parallel.
+// from_env is the engine's only reader of the environment: code below it
+// takes these fields.
 struct WorldInfo {
   int rank = 0;
   int world = 1;
@@ -39,6 +44,14 @@ struct WorldInfo {
   int restart = 0;
   std::string spec_path;
   std::string run_dir;
+  // Checkpoint to load on the first launch (`dtrain resume` sets it); "" = none.
+  std::string resume_from;
+  // Network interface for Gloo, as in PyTorch; "" = loopback when
+  // MASTER_ADDR is 127.x or localhost, else the host's default.
+  std::string gloo_socket_ifname;
+  // Which reduce-scatter Gloo groups run: "ring" (ours, the default) or
+  // "native" (Gloo's own, for comparison in `dtrain bench comm`).
+  std::string gloo_reduce_scatter = "ring";
 
   static WorldInfo from_env();  // throws dtrain::Error(config) naming the variable
 };
@@ -123,7 +136,14 @@ class Comm {
 };
 
 struct CommOptions {
-  std::string backend = "gloo";  // gloo | nccl (nccl only in CUDA builds)
+  // The data backend: gloo | nccl (nccl only in CUDA builds). The world
+  // group and every axis not in axis_backend use it.
+  std::string backend = "gloo";
+  // Per axis ("dp", "tp", "pp", "ep", "edp"): a backend other than `backend`
+  // for that axis's groups, e.g. {{"tp", "nccl"}} with backend gloo.
+  // init_comm checks every entry (known axis, known backend, built in, on
+  // the right device) and throws dtrain::Error(config) naming it.
+  std::map<std::string, std::string> axis_backend;
   // NCCL: this rank's GPU (the current device). Ignored by Gloo.
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   double timeout_s = 300;

@@ -118,6 +118,10 @@ int run_comm_bench(const CommBenchOptions& options) {
   if (r == 0) {
     std::printf("# dtrain bench comm: %s, %d ranks (gloo), %s, median of %d iters, %d warmup\n",
                 options.op.c_str(), n, options.dtype.c_str(), options.iters, options.warmup);
+    if (options.op == "reduce_scatter")
+      std::printf("# reduce_scatter path: %s (DTRAIN_GLOO_REDUCE_SCATTER = ring | native)\n",
+                  comm->info().gloo_reduce_scatter == "native" ? "native, Gloo's own"
+                                                                : "ring, ours over Gloo send/recv");
     std::printf("# %12s %12s %6s %11s %11s %11s %6s\n", "size(B)", "count", "type", "time(us)",
                 "algbw(GB/s)", "busbw(GB/s)", "check");
   }

@@ -8,13 +8,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <chrono>
-#include <cstdlib>
 
 namespace dtrain::engine::comm::detail {
 
-GlooDevice make_gloo_device(const std::string& master_addr) {
+GlooDevice make_gloo_device(const std::string& master_addr, const std::string& ifname) {
   std::shared_ptr<::gloo::transport::Device> device;
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+  if (!ifname.empty())
     device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   else if (master_addr.rfind("127.", 0) == 0 || master_addr == "localhost")
     device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");

@@ -13,10 +13,11 @@
 namespace dtrain::engine::comm::detail {
 
 // A Gloo transport device, opaque here; made once per process and shared by
-// every Gloo group of it. Loopback when master_addr is 127.x or localhost;
-// GLOO_SOCKET_IFNAME wins, as in PyTorch.
+// every Gloo group of it. On `ifname` when given (WorldInfo's
+// GLOO_SOCKET_IFNAME, as in PyTorch); else loopback when master_addr is
+// 127.x or localhost, else the host's default interface.
 using GlooDevice = std::shared_ptr<void>;
-GlooDevice make_gloo_device(const std::string& master_addr);
+GlooDevice make_gloo_device(const std::string& master_addr, const std::string& ifname);
 
 // Connects `size` ranks through `store` (collective over them). `threads`
 // Gloo worker threads = async ops in flight at once.

@@ -57,9 +57,9 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 }
 
 GlooGroup::GlooGroup(std::string name, std::vector<int> global_ranks, int rank,
-                     c10::intrusive_ptr<c10d::Backend> pg, int slot)
+                     c10::intrusive_ptr<c10d::Backend> pg, int slot, bool native_reduce_scatter)
     : name_(std::move(name)), global_ranks_(std::move(global_ranks)), rank_(rank),
-      pg_(std::move(pg)), slot_(slot) {}
+      pg_(std::move(pg)), slot_(slot), native_reduce_scatter_(native_reduce_scatter) {}
 
 GlooGroup::~GlooGroup() = default;
 

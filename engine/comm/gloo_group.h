@@ -49,8 +49,10 @@ class GlooGroup : public Group {
  public:
   // pg == nullptr only for a group of one rank (every op is then a local copy).
   // slot (0..7) separates the ring tags of groups that share one pg.
+  // native_reduce_scatter: Gloo's own reduce-scatter instead of our ring
+  // (WorldInfo::gloo_reduce_scatter = native).
   GlooGroup(std::string name, std::vector<int> global_ranks, int rank,
-            c10::intrusive_ptr<c10d::Backend> pg, int slot);
+            c10::intrusive_ptr<c10d::Backend> pg, int slot, bool native_reduce_scatter = false);
   ~GlooGroup() override;
 
   const std::string& name() const override { return name_; }
@@ -92,6 +94,7 @@ class GlooGroup : public Group {
   int rank_;
   c10::intrusive_ptr<c10d::Backend> pg_;
   int slot_;
+  bool native_reduce_scatter_;
   uint32_t ring_seq_ = 0;  // ring ops issued (same order on every member)
   std::atomic<uint64_t> bytes_{0};
   TaskThread ring_thread_;

@@ -6,7 +6,6 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -167,16 +166,6 @@ void GlooGroup::ring_reduce_scatter(const at::Tensor& in, at::Tensor& out, uint3
   }
 }
 
-// Which reduce-scatter runs on Gloo: our ring (default) or Gloo's own, read
-// once from DTRAIN_GLOO_REDUCE_SCATTER (ring | native).
-bool gloo_native_reduce_scatter() {
-  static const bool native = [] {
-    const char* v = std::getenv("DTRAIN_GLOO_REDUCE_SCATTER");
-    return v && std::string(v) == "native";
-  }();
-  return native;
-}
-
 WorkPtr GlooGroup::reduce_scatter(const at::Tensor& in, at::Tensor& out, bool async) {
   check(in, "reduce_scatter");
   check(out, "reduce_scatter");
@@ -194,9 +183,9 @@ WorkPtr GlooGroup::reduce_scatter(const at::Tensor& in, at::Tensor& out, bool as
   // The ring works on flat tensors; bf16 travels (and adds) as fp32.
   at::Tensor in_w = bf16 ? in.reshape({-1}).to(at::kFloat) : in.reshape({-1});  // [n*m]
   at::Tensor out_w = bf16 ? at::empty({out.numel()}, in_w.options()) : out.view({-1});  // [m]
-  if (gloo_native_reduce_scatter()) {
+  if (native_reduce_scatter_) {
     // Gloo's own reduce-scatter (LibTorch 2.x), for comparison with the ring:
-    // DTRAIN_GLOO_REDUCE_SCATTER=native.
+    // DTRAIN_GLOO_REDUCE_SCATTER=native (WorldInfo::gloo_reduce_scatter).
     bytes_ += static_cast<uint64_t>((n - 1) * in_w.nbytes() / n);
     std::function<void()> copy_back;
     if (bf16) copy_back = [out, out_w]() mutable { out.view({-1}).copy_(out_w); };

@@ -55,6 +55,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   device::reset_cpu_peak();  // the step's peak, reported with its metrics
   s.dp->reset_bytes_sent();
   timer.start();
+  checkpoint::fault_in_step(s.spec.fault, s.info, step + 1);  // fault.kind slow: inside the timed step
   parallel::StepOptions opt;
   opt.grad_accum = s.spec.train.grad_accum;
   // DESIGN.md section 8: each micro-batch loss is scaled by its share of the

@@ -1,6 +1,7 @@
 // `dtrain bench comm` end to end: the real dtrain launching 2 dtrain-worker
 // ranks per collective over a few sizes. Checks the table (one verified row
-// per size, positive bandwidths), the exit codes, and refusals of bad input.
+// per size, positive bandwidths), the exit codes, refusals of bad input, and
+// the reduce-scatter path chosen by DTRAIN_GLOO_REDUCE_SCATTER.
 // Speeds are printed, never asserted (a loaded CI machine is slow).
 #include <doctest/doctest.h>
 
@@ -42,11 +43,13 @@ std::vector<Row> table_rows(const std::string& output) {
 
 // `dtrain bench comm ARGS`, its temporary files inside `dir`.
 std::pair<int, std::string> bench(const TempDir& dir, const std::string& name,
-                                  std::vector<std::string> args) {
+                                  std::vector<std::string> args,
+                                  std::vector<std::string> env = {}) {
   dtrain::testing::TagGuard tag;
   args.insert(args.begin(), {dtrain::testing::dtrain_bin(), "bench", "comm"});
-  return dtrain::testing::run_command(args, dir / (name + ".log"), 120,
-                                      {tag.env(), "TMPDIR=" + (dir / "tmp")});
+  env.push_back(tag.env());
+  env.push_back("TMPDIR=" + (dir / "tmp"));
+  return dtrain::testing::run_command(args, dir / (name + ".log"), 120, env);
 }
 
 }  // namespace
@@ -61,6 +64,7 @@ TEST_CASE("bench comm: every op at 2 ranks, one checked row per size, positive b
     INFO(out);
     CHECK(code == 0);
     CHECK(out.find(op + ", 2 ranks (gloo)") != std::string::npos);
+    if (op == "reduce_scatter") CHECK(out.find("reduce_scatter path: ring") != std::string::npos);
     auto rows = table_rows(out);
     REQUIRE(rows.size() == sizes.size());
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -78,6 +82,28 @@ TEST_CASE("bench comm: every op at 2 ranks, one checked row per size, positive b
   }
   // The per-run log directory goes away with a successful run.
   CHECK(std::filesystem::is_empty(dir / "tmp"));
+}
+
+TEST_CASE("bench comm: DTRAIN_GLOO_REDUCE_SCATTER=native runs Gloo's own; a bad value is refused") {
+  // The ring (the default) runs in the case above.
+  TempDir dir;
+  std::filesystem::create_directories(dir / "tmp");
+  const std::vector<std::string> args = {"--op", "reduce_scatter", "-n", "2", "--min", "64K",
+                                         "--max", "128K", "--iters", "1"};
+  {
+    auto [code, out] = bench(dir, "native", args, {"DTRAIN_GLOO_REDUCE_SCATTER=native"});
+    INFO(out);
+    CHECK(code == 0);
+    CHECK(out.find("reduce_scatter path: native") != std::string::npos);
+    auto rows = table_rows(out);
+    REQUIRE(rows.size() == 2);
+    for (const auto& row : rows) CHECK(row.check == "ok");
+  }
+  auto [code, out] = bench(dir, "bad", args, {"DTRAIN_GLOO_REDUCE_SCATTER=tree"});
+  INFO(out);
+  CHECK(code != 0);
+  CHECK(out.find("DTRAIN_GLOO_REDUCE_SCATTER=tree: must be ring (the default) or native") !=
+        std::string::npos);
 }
 
 TEST_CASE("bench comm: -n 0 and an unknown op exit 2 and say what is wrong") {

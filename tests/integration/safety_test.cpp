@@ -2,8 +2,11 @@
 // refusals (an existing OUT, OUT inside the checkpoint, OUT a symlink), one
 // rendezvous server per port, a fresh start beside old steps refused, one job
 // per run directory (a concurrent launch refused, metrics.jsonl whole), logs
-// appended across relaunches, and bad input refused before any work starts
-// (exit 2 naming the field, within seconds, in under 100 MB).
+// appended across relaunches, bad input refused before any work starts
+// (exit 2 naming the field, within seconds, in under 100 MB), and the spec's
+// faults that do not crash: a slow rank (its steps longer in metrics.jsonl)
+// and a hung one (the run stops advancing; SIGTERM to dtrain leaves no
+// process behind).
 #include <doctest/doctest.h>
 
 #include <spawn.h>
@@ -13,6 +16,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -138,6 +142,61 @@ std::vector<std::string> previous_dirs(const std::string& root) {
 }
 
 }  // namespace
+
+// step -> step_time_s of a run's metrics.jsonl (log.every 1: one step each).
+std::map<int, double> step_times(const std::string& path) {
+  std::map<int, double> out;
+  std::istringstream lines(read_file(path));
+  for (std::string line; std::getline(lines, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object()) out[j["step"].get<int>()] = j["step_time_s"].get<double>();  // whole lines only
+  }
+  return out;
+}
+
+TEST_CASE("fault.kind slow: the slow rank's steps from fault.step on take fault.ms longer") {
+  Trainer t;
+  const int ms = 400;
+  auto [code, out] = t.launch({"--set", "fault.kind=slow", "--set", "fault.rank=0", "--set",
+                               "fault.step=3", "--set", "fault.ms=" + std::to_string(ms)},
+                              "slow");
+  REQUIRE_MESSAGE(code == 0, out);
+  CHECK(has(out, "fault.kind = slow (rank 0, step 3, 400 ms)"));
+  auto times = step_times(t.dir / "run/metrics.jsonl");
+  REQUIRE(times.size() == 4);
+  std::string seen;
+  for (auto [step, s] : times) seen += " " + std::to_string(step) + ": " + std::to_string(s) + " s";
+  MESSAGE("step_time_s with fault.ms = " << ms << " from step 3:" << seen);
+  // Steps 1-2 are the control (a tiny model: milliseconds); 3-4 hold the sleep.
+  CHECK(times[1] < ms / 1000.0);
+  CHECK(times[2] < ms / 1000.0);
+  CHECK(times[3] >= ms / 1000.0);
+  CHECK(times[4] >= ms / 1000.0);
+}
+
+TEST_CASE("fault.kind hang: the run stops after fault.step, SIGTERM ends it with no process left") {
+  Trainer t;
+  Child dtrain(t.launch_args({"--set", "cluster.procs_per_node=2", "--set", "parallel.dp=2",
+                              "--set", "cluster.grace_s=1", "--set", "cluster.max_restarts=0",
+                              "--set", "train.steps=20", "--set", "fault.kind=hang", "--set",
+                              "fault.rank=1", "--set", "fault.step=2"}),
+               t.dir / "hang.out", t.env());
+  const std::string metrics = t.dir / "run/metrics.jsonl";
+  REQUIRE_MESSAGE(wait_until([&] { return step_times(metrics).count(2) == 1; }, 60), dtrain.output());
+  // Unhung, the 18 steps left take well under a second; hung, nothing moves.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  CHECK(dtrain.running());
+  CHECK(step_times(metrics).size() == 2);
+  CHECK(has(read_file(t.dir / "run/rank_1.log"), "fault.kind = hang: rank 1 stops after step 2"));
+  auto workers = dtrain::testing::tagged_pids(t.tag.tag());
+  CHECK(workers.size() >= 3);  // dtrain and its two workers
+
+  dtrain.signal(SIGTERM);  // the hung rank ignores it: the launcher's SIGKILL after grace_s
+  REQUIRE_MESSAGE(dtrain.wait(15), dtrain.output());
+  CHECK(dtrain.exit_code() == 128 + SIGTERM);
+  CHECK_MESSAGE(wait_until([&] { return dtrain::testing::tagged_pids(t.tag.tag()).empty(); }, 5),
+                dtrain::testing::tagged_pids(t.tag.tag()).size() << " tagged processes left");
+}
 
 TEST_CASE("ckpt merge: refuses an existing OUT, OUT inside the checkpoint, OUT a symlink") {
   Trainer t;

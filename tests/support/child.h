@@ -180,27 +180,33 @@ inline bool pid_alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 
 namespace dtrain::testing {
 
+// Every process (but this one) whose environment holds DTRAIN_TEST_TAG=<tag>.
+inline std::vector<pid_t> tagged_pids(const std::string& tag) {
+  std::vector<pid_t> pids;
+  std::string needle = "DTRAIN_TEST_TAG=" + tag;
+  FILE* ls = popen("ls /proc", "r");
+  if (!ls) return pids;
+  char buf[64];
+  while (fgets(buf, sizeof buf, ls)) {
+    int pid = std::atoi(buf);
+    if (pid <= 1 || pid == getpid()) continue;
+    std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+    for (auto& c : env) if (c == '\0') c = '\n';
+    if (("\n" + env).find("\n" + needle + "\n") != std::string::npos) pids.push_back(pid);
+  }
+  pclose(ls);
+  return pids;
+}
+
 // SIGKILL every process whose environment holds DTRAIN_TEST_TAG=<tag>: the
 // last line of defence for workers that left their parent's process group.
 inline int kill_tagged(const std::string& tag) {
   int killed = 0;
-  std::string needle = "DTRAIN_TEST_TAG=" + tag;
-  for (int pass = 0; pass < 2; ++pass) {
-    FILE* ls = popen("ls /proc", "r");
-    if (!ls) return killed;
-    char buf[64];
-    while (fgets(buf, sizeof buf, ls)) {
-      int pid = std::atoi(buf);
-      if (pid <= 1 || pid == getpid()) continue;
-      std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
-      for (auto& c : env) if (c == '\0') c = '\n';
-      if (("\n" + env).find("\n" + needle + "\n") != std::string::npos) {
-        ::kill(pid, SIGKILL);
-        ++killed;
-      }
+  for (int pass = 0; pass < 2; ++pass)
+    for (pid_t pid : tagged_pids(tag)) {
+      ::kill(pid, SIGKILL);
+      ++killed;
     }
-    pclose(ls);
-  }
   return killed;
 }
 

@@ -306,3 +306,30 @@ TEST_CASE("spec: the fault section (chaos testing) is checked and announced") {
   CHECK(has(w[0], "injects a fault on purpose"));
   CHECK(warnings_of(kBase).empty());  // none by default
 }
+
+TEST_CASE("spec: fault kinds hang and slow, and fault.ms") {
+  CHECK(error_of(kBase, {"fault.kind=hang", "fault.rank=1", "fault.step=2"}) == "");
+  CHECK(error_of(kBase, {"fault.kind=slow", "fault.rank=7", "fault.step=0", "fault.ms=250"}) == "");
+  auto w = warnings_of(kBase, {"fault.kind=slow", "fault.rank=1", "fault.step=3", "fault.ms=250"});
+  REQUIRE(w.size() == 1);
+  CHECK(has(w[0], "fault.kind = slow (rank 1, step 3, 250 ms)"));
+
+  // slow needs a delay; a negative one is refused whatever the kind.
+  std::string e = error_of(kBase, {"fault.kind=slow", "fault.step=1"});
+  CHECK(has(e, "fault.ms = 0"));
+  CHECK(has(e, "set fault.ms > 0"));
+  e = error_of(kBase, {"fault.kind=slow", "fault.ms=-5"});
+  CHECK(has(e, "fault.ms = -5: must be >= 0"));
+  CHECK(count(e, "fault.ms = ") == 1);  // reported once
+  // hang and kill_after_step strike after a step: step 0 would never come.
+  for (const char* kind : {"hang", "kill_after_step"}) {
+    e = error_of(kBase, {std::string("fault.kind=") + kind, "fault.step=0"});
+    CHECK(has(e, "fault.step = 0: fault.kind = " + std::string(kind)));
+    CHECK(has(e, "use fault.step >= 1"));
+  }
+  CHECK(has(error_of(kBase, {"fault.kind=hang", "fault.rank=8", "fault.step=1"}), "fault.rank = 8"));
+  // fault.ms on another kind is ignored, and said so.
+  w = warnings_of(kBase, {"fault.kind=hang", "fault.step=1", "fault.ms=100"});
+  REQUIRE(w.size() == 2);
+  CHECK(has(w[0] + w[1], "fault.ms = 100 is ignored: only fault.kind = slow uses it"));
+}

@@ -50,9 +50,12 @@ struct Diffs {
   }
 };
 
+// Changes a rank's WorldInfo and CommOptions before init_comm_with_store.
+using Configure = std::function<void(comm::WorldInfo&, comm::CommOptions&)>;
+
 // Runs fn(comm, rank) on n threads, each with its own Comm over one store.
 void run_world(const dtrain::mesh::Shape& shape,
-               const std::function<void(comm::Comm&, int)>& fn) {
+               const std::function<void(comm::Comm&, int)>& fn, const Configure& configure = {}) {
   int n = shape.world();
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(n);
@@ -67,6 +70,7 @@ void run_world(const dtrain::mesh::Shape& shape,
         info.coord = dtrain::mesh::coord_of(shape, r);
         comm::CommOptions options;
         options.timeout_s = 60;
+        if (configure) configure(info, options);
         auto c = comm::init_comm_with_store(info, store, options);
         fn(*c, r);
         c->world().barrier();
@@ -292,6 +296,107 @@ TEST_CASE("comm: WorldInfo::from_env names the missing or bad variable") {
   setenv("DTRAIN_MESH", "dp=2,tp=2,zz=2", 1);
   CHECK(message().find("unknown axis 'zz'") != std::string::npos);
   for (auto v : vars) unsetenv(v);
+}
+
+TEST_CASE("comm: WorldInfo::from_env reads the resume point and the Gloo settings") {
+  const char* vars[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DTRAIN_RESUME_FROM",
+                        "GLOO_SOCKET_IFNAME", "DTRAIN_GLOO_REDUCE_SCATTER"};
+  for (auto v : vars) unsetenv(v);
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  auto w = comm::WorldInfo::from_env();
+  CHECK(w.resume_from.empty());
+  CHECK(w.gloo_socket_ifname.empty());
+  CHECK(w.gloo_reduce_scatter == "ring");
+
+  setenv("DTRAIN_RESUME_FROM", "/ckpt/step_20", 1);
+  setenv("GLOO_SOCKET_IFNAME", "lo", 1);
+  setenv("DTRAIN_GLOO_REDUCE_SCATTER", "native", 1);
+  w = comm::WorldInfo::from_env();
+  CHECK(w.resume_from == "/ckpt/step_20");
+  CHECK(w.gloo_socket_ifname == "lo");
+  CHECK(w.gloo_reduce_scatter == "native");
+
+  setenv("DTRAIN_GLOO_REDUCE_SCATTER", "tree", 1);
+  try {
+    comm::WorldInfo::from_env();
+    FAIL("DTRAIN_GLOO_REDUCE_SCATTER=tree was accepted");
+  } catch (const dtrain::Error& e) {
+    CHECK(e.code() == dtrain::ErrorCode::config);
+    CHECK_MESSAGE(e.message().find("DTRAIN_GLOO_REDUCE_SCATTER=tree: must be ring (the default) or "
+                                   "native") != std::string::npos,
+                  e.message());
+  }
+  for (auto v : vars) unsetenv(v);
+}
+
+TEST_CASE("comm: WorldInfo::gloo_reduce_scatter native runs Gloo's reduce-scatter, same result") {
+  Diffs diffs;
+  for (int n : {2, 3})
+    run_world(
+        comm::parse_mesh("dp=" + std::to_string(n)),
+        [&](comm::Comm& c, int) {
+          for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) check_ops(c.world(), 7, dt, diffs);
+        },
+        [](comm::WorldInfo& info, comm::CommOptions&) { info.gloo_reduce_scatter = "native"; });
+  report("comm: Gloo's native reduce-scatter (and the other ops beside it), world 2 and 3:", diffs);
+}
+
+TEST_CASE("comm: per-axis backends; unknown names, unknown axes and nccl without a GPU are refused") {
+  // Named per axis, the groups are built on that backend (gloo: the only
+  // one without a GPU) and work as the default ones do.
+  Diffs diffs;
+  run_world(
+      comm::parse_mesh("dp=2,tp=2"),
+      [&](comm::Comm& c, int) {
+        for (const char* axis : {"dp", "tp"}) {
+          CHECK(c.axis(axis).backend() == "gloo");
+          check_ops(c.axis(axis), 5, at::kFloat, diffs);
+        }
+        CHECK(&c.control() == &c.world());  // the world is Gloo: it is the control group
+      },
+      [](comm::WorldInfo&, comm::CommOptions& o) { o.axis_backend = {{"dp", "gloo"}, {"tp", "gloo"}}; });
+  report("comm: axis_backend dp=gloo, tp=gloo on dp=2,tp=2:", diffs);
+
+  comm::WorldInfo info;
+  info.shape = comm::parse_mesh("dp=1");
+  auto error_of = [&](const comm::CommOptions& o) {
+    try {
+      comm::init_comm_with_store(info, c10::make_intrusive<c10d::HashStore>(), o);
+    } catch (const dtrain::Error& e) {
+      CHECK(e.code() == dtrain::ErrorCode::config);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto has = [](const std::string& text, const std::string& part) {
+    CHECK_MESSAGE(text.find(part) != std::string::npos, "missing '", part, "' in: ", text);
+  };
+  comm::CommOptions o;
+  o.axis_backend = {{"tp", "mpi"}};
+  std::string e = error_of(o);
+  has(e, "axis tp: comm backend 'mpi' is unknown");
+  has(e, "use gloo or nccl for axis tp");
+
+  o.axis_backend = {{"zz", "gloo"}};
+  e = error_of(o);
+  has(e, "axis 'zz'");
+  has(e, "dp, tp, pp, ep and edp");
+
+  o.axis_backend = {};
+  o.backend = "mpi";
+  has(error_of(o), "cluster.backend: comm backend 'mpi' is unknown");
+
+  // nccl for one axis, with the tensors on the CPU: refused before any group
+  // connects, naming the axis and the way out, in CPU and CUDA builds alike.
+  o.backend = "gloo";
+  o.axis_backend = {{"dp", "nccl"}};
+  e = error_of(o);
+  has(e, "axis dp = nccl");
+  has(e, comm::nccl_available() ? "needs CUDA tensors, the device is cpu" : "has no NCCL");
+  has(e, "gloo for axis dp");
 }
 
 TEST_CASE("comm: all_reduce max and min, fp32 and bf16, world 3") {

@@ -88,3 +88,35 @@ TEST_CASE("nccl: every op on one GPU matches the same op on the CPU (Gloo)") {
   MESSAGE("nccl vs gloo, 1 rank, fp32 and bf16, 5 ops: max abs diff " << worst << " (must be 0)");
   CHECK(worst == 0);
 }
+
+TEST_CASE("nccl: per-axis backends mix NCCL and Gloo groups in one Comm") {
+  if (!have_gpu()) return;
+  const c10::Device gpu = device::select("cuda", 0, 1);
+  const c10::Device cpu(c10::DeviceType::CPU);
+  comm::WorldInfo info;
+  info.shape = comm::parse_mesh("dp=1");
+  // The data backend Gloo with dp on NCCL, and the reverse with tp on Gloo.
+  for (const std::string world_backend : {"gloo", "nccl"}) {
+    CAPTURE(world_backend);
+    comm::CommOptions o;
+    o.backend = world_backend;
+    o.device = gpu;
+    o.timeout_s = 60;
+    const std::string other = world_backend == "gloo" ? "nccl" : "gloo";
+    const std::string axis = world_backend == "gloo" ? "dp" : "tp";
+    o.axis_backend = {{axis, other}};
+    auto c = comm::init_comm_with_store(info, c10::make_intrusive<c10d::HashStore>(), o);
+    CHECK(c->world().backend() == world_backend);
+    CHECK(c->axis(axis).backend() == other);
+    CHECK(c->control().backend() == "gloo");
+    for (const char* a : {"dp", "tp", "pp", "ep", "edp"}) {
+      comm::Group& g = c->axis(a);
+      CHECK(g.device() == (g.backend() == "nccl" ? gpu : cpu));
+      at::Tensor t = at::arange(5, at::TensorOptions().dtype(at::kFloat)).to(g.device());
+      g.all_reduce(t);  // one rank: unchanged
+      device::synchronize(gpu);
+      CHECK(max_diff(t, at::arange(5, at::TensorOptions().dtype(at::kFloat))) == 0);
+    }
+    c->control().barrier();
+  }
+}

@@ -1,0 +1,40 @@
+// The engine's side of the spec's fault section (fault.h): which rank fails,
+// when, and how. The crash in the middle of a save is carried out by the
+// writer (checkpoint.cpp), which asks crash_during_save.
+#include "engine/checkpoint/fault.h"
+
+#include <chrono>
+#include <csignal>
+#include <thread>
+
+#include "common/log.h"
+
+namespace dtrain::engine::checkpoint {
+namespace {
+
+bool is_target(const FaultSpec& f, const comm::WorldInfo& info) {
+  return info.restart == 0 && info.rank == f.rank;
+}
+
+}  // namespace
+
+void fault_in_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step) {
+  if (f.kind == "slow" && is_target(f, info) && step >= f.step)
+    std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
+}
+
+void fault_after_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step) {
+  if (!is_target(f, info) || step != f.step) return;
+  if (f.kind == "kill_after_step") ::raise(SIGKILL);
+  if (f.kind == "hang") {
+    DTRAIN_WARN("fault.kind = hang: rank {} stops after step {} and sleeps until it is killed",
+                info.rank, step);
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+
+bool crash_during_save(const FaultSpec& f, const comm::WorldInfo& info, int64_t step) {
+  return f.kind == "crash_during_save" && is_target(f, info) && (f.step == 0 || f.step == step);
+}
+
+}  // namespace dtrain::engine::checkpoint

@@ -1,0 +1,30 @@
+// Chaos testing: the spec's fault section (common/job_spec.h FaultSpec) acted
+// out by the engine, on the first launch only (DTRAIN_RESTART = 0), by rank
+// fault.rank. Steps are numbered from 1, as in metrics.jsonl. Not here:
+// no_grad_sync (a DDP option, engine/parallel/parallelize.cpp) and the
+// announcement (a warning on every rank at start-up).
+#pragma once
+
+#include <cstdint>
+
+#include "common/job_spec.h"
+#include "engine/comm/comm.h"
+
+namespace dtrain::engine::checkpoint {
+
+// fault.kind slow: sleeps fault.ms milliseconds in every step from step
+// fault.step on. Called inside the timed part of step `step`, so step_s
+// shows it (and the other ranks wait for it at the step's collectives).
+void fault_in_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step);
+
+// After step `step` and its checkpoint, if one was due: kill_after_step
+// SIGKILLs this rank; hang sleeps forever (SIGTERM only sets the preemption
+// flag, so the launcher's SIGKILL after cluster.grace_s ends it), when
+// `step` is fault.step.
+void fault_after_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step);
+
+// crash_during_save: true when this rank must die halfway through writing
+// its shard of step `step`'s checkpoint (fault.step 0: the first save).
+bool crash_during_save(const FaultSpec& f, const comm::WorldInfo& info, int64_t step);
+
+}  // namespace dtrain::engine::checkpoint

@@ -1,0 +1,74 @@
+// engine/checkpoint/fault.h: which rank a fault of the spec strikes, from
+// which step, and on which launch. In-process, so only the kinds that return
+// (slow, and every kind where it must not strike) are run here; the killing
+// and hanging ones run in tests/integration (checkpoint_test, safety_test).
+#include <chrono>
+#include <functional>
+
+#include "engine/checkpoint/fault.h"
+
+#include "tests/support/torch_doctest.h"
+
+namespace {
+
+using namespace dtrain::engine;
+
+double seconds_of(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+TEST_CASE("fault: slow sleeps fault.ms on fault.rank from fault.step on, first launch only") {
+  dtrain::FaultSpec f;
+  f.kind = "slow";
+  f.rank = 1;
+  f.step = 3;
+  f.ms = 150;
+  comm::WorldInfo info;
+  info.rank = 1;
+  info.world = 2;
+  const double slept = seconds_of([&] { checkpoint::fault_in_step(f, info, 3); });
+  MESSAGE("slow, rank 1, step 3: " << slept << " s (fault.ms " << f.ms << ")");
+  CHECK(slept >= 0.150);
+
+  // Not struck: an earlier step, another rank, a restarted run, another kind.
+  // Each would take fault.ms if it slept.
+  double others = seconds_of([&] { checkpoint::fault_in_step(f, info, 2); });
+  info.rank = 0;
+  others += seconds_of([&] { checkpoint::fault_in_step(f, info, 4); });
+  info.rank = 1;
+  info.restart = 1;
+  others += seconds_of([&] { checkpoint::fault_in_step(f, info, 4); });
+  info.restart = 0;
+  for (const char* kind : {"hang", "kill_after_step"}) {
+    f.kind = kind;
+    others += seconds_of([&] { checkpoint::fault_in_step(f, info, 4); });
+    others += seconds_of([&] { checkpoint::fault_after_step(f, info, 2); });  // not fault.step
+  }
+  MESSAGE("seven calls that must not sleep: " << others << " s together");
+  CHECK(others < 0.150);
+}
+
+TEST_CASE("fault: crash_during_save strikes the save of fault.step (0: the first) on fault.rank") {
+  dtrain::FaultSpec f;
+  f.kind = "crash_during_save";
+  f.rank = 1;
+  f.step = 20;
+  comm::WorldInfo info;
+  info.rank = 1;
+  CHECK(checkpoint::crash_during_save(f, info, 20));
+  CHECK_FALSE(checkpoint::crash_during_save(f, info, 10));
+  f.step = 0;
+  CHECK(checkpoint::crash_during_save(f, info, 10));
+  info.rank = 0;
+  CHECK_FALSE(checkpoint::crash_during_save(f, info, 10));
+  info.rank = 1;
+  info.restart = 1;
+  CHECK_FALSE(checkpoint::crash_during_save(f, info, 10));
+  info.restart = 0;
+  f.kind = "slow";
+  CHECK_FALSE(checkpoint::crash_during_save(f, info, 10));
+}
