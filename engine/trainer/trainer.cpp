@@ -128,7 +128,6 @@ int run_training() {
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
     if (maybe_save_checkpoint(s, step + 1)) return 0;  // preempted, saved
   }
-  maybe_dump_parameters(s);
   if (s.is_log_rank()) DTRAIN_INFO("training done: {} steps", s.spec.train.steps);
   return 0;
 }
