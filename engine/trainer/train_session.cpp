@@ -1,7 +1,6 @@
 // make_train_session (train_session.h): the set-up half of the trainer, in
 // the order every rank must follow (init_comm and the DDP broadcast are
-// collective), plus the memory figures and the parameter dump for parity
-// tests. The loop is in trainer.cpp.
+// collective), plus the memory figures. The loop is in trainer.cpp.
 #include "engine/trainer/train_session.h"
 
 #include <ATen/Parallel.h>
@@ -9,9 +8,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -156,21 +153,6 @@ MemoryStats TrainSession::memory() const {
     for (auto& t : *state)
       if (t.defined()) m.optimizer += t.numel() * int64_t(t.element_size());
   return m;
-}
-
-void maybe_dump_parameters(const TrainSession& s) {
-  const char* path = std::getenv("DTRAIN_DUMP_PARAMS");
-  if (!path || !*path || !s.is_log_rank()) return;
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error(ErrorCode::config, std::string("DTRAIN_DUMP_PARAMS = ") + path + " cannot be written");
-  out << "DTPARAMS1\n";
-  for (auto& [name, p] : s.par.parts.named_params) {
-    at::Tensor c = device::to_host(p.detach());
-    out << name << " " << c.numel() << "\n";
-    out.write(reinterpret_cast<const char*>(c.data_ptr<float>()), std::streamsize(c.numel() * 4));
-  }
-  if (!out) throw Error(ErrorCode::config, std::string("writing ") + path + " failed");
-  DTRAIN_INFO("parameters written to {}", path);
 }
 
 }  // namespace dtrain::engine::trainer

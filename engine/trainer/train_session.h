@@ -49,9 +49,4 @@ struct TrainSession {
 // this engine does not run yet (tp, pp, ep, fp16).
 std::unique_ptr<TrainSession> make_train_session();
 
-// DTRAIN_DUMP_PARAMS=<path>: rank 0 writes every named parameter, for parity
-// tests. Format: "DTPARAMS1\n", then per parameter a text line
-// "<name> <numel>\n" followed by numel raw little-endian fp32 values.
-void maybe_dump_parameters(const TrainSession& session);
-
 }  // namespace dtrain::engine::trainer

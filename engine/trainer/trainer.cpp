@@ -137,7 +137,6 @@ int run_training() {
     if (maybe_save_checkpoint(s, step + 1)) return 0;  // preempted, saved
   }
   write_memory_report(s, run_peak);
-  maybe_dump_parameters(s);
   if (s.is_log_rank()) DTRAIN_INFO("training done: {} steps", s.spec.train.steps);
   return 0;
 }

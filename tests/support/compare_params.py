@@ -1,52 +1,63 @@
 #!/usr/bin/env python3
-# compare_params.py: compares two final-parameter dumps (DTPARAMS1, written by
-# rank 0 when DTRAIN_DUMP_PARAMS is set) tensor by tensor and prints the max
+# compare_params.py: compares the final parameters of two runs, each a merged
+# checkpoint (`dtrain ckpt merge RUN/ckpt OUT.safetensors`: one F32 tensor per
+# parameter, named by parameter name), tensor by tensor and prints the max
 # absolute difference of each and overall; optionally the step-1 losses of the
-# two runs' metrics.jsonl, and a negative control (a third dump from a run that
-# must differ, e.g. another learning rate) that has to exceed the tolerance by
-# far, so that a comparison which cannot tell right from wrong fails. The
-# step-1 gradient norms are compared too: AdamW's first step is about
-# lr * sign(grad), blind to a wrongly scaled gradient.
-# Standard library only. Exit 0 when every check holds, 1 otherwise.
+# two runs' metrics.jsonl, and a negative control (a third merged checkpoint
+# from a run that must differ, e.g. another learning rate) that has to exceed
+# the tolerance by far, so that a comparison which cannot tell right from wrong
+# fails. The step-1 gradient norms are compared too: AdamW's first step is
+# about lr * sign(grad), blind to a wrongly scaled gradient.
+# Standard library only (safetensors read by its public format; numpy, when
+# there is one, only for speed): the GPU machine's Python may lack the
+# safetensors package. Exit 0 when every check holds, 1 otherwise.
 #
-#   compare_params.py A.params B.params [--tol 1e-4] [--names cpu,cuda]
+#   compare_params.py A.safetensors B.safetensors [--tol 1e-4] [--names cpu,cuda]
 #       [--loss-a A/metrics.jsonl --loss-b B/metrics.jsonl --loss-tol 1e-4 --grad-rtol 1e-4]
-#       [--control C.params --control-factor 10]
+#       [--control C.safetensors --control-factor 10]
 import argparse
 import json
 import math
+import struct
 import sys
 from array import array
 
-MAGIC = b"DTPARAMS1\n"
+
+def fail(msg):
+    print(f"compare_params: FAIL: {msg}")
+    raise SystemExit(1)
 
 
 def read_params(path):
-    """DTPARAMS1: the magic line, then per parameter a text line "<name> <numel>\n"
-    followed by numel little-endian fp32 values. Returns [(name, array('f'))]."""
-    out = []
+    """A safetensors file: u64 little-endian header length N, N bytes of JSON
+    {name: {dtype, shape, data_offsets: [begin, end)}, "__metadata__": {...}},
+    then the data. Returns [(name, array('f'))] sorted by name (F32 only)."""
     try:
-        f = open(path, "rb")
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
-        print(f"compare_params: FAIL: {path}: {e.strerror} (the run did not write its parameters)")
-        raise SystemExit(1)
-    with f:
-        if f.readline() != MAGIC:
-            print(f"compare_params: FAIL: {path}: not a DTPARAMS1 file")
-            raise SystemExit(1)
-        while True:
-            line = f.readline()
-            if not line:
-                break
-            name, numel = line.decode().split()
-            values = array("f")
-            values.frombytes(f.read(int(numel) * 4))
-            if len(values) != int(numel):
-                print(f"compare_params: FAIL: {path}: {name} is cut short")
-                raise SystemExit(1)
-            if sys.byteorder != "little":
-                values.byteswap()
-            out.append((name, values))
+        fail(f"{path}: {e.strerror} (was the run's checkpoint merged?)")
+    if len(data) < 8:
+        fail(f"{path}: not a safetensors file ({len(data)} bytes)")
+    (n,) = struct.unpack("<Q", data[:8])
+    try:
+        header = json.loads(data[8:8 + n])
+    except ValueError as e:
+        fail(f"{path}: not a safetensors file (header: {e})")
+    header.pop("__metadata__", None)
+    out = []
+    for name in sorted(header):
+        info = header[name]
+        if info["dtype"] != "F32":
+            fail(f"{path}: {name} is {info['dtype']}; only F32 parameters are compared")
+        begin, end = info["data_offsets"]
+        if 8 + n + end > len(data):
+            fail(f"{path}: {name} is cut short")
+        values = array("f")
+        values.frombytes(data[8 + n + begin:8 + n + end])
+        if sys.byteorder != "little":
+            values.byteswap()
+        out.append((name, values))
     return out
 
 
@@ -59,8 +70,8 @@ def max_abs_diff(a, b):
         return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
 
 
-def diff_dumps(pa, pb, label_a, label_b):
-    """Per-tensor max |a - b| in order; raises on a layout mismatch."""
+def diff_params(pa, pb, label_a, label_b):
+    """Per-tensor max |a - b| in name order; exits on a layout mismatch."""
     if [(n, len(v)) for n, v in pa] != [(n, len(v)) for n, v in pb]:
         names_a = {n: len(v) for n, v in pa}
         names_b = {n: len(v) for n, v in pb}
@@ -95,13 +106,13 @@ def main():
     ap.add_argument("--loss-b")
     ap.add_argument("--loss-tol", type=float, default=1e-4)
     ap.add_argument("--grad-rtol", type=float, default=1e-4, help="relative tolerance of the step-1 grad norms")
-    ap.add_argument("--control", help="dump of a run that must differ from A by > factor * tol")
+    ap.add_argument("--control", help="merged checkpoint of a run that must differ from A by > factor * tol")
     ap.add_argument("--control-factor", type=float, default=10.0)
     args = ap.parse_args()
     la, lb = (args.names.split(",") + ["b"])[:2]
 
     pa, pb = read_params(args.a), read_params(args.b)
-    rows = diff_dumps(pa, pb, la, lb)
+    rows = diff_params(pa, pb, la, lb)
     worst = max((d for _, d, _ in rows), default=0.0)
     values = sum(n for _, _, n in rows)
     print(f"max |{la} - {lb}| per parameter ({len(rows)} tensors, {values} values):")
@@ -128,7 +139,7 @@ def main():
         ok = ok and loss_ok and grad_ok
 
     if args.control:
-        rows_c = diff_dumps(pa, read_params(args.control), la, "control")
+        rows_c = diff_params(pa, read_params(args.control), la, "control")
         worst_c = max((d for _, d, _ in rows_c), default=0.0)
         need = args.control_factor * args.tol
         control_ok = worst_c > need

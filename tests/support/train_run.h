@@ -1,6 +1,8 @@
 // Helpers shared by the integration tests that train through `dtrain launch`:
-// a free loopback port, deterministic training text, and the trainer's
-// final-parameter dump (DTPARAMS1, engine/trainer/train_session.h).
+// a free loopback port, deterministic training text, and a run's final
+// parameters as the real `dtrain ckpt merge` writes them from its checkpoint
+// (the trainer saves one after the last step when checkpoint.dir is set).
+// Safetensors files are read with common/safetensors.h (dtrain_common).
 #pragma once
 
 #include <arpa/inet.h>
@@ -9,10 +11,13 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <fstream>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "common/safetensors.h"
+#include "tests/support/child.h"
 
 namespace dtrain::testing {
 
@@ -45,20 +50,48 @@ inline std::string word_salad(size_t bytes, const std::vector<std::string>& word
   return text;
 }
 
-// The DTPARAMS1 file rank 0 writes when DTRAIN_DUMP_PARAMS is set: a magic
-// line, then per tensor "name count\n" and count raw fp32 values.
-inline std::map<std::string, std::vector<float>> read_params(const std::string& path) {
-  std::map<std::string, std::vector<float>> params;
-  std::ifstream in(path, std::ios::binary);
-  std::string line;
-  if (!std::getline(in, line) || line != "DTPARAMS1") return params;
-  while (std::getline(in, line)) {
-    auto sp = line.rfind(' ');
-    std::vector<float> v(std::stoull(line.substr(sp + 1)));
-    in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
-    params[line.substr(0, sp)] = std::move(v);
+// The step dir a checkpoint root's `latest` names ("step_20"), "" when none.
+inline std::string read_latest(const std::string& root) {
+  std::string s = read_file(root + "/latest");
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// The F32 tensors of a safetensors file, name -> values (row-major); other
+// dtypes (a shard's U8 RNG states) are left out. Throws dtrain::Error naming
+// the file when it is missing, truncated or not safetensors.
+inline std::map<std::string, std::vector<float>> read_safetensors_f32(const std::string& path) {
+  dtrain::safetensors::File file(path);
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& t : file.tensors()) {
+    if (t.dtype != "F32") continue;
+    std::vector<float> v(t.nbytes() / sizeof(float));
+    file.read(t, v.data());
+    out[t.name] = std::move(v);
   }
-  return params;
+  return out;
+}
+
+// A run's parameters at a checkpoint (a step_<N> dir, or a run's
+// checkpoint.dir for its `latest`), name -> fp32 values: runs the real
+// `dtrain ckpt merge` into <work_dir>/<checkpoint path below work_dir, '/'
+// as '_'>.merged.safetensors (replaced when it exists; its log beside it)
+// and reads that file. work_dir is the test's temporary directory, so
+// nothing is left behind. Throws std::runtime_error with the merge's output
+// when it fails.
+inline std::map<std::string, std::vector<float>> read_checkpoint_params(const std::string& ckpt,
+                                                                         const std::string& work_dir) {
+  std::string rel = ckpt;
+  while (rel.size() > 1 && rel.back() == '/') rel.pop_back();
+  if (rel.rfind(work_dir + "/", 0) == 0) rel = rel.substr(work_dir.size() + 1);
+  for (char& c : rel) if (c == '/') c = '_';
+  const std::string out = work_dir + "/" + rel + ".merged.safetensors";
+  auto [code, output] =
+      run_command({dtrain_bin(), "ckpt", "merge", ckpt, out, "--force"}, out + ".log", 120);
+  if (code != 0)
+    throw std::runtime_error("dtrain ckpt merge " + ckpt + " " + out + " exited " +
+                             std::to_string(code) + ":\n" + output);
+  return read_safetensors_f32(out);
 }
 
 }  // namespace dtrain::testing
