@@ -49,7 +49,7 @@ void zero_parity(int zero, int dp, int mb, int grad_accum, bool with_control) {
   const RunResult& run = cached(name, sets);
   CHECK(run.output.find("ZeRO-" + std::to_string(zero)) != std::string::npos);
   CHECK(run.output.find("dp(" + std::to_string(dp) + ")") != std::string::npos);
-  MESSAGE(name << ": " << padding_of(run) << " padding elements per rank's flat buffers");
+  MESSAGE(name << ": " << padding_of(run) << " padding elements in its flat buffers (all units)");
   if (dp == 3) CHECK(padding_of(run) > 0);  // the case the dp = 3 runs are for
   const std::string what = name + " vs dp1 mb" + std::to_string(dp * mb * grad_accum);
   if (with_control)
