@@ -74,6 +74,7 @@ struct TrainSpec {
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
+  double adam_eps = 1e-8;  // AdamW's epsilon (torch.optim.AdamW's eps)
   double grad_clip = 1.0;  // 0 = off
   std::string precision = "fp32";  // fp32 | bf16 | fp16
 };

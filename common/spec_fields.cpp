@@ -58,6 +58,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("train.weight_decay", train.weight_decay),
       DTRAIN_FIELD("train.beta1", train.beta1),
       DTRAIN_FIELD("train.beta2", train.beta2),
+      DTRAIN_FIELD("train.adam_eps", train.adam_eps),
       DTRAIN_FIELD("train.grad_clip", train.grad_clip),
       DTRAIN_FIELD("train.precision", train.precision),
       DTRAIN_FIELD("data.path", data.path),

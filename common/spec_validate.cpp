@@ -91,6 +91,7 @@ void check_ranges(const Checker& c) {
   c.below_one("model.dropout", s.model.dropout);
   c.below_one("train.beta1", s.train.beta1);
   c.below_one("train.beta2", s.train.beta2);
+  c.at_least("train.adam_eps", s.train.adam_eps, 1e-30, "a small positive number, e.g. 1.0e-8");
   c.at_least("train.lr", s.train.lr, 1e-12, "a positive learning rate, e.g. 3.0e-4");
   c.at_least("train.min_lr", s.train.min_lr, 0.0, "use 0 to decay to zero");
   if (!c.bad({"train.lr", "train.min_lr"}) && s.train.min_lr > s.train.lr)
@@ -181,6 +182,10 @@ void check_divisibility(const Checker& c) {
     c.error("parallel.tp", "parallel.tp = " + str(p.tp) + " does not divide model.heads = " +
                                str(m.heads) + " (each TP rank holds heads/tp heads); " +
                                choices("tp", m.heads, domain));
+  if (!c.bad({"parallel.tp", "model.vocab"}) && p.tp >= 1 && m.vocab >= 1 && m.vocab % p.tp != 0)
+    c.error("parallel.tp", "parallel.tp = " + str(p.tp) + " does not divide model.vocab = " +
+                               str(m.vocab) + " (the embedding and the head are split by vocab rows); " +
+                               choices("tp", m.vocab, domain));
   if (!c.bad({"parallel.pp", "model.layers"}) && p.pp >= 1 && m.layers >= 1 &&
       m.layers % p.pp != 0)
     c.error("parallel.pp", "parallel.pp = " + str(p.pp) + " does not divide model.layers = " +

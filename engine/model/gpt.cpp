@@ -58,12 +58,32 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& cfg) : heads(c
   resid_drop = register_module("resid_drop", torch::nn::Dropout(cfg.dropout));
 }
 
+namespace {
+
+// x W^T + b with W this rank's rows (column-parallel: the input is copied
+// into the TP region, the output stays split).
+at::Tensor column_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGroup* tp) {
+  if (!tp || !tp->active()) return l->forward(x);
+  return at::linear(copy_to_tp(x, *tp), l->weight, l->bias);
+}
+
+// x W^T + b with W this rank's columns and x this rank's split input
+// (row-parallel: partial products summed over TP, then the bias once).
+at::Tensor row_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGroup* tp) {
+  if (!tp || !tp->active()) return l->forward(x);
+  at::Tensor out = reduce_from_tp(at::linear(x, l->weight), *tp);
+  return l->bias.defined() ? out + l->bias : out;
+}
+
+}  // namespace
+
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  const int64_t H = heads, D = C / H;
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t tp_size = tp ? tp->size : 1;
+  const int64_t H = heads / tp_size, D = x.size(2) / heads, C = H * D;  // local heads and width
   // One head-major copy of q, k and v together (matmul on the strided
   // [B, H, T, D] views would copy each of them anyway), then plain bmm.
-  auto qkv_out = qkv->forward(x);  // [B, T, 3C]
+  auto qkv_out = column_parallel(qkv, x, tp);  // [B, T, 3C]
   auto qkv_heads = qkv_out.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().view({3, B * H, T, D});
   auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];  // [B*H, T, D] each
 
@@ -74,7 +94,7 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     auto y = at::scaled_dot_product_attention(q.view({B, H, T, D}), k.view({B, H, T, D}),
                                               v.view({B, H, T, D}), /*attn_mask=*/{}, p,
                                               /*is_causal=*/true);  // [B, H, T, D]
-    return resid_drop->forward(proj->forward(y.transpose(1, 2).reshape({B, T, C})));
+    return resid_drop->forward(row_parallel(proj, y.transpose(1, 2).reshape({B, T, C}), tp));
   }
   // Causal mask: position t attends to positions <= t only. Fused into the
   // score GEMM as an additive bias (beta 1), with the 1/sqrt(D) scale as its
@@ -90,7 +110,7 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   att = attn_drop->forward(att);
   auto y = at::bmm(att, v);                                             // [B*H, T, D]
   y = y.view({B, H, T, D}).transpose(1, 2).reshape({B, T, C});          // [B, T, C]
-  return resid_drop->forward(proj->forward(y));
+  return resid_drop->forward(row_parallel(proj, y, tp));
 }
 
 // ---------------------------------------------------------------------------
@@ -103,8 +123,8 @@ MlpImpl::MlpImpl(const GptConfig& cfg) {
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
-  auto h = at::gelu(fc->forward(x));  // [B, T, 4C]
-  return drop->forward(proj->forward(h));  // [B, T, C]
+  auto h = at::gelu(column_parallel(fc, x, tp));  // [B, T, 4C / tp]
+  return drop->forward(row_parallel(proj, h, tp));  // [B, T, C]
 }
 
 // ---------------------------------------------------------------------------
@@ -173,12 +193,22 @@ at::Tensor GptImpl::forward(const at::Tensor& tokens) {
   // wpe(arange(T)) is the first T rows of the table: a narrow view gives the
   // same values and the same gradient without the gather and its backward.
   auto x = run_unit(0, [&] {
-    return drop->forward(wte->forward(tokens) + wpe->weight.narrow(0, 0, T));  // [B, T, C] (+ [T, C] broadcast)
+    const int64_t vocab_begin = tp_.rank * wte->weight.size(0);
+    return drop->forward(vocab_parallel_embedding(tokens, wte->weight, vocab_begin, tp_) +
+                         wpe->weight.narrow(0, 0, T));  // [B, T, C] (+ [T, C] broadcast)
   });
   int unit = 1;
   for (const auto& block : *blocks)
     x = run_unit(unit++, [&] { return block->as<Block>()->forward(x); });  // [B, T, C]
-  return run_unit(unit, [&] { return head->forward(ln_f->forward(x)); });  // [B, T, V]
+  return run_unit(unit, [&] { return column_parallel(head, ln_f->forward(x), &tp_); });  // [B, T, V / tp]
+}
+
+void GptImpl::set_tensor_parallel(TpGroup tp) {
+  tp_ = std::move(tp);
+  for (const auto& block : *blocks) {
+    block->as<Block>()->attn->tp = &tp_;
+    block->as<Block>()->mlp->tp = &tp_;
+  }
 }
 
 at::Tensor GptImpl::run_unit(int unit, const std::function<at::Tensor()>& body) {
@@ -198,7 +228,10 @@ int GptImpl::unit_of(const std::string& name) const {
 }
 
 at::Tensor GptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
-  auto logits = forward(tokens);  // [B, T, V]
+  auto logits = forward(tokens);  // [B, T, V / tp]
+  if (tp_.active())
+    return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                                        tp_.rank * logits.size(-1), tp_);
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }
 

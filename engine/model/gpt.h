@@ -6,6 +6,8 @@
 #pragma once
 
 #include <torch/nn/module.h>
+
+#include "engine/model/tp_ops.h"
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
@@ -34,7 +36,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear qkv{nullptr};   // C -> 3C
   torch::nn::Linear proj{nullptr};  // C -> C
   torch::nn::Dropout attn_drop{nullptr}, resid_drop{nullptr};
-  int heads;
+  int heads;                      // of the whole model; this rank computes heads / tp->size
+  const TpGroup* tp = nullptr;    // set by GptImpl::set_tensor_parallel
 
  private:
   // [T, T] additive causal mask (0 on and below the diagonal, -inf above),
@@ -51,6 +54,7 @@ class MlpImpl : public torch::nn::Module {
   torch::nn::Linear fc{nullptr};    // C -> 4C
   torch::nn::Linear proj{nullptr};  // 4C -> C
   torch::nn::Dropout drop{nullptr};
+  const TpGroup* tp = nullptr;
 };
 TORCH_MODULE(Mlp);
 
@@ -98,6 +102,15 @@ class GptImpl : public torch::nn::Module {
   // Not owned; nullptr (the default) runs without hooks.
   void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
 
+  // Tensor parallelism: the caller has already replaced the parameters by
+  // this rank's slices (qkv and mlp.fc rows: column-parallel; attn.proj and
+  // mlp.proj columns: row-parallel; wte and head rows: vocab-parallel);
+  // from now on forward computes local heads and vocab columns and
+  // combines them over `tp`. forward() then returns this rank's vocab
+  // columns of the logits; loss() is the full cross-entropy on every rank.
+  void set_tensor_parallel(TpGroup tp);
+  const TpGroup& tensor_parallel() const { return tp_; }
+
   torch::nn::Embedding wte{nullptr};  // [V, C]
   torch::nn::Embedding wpe{nullptr};  // [T, C]
   torch::nn::Dropout drop{nullptr};
@@ -109,6 +122,7 @@ class GptImpl : public torch::nn::Module {
   at::Tensor run_unit(int unit, const std::function<at::Tensor()>& body);
   GptConfig cfg_;
   UnitHooks* hooks_ = nullptr;
+  TpGroup tp_;
 };
 TORCH_MODULE(Gpt);
 

@@ -1,10 +1,13 @@
 // make_ddp_sync (ddp_sync.h). Clipping: after finish() every dp rank holds
-// the full summed gradient, so this rank's sum of squares IS the global one;
-// all-reducing it over dp would count every gradient dp times.
+// the full summed gradient, so this rank's sum of squares IS the global one
+// over dp (all-reducing it over dp would count every gradient dp times);
+// under tensor parallelism the split parameters' sums add up over tp, and
+// a replicated one is counted by TP rank 0 only.
 #include "engine/parallel/ddp_sync.h"
 
 #include <algorithm>
 #include <cmath>
+#include <ATen/ops/full.h>
 #include <fmt/format.h>
 
 #include "engine/optim/adamw.h"
@@ -12,54 +15,74 @@
 namespace dtrain::engine::parallel {
 namespace {
 
-StateEntry whole(std::string name, const at::Tensor& t) {
-  StateEntry e{std::move(name), t.sizes().vec(), {}, t, ""};
-  for (int64_t d : e.global_shape) e.slice.emplace_back(0, d);
-  return e;
+// All of local tensor t, as entries of the global tensor `name` (several
+// when tensor parallelism keeps several segments of it).
+void add_whole(std::vector<StateEntry>& out, const std::string& name, const ParamLayout& layout,
+               const at::Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> all;
+  for (int64_t d : t.sizes()) all.emplace_back(0, d);
+  for (auto& e : global_entries(name, layout, all, t, /*keyed=*/layout.sharded())) out.push_back(std::move(e));
 }
 
-// Model and AdamW moments, replicated over dp: dp rank 0 writes them, every
-// rank reads all of them.
+// Model and AdamW moments, replicated over dp: dp rank 0 writes them (of a
+// TP-replicated parameter, TP rank 0 of it), every rank reads its own.
 class ReplicatedState : public StateProvider {
  public:
-  ReplicatedState(const std::vector<std::pair<std::string, at::Tensor>>& params, optim::AdamW& opt,
-                  bool writer)
-      : params_(params), opt_(opt), writer_(writer) {}
+  ReplicatedState(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                  const std::vector<ParamLayout>& layouts, optim::AdamW& opt, bool dp_writer)
+      : params_(params), layouts_(layouts), opt_(opt), dp_writer_(dp_writer) {}
 
-  std::vector<StateEntry> save_entries() override { return writer_ ? all() : std::vector<StateEntry>{}; }
-  std::vector<StateEntry> load_entries() override { return all(); }
+  std::vector<StateEntry> save_entries() override {
+    return dp_writer_ ? entries(/*owned_only=*/true) : std::vector<StateEntry>{};
+  }
+  std::vector<StateEntry> load_entries() override { return entries(false); }
 
  private:
-  std::vector<StateEntry> all() {
+  std::vector<StateEntry> entries(bool owned_only) {
     std::vector<StateEntry> out;
     auto& m = opt_.exp_avg();
     auto& v = opt_.exp_avg_sq();
-    for (auto& [name, p] : params_) out.push_back(whole("model/" + name, p));
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!owned_only || layouts_[i].tp_owner) add_whole(out, "model/" + params_[i].first, layouts_[i], params_[i].second);
     for (size_t i = 0; i < params_.size(); ++i) {
-      out.push_back(whole("optim/exp_avg/" + params_[i].first, m[i]));
-      out.push_back(whole("optim/exp_avg_sq/" + params_[i].first, v[i]));
+      if (owned_only && !layouts_[i].tp_owner) continue;
+      add_whole(out, "optim/exp_avg/" + params_[i].first, layouts_[i], m[i]);
+      add_whole(out, "optim/exp_avg_sq/" + params_[i].first, layouts_[i], v[i]);
     }
     return out;
   }
 
   const std::vector<std::pair<std::string, at::Tensor>>& params_;
+  const std::vector<ParamLayout>& layouts_;
   optim::AdamW& opt_;
-  bool writer_;
+  bool dp_writer_;
 };
 
 class DdpSync : public GradSync {
  public:
-  DdpSync(std::vector<std::pair<std::string, at::Tensor>> named_params, comm::Group& dp,
-          DdpOptions options)
-      : params_(std::move(named_params)), dp_(dp), options_(options),
-        ddp_(params_, dp, options), grads_(ddp_.flat_grads()) {}
+  DdpSync(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<ParamLayout> layouts,
+          comm::Group& dp, comm::Group& tp, DdpOptions options)
+      : params_(std::move(named_params)), layouts_(std::move(layouts)), dp_(dp), tp_(tp),
+        options_(options), ddp_(params_, dp, options), grads_(ddp_.flat_grads()) {}
 
   void begin_micro(int, bool last) override { ddp_.set_grad_sync(last); }
 
   SyncStats finish() override { return ddp_.finish_gradient_sync(); }
 
   double clip(double max_norm) override {
-    const double norm = std::sqrt(optim::local_grad_sq_norm(grads_));  // one op per bucket
+    double sq = 0;
+    if (tp_.size() == 1) {
+      sq = optim::local_grad_sq_norm(grads_);  // one op per bucket
+    } else {
+      std::vector<at::Tensor> counted;  // this rank's share of the global gradient
+      for (size_t i = 0; i < params_.size(); ++i)
+        if (layouts_[i].tp_owner) counted.push_back(params_[i].second.grad());
+      at::Tensor t = at::full({1}, optim::local_grad_sq_norm(counted),
+                              at::TensorOptions().dtype(at::kDouble).device(tp_.device()));  // [1]
+      tp_.all_reduce(t);
+      sq = t.item<double>();
+    }
+    const double norm = std::sqrt(sq);
     if (max_norm > 0) optim::scale_grads(grads_, std::min(1.0, max_norm / (norm + 1e-6)));
     return norm;
   }
@@ -84,7 +107,7 @@ class DdpSync : public GradSync {
   }
 
   std::unique_ptr<StateProvider> state(optim::AdamW& optimizer) override {
-    return std::make_unique<ReplicatedState>(params_, optimizer, dp_.rank() == 0);
+    return std::make_unique<ReplicatedState>(params_, layouts_, optimizer, dp_.rank() == 0);
   }
 
   std::string describe() const override {
@@ -95,7 +118,9 @@ class DdpSync : public GradSync {
 
  private:
   std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<ParamLayout> layouts_;
   comm::Group& dp_;
+  comm::Group& tp_;
   DdpOptions options_;
   Ddp ddp_;
   std::vector<at::Tensor> grads_;  // the flat buckets
@@ -104,8 +129,9 @@ class DdpSync : public GradSync {
 }  // namespace
 
 std::unique_ptr<GradSync> make_ddp_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
-                                        comm::Group& dp, DdpOptions options) {
-  return std::make_unique<DdpSync>(std::move(named_params), dp, options);
+                                        std::vector<ParamLayout> layouts, comm::Group& dp,
+                                        comm::Group& tp, DdpOptions options) {
+  return std::make_unique<DdpSync>(std::move(named_params), std::move(layouts), dp, tp, options);
 }
 
 }  // namespace dtrain::engine::parallel

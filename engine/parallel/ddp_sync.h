@@ -9,10 +9,14 @@
 
 #include "engine/parallel/ddp.h"
 #include "engine/parallel/grad_sync.h"
+#include "engine/parallel/param_layout.h"
 
 namespace dtrain::engine::parallel {
 
+// layouts: where each parameter sits in the global model (tensor
+// parallelism); tp: the group over which sharded parameters' norms add up.
 std::unique_ptr<GradSync> make_ddp_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
-                                        comm::Group& dp, DdpOptions options);
+                                        std::vector<ParamLayout> layouts, comm::Group& dp,
+                                        comm::Group& tp, DdpOptions options);
 
 }  // namespace dtrain::engine::parallel

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "engine/parallel/ddp_sync.h"
 #include "engine/parallel/schedule.h"
+#include "engine/parallel/tensor/tensor_parallel.h"
 #include "engine/parallel/zero/zero_sync.h"
 
 namespace dtrain::engine::parallel {
@@ -27,7 +28,13 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   // 1. Pipeline split: none yet (pp = 1 is checked at set-up); the whole
   //    model is this rank's one stage, run by the plain micro-step loop.
   out.schedule = make_no_pipeline();
-  // 2. Tensor parallelism: none yet (tp = 1).
+  // 2. Tensor parallelism over the tp group: split layers keep their slices.
+  comm::Group& tp = comm.axis("tp");
+  if (tp.size() > 1) {
+    out.parts.layouts = apply_tensor_parallel(*out.parts.model, out.parts.named_params, tp);
+  } else {
+    for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
+  }
   // 3. Activation checkpointing: none yet.
   // 4. Expert parallelism: none yet (ep = 1).
   // 5. Data parallelism over the dp group: ZeRO (sharded) or DDP (replicated).
@@ -40,15 +47,15 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     z.fault_no_grad_sync = no_grad_sync;
     std::vector<int> unit_of;
     for (auto& [name, p] : out.parts.named_params) unit_of.push_back(out.parts.model->unit_of(name));
-    out.grad_sync = make_zero_sync(out.parts.named_params, std::move(unit_of), *out.parts.model,
-                                   comm.axis("dp"), z);
+    out.grad_sync = make_zero_sync(out.parts.named_params, out.parts.layouts, std::move(unit_of),
+                                   *out.parts.model, comm.axis("dp"), tp, z);
     return out;
   }
   DdpOptions dopt;
   dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
   dopt.overlap = spec.parallel.ddp_overlap;
   dopt.fault_no_grad_sync = no_grad_sync;
-  out.grad_sync = make_ddp_sync(out.parts.named_params, comm.axis("dp"), dopt);
+  out.grad_sync = make_ddp_sync(out.parts.named_params, out.parts.layouts, comm.axis("dp"), tp, dopt);
   return out;
 }
 

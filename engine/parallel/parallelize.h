@@ -16,6 +16,7 @@
 #include "engine/comm/comm.h"
 #include "engine/model/gpt.h"
 #include "engine/parallel/grad_sync.h"
+#include "engine/parallel/param_layout.h"
 
 namespace dtrain::engine::parallel {
 
@@ -24,6 +25,7 @@ namespace dtrain::engine::parallel {
 struct ModelParts {
   model::Gpt model{nullptr};
   std::vector<std::pair<std::string, at::Tensor>> named_params;
+  std::vector<ParamLayout> layouts;  // per named_params entry: where it sits in the global model
 };
 
 class Schedule;

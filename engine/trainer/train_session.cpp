@@ -27,7 +27,6 @@ void check_supported(const JobSpec& spec) {
       problems.push_back(std::string("parallel.") + name + " = " + std::to_string(v) +
                          " is not implemented by the builtin engine yet; use " + name + " 1");
   };
-  axis("tp", spec.parallel.tp);
   axis("pp", spec.parallel.pp);
   axis("ep", spec.parallel.ep);
   if (spec.train.precision != "fp32" && spec.train.precision != "bf16")
@@ -68,6 +67,7 @@ std::unique_ptr<optim::AdamW> make_optimizer(const JobSpec& spec, parallel::Opti
   o.lr = spec.train.lr;
   o.beta1 = spec.train.beta1;
   o.beta2 = spec.train.beta2;
+  o.eps = spec.train.adam_eps;
   o.weight_decay = spec.train.weight_decay;
   return std::make_unique<optim::AdamW>(std::move(p.params), std::move(p.decay), o, std::move(p.grads));
 }
@@ -120,6 +120,7 @@ std::unique_ptr<TrainSession> make_train_session() {
   model::Gpt model(gpt_config(spec.model), spec.job.seed);
   model->to(s->device);
   model->train();
+  const int64_t model_params = model->num_params();  // the whole model, before any split
   s->par = parallel::parallelize(spec, *s->comm, std::move(model));
   s->optimizer = make_optimizer(spec, s->par.grad_sync->optimizer_params());
   s->state = s->par.grad_sync->state(*s->optimizer);
@@ -136,7 +137,7 @@ std::unique_ptr<TrainSession> make_train_session() {
   if (s->is_log_rank())
     DTRAIN_INFO("model gpt: {} parameters ({} tensors); data {} samples of {} tokens; {}; "
                 "schedule {}; device {}, {}",
-                s->par.parts.model->num_params(), s->par.parts.named_params.size(),
+                model_params, s->par.parts.named_params.size(),
                 s->data->num_samples(), spec.model.seq_len, s->par.grad_sync->describe(),
                 s->par.schedule->name(), s->device.str(), spec.train.precision);
   return s;

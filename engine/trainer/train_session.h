@@ -46,7 +46,7 @@ struct TrainSession {
 // Reads WorldInfo and DTRAIN_SPEC, sets one intra-op thread, picks the
 // device (cuda:LOCAL_RANK for cluster.device cuda), builds the groups
 // (collective) and everything else. Throws dtrain::Error(config) for layouts
-// this engine does not run yet (tp, pp, ep, fp16).
+// this engine does not run yet (pp, ep, fp16).
 std::unique_ptr<TrainSession> make_train_session();
 
 }  // namespace dtrain::engine::trainer

@@ -61,8 +61,10 @@ struct Unit {
 struct ZeroState : std::enable_shared_from_this<ZeroState> {
   ZeroOptions options;
   comm::Group* dp = nullptr;
+  comm::Group* tp = nullptr;
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
+  std::vector<ParamLayout> layouts;
   std::vector<int> unit_of;
   FlatLayout layout;
   std::vector<Unit> units;
@@ -225,47 +227,51 @@ class GatherHooks : public model::UnitHooks {
   std::weak_ptr<ZeroState> state_;
 };
 
-StateEntry whole(std::string name, const at::Tensor& t) {
-  StateEntry e{std::move(name), t.sizes().vec(), {}, t, ""};
-  for (int64_t d : e.global_shape) e.slice.emplace_back(0, d);
-  return e;
-}
-
 // The checkpoint's view: each rank writes its pieces of every parameter
-// and of both AdamW moments as rectangular slices of the named tensors.
+// and of both AdamW moments as rectangular slices of the named tensors
+// (of a TP-replicated parameter, only TP rank 0 writes).
 class ShardedState : public StateProvider {
  public:
   ShardedState(std::shared_ptr<ZeroState> s, optim::AdamW& opt) : s_(std::move(s)), opt_(opt) {}
 
-  std::vector<StateEntry> save_entries() override { return pieces(/*with_model=*/true); }
+  std::vector<StateEntry> save_entries() override { return pieces(/*with_model=*/true, /*owned_only=*/true); }
   std::vector<StateEntry> load_entries() override {
-    if (s_->stage() == 3) return pieces(true);
+    if (s_->stage() == 3) return pieces(true, false);
     // ZeRO-1/2 hold every parameter whole: read them whole (no gather
     // after loading), and the moments of this rank's shard.
     std::vector<StateEntry> out;
-    for (size_t i = 0; i < s_->params.size(); ++i) out.push_back(whole("model/" + s_->names[i], s_->params[i]));
-    for (auto& e : pieces(false)) out.push_back(std::move(e));
+    for (size_t i = 0; i < s_->params.size(); ++i) {
+      const at::Tensor& p = s_->params[i];
+      std::vector<std::pair<int64_t, int64_t>> all;
+      for (int64_t d : p.sizes()) all.emplace_back(0, d);
+      for (auto& e : global_entries("model/" + s_->names[i], s_->layouts[i], all, p, false)) out.push_back(std::move(e));
+    }
+    for (auto& e : pieces(false, false)) out.push_back(std::move(e));
     return out;
   }
 
  private:
+  // Piece pc of a (local) parameter, its values the 1-D `flat`: cut into
+  // rectangular blocks of the local tensor, each mapped to the global one.
   void add(std::vector<StateEntry>& out, const std::string& name, const Piece& pc, const at::Tensor& flat) {
     const at::Tensor& p = s_->params[size_t(pc.param)];
+    const ParamLayout& layout = s_->layouts[size_t(pc.param)];
     int64_t off = 0;
     for (auto& block : zero::flat_range_blocks(p.sizes().vec(), pc.begin, pc.end)) {
       std::vector<int64_t> shape;
       int64_t count = 1;
       for (auto& r : block) shape.push_back(r.second - r.first), count *= r.second - r.first;
-      out.push_back({name, p.sizes().vec(), block, flat.narrow(0, off, count).view(shape),
-                     name + "#" + std::to_string(pc.begin + off)});
+      for (auto& e : global_entries(name, layout, block, flat.narrow(0, off, count).view(shape), true))
+        out.push_back(std::move(e));
       off += count;
     }
   }
-  std::vector<StateEntry> pieces(bool with_model) {
+  std::vector<StateEntry> pieces(bool with_model, bool owned_only) {
     std::vector<StateEntry> out;
     const auto& pcs = s_->layout.pieces;
     for (size_t k = 0; k < pcs.size(); ++k) {
       const Piece& pc = pcs[k];
+      if (owned_only && !s_->layouts[size_t(pc.param)].tp_owner) continue;
       const std::string& n = s_->names[size_t(pc.param)];
       if (with_model)
         add(out, "model/" + n, pc,
@@ -282,12 +288,15 @@ class ShardedState : public StateProvider {
 
 class ZeroSync : public GradSync {
  public:
-  ZeroSync(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<int> unit_of,
-           model::GptImpl& model, comm::Group& dp, ZeroOptions options)
+  ZeroSync(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<ParamLayout> layouts,
+           std::vector<int> unit_of, model::GptImpl& model, comm::Group& dp, comm::Group& tp,
+           ZeroOptions options)
       : s_(std::make_shared<ZeroState>()), model_(model) {
     ZeroState& s = *s_;
     s.options = options;
     s.dp = &dp;
+    s.tp = &tp;
+    s.layouts = std::move(layouts);
     s.unit_of = std::move(unit_of);
     std::vector<int64_t> numel;
     for (auto& [name, p] : named_params) {
@@ -346,12 +355,22 @@ class ZeroSync : public GradSync {
   }
 
   // Each rank's shard holds distinct elements: the partial sums of squares
-  // add up over dp to the global one, every element counted once.
+  // add up over dp (and, for TP-split parameters, over tp) to the global
+  // one, every element counted once (a TP-replicated one by TP rank 0).
   double clip(double max_norm) override {
     ZeroState& s = *s_;
     at::NoGradGuard no_grad;
     at::Tensor sq = at::zeros({1}, s.units.front().grad_shard.options().dtype(at::kDouble));  // [1]
-    for (auto& u : s.units) sq.add_(at::sum(u.grad_shard.mul(u.grad_shard), at::kDouble));
+    if (s.tp->size() == 1) {
+      for (auto& u : s.units) sq.add_(at::sum(u.grad_shard.mul(u.grad_shard), at::kDouble));
+    } else {
+      for (const Piece& pc : s.layout.pieces) {
+        if (!s.layouts[size_t(pc.param)].tp_owner) continue;
+        at::Tensor g = s.units[size_t(pc.unit)].grad_shard.narrow(0, pc.shard_offset, pc.end - pc.begin);
+        sq.add_(at::sum(g.mul(g), at::kDouble));
+      }
+      s.tp->all_reduce(sq);
+    }
     if (s.dp->size() > 1) s.dp->all_reduce(sq);
     const double norm = std::sqrt(sq.item<double>());
     if (max_norm > 0) {
@@ -483,12 +502,14 @@ class ZeroSync : public GradSync {
 }  // namespace
 
 std::unique_ptr<GradSync> make_zero_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
-                                         std::vector<int> unit_of, model::GptImpl& model,
-                                         comm::Group& dp, ZeroOptions options) {
+                                         std::vector<ParamLayout> layouts, std::vector<int> unit_of,
+                                         model::GptImpl& model, comm::Group& dp, comm::Group& tp,
+                                         ZeroOptions options) {
   if (options.stage < 1 || options.stage > 3)
     throw Error(ErrorCode::config, "parallel.zero = " + std::to_string(options.stage) + " is not a ZeRO stage",
                 "use 0 (DDP), 1, 2 or 3");
-  return std::make_unique<ZeroSync>(std::move(named_params), std::move(unit_of), model, dp, options);
+  return std::make_unique<ZeroSync>(std::move(named_params), std::move(layouts), std::move(unit_of), model,
+                                    dp, tp, options);
 }
 
 }  // namespace dtrain::engine::parallel

@@ -21,6 +21,7 @@
 #include "engine/comm/comm.h"
 #include "engine/model/gpt.h"
 #include "engine/parallel/grad_sync.h"
+#include "engine/parallel/param_layout.h"
 
 namespace dtrain::engine::parallel {
 
@@ -33,10 +34,13 @@ struct ZeroOptions {
 
 // named_params: the model's parameters in registration order (fp32,
 // contiguous, on dp.device()), all initialised identically on every rank;
-// unit_of[i]: the unit of parameter i (model->unit_of). ZeRO-3 installs its
-// gather/free hooks on `model`, which must outlive the result.
+// layouts[i]: where parameter i sits in the global model (tensor
+// parallelism; its norms add up over `tp`); unit_of[i]: its unit
+// (model->unit_of). ZeRO-3 installs its gather/free hooks on `model`, which
+// must outlive the result.
 std::unique_ptr<GradSync> make_zero_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
-                                         std::vector<int> unit_of, model::GptImpl& model,
-                                         comm::Group& dp, ZeroOptions options);
+                                         std::vector<ParamLayout> layouts, std::vector<int> unit_of,
+                                         model::GptImpl& model, comm::Group& dp, comm::Group& tp,
+                                         ZeroOptions options);
 
 }  // namespace dtrain::engine::parallel

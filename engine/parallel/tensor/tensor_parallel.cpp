@@ -1,0 +1,75 @@
+// apply_tensor_parallel (tensor_parallel.h): which parameter splits how, by
+// its name, and the slicing itself.
+#include "engine/parallel/tensor/tensor_parallel.h"
+
+#include <ATen/ops/cat.h>
+#include <c10/core/GradMode.h>
+
+#include "common/error.h"
+
+namespace dtrain::engine::parallel {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// This rank's part along `dim` of global parameter `p`: `parts` equal
+// blocks of the dim (1 for most, 3 for qkv = [q; k; v]), of each the
+// rank's 1/n.
+ParamLayout split(const at::Tensor& p, int dim, int parts, int rank, int n) {
+  ParamLayout l = ParamLayout::whole(p);
+  l.dim = dim;
+  const int64_t block = p.size(dim) / parts, mine = block / n;
+  int64_t local = 0;
+  for (int j = 0; j < parts; ++j) {
+    l.segments.push_back({local, local + mine, j * block + rank * mine});
+    local += mine;
+  }
+  return l;
+}
+
+}  // namespace
+
+std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
+                                               const std::vector<std::pair<std::string, at::Tensor>>& named_params,
+                                               comm::Group& tp) {
+  const int n = tp.size(), r = tp.rank();
+  const auto& cfg = model.config();
+  for (auto [what, v] : {std::pair{"model.heads", cfg.heads}, {"model.d_model", cfg.d_model}, {"model.vocab", cfg.vocab}})
+    if (v % n != 0)
+      throw Error(ErrorCode::config, std::string(what) + " = " + std::to_string(v) + " is not divisible by parallel.tp = " +
+                                         std::to_string(n), "choose a tp that divides heads, d_model and vocab");
+  std::vector<ParamLayout> layouts;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, p] : named_params) {
+    ParamLayout l = ParamLayout::whole(p);
+    if (ends_with(name, "attn.qkv.weight") || ends_with(name, "attn.qkv.bias"))
+      l = split(p, 0, 3, r, n);  // column-parallel by heads, q, k and v alike
+    else if (ends_with(name, "mlp.fc.weight") || ends_with(name, "mlp.fc.bias") || name == "wte.weight" ||
+             name == "head.weight")
+      l = split(p, 0, 1, r, n);  // column-parallel rows / vocab-parallel rows
+    else if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight"))
+      l = split(p, 1, 1, r, n);  // row-parallel: input columns
+    if (l.sharded()) {
+      std::vector<at::Tensor> pieces;
+      for (const auto& s : l.segments) pieces.push_back(p.narrow(l.dim, s.global_begin, s.local_end - s.local_begin));
+      at::Tensor local = at::cat(pieces, l.dim).contiguous();  // this rank's slice, [local shape]
+      at::Tensor param = p;
+      param.set_data(local);
+    } else {
+      l.tp_owner = r == 0;  // replicated over TP: rank 0 counts and writes it
+    }
+    layouts.push_back(std::move(l));
+  }
+  comm::Group* group = &tp;
+  model::TpGroup g;
+  g.rank = r;
+  g.size = n;
+  g.sum = [group](at::Tensor& t) { group->all_reduce(t); };
+  g.max = [group](at::Tensor& t) { group->all_reduce(t, /*async=*/false, comm::ReduceOp::max); };
+  model.set_tensor_parallel(std::move(g));
+  return layouts;
+}
+
+}  // namespace dtrain::engine::parallel

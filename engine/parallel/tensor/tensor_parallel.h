@@ -1,0 +1,30 @@
+// Tensor parallelism (Megatron-LM) for the GPT: each TP rank keeps its slice
+// of every split parameter (attention by heads: qkv column-parallel, the
+// output projection row-parallel; the MLP's fc column-parallel and proj
+// row-parallel; the token embedding and the head vocab-parallel) and the
+// model combines them over the TP group (model/tp_ops.h: 2 all-reduces
+// forward and 2 backward per block). LayerNorms, wpe and row-parallel
+// biases stay whole on every TP rank, with identical gradients.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/comm/comm.h"
+#include "engine/model/gpt.h"
+#include "engine/parallel/param_layout.h"
+
+namespace dtrain::engine::parallel {
+
+// Replaces the parameters of `model` (full and identical on every rank) by
+// this rank's slices, installs the TP group in the model and returns each
+// parameter's layout, in the order of named_params. tp.size() must divide
+// heads, d_model and vocab (the spec checks; this throws otherwise).
+std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
+                                               const std::vector<std::pair<std::string, at::Tensor>>& named_params,
+                                               comm::Group& tp);
+
+}  // namespace dtrain::engine::parallel
