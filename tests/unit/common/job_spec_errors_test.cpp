@@ -232,12 +232,13 @@ TEST_CASE("spec errors: all problems are collected into one error") {
   CHECK(has(e, "problems in t.yaml"));
   CHECK(has(e, "cluster.device = tpu"));
   CHECK(has(e, "parallel.tp = 3 does not divide model.heads = 4"));
+  CHECK(has(e, "parallel.tp = 3 does not divide model.vocab = 256"));
   CHECK(has(e, "dp(2) * tp(3) * pp(1) = 6 != cluster.nodes(1) * cluster.procs_per_node(4) = 4"));
   CHECK(has(e, "parallel.zero = 9"));
   CHECK(has(e, "train.precision = fp8"));
   CHECK(has(e, "train.micro_batch = 0"));
   CHECK(has(e, "unknown key 'extra'"));
-  CHECK(count(e, "\n  t.yaml:") == 7);
+  CHECK(count(e, "\n  t.yaml:") == 8);
   // Listed in file order.
   CHECK(e.find("cluster.device = tpu") < e.find("parallel.zero = 9"));
   CHECK(e.find("train.micro_batch = 0") < e.find("unknown key 'extra'"));
