@@ -8,6 +8,7 @@
 #include "engine/model/gpt.h"
 
 #include "common/error.h"
+#include "engine/random/philox.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -77,6 +78,29 @@ at::Tensor row_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGroup
 
 }  // namespace
 
+// Dropout whose mask is a function of each element's place in the global
+// batch (DESIGN.md 6.2): dim 0 is this micro-batch's rows of the global
+// batch; split_dim (if any) is this rank's [split_begin, ...) of a global
+// extent split_global (attention heads under TP).
+at::Tensor invariant_dropout(const at::Tensor& x, double p, bool training, const DropoutPosition* pos,
+                             int layer, random::DropoutSite site, int split_dim = -1,
+                             int64_t split_global = 0, int64_t split_begin = 0) {
+  if (!training || p == 0.0) return x;
+  const DropoutPosition d = pos ? *pos : DropoutPosition{};
+  std::vector<int64_t> global = x.sizes().vec();
+  std::vector<std::pair<int64_t, int64_t>> slice;
+  for (int64_t n : global) slice.emplace_back(0, n);
+  if (d.global_rows > 0) {
+    global[0] = d.global_rows;
+    slice[0] = {d.row_begin, d.row_begin + x.size(0)};
+  }
+  if (split_dim >= 0) {
+    global[size_t(split_dim)] = split_global;
+    slice[size_t(split_dim)] = {split_begin, split_begin + x.size(split_dim)};
+  }
+  return random::layout_invariant_dropout(x, p, true, {d.seed, d.step, layer, site}, global, slice);
+}
+
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t tp_size = tp ? tp->size : 1;
@@ -87,14 +111,19 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   auto qkv_heads = qkv_out.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().view({3, B * H, T, D});
   auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];  // [B*H, T, D] each
 
-  if (!x.device().is_cpu()) {
+  const double p = attn_drop->options.p();
+  auto resid = [&](const at::Tensor& y) {  // [B, T, C] (full width after the row-parallel sum)
+    return invariant_dropout(row_parallel(proj, y, tp), p, is_training(), position, layer,
+                             random::DropoutSite::attn_resid);
+  };
+  if (!x.device().is_cpu() && !(is_training() && p > 0.0)) {
     // On a GPU: PyTorch's fused causal attention (FlashAttention-style
-    // kernels), never materialising [B*H, T, T].
-    const double p = is_training() ? attn_drop->options.p() : 0.0;
+    // kernels), never materialising [B*H, T, T]. (With dropout on, the
+    // explicit path below draws the layout-invariant mask.)
     auto y = at::scaled_dot_product_attention(q.view({B, H, T, D}), k.view({B, H, T, D}),
-                                              v.view({B, H, T, D}), /*attn_mask=*/{}, p,
+                                              v.view({B, H, T, D}), /*attn_mask=*/{}, 0.0,
                                               /*is_causal=*/true);  // [B, H, T, D]
-    return resid_drop->forward(row_parallel(proj, y.transpose(1, 2).reshape({B, T, C}), tp));
+    return resid(y.transpose(1, 2).reshape({B, T, C}));
   }
   // Causal mask: position t attends to positions <= t only. Fused into the
   // score GEMM as an additive bias (beta 1), with the 1/sqrt(D) scale as its
@@ -107,10 +136,13 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   auto att = at::baddbmm(causal_bias_, q, k.transpose(1, 2), /*beta=*/1.0,
                          /*alpha=*/1.0 / std::sqrt(double(D)));  // [B*H, T, T]
   att = at::softmax(att, /*dim=*/-1);
-  att = attn_drop->forward(att);
+  const int64_t tp_rank = tp ? tp->rank : 0;
+  att = invariant_dropout(att.view({B, H, T, T}), p, is_training(), position, layer,
+                          random::DropoutSite::attn_probs, /*split_dim=*/1, heads, tp_rank * H)
+            .view({B * H, T, T});
   auto y = at::bmm(att, v);                                             // [B*H, T, D]
   y = y.view({B, H, T, D}).transpose(1, 2).reshape({B, T, C});          // [B, T, C]
-  return resid_drop->forward(row_parallel(proj, y, tp));
+  return resid(y);
 }
 
 // ---------------------------------------------------------------------------
@@ -124,7 +156,8 @@ MlpImpl::MlpImpl(const GptConfig& cfg) {
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
   auto h = at::gelu(column_parallel(fc, x, tp));  // [B, T, 4C / tp]
-  return drop->forward(row_parallel(proj, h, tp));  // [B, T, C]
+  return invariant_dropout(row_parallel(proj, h, tp), drop->options.p(), is_training(), position, layer,
+                           random::DropoutSite::mlp_resid);  // [B, T, C]
 }
 
 // ---------------------------------------------------------------------------
@@ -153,7 +186,12 @@ GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed) : cfg_(cfg) {
   wpe = register_module("wpe", torch::nn::Embedding(cfg.seq_len, cfg.d_model));
   drop = register_module("drop", torch::nn::Dropout(cfg.dropout));
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int i = 0; i < cfg.layers; ++i) blocks->push_back(Block(cfg));
+  for (int i = 0; i < cfg.layers; ++i) {
+    Block block(cfg);
+    block->attn->layer = block->mlp->layer = i;
+    block->attn->position = block->mlp->position = &position_;
+    blocks->push_back(block);
+  }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
   // Untied from wte (GPT-2 ties them): keeps TP/PP sharding of the head
   // independent of the embedding's placement, at the cost of V*C parameters.
@@ -194,8 +232,10 @@ at::Tensor GptImpl::forward(const at::Tensor& tokens) {
   // same values and the same gradient without the gather and its backward.
   auto x = run_unit(0, [&] {
     const int64_t vocab_begin = tp_.rank * wte->weight.size(0);
-    return drop->forward(vocab_parallel_embedding(tokens, wte->weight, vocab_begin, tp_) +
-                         wpe->weight.narrow(0, 0, T));  // [B, T, C] (+ [T, C] broadcast)
+    return invariant_dropout(vocab_parallel_embedding(tokens, wte->weight, vocab_begin, tp_) +
+                                 wpe->weight.narrow(0, 0, T),
+                             drop->options.p(), is_training(), &position_, 0,
+                             random::DropoutSite::embedding);  // [B, T, C] (+ [T, C] broadcast)
   });
   int unit = 1;
   for (const auto& block : *blocks)

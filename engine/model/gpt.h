@@ -29,6 +29,17 @@ struct GptConfig {
   double dropout = 0.0;
 };
 
+// Where the current micro-batch sits in the step's global batch, for
+// dropout masks that do not depend on the layout (DESIGN.md 6.2): the
+// optimizer step, the global batch size and the global row of this
+// micro-batch's first sample. The default is one process's first micro-step.
+struct DropoutPosition {
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int64_t global_rows = 0;  // 0: this micro-batch is the whole batch
+  int64_t row_begin = 0;
+};
+
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GptConfig& cfg);
@@ -37,7 +48,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear proj{nullptr};  // C -> C
   torch::nn::Dropout attn_drop{nullptr}, resid_drop{nullptr};
   int heads;                      // of the whole model; this rank computes heads / tp->size
+  int layer = 0;                  // global block index (dropout streams)
   const TpGroup* tp = nullptr;    // set by GptImpl::set_tensor_parallel
+  const DropoutPosition* position = nullptr;  // set by GptImpl
 
  private:
   // [T, T] additive causal mask (0 on and below the diagonal, -inf above),
@@ -54,7 +67,9 @@ class MlpImpl : public torch::nn::Module {
   torch::nn::Linear fc{nullptr};    // C -> 4C
   torch::nn::Linear proj{nullptr};  // 4C -> C
   torch::nn::Dropout drop{nullptr};
+  int layer = 0;
   const TpGroup* tp = nullptr;
+  const DropoutPosition* position = nullptr;
 };
 TORCH_MODULE(Mlp);
 
@@ -109,6 +124,8 @@ class GptImpl : public torch::nn::Module {
   // combines them over `tp`. forward() then returns this rank's vocab
   // columns of the logits; loss() is the full cross-entropy on every rank.
   void set_tensor_parallel(TpGroup tp);
+  // Before each micro-batch's forward: where it sits (dropout masks).
+  void set_dropout_position(const DropoutPosition& p) { position_ = p; }
   const TpGroup& tensor_parallel() const { return tp_; }
 
   torch::nn::Embedding wte{nullptr};  // [V, C]
@@ -123,6 +140,7 @@ class GptImpl : public torch::nn::Module {
   GptConfig cfg_;
   UnitHooks* hooks_ = nullptr;
   TpGroup tp_;
+  DropoutPosition position_;
 };
 TORCH_MODULE(Gpt);
 

@@ -48,6 +48,7 @@ class NoPipeline : public Schedule {
     for (int micro = 0; micro < options.grad_accum; ++micro) {
       sync.begin_micro(micro, micro == options.grad_accum - 1);
       batches.micro_batch(micro, inputs_, targets_);  // [B, T] each
+      parts.model->set_dropout_position({options.seed, options.step, batches.global_rows(), batches.row_begin(micro)});
       at::Tensor loss;
       {
         AutocastScope autocast(type, options.bf16);

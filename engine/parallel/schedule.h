@@ -19,6 +19,10 @@ class BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual void micro_batch(int micro, at::Tensor& inputs, at::Tensor& targets) = 0;
+  // The step's global batch size in samples, and the global row of
+  // micro-batch `micro`'s first sample (dropout masks, DESIGN.md 6.2).
+  virtual int64_t global_rows() const = 0;
+  virtual int64_t row_begin(int micro) const = 0;
 };
 
 struct StepOptions {
@@ -27,6 +31,8 @@ struct StepOptions {
   // share of the global batch: DESIGN.md section 8).
   double loss_scale = 1.0;
   bool bf16 = false;  // autocast the forward to bf16
+  uint64_t seed = 0;  // job.seed, and the 0-based optimizer step: dropout streams
+  int64_t step = 0;
 };
 
 class Schedule {

@@ -46,6 +46,13 @@ class SamplerBatches : public parallel::BatchSource {
     inputs = s_.inputs_dev;
     targets = s_.targets_dev;
   }
+  // DistributedSampler's order: dp rank d holds rows [d * mb * ga, (d+1) * mb * ga)
+  // of the step's global batch, micro-step m the m-th mb of them.
+  int64_t global_rows() const override { return s_.spec.global_batch(); }
+  int64_t row_begin(int micro) const override {
+    const auto& t = s_.spec.train;
+    return int64_t(s_.dp->rank()) * t.micro_batch * t.grad_accum + int64_t(micro) * t.micro_batch;
+  }
 
  private:
   TrainSession& s_;
@@ -63,6 +70,8 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   // global-batch mean loss (micro-batches hold equal token counts).
   opt.loss_scale = 1.0 / (double(opt.grad_accum) * double(s.dp->size()));
   opt.bf16 = s.spec.train.precision == "bf16";
+  opt.seed = s.spec.job.seed;
+  opt.step = step;
   SamplerBatches batches(s);
   StepResult r;
   r.local_loss_sum = s.par.schedule->run(s.par.parts, *s.par.grad_sync, batches, opt);

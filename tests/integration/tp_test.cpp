@@ -92,6 +92,23 @@ TEST_CASE("tp parity: dp 2 x tp 2 with DDP, ZeRO-1 and ZeRO-3") {
   tp_parity("dp2_tp2_zero3", 2, 2, 2, {"parallel.zero=3"});
 }
 
+TEST_CASE("dropout 0.1 draws the same masks in every layout: dp 4, dp 2 x grad_accum 2, tp 2, dp 2 x tp 2 ZeRO-3") {
+  const std::vector<std::string> drop = {"model.dropout=0.1"};
+  const RunResult& ref = cached("ref_dropout", with(drop, {"model.heads=2", "train.micro_batch=8"}));
+  // Dropout is really on: the run differs from the one without it.
+  const RunResult& plain = reference(2);
+  double moved = 0;
+  for (size_t i = 0; i < ref.losses.size(); ++i) moved = std::max(moved, std::fabs(ref.losses[i] - plain.losses[i]));
+  MESSAGE("dropout 0.1 vs 0 on one process: max loss difference " << moved);
+  CHECK(moved > 1e-3);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
+      {"drop_dp4", with(layout(4, 1, 2), drop)},
+      {"drop_dp2_ga2", with(layout(2, 1, 2), with(drop, {"train.micro_batch=2", "train.grad_accum=2"}))},
+      {"drop_tp2", with(layout(1, 2, 2), drop)},
+      {"drop_dp2_tp2_zero3", with(layout(2, 2, 2), with(drop, {"parallel.zero=3"}))}};
+  for (const auto& [name, sets] : layouts) compare(name + " vs 1 process, dropout 0.1", cached(name, sets), nullptr, ref);
+}
+
 TEST_CASE("a tp 2 checkpoint resumes at tp 1 and at tp 4 within 1e-5 of the straight run") {
   auto& p = Parity::get();
   // The straight tp 2 run, with step_10 kept.
