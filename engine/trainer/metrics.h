@@ -30,6 +30,7 @@ struct StepReport {
   double sync_wait_s = 0; // exposed gradient all-reduce time (Ddp::finish_gradient_sync)
   int buckets_in_backward = 0;  // DDP buckets whose all-reduce started during backward
   int64_t dp_bytes_sent = 0;    // bytes this rank sent through the dp group in the step
+  int64_t tp_bytes_sent = 0;    // ... and through the tp group (forward and backward)
 };
 
 struct MetricsOptions {

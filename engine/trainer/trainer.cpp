@@ -26,7 +26,7 @@ struct StepResult {
   double grad_norm = 0;
   double lr = 0;
   double step_s = 0;
-  int64_t dp_bytes_sent = 0;
+  int64_t dp_bytes_sent = 0, tp_bytes_sent = 0;
   parallel::SyncStats sync;
 };
 
@@ -61,6 +61,7 @@ class SamplerBatches : public parallel::BatchSource {
 StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   device::reset_cpu_peak();  // the step's peak, reported with its metrics
   s.dp->reset_bytes_sent();
+  s.comm->axis("tp").reset_bytes_sent();
   timer.start();
   checkpoint::fault_in_step(s.spec.fault, s.info, step + 1);  // fault.kind slow: inside the timed step
   parallel::StepOptions opt;
@@ -84,6 +85,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   s.sampler->advance();
   r.step_s = timer.stop_s();
   r.dp_bytes_sent = int64_t(s.dp->bytes_sent());
+  r.tp_bytes_sent = int64_t(s.comm->axis("tp").bytes_sent());
   return r;
 }
 
@@ -139,7 +141,7 @@ int run_training() {
     StepResult r = train_step(s, step, timer);
     run_peak = std::max(run_peak, device::cpu_peak_bytes());
     StepReport report{step + 1, 0.0, r.lr, r.grad_norm, r.step_s, r.sync.wait_s,
-                      r.sync.launched_in_backward, r.dp_bytes_sent};
+                      r.sync.launched_in_backward, r.dp_bytes_sent, r.tp_bytes_sent};
     const bool logged = metrics.should_log(step + 1);
     if (logged) report.loss = global_mean_loss(s, r.local_loss_sum);
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
