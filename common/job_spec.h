@@ -52,6 +52,8 @@ struct ParallelSpec {
   // (false: keep them until its backward, ZeRO-2's memory for less traffic).
   bool fsdp_reshard_after_forward = true;
   bool fsdp_prefetch = true;  // gather the next unit while this one computes
+  // Megatron sequence parallelism (tp > 1): LayerNorm/dropout regions split along T.
+  bool sequence_parallel = false;
 };
 
 struct ModelSpec {

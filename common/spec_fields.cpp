@@ -42,6 +42,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("parallel.ddp.overlap", parallel.ddp_overlap),
       DTRAIN_FIELD("parallel.fsdp.reshard_after_forward", parallel.fsdp_reshard_after_forward),
       DTRAIN_FIELD("parallel.fsdp.prefetch", parallel.fsdp_prefetch),
+      DTRAIN_FIELD("parallel.sequence_parallel", parallel.sequence_parallel),
       DTRAIN_FIELD("model.kind", model.kind),
       DTRAIN_FIELD("model.vocab", model.vocab),
       DTRAIN_FIELD("model.layers", model.layers),

@@ -186,6 +186,11 @@ void check_divisibility(const Checker& c) {
     c.error("parallel.tp", "parallel.tp = " + str(p.tp) + " does not divide model.vocab = " +
                                str(m.vocab) + " (the embedding and the head are split by vocab rows); " +
                                choices("tp", m.vocab, domain));
+  if (p.sequence_parallel && !c.bad({"parallel.tp", "model.seq_len"}) && p.tp >= 1 && m.seq_len >= 1 &&
+      m.seq_len % p.tp != 0)
+    c.error("parallel.sequence_parallel", "parallel.sequence_parallel needs model.seq_len = " + str(m.seq_len) +
+                                              " divisible by parallel.tp = " + str(p.tp) + "; " +
+                                              choices("tp", m.seq_len, domain));
   if (!c.bad({"parallel.pp", "model.layers"}) && p.pp >= 1 && m.layers >= 1 &&
       m.layers % p.pp != 0)
     c.error("parallel.pp", "parallel.pp = " + str(p.pp) + " does not divide model.layers = " +
@@ -282,6 +287,9 @@ void check_warnings(const Checker& c) {
                     "% of the step (half or more); set train.grad_accum >= " + str(p.pp) +
                     " (4 * pp keeps it under 20%)");
   }
+  if (p.sequence_parallel && p.tp == 1)
+    c.problems.warn("parallel.sequence_parallel = true with parallel.tp = 1: sequence parallelism "
+                    "splits the tensor-parallel group's positions; with tp 1 it does nothing");
   if (p.zero > 0 && p.dp == 1)
     c.problems.warn("parallel.zero = " + str(p.zero) +
                     " with parallel.dp = 1: there is nothing to shard across; ZeRO has no effect");

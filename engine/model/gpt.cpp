@@ -63,16 +63,20 @@ namespace {
 
 // x W^T + b with W this rank's rows (column-parallel: the input is copied
 // into the TP region, the output stays split).
+// With sequence parallelism the input holds this rank's positions and is
+// all-gathered along T first.
 at::Tensor column_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGroup* tp) {
   if (!tp || !tp->active()) return l->forward(x);
-  return at::linear(copy_to_tp(x, *tp), l->weight, l->bias);
+  return at::linear(tp->sp() ? gather_from_sp(x, *tp) : copy_to_tp(x, *tp), l->weight, l->bias);
 }
 
 // x W^T + b with W this rank's columns and x this rank's split input
 // (row-parallel: partial products summed over TP, then the bias once).
+// (with sequence parallelism: reduce-scattered along T instead).
 at::Tensor row_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGroup* tp) {
   if (!tp || !tp->active()) return l->forward(x);
-  at::Tensor out = reduce_from_tp(at::linear(x, l->weight), *tp);
+  at::Tensor partial = at::linear(x, l->weight);
+  at::Tensor out = tp->sp() ? scatter_to_sp(partial, *tp) : reduce_from_tp(partial, *tp);
   return l->bias.defined() ? out + l->bias : out;
 }
 
@@ -101,20 +105,30 @@ at::Tensor invariant_dropout(const at::Tensor& x, double p, bool training, const
   return random::layout_invariant_dropout(x, p, true, {d.seed, d.step, layer, site}, global, slice);
 }
 
+// Dropout of the residual stream [B, T, C]; with sequence parallelism x
+// holds this rank's T / tp positions of it.
+at::Tensor residual_dropout(const at::Tensor& x, double p, bool training, const DropoutPosition* pos,
+                            int layer, random::DropoutSite site, const TpGroup* tp) {
+  if (!tp || !tp->sp()) return invariant_dropout(x, p, training, pos, layer, site);
+  const int64_t t = x.size(1);
+  return invariant_dropout(x, p, training, pos, layer, site, /*split_dim=*/1, t * tp->size, tp->rank * t);
+}
+
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t B = x.size(0);
   const int64_t tp_size = tp ? tp->size : 1;
   const int64_t H = heads / tp_size, D = x.size(2) / heads, C = H * D;  // local heads and width
   // One head-major copy of q, k and v together (matmul on the strided
   // [B, H, T, D] views would copy each of them anyway), then plain bmm.
-  auto qkv_out = column_parallel(qkv, x, tp);  // [B, T, 3C]
+  auto qkv_out = column_parallel(qkv, x, tp);  // [B, T, 3C] (all T, also with sequence parallelism)
+  const int64_t T = qkv_out.size(1);
   auto qkv_heads = qkv_out.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().view({3, B * H, T, D});
   auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];  // [B*H, T, D] each
 
   const double p = attn_drop->options.p();
   auto resid = [&](const at::Tensor& y) {  // [B, T, C] (full width after the row-parallel sum)
-    return invariant_dropout(row_parallel(proj, y, tp), p, is_training(), position, layer,
-                             random::DropoutSite::attn_resid);
+    return residual_dropout(row_parallel(proj, y, tp), p, is_training(), position, layer,
+                            random::DropoutSite::attn_resid, tp);
   };
   if (!x.device().is_cpu() && !(is_training() && p > 0.0)) {
     // On a GPU: PyTorch's fused causal attention (FlashAttention-style
@@ -156,8 +170,8 @@ MlpImpl::MlpImpl(const GptConfig& cfg) {
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
   auto h = at::gelu(column_parallel(fc, x, tp));  // [B, T, 4C / tp]
-  return invariant_dropout(row_parallel(proj, h, tp), drop->options.p(), is_training(), position, layer,
-                           random::DropoutSite::mlp_resid);  // [B, T, C]
+  return residual_dropout(row_parallel(proj, h, tp), drop->options.p(), is_training(), position, layer,
+                          random::DropoutSite::mlp_resid, tp);  // [B, T, C] ([B, T / tp, C] with SP)
 }
 
 // ---------------------------------------------------------------------------
@@ -232,10 +246,11 @@ at::Tensor GptImpl::forward(const at::Tensor& tokens) {
   // same values and the same gradient without the gather and its backward.
   auto x = run_unit(0, [&] {
     const int64_t vocab_begin = tp_.rank * wte->weight.size(0);
-    return invariant_dropout(vocab_parallel_embedding(tokens, wte->weight, vocab_begin, tp_) +
-                                 wpe->weight.narrow(0, 0, T),
-                             drop->options.p(), is_training(), &position_, 0,
-                             random::DropoutSite::embedding);  // [B, T, C] (+ [T, C] broadcast)
+    at::Tensor tok = vocab_parallel_embedding(tokens, wte->weight, vocab_begin, tp_);  // [B, T, C]
+    const int64_t t = tok.size(1);  // T / tp with sequence parallelism: this rank's positions
+    const int64_t t0 = tp_.sp() ? tp_.rank * t : 0;
+    return residual_dropout(tok + wpe->weight.narrow(0, t0, t), drop->options.p(), is_training(), &position_,
+                            0, random::DropoutSite::embedding, &tp_);  // [B, T, C] (+ [T, C] broadcast)
   });
   int unit = 1;
   for (const auto& block : *blocks)

@@ -3,6 +3,7 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/embedding.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/exp.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/where.h>
@@ -40,7 +41,56 @@ struct ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
 };
 
+// Along T (dim 1) of [B, T, C] with dim-0 collectives: T goes first.
+at::Tensor all_gather_seq(const at::Tensor& x, const TpGroup& tp) {
+  at::Tensor in = x.transpose(0, 1).contiguous();  // [T/tp, B, C]
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] *= tp.size;
+  at::Tensor out = at::empty(shape, in.options());  // [T, B, C]
+  tp.all_gather(in, out);
+  return out.transpose(0, 1).contiguous();  // [B, T, C]
+}
+
+at::Tensor reduce_scatter_seq(const at::Tensor& x, const TpGroup& tp) {
+  at::Tensor in = x.transpose(0, 1).contiguous();  // [T, B, C]
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] /= tp.size;
+  at::Tensor out = at::empty(shape, in.options());  // [T/tp, B, C]
+  tp.reduce_scatter(in, out);
+  return out.transpose(0, 1).contiguous();  // [B, T/tp, C]
+}
+
+struct GatherFromSp : public torch::autograd::Function<GatherFromSp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const TpGroup* tp) {
+    ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
+    return all_gather_seq(x, *tp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* tp = reinterpret_cast<const TpGroup*>(ctx->saved_data["tp"].toInt());
+    return {reduce_scatter_seq(grads[0], *tp), at::Tensor()};
+  }
+};
+
+struct ScatterToSp : public torch::autograd::Function<ScatterToSp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const TpGroup* tp) {
+    ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
+    return reduce_scatter_seq(x, *tp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* tp = reinterpret_cast<const TpGroup*>(ctx->saved_data["tp"].toInt());
+    return {all_gather_seq(grads[0], *tp), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor gather_from_sp(const at::Tensor& x, const TpGroup& tp) {
+  return tp.sp() ? GatherFromSp::apply(x, &tp) : x;
+}
+
+at::Tensor scatter_to_sp(const at::Tensor& x, const TpGroup& tp) {
+  return tp.sp() ? ScatterToSp::apply(x, &tp) : x;
+}
 
 at::Tensor copy_to_tp(const at::Tensor& x, const TpGroup& tp) {
   return tp.active() ? CopyToTp::apply(x, &tp) : x;
@@ -57,7 +107,7 @@ at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& 
   const at::Tensor mine = (tokens >= vocab_begin).logical_and(tokens < vocab_begin + rows);  // [B, T]
   const at::Tensor local = at::where(mine, tokens - vocab_begin, at::zeros_like(tokens));    // [B, T]
   at::Tensor out = at::embedding(weight, local) * mine.unsqueeze(-1).to(weight.scalar_type());  // [B, T, C]
-  return reduce_from_tp(out, tp);
+  return tp.sp() ? scatter_to_sp(out, tp) : reduce_from_tp(out, tp);
 }
 
 // loss_i = log(sum_v exp(z_iv - M_i)) - (z_i,t - M_i), M_i = max over the

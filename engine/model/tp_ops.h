@@ -19,14 +19,27 @@ struct TpGroup {
   int size = 1;
   std::function<void(at::Tensor&)> sum;  // in place, over the TP group
   std::function<void(at::Tensor&)> max;  // in place, over the TP group (no grad)
+  // Sequence parallelism (Korthikanti et al. 2022): the residual stream,
+  // LayerNorms and dropout hold this rank's T / size positions. Dim-0
+  // collectives: out = concat of every rank's in; out = sum of chunk rank.
+  bool sequence_parallel = false;
+  std::function<void(const at::Tensor&, at::Tensor&)> all_gather;
+  std::function<void(const at::Tensor&, at::Tensor&)> reduce_scatter;
   bool active() const { return size > 1; }
+  bool sp() const { return size > 1 && sequence_parallel; }
 };
 
 at::Tensor copy_to_tp(const at::Tensor& x, const TpGroup& tp);      // f
 at::Tensor reduce_from_tp(const at::Tensor& x, const TpGroup& tp);  // g
+// Sequence parallelism's f and g: [B, T/tp, C] -> [B, T, C] by all-gather
+// along T (backward: reduce-scatter), and [B, T, C] partial sums ->
+// [B, T/tp, C] by reduce-scatter along T (backward: all-gather).
+at::Tensor gather_from_sp(const at::Tensor& x, const TpGroup& tp);
+at::Tensor scatter_to_sp(const at::Tensor& x, const TpGroup& tp);
 
 // tokens [B, T] int64, weight [V/tp, C] rows [vocab_begin, vocab_begin + V/tp)
-// of the table -> [B, T, C], summed over the TP group.
+// of the table -> [B, T, C] summed over the TP group ([B, T/tp, C], this
+// rank's positions, with sequence parallelism).
 at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& weight,
                                     int64_t vocab_begin, const TpGroup& tp);
 

@@ -67,7 +67,14 @@ class DdpSync : public GradSync {
 
   void begin_micro(int, bool last) override { ddp_.set_grad_sync(last); }
 
-  SyncStats finish() override { return ddp_.finish_gradient_sync(); }
+  SyncStats finish() override {
+    SyncStats stats = ddp_.finish_gradient_sync();
+    std::vector<at::Tensor> partial;  // sequence parallelism: sums of this rank's positions only
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (layouts_[i].sum_grad_over_tp) partial.push_back(params_[i].second.grad());
+    sum_over_tp(partial, tp_);
+    return stats;
+  }
 
   double clip(double max_norm) override {
     double sq = 0;

@@ -31,7 +31,8 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   // 2. Tensor parallelism over the tp group: split layers keep their slices.
   comm::Group& tp = comm.axis("tp");
   if (tp.size() > 1) {
-    out.parts.layouts = apply_tensor_parallel(*out.parts.model, out.parts.named_params, tp);
+    out.parts.layouts = apply_tensor_parallel(*out.parts.model, out.parts.named_params, tp,
+                                              spec.parallel.sequence_parallel);
   } else {
     for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
   }

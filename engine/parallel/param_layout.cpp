@@ -1,6 +1,8 @@
 // ParamLayout helpers (param_layout.h).
 #include "engine/parallel/param_layout.h"
 
+#include <ATen/ops/cat.h>
+
 #include <algorithm>
 
 namespace dtrain::engine::parallel {
@@ -9,6 +11,19 @@ ParamLayout ParamLayout::whole(const at::Tensor& t) {
   ParamLayout l;
   l.global_shape = t.sizes().vec();
   return l;
+}
+
+void sum_over_tp(const std::vector<at::Tensor>& grads, comm::Group& tp) {
+  if (grads.empty() || tp.size() == 1) return;
+  std::vector<at::Tensor> flat;
+  for (const auto& g : grads) flat.push_back(g.reshape({-1}));
+  at::Tensor all = at::cat(flat);  // [sum numel]
+  tp.all_reduce(all);
+  int64_t off = 0;
+  for (const auto& g : grads) {
+    g.view({-1}).copy_(all.narrow(0, off, g.numel()));
+    off += g.numel();
+  }
 }
 
 std::vector<StateEntry> global_entries(const std::string& name, const ParamLayout& layout,

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/comm/comm.h"
 #include "engine/parallel/grad_sync.h"
 
 namespace dtrain::engine::parallel {
@@ -28,6 +29,9 @@ struct ParamLayout {
   // this parameter: every rank for a TP-sharded one, TP rank 0 for a
   // replicated one.
   bool tp_owner = true;
+  // Sequence parallelism: each TP rank's gradient of this (replicated)
+  // parameter covers its own positions only; the GradSync sums it over tp.
+  bool sum_grad_over_tp = false;
 
   static ParamLayout whole(const at::Tensor& t);
   bool sharded() const { return dim >= 0; }
@@ -39,6 +43,10 @@ struct ParamLayout {
 // part named `name` with global shape and slice, and keyed
 // "<key_prefix>#<global element offset of its first element>" when
 // key_prefix is not empty.
+// Sums `grads` (the gradients of sum_grad_over_tp parameters, or pieces of
+// them, in the same order on every TP rank) over tp in one all-reduce.
+void sum_over_tp(const std::vector<at::Tensor>& grads, comm::Group& tp);
+
 std::vector<StateEntry> global_entries(const std::string& name, const ParamLayout& layout,
                                        const std::vector<std::pair<int64_t, int64_t>>& local,
                                        const at::Tensor& tensor, bool keyed);

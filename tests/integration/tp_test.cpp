@@ -1,8 +1,10 @@
 // Tensor parallelism (issue 13): parity with the 1-process run (the
 // harness of tests/support/parity.h: every step's loss and grad norm within
 // 1e-5 relative, the merged final parameters within 1e-5) for tp 2, tp 4,
-// dp 2 x tp 2, and tp 2 with ZeRO-1 and ZeRO-3 over dp; a tp 2 checkpoint
-// resumed at tp 1 and at tp 4; bad tp values refused before any worker.
+// dp 2 x tp 2, tp 2 with ZeRO-1 and ZeRO-3 over dp, and sequence
+// parallelism; with dropout 0.1, every layout against the 1-process run
+// with dropout 0.1 (layout-invariant masks); a tp 2 checkpoint resumed at
+// tp 1 and at tp 4; bad tp values refused before any worker.
 //
 // Every run here, the references included, uses AdamW eps 1e-6 instead of
 // 1e-8: a TP layout adds partial products in another order, and a gradient
@@ -86,13 +88,24 @@ TEST_CASE("tp parity: tp 2 and tp 4 on one process's batch") {
   tp_parity("tp4", 1, 4, 4);
 }
 
+TEST_CASE("tp parity: sequence parallelism at tp 2, alone and with dp 2 x ZeRO-2; its step peak is lower") {
+  tp_parity("tp2_sp", 1, 2, 2, {"parallel.sequence_parallel=true"});
+  tp_parity("dp2_tp2_sp_zero2", 2, 2, 2, {"parallel.sequence_parallel=true", "parallel.zero=2"});
+  cached("tp2", layout(1, 2, 2));  // the run without sequence parallelism (also a parity case above)
+  const auto peak = [](const std::string& name) {
+    return read_metric(Parity::get().dir / name + "/metrics.jsonl", "peak_bytes").back();
+  };
+  MESSAGE("tp 2 step peak: " << peak("tp2") << " B without sequence parallelism, " << peak("tp2_sp") << " B with");
+  CHECK(peak("tp2_sp") < peak("tp2"));
+}
+
 TEST_CASE("tp parity: dp 2 x tp 2 with DDP, ZeRO-1 and ZeRO-3") {
   tp_parity("dp2_tp2", 2, 2, 2);
   tp_parity("dp2_tp2_zero1", 2, 2, 2, {"parallel.zero=1"});
   tp_parity("dp2_tp2_zero3", 2, 2, 2, {"parallel.zero=3"});
 }
 
-TEST_CASE("dropout 0.1 draws the same masks in every layout: dp 4, dp 2 x grad_accum 2, tp 2, dp 2 x tp 2 ZeRO-3") {
+TEST_CASE("dropout 0.1 draws the same masks in every layout: dp 4, dp 2 x grad_accum 2, tp 2, dp 2 x tp 2 ZeRO-3, tp 2 sequence-parallel") {
   const std::vector<std::string> drop = {"model.dropout=0.1"};
   const RunResult& ref = cached("ref_dropout", with(drop, {"model.heads=2", "train.micro_batch=8"}));
   // Dropout is really on: the run differs from the one without it.
@@ -105,7 +118,8 @@ TEST_CASE("dropout 0.1 draws the same masks in every layout: dp 4, dp 2 x grad_a
       {"drop_dp4", with(layout(4, 1, 2), drop)},
       {"drop_dp2_ga2", with(layout(2, 1, 2), with(drop, {"train.micro_batch=2", "train.grad_accum=2"}))},
       {"drop_tp2", with(layout(1, 2, 2), drop)},
-      {"drop_dp2_tp2_zero3", with(layout(2, 2, 2), with(drop, {"parallel.zero=3"}))}};
+      {"drop_dp2_tp2_zero3", with(layout(2, 2, 2), with(drop, {"parallel.zero=3"}))},
+      {"drop_tp2_sp", with(layout(1, 2, 2), with(drop, {"parallel.sequence_parallel=true"}))}};
   for (const auto& [name, sets] : layouts) compare(name + " vs 1 process, dropout 0.1", cached(name, sets), nullptr, ref);
 }
 

@@ -33,7 +33,7 @@ ParamLayout split(const at::Tensor& p, int dim, int parts, int rank, int n) {
 
 std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
                                                const std::vector<std::pair<std::string, at::Tensor>>& named_params,
-                                               comm::Group& tp) {
+                                               comm::Group& tp, bool sequence_parallel) {
   const int n = tp.size(), r = tp.rank();
   const auto& cfg = model.config();
   for (auto [what, v] : {std::pair{"model.heads", cfg.heads}, {"model.d_model", cfg.d_model}, {"model.vocab", cfg.vocab}})
@@ -59,6 +59,7 @@ std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
       param.set_data(local);
     } else {
       l.tp_owner = r == 0;  // replicated over TP: rank 0 counts and writes it
+      l.sum_grad_over_tp = sequence_parallel;  // every replicated one lives in the SP region
     }
     layouts.push_back(std::move(l));
   }
@@ -68,6 +69,9 @@ std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
   g.size = n;
   g.sum = [group](at::Tensor& t) { group->all_reduce(t); };
   g.max = [group](at::Tensor& t) { group->all_reduce(t, /*async=*/false, comm::ReduceOp::max); };
+  g.sequence_parallel = sequence_parallel;
+  g.all_gather = [group](const at::Tensor& in, at::Tensor& out) { group->all_gather(in, out); };
+  g.reduce_scatter = [group](const at::Tensor& in, at::Tensor& out) { group->reduce_scatter(in, out); };
   model.set_tensor_parallel(std::move(g));
   return layouts;
 }

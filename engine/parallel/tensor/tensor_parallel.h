@@ -23,8 +23,11 @@ namespace dtrain::engine::parallel {
 // this rank's slices, installs the TP group in the model and returns each
 // parameter's layout, in the order of named_params. tp.size() must divide
 // heads, d_model and vocab (the spec checks; this throws otherwise).
+// sequence_parallel: LayerNorms, dropout and the residual stream hold
+// T / tp positions per rank; their replicated parameters (LayerNorms,
+// row-parallel biases, wpe) get sum_grad_over_tp.
 std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
                                                const std::vector<std::pair<std::string, at::Tensor>>& named_params,
-                                               comm::Group& tp);
+                                               comm::Group& tp, bool sequence_parallel);
 
 }  // namespace dtrain::engine::parallel

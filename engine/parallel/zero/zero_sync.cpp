@@ -345,6 +345,11 @@ class ZeroSync : public GradSync {
     const auto t0 = std::chrono::steady_clock::now();
     s.launch_rest();
     for (size_t u = 0; u < s.units.size(); ++u) s.wait_reduce(int(u));
+    std::vector<at::Tensor> partial;  // sequence parallelism: sums of this rank's positions only
+    for (const Piece& pc : s.layout.pieces)
+      if (s.layouts[size_t(pc.param)].sum_grad_over_tp)
+        partial.push_back(s.units[size_t(pc.unit)].grad_shard.narrow(0, pc.shard_offset, pc.end - pc.begin));
+    sum_over_tp(partial, *s.tp);
     stats.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
                    s.exposed_gather_s;
     stats.launched_in_backward = s.launched_in_backward;
