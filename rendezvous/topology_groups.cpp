@@ -66,14 +66,23 @@ LinkTier group_tier(const std::vector<int>& ranks, const std::vector<Slot>& slot
 //       all-reduced once per step: 2(n-1)/n * G. ZeRO-1/2 (reduce-scatter +
 //       all-gather) move the same; ZeRO-3 (FSDP) 1.5x that: parameters are
 //       all-gathered again for backward.
-//   tp: Megatron's 4 all-reduces per layer (2 forward, 2 backward) of the
-//       activation A = micro_batch * seq_len * d_model * bytes_per_elem, over
-//       the layers/pp layers of a stage, for each of grad_accum micro-batches:
-//       grad_accum * (layers/pp) * 4 * 2(n-1)/n * A.
+//   tp: per micro-batch, all-reduces of the activation
+//       A = micro_batch * seq_len * d_model * bytes_per_elem: 4 per block
+//       (forward: attention and MLP row-parallel outputs; backward: the
+//       grads entering qkv and fc) over the layers/pp blocks of the stage;
+//       1 for the vocab-parallel embedding (first stage) and 1 for the grad
+//       entering the vocab-parallel head (last stage); on the last stage the
+//       vocab-parallel cross-entropy's 3 all-reduces (max, sum of exp, target
+//       logit) of E = micro_batch * seq_len * 4 bytes (counted as fp32 in
+//       every precision). Once a step, the fp64 squared grad norm (8 bytes).
+//       With a = 1 on the first stage, h = 1 on the last (both for pp = 1):
+//       grad_accum * ((layers/pp * 4 + a + h) * AR(A) + h * 3 * AR(E)) + AR(8),
+//       AR(x) = 2(n-1)/n * x rounded down per call, as comm counts it.
+//       pp = 1 is the engine's tp_bytes_sent per step exactly.
 //   pp: per micro-batch, each of the n-1 stage boundaries carries one
 //       activation forward and one gradient backward: grad_accum * 2(n-1) * A.
 //   ep: 0. The job spec has no MoE layers yet, so there is no all-to-all to count.
-uint64_t group_bytes(const std::string& axis, int n, const Mesh& m, const TrafficModel& t) {
+uint64_t group_bytes(const std::string& axis, int n, int stage, const Mesh& m, const TrafficModel& t) {
   auto all_reduce = [n](uint64_t x) { return x * 2 * static_cast<uint64_t>(n - 1) / n; };
   uint64_t elem = static_cast<uint64_t>(t.bytes_per_elem);
   uint64_t act = static_cast<uint64_t>(t.micro_batch) * t.seq_len * t.d_model * elem;
@@ -85,7 +94,10 @@ uint64_t group_bytes(const std::string& axis, int n, const Mesh& m, const Traffi
   }
   if (axis == "tp") {
     uint64_t layers = static_cast<uint64_t>(std::max(1, t.layers / m.pp));
-    return micro * layers * 4 * all_reduce(act);
+    uint64_t first = stage == 0 ? 1 : 0, last = stage == m.pp - 1 ? 1 : 0;
+    uint64_t ce = static_cast<uint64_t>(t.micro_batch) * t.seq_len * 4;  // [micro_batch * seq_len] fp32
+    return micro * ((layers * 4 + first + last) * all_reduce(act) + last * 3 * all_reduce(ce)) +
+           all_reduce(8);
   }
   if (axis == "pp") return micro * 2 * static_cast<uint64_t>(n - 1) * act;
   return 0;
@@ -105,7 +117,8 @@ std::vector<Group> build_groups(const Placement& placement, const std::vector<Sl
       Group g;
       g.axis = axis;
       g.tier = group_tier(ranks, slots, slot_of_rank);
-      g.bytes_per_step = group_bytes(axis, static_cast<int>(ranks.size()), m, traffic);
+      int stage = mesh::coord_of(shape, ranks[0]).pp;  // every member is in one stage, except on "pp"
+      g.bytes_per_step = group_bytes(axis, static_cast<int>(ranks.size()), stage, m, traffic);
       g.ranks = std::move(ranks);
       groups.push_back(std::move(g));
     }

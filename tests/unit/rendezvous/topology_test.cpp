@@ -300,8 +300,17 @@ TEST_CASE("traffic: bytes per step on a hand-computed case") {
   uint64_t act = 8 * 64 * 128 * 4;  // micro_batch x seq_len x d_model x 4 bytes = 262144
   // dp: 2(n-1)/n = 1 x params/(tp*pp) x 4 bytes.
   CHECK(bytes["dp"] == 867072 / 4 * 4);
-  // tp: grad_accum 2 x (4 layers / pp 2) x 4 all-reduces x 2(n-1)/n = 1 x act.
-  CHECK(bytes["tp"] == 2 * 2 * 4 * act);
+  // tp, per stage: grad_accum 2 x (4 layers / pp 2 x 4 all-reduces + the
+  // embedding on stage 0, the head on stage 1) x 2(n-1)/n = 1 x act; stage 1
+  // also the cross-entropy's 3 all-reduces of 8 x 64 fp32; both the 8-byte norm.
+  int tp_groups = 0;
+  for (const auto& g : p.groups)
+    if (g.axis == "tp") {
+      ++tp_groups;
+      if (p.ranks[g.ranks[0]].pp == 0) CHECK(g.bytes_per_step == 2 * (2 * 4 + 1) * act + 8);
+      else CHECK(g.bytes_per_step == 2 * ((2 * 4 + 1) * act + 3 * 8 * 64 * 4) + 8);
+    }
+  CHECK(tp_groups == 4);
   // pp: grad_accum 2 x 2 directions x 1 boundary x act.
   CHECK(bytes["pp"] == 2 * 2 * 1 * act);
   t.zero = 3;
@@ -319,6 +328,33 @@ TEST_CASE("traffic: bytes per step on a hand-computed case") {
       CHECK(g.bytes_per_step == 6000);
     }
   CHECK(dp_groups == 1);
+}
+
+TEST_CASE("traffic: tp bytes per step equal the engine's tp_bytes_sent (pp = 1)") {
+  // The engine's metrics.jsonl said 330760 for this spec: per micro-batch
+  // (2 layers x 4 + embedding + head) all-reduces of 8 x 32 x 32 x 4 bytes,
+  // 3 cross-entropy all-reduces of 8 x 32 x 4 bytes, one 8-byte grad norm.
+  dtrain::JobSpec spec;
+  spec.model.vocab = 256;
+  spec.model.seq_len = 32;
+  spec.model.d_model = 32;
+  spec.model.layers = 2;
+  spec.model.heads = 4;
+  spec.train.micro_batch = 8;
+  spec.parallel.tp = 2;
+  auto tp_bytes = [&](int procs) {
+    Placement p = place_ranks(make_cluster(1, procs, 0, false), mesh_from_spec(spec),
+                              traffic_model_from_spec(spec));
+    for (const auto& g : p.groups)
+      if (g.axis == "tp") return g.bytes_per_step;
+    return uint64_t{0};
+  };
+  CHECK(tp_bytes(2) == 330760);
+  CHECK(tp_bytes(2) == 10 * 32768 + 3 * 1024 + 8);
+  spec.parallel.tp = 4;  // 2(n-1)/n = 3/2
+  CHECK(tp_bytes(4) == 10 * 32768 * 3 / 2 + 3 * 1024 * 3 / 2 + 12);
+  spec.train.grad_accum = 3;  // the norm once a step, the rest per micro-batch
+  CHECK(tp_bytes(4) == 3 * (10 * 32768 * 3 / 2 + 3 * 1024 * 3 / 2) + 12);
 }
 
 TEST_CASE("renderings: JSON schema, text table, SVG") {
