@@ -237,6 +237,10 @@ GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed) : cfg_(cfg) {
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& tokens) {
+  return head_logits(run_blocks(embed(tokens), 0, cfg_.layers));
+}
+
+at::Tensor GptImpl::embed(const at::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   if (T > cfg_.seq_len) {
     throw Error(ErrorCode::internal, "gpt: sequence of " + std::to_string(T) +
@@ -244,7 +248,7 @@ at::Tensor GptImpl::forward(const at::Tensor& tokens) {
   }
   // wpe(arange(T)) is the first T rows of the table: a narrow view gives the
   // same values and the same gradient without the gather and its backward.
-  auto x = run_unit(0, [&] {
+  return run_unit(0, [&] {
     const int64_t vocab_begin = tp_.rank * wte->weight.size(0);
     at::Tensor tok = vocab_parallel_embedding(tokens, wte->weight, vocab_begin, tp_);  // [B, T, C]
     const int64_t t = tok.size(1);  // T / tp with sequence parallelism: this rank's positions
@@ -252,10 +256,20 @@ at::Tensor GptImpl::forward(const at::Tensor& tokens) {
     return residual_dropout(tok + wpe->weight.narrow(0, t0, t), drop->options.p(), is_training(), &position_,
                             0, random::DropoutSite::embedding, &tp_);  // [B, T, C] (+ [T, C] broadcast)
   });
-  int unit = 1;
-  for (const auto& block : *blocks)
-    x = run_unit(unit++, [&] { return block->as<Block>()->forward(x); });  // [B, T, C]
-  return run_unit(unit, [&] { return column_parallel(head, ln_f->forward(x), &tp_); });  // [B, T, V / tp]
+}
+
+at::Tensor GptImpl::run_blocks(const at::Tensor& x, int first, int last) {
+  if (first < 0 || last > cfg_.layers || first > last)
+    throw Error(ErrorCode::internal, "gpt: blocks [" + std::to_string(first) + ", " + std::to_string(last) +
+                                         ") outside [0, " + std::to_string(cfg_.layers) + ")");
+  at::Tensor h = x;
+  for (int i = first; i < last; ++i)  // block i is unit i + 1
+    h = run_unit(i + 1, [&] { return blocks[size_t(i)]->as<Block>()->forward(h); });  // [B, T, C]
+  return h;
+}
+
+at::Tensor GptImpl::head_logits(const at::Tensor& x) {
+  return run_unit(cfg_.layers + 1, [&] { return column_parallel(head, ln_f->forward(x), &tp_); });  // [B, T, V / tp]
 }
 
 void GptImpl::set_tensor_parallel(TpGroup tp) {
@@ -283,7 +297,11 @@ int GptImpl::unit_of(const std::string& name) const {
 }
 
 at::Tensor GptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
-  auto logits = forward(tokens);  // [B, T, V / tp]
+  return head_loss(run_blocks(embed(tokens), 0, cfg_.layers), targets);
+}
+
+at::Tensor GptImpl::head_loss(const at::Tensor& x, const at::Tensor& targets) {
+  auto logits = head_logits(x);  // [B, T, V / tp]
   if (tp_.active())
     return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
                                         tp_.rank * logits.size(-1), tp_);

@@ -107,6 +107,13 @@ class GptImpl : public torch::nn::Module {
   // Mean cross-entropy over all B*T positions of next-token targets [B, T].
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
 
+  // The same in pieces, so that a pipeline stage runs only its part:
+  // loss = head_loss(run_blocks(embed(tokens), 0, layers), targets).
+  at::Tensor embed(const at::Tensor& tokens);                         // [B, T] -> [B, T, C]
+  at::Tensor run_blocks(const at::Tensor& x, int first, int last);   // blocks [first, last)
+  at::Tensor head_logits(const at::Tensor& x);                       // [B, T, C] -> [B, T, V / tp]
+  at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets);
+
   int64_t num_params() const;
   const GptConfig& config() const { return cfg_; }
 
