@@ -61,8 +61,8 @@ class ReplicatedState : public StateProvider {
 class DdpSync : public GradSync {
  public:
   DdpSync(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<ParamLayout> layouts,
-          comm::Group& dp, comm::Group& tp, DdpOptions options)
-      : params_(std::move(named_params)), layouts_(std::move(layouts)), dp_(dp), tp_(tp),
+          comm::Group& dp, comm::Group& tp, comm::Group& pp, DdpOptions options)
+      : params_(std::move(named_params)), layouts_(std::move(layouts)), dp_(dp), tp_(tp), pp_(pp),
         options_(options), ddp_(params_, dp, options), grads_(ddp_.flat_grads()) {}
 
   void begin_micro(int, bool last) override { ddp_.set_grad_sync(last); }
@@ -78,7 +78,7 @@ class DdpSync : public GradSync {
 
   double clip(double max_norm) override {
     double sq = 0;
-    if (tp_.size() == 1) {
+    if (tp_.size() == 1 && pp_.size() == 1) {
       sq = optim::local_grad_sq_norm(grads_);  // one op per bucket
     } else {
       std::vector<at::Tensor> counted;  // this rank's share of the global gradient
@@ -86,7 +86,8 @@ class DdpSync : public GradSync {
         if (layouts_[i].tp_owner) counted.push_back(params_[i].second.grad());
       at::Tensor t = at::full({1}, optim::local_grad_sq_norm(counted),
                               at::TensorOptions().dtype(at::kDouble).device(tp_.device()));  // [1]
-      tp_.all_reduce(t);
+      if (tp_.size() > 1) tp_.all_reduce(t);
+      if (pp_.size() > 1) pp_.all_reduce(t);  // stages hold disjoint parameters
       sq = t.item<double>();
     }
     const double norm = std::sqrt(sq);
@@ -128,6 +129,7 @@ class DdpSync : public GradSync {
   std::vector<ParamLayout> layouts_;
   comm::Group& dp_;
   comm::Group& tp_;
+  comm::Group& pp_;
   DdpOptions options_;
   Ddp ddp_;
   std::vector<at::Tensor> grads_;  // the flat buckets
@@ -137,8 +139,8 @@ class DdpSync : public GradSync {
 
 std::unique_ptr<GradSync> make_ddp_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
                                         std::vector<ParamLayout> layouts, comm::Group& dp,
-                                        comm::Group& tp, DdpOptions options) {
-  return std::make_unique<DdpSync>(std::move(named_params), std::move(layouts), dp, tp, options);
+                                        comm::Group& tp, comm::Group& pp, DdpOptions options) {
+  return std::make_unique<DdpSync>(std::move(named_params), std::move(layouts), dp, tp, pp, options);
 }
 
 }  // namespace dtrain::engine::parallel

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "engine/parallel/ddp_sync.h"
+#include "engine/parallel/pipeline/pipeline_schedule.h"
 #include "engine/parallel/schedule.h"
 #include "engine/parallel/tensor/tensor_parallel.h"
 #include "engine/parallel/zero/zero_sync.h"
@@ -25,9 +26,19 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   for (auto& item : out.parts.model->named_parameters(/*recurse=*/true))
     out.parts.named_params.emplace_back(item.key(), item.value());
 
-  // 1. Pipeline split: none yet (pp = 1 is checked at set-up); the whole
-  //    model is this rank's one stage, run by the plain micro-step loop.
-  out.schedule = make_no_pipeline();
+  // 1. Pipeline split over the pp group: this rank keeps its stage's layers
+  //    (pp = 1: the whole model, run by the plain micro-step loop).
+  comm::Group& pp = comm.axis("pp");
+  if (pp.size() > 1) {
+    const PipelineStage stage = pipeline_stage(spec.model.layers, pp.rank(), pp.size());
+    keep_stage_parameters(out.parts, stage);
+    const int tp_size = comm.axis("tp").size();
+    const int64_t t = spec.parallel.sequence_parallel ? spec.model.seq_len / tp_size : spec.model.seq_len;
+    out.schedule = make_pipeline_schedule(spec.parallel.pipeline_schedule, spec.train.grad_accum, pp, stage,
+                                          {spec.train.micro_batch, t, spec.model.d_model});
+  } else {
+    out.schedule = make_no_pipeline();
+  }
   // 2. Tensor parallelism over the tp group: split layers keep their slices.
   comm::Group& tp = comm.axis("tp");
   if (tp.size() > 1) {
@@ -56,7 +67,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
   dopt.overlap = spec.parallel.ddp_overlap;
   dopt.fault_no_grad_sync = no_grad_sync;
-  out.grad_sync = make_ddp_sync(out.parts.named_params, out.parts.layouts, comm.axis("dp"), tp, dopt);
+  out.grad_sync = make_ddp_sync(out.parts.named_params, out.parts.layouts, comm.axis("dp"), tp, pp, dopt);
   return out;
 }
 

@@ -1,0 +1,183 @@
+// The pipeline runtime (pipeline_schedule.h): executes this stage's action
+// list. Sends are posted and waited for at the end of the step (the plan's
+// model: non-blocking sends, blocking receives); a message's tag is derived
+// from its micro-batch and direction, so a receive takes exactly the
+// matching send. The stage keeps, per micro-batch in flight, its input
+// activation (a leaf whose grad goes back), its output (or its loss on the
+// last stage) and the received output gradient, and drops them after the
+// micro-batch's backward.
+#include "engine/parallel/pipeline/pipeline_schedule.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <c10/core/GradMode.h>
+
+#include <map>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "engine/parallel/autocast_scope.h"
+#include "engine/parallel/pipeline/plan.h"
+
+namespace dtrain::engine::parallel {
+namespace {
+
+using pipeline::Action;
+using pipeline::Op;
+
+bool starts_with(const std::string& s, const std::string& head) { return s.rfind(head, 0) == 0; }
+
+class Pipeline : public Schedule {
+ public:
+  Pipeline(pipeline::PlanSpec spec, comm::Group& pp, PipelineStage stage, std::vector<int64_t> activation)
+      : spec_(std::move(spec)), pp_(pp), stage_(stage), activation_(std::move(activation)) {
+    const pipeline::Plan plan = pipeline::build_plan(spec_);
+    const pipeline::SimResult sim = pipeline::simulate(spec_, plan);
+    if (!sim.ok)
+      throw Error(ErrorCode::config,
+                  "parallel.pipeline.schedule = " + spec_.kind + " for pp = " + std::to_string(spec_.stages) +
+                      ", grad_accum = " + std::to_string(spec_.micro) + ": the simulator rejects its plan: " + sim.error,
+                  "use parallel.pipeline.schedule 1f1b or gpipe");
+    actions_ = plan.at(size_t(stage_.rank));
+    if (stage_.rank == 0)
+      DTRAIN_INFO("pipeline plan (simulated: bubble {:.1f}%, ideal {:.1f}%):\n{}", 100 * sim.bubble,
+                  100 * pipeline::ideal_bubble(spec_), pipeline::format_plan(spec_, plan));
+  }
+
+  double run(ModelParts& parts, GradSync& sync, BatchSource& batches, const StepOptions& options) override {
+    model::GptImpl& model = *parts.model;
+    const c10::Device device = pp_.device();
+    const auto act_options = at::TensorOptions().dtype(at::kFloat).device(device);
+    std::map<int, Micro> micro;
+    std::vector<comm::WorkPtr> sends;
+    std::vector<at::Tensor> sent;  // alive until their sends complete
+    double loss_sum = 0;
+    int backwards = 0;
+    for (const Action& a : actions_) {
+      Micro& m = micro[a.micro];
+      switch (a.op) {
+        case Op::forward: {
+          at::Tensor x;
+          if (stage_.first() || stage_.last()) {
+            // The batch buffers are refilled by the next micro-batch's forward
+            // before this one's backward, which reads the tokens (the
+            // embedding's indices): each micro-batch keeps its own copy.
+            batches.micro_batch(a.micro, inputs_, targets_);  // [B, T] each
+            if (stage_.first()) m.tokens = inputs_.clone();
+            if (stage_.last()) m.targets = targets_.clone();
+          }
+          model.set_dropout_position({options.seed, options.step, batches.global_rows(), batches.row_begin(a.micro)});
+          AutocastScope autocast(device.type(), options.bf16);
+          x = stage_.first() ? model.embed(m.tokens) : m.input;
+          at::Tensor y = model.run_blocks(x, stage_.first_block, stage_.last_block);  // [B, T, C]
+          if (stage_.last()) {
+            m.loss = model.head_loss(y, m.targets);  // [] mean over B*T
+            loss_sum += m.loss.item<double>();
+          } else {
+            m.output = y;
+          }
+          break;
+        }
+        case Op::send_act:
+          sent.push_back(m.output.detach().contiguous());
+          sends.push_back(pp_.send(sent.back(), stage_.rank + 1, tag(a.micro, 0)));
+          break;
+        case Op::recv_act: {
+          at::Tensor buf = at::empty(activation_, act_options);  // [B, T, C]
+          pp_.recv(buf, stage_.rank - 1, tag(a.micro, 0))->wait();
+          m.input = buf.requires_grad_(true);
+          break;
+        }
+        case Op::recv_grad: {
+          at::Tensor buf = at::empty(activation_, act_options);  // [B, T, C]
+          pp_.recv(buf, stage_.rank + 1, tag(a.micro, 1))->wait();
+          m.output_grad = buf;
+          break;
+        }
+        case Op::backward: {
+          sync.begin_micro(backwards, backwards == spec_.micro - 1);
+          ++backwards;
+          if (stage_.last())
+            m.loss.mul(options.loss_scale).backward();
+          else
+            m.output.backward(m.output_grad);
+          m.loss = m.output = m.output_grad = m.tokens = m.targets = at::Tensor();
+          break;
+        }
+        case Op::send_grad:
+          sent.push_back(m.input.grad());
+          sends.push_back(pp_.send(sent.back(), stage_.rank - 1, tag(a.micro, 1)));
+          m.input = at::Tensor();
+          break;
+      }
+    }
+    for (auto& w : sends) w->wait();
+    // The losses live on the last stage; every stage returns their sum.
+    at::Tensor t = at::full({1}, loss_sum, at::TensorOptions().dtype(at::kDouble).device(device));  // [1]
+    pp_.all_reduce(t);
+    return t.item<double>();
+  }
+
+  const char* name() const override { return spec_.kind == "gpipe" ? "gpipe" : "1f1b"; }
+
+ private:
+  struct Micro {
+    at::Tensor input;        // received activation (leaf, requires grad)
+    at::Tensor output;       // this stage's output, until its backward
+    at::Tensor output_grad;  // received gradient of `output`
+    at::Tensor loss;         // last stage
+    at::Tensor targets;      // last stage
+    at::Tensor tokens;       // first stage
+  };
+  static int tag(int micro, int direction) { return 2 * micro + direction; }
+
+  pipeline::PlanSpec spec_;
+  comm::Group& pp_;
+  PipelineStage stage_;
+  std::vector<int64_t> activation_;
+  std::vector<Action> actions_;
+  at::Tensor inputs_, targets_;
+};
+
+}  // namespace
+
+PipelineStage pipeline_stage(int layers, int rank, int size) {
+  if (size < 1 || layers % size != 0)
+    throw Error(ErrorCode::config, "model.layers = " + std::to_string(layers) + " does not split into parallel.pp = " +
+                                       std::to_string(size) + " equal stages",
+                "choose a pp that divides model.layers");
+  const int per = layers / size;
+  return {rank, size, rank * per, (rank + 1) * per};
+}
+
+void keep_stage_parameters(ModelParts& parts, const PipelineStage& stage) {
+  std::vector<std::pair<std::string, at::Tensor>> kept;
+  at::NoGradGuard no_grad;
+  for (auto& [name, p] : parts.named_params) {
+    bool mine = false;
+    if (starts_with(name, "wte.") || starts_with(name, "wpe.")) mine = stage.first();
+    else if (starts_with(name, "ln_f.") || starts_with(name, "head.")) mine = stage.last();
+    else if (starts_with(name, "blocks.")) {
+      const int block = std::atoi(name.c_str() + 7);
+      mine = block >= stage.first_block && block < stage.last_block;
+    }
+    if (mine) {
+      kept.emplace_back(name, p);
+    } else {
+      at::Tensor other = p;
+      other.set_data(at::empty({0}, p.options()));  // another stage's: release it
+    }
+  }
+  parts.named_params = std::move(kept);
+}
+
+std::unique_ptr<Schedule> make_pipeline_schedule(const std::string& kind, int micro, comm::Group& pp,
+                                                 PipelineStage stage, std::vector<int64_t> activation) {
+  pipeline::PlanSpec spec;
+  spec.kind = kind;
+  spec.stages = stage.size;
+  spec.micro = micro;
+  return std::make_unique<Pipeline>(std::move(spec), pp, stage, std::move(activation));
+}
+
+}  // namespace dtrain::engine::parallel

@@ -1,0 +1,45 @@
+// Pipeline parallelism (DESIGN.md 6.1): the GPT's layers split into pp
+// stages (the embedding on the first, blocks evenly between, the head and
+// the loss on the last) and a Schedule that runs one step's micro-batches
+// over them by executing this stage's list of actions (plan.h: forward,
+// backward, send/receive of activations and their gradients), a list that
+// the simulator has accepted before the first step. Activations travel over
+// the pp group with point-to-point send/recv of shapes known ahead.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/comm/comm.h"
+#include "engine/parallel/parallelize.h"
+#include "engine/parallel/schedule.h"
+
+namespace dtrain::engine::parallel {
+
+struct PipelineStage {
+  int rank = 0, size = 1;               // in the pp group
+  int first_block = 0, last_block = 0;  // blocks [first_block, last_block)
+  bool first() const { return rank == 0; }
+  bool last() const { return rank == size - 1; }
+};
+
+// Stage `rank` of `size` of a model with `layers` blocks (layers % size == 0:
+// the spec checks it).
+PipelineStage pipeline_stage(int layers, int rank, int size);
+
+// Keeps only this stage's parameters in parts.named_params (the others'
+// storage is released): run before tensor and data parallelism, which then
+// see this stage's parameters only.
+void keep_stage_parameters(ModelParts& parts, const PipelineStage& stage);
+
+// kind: gpipe | 1f1b; micro = train.grad_accum; activation: the shape of
+// what one stage hands the next ([micro_batch, T (/ tp with sequence
+// parallelism), d_model]). Builds and simulates the plan: a plan the
+// simulator rejects is a dtrain::Error(config) here, before any step.
+std::unique_ptr<Schedule> make_pipeline_schedule(const std::string& kind, int micro, comm::Group& pp,
+                                                 PipelineStage stage, std::vector<int64_t> activation);
+
+}  // namespace dtrain::engine::parallel
