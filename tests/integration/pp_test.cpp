@@ -19,7 +19,6 @@
 namespace {
 
 using namespace dtrain::testing::parity;
-using dtrain::testing::TagGuard;
 
 const std::vector<std::string> kCommon = {"train.adam_eps=1e-6", "model.dropout=0.1", "model.layers=4"};
 
@@ -46,32 +45,6 @@ void pp_parity(const std::string& name, const std::vector<std::string>& sets, in
   compare(name + " vs 1 process", run, nullptr, reference());
 }
 
-std::map<int, double> losses_by_step(const std::string& path) {
-  std::map<int, double> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto s = line.find("\"step\": "), l = line.find("\"loss\": ");
-    if (s == std::string::npos || l == std::string::npos) continue;
-    out[std::atoi(line.c_str() + s + 8)] = std::strtod(line.c_str() + l + 8, nullptr);
-  }
-  return out;
-}
-
-std::pair<int, std::string> launch_raw(const std::string& name, std::vector<std::string> sets,
-                                       std::vector<std::string> extra_args = {}) {
-  auto& p = Parity::get();
-  TagGuard tag;
-  const std::string run_dir = p.dir / name;
-  sets.insert(sets.begin(), {"log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt"});
-  sets.insert(sets.begin(), kCommon.begin(), kCommon.end());
-  sets.push_back("cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(dtrain::testing::free_port()));
-  std::vector<std::string> argv = {dtrain::testing::dtrain_bin(), "launch", p.dir / "spec.yaml"};
-  for (auto& s : sets) argv.insert(argv.end(), {"--set", s});
-  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  return dtrain::testing::run_command(argv, p.dir / (name + ".log"), 300, {tag.env(), "DTRAIN_NO_REBUILD=1"});
-}
-
 }  // namespace
 
 TEST_CASE("pp parity: pp 2 with 1f1b (m 1, 4) and gpipe (m 4), pp 4 with 1f1b (m 8)") {
@@ -86,7 +59,7 @@ TEST_CASE("3D: dp 2 x tp 2 x pp 2 on 8 ranks matches one process; its checkpoint
   auto& p = Parity::get();
   const auto want = losses_by_step(p.dir / "dp2_tp2_pp2/metrics.jsonl");
   REQUIRE(want.size() == size_t(kSteps));
-  auto [code, output] = launch_raw("3d_to_1", {"train.micro_batch=8", "checkpoint.every=0"},
+  auto [code, output] = launch_raw("3d_to_1", with(kCommon, {"train.micro_batch=8", "checkpoint.every=0"}),
                                    {"--resume-from", p.dir / "dp2_tp2_pp2/ckpt/step_10"});
   INFO(output);
   REQUIRE(code == 0);

@@ -27,7 +27,6 @@
 namespace {
 
 using namespace dtrain::testing::parity;
-using dtrain::testing::TagGuard;
 
 const std::vector<std::string> kCommon = {"train.adam_eps=1e-6"};
 
@@ -54,31 +53,6 @@ void tp_parity(const std::string& name, int dp, int tp, int heads, const std::ve
   const RunResult& run = cached(name, with(layout(dp, tp, heads), more));
   CHECK(run.output.find("tp(" + std::to_string(tp) + ")") != std::string::npos);
   compare(name + " vs 1 process (heads " + std::to_string(heads) + ")", run, nullptr, ref);
-}
-
-std::map<int, double> losses_by_step(const std::string& path) {
-  std::map<int, double> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto s = line.find("\"step\": "), l = line.find("\"loss\": ");
-    if (s == std::string::npos || l == std::string::npos) continue;
-    out[std::atoi(line.c_str() + s + 8)] = std::strtod(line.c_str() + l + 8, nullptr);
-  }
-  return out;
-}
-
-std::pair<int, std::string> launch_raw(const std::string& name, std::vector<std::string> sets,
-                                       std::vector<std::string> extra_args = {}) {
-  auto& p = Parity::get();
-  TagGuard tag;
-  const std::string run_dir = p.dir / name;
-  sets.insert(sets.begin(), {"log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt", "train.adam_eps=1e-6"});
-  sets.push_back("cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(dtrain::testing::free_port()));
-  std::vector<std::string> argv = {dtrain::testing::dtrain_bin(), "launch", p.dir / "spec.yaml"};
-  for (auto& s : sets) argv.insert(argv.end(), {"--set", s});
-  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  return dtrain::testing::run_command(argv, p.dir / (name + ".log"), 300, {tag.env(), "DTRAIN_NO_REBUILD=1"});
 }
 
 }  // namespace
@@ -126,7 +100,7 @@ TEST_CASE("dropout 0.1 draws the same masks in every layout: dp 4, dp 2 x grad_a
 TEST_CASE("a tp 2 checkpoint resumes at tp 1 and at tp 4 within 1e-5 of the straight run") {
   auto& p = Parity::get();
   // The straight tp 2 run, with step_10 kept.
-  auto [code, output] = launch_raw("tp2_straight", with(layout(1, 2, 4), {"checkpoint.every=10", "checkpoint.keep=5"}));
+  auto [code, output] = launch_raw("tp2_straight", with(kCommon, with(layout(1, 2, 4), {"checkpoint.every=10", "checkpoint.keep=5"})));
   INFO(output);
   REQUIRE(code == 0);
   const auto want = losses_by_step(p.dir / "tp2_straight/metrics.jsonl");
@@ -134,7 +108,7 @@ TEST_CASE("a tp 2 checkpoint resumes at tp 1 and at tp 4 within 1e-5 of the stra
   const auto want_params = dtrain::testing::read_checkpoint_params(p.dir / "tp2_straight/ckpt", p.dir.path());
   for (int tp : {1, 4}) {
     const std::string name = "tp2_to_tp" + std::to_string(tp);
-    auto [code2, output2] = launch_raw(name, with(layout(1, tp, 4), {"checkpoint.every=0"}),
+    auto [code2, output2] = launch_raw(name, with(kCommon, with(layout(1, tp, 4), {"checkpoint.every=0"})),
                                        {"--resume-from", p.dir / "tp2_straight/ckpt/step_10"});
     INFO(output2);
     REQUIRE(code2 == 0);
@@ -157,12 +131,12 @@ TEST_CASE("a tp 2 checkpoint resumes at tp 1 and at tp 4 within 1e-5 of the stra
 }
 
 TEST_CASE("bad tp: not dividing heads or vocab exits 2 naming the fields and the valid values") {
-  auto [code, output] = launch_raw("tp3", layout(1, 3, 2));
+  auto [code, output] = launch_raw("tp3", with(kCommon, layout(1, 3, 2)));
   INFO(output);
   CHECK(code == 2);
   CHECK(output.find("parallel.tp = 3 does not divide model.heads = 2") != std::string::npos);
   CHECK(output.find("use tp 1 or 2") != std::string::npos);
-  auto [code2, output2] = launch_raw("tp4_vocab", with(layout(1, 4, 4), {"model.vocab=250"}));
+  auto [code2, output2] = launch_raw("tp4_vocab", with(kCommon, with(layout(1, 4, 4), {"model.vocab=250"})));
   INFO(output2);
   CHECK(code2 == 2);
   CHECK(output2.find("parallel.tp = 4 does not divide model.vocab = 250") != std::string::npos);

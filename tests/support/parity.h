@@ -222,4 +222,35 @@ inline std::vector<std::string> ranks(int dp, int mb) {
           "train.micro_batch=" + std::to_string(mb)};
 }
 
+// Every logged step's loss of a metrics.jsonl, by step (a restarted run
+// logs some steps twice: the later value wins).
+inline std::map<int, double> losses_by_step(const std::string& path) {
+  std::map<int, double> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto s = line.find("\"step\": "), l = line.find("\"loss\": ");
+    if (s == std::string::npos || l == std::string::npos) continue;
+    out[std::atoi(line.c_str() + s + 8)] = std::strtod(line.c_str() + l + 8, nullptr);
+  }
+  return out;
+}
+
+// A `dtrain launch` of the fixture's spec whose exit code and metrics the
+// caller checks itself (a run meant to fail, a restart, a resume):
+// run dir <dir>/<name>, checkpoint <name>/ckpt, then `sets`; extra_args
+// (e.g. --resume-from DIR) after them. Returns the exit code and output.
+inline std::pair<int, std::string> launch_raw(const std::string& name, std::vector<std::string> sets,
+                                              std::vector<std::string> extra_args = {}) {
+  auto& p = Parity::get();
+  TagGuard tag;
+  const std::string run_dir = p.dir / name;
+  sets.insert(sets.begin(), {"log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt"});
+  sets.push_back("cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(free_port()));
+  std::vector<std::string> argv = {dtrain_bin(), "launch", p.dir / "spec.yaml"};
+  for (auto& s : sets) argv.insert(argv.end(), {"--set", s});
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  return run_command(argv, p.dir / (name + ".log"), 300, {tag.env(), "DTRAIN_NO_REBUILD=1"});
+}
+
 }  // namespace dtrain::testing::parity
