@@ -64,6 +64,9 @@ struct ModelSpec {
   int heads = 4;
   int seq_len = 64;
   double dropout = 0.0;
+  // Under tensor parallelism: the embedding and the head split by vocab rows
+  // (parallel, with a vocab-parallel cross-entropy) or whole on every rank.
+  std::string tp_vocab = "parallel";
 };
 
 struct TrainSpec {

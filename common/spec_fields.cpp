@@ -50,6 +50,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("model.heads", model.heads),
       DTRAIN_FIELD("model.seq_len", model.seq_len),
       DTRAIN_FIELD("model.dropout", model.dropout),
+      DTRAIN_FIELD("model.tp_vocab", model.tp_vocab),
       DTRAIN_FIELD("train.steps", train.steps),
       DTRAIN_FIELD("train.micro_batch", train.micro_batch),
       DTRAIN_FIELD("train.grad_accum", train.grad_accum),

@@ -115,6 +115,11 @@ void check_enums(const Checker& c) {
   c.one_of("fault.kind", s.fault.kind,
            {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync"});
   c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b"});
+  c.one_of("model.tp_vocab", s.model.tp_vocab, {"parallel", "replicated"});
+  if (!c.bad({"model.tp_vocab"}) && s.model.tp_vocab == "replicated" && s.parallel.sequence_parallel &&
+      s.parallel.tp > 1)
+    c.error("model.tp_vocab", "model.tp_vocab = replicated with parallel.sequence_parallel is not implemented; "
+                              "use model.tp_vocab parallel with sequence parallelism");
   c.one_of("model.kind", s.model.kind, {"gpt"});
   c.one_of("train.precision", s.train.precision, {"fp32", "bf16", "fp16"});
   c.one_of("data.format", s.data.format, {"bytes", "tokens-u16", "synthetic"});
@@ -182,7 +187,8 @@ void check_divisibility(const Checker& c) {
     c.error("parallel.tp", "parallel.tp = " + str(p.tp) + " does not divide model.heads = " +
                                str(m.heads) + " (each TP rank holds heads/tp heads); " +
                                choices("tp", m.heads, domain));
-  if (!c.bad({"parallel.tp", "model.vocab"}) && p.tp >= 1 && m.vocab >= 1 && m.vocab % p.tp != 0)
+  if (!c.bad({"parallel.tp", "model.vocab"}) && p.tp >= 1 && m.vocab >= 1 && m.vocab % p.tp != 0 &&
+      m.tp_vocab != "replicated")
     c.error("parallel.tp", "parallel.tp = " + str(p.tp) + " does not divide model.vocab = " +
                                str(m.vocab) + " (the embedding and the head are split by vocab rows); " +
                                choices("tp", m.vocab, domain));

@@ -250,7 +250,8 @@ at::Tensor GptImpl::embed(const at::Tensor& tokens) {
   // same values and the same gradient without the gather and its backward.
   return run_unit(0, [&] {
     const int64_t vocab_begin = tp_.rank * wte->weight.size(0);
-    at::Tensor tok = vocab_parallel_embedding(tokens, wte->weight, vocab_begin, tp_);  // [B, T, C]
+    at::Tensor tok = tp_.vocab_parallel ? vocab_parallel_embedding(tokens, wte->weight, vocab_begin, tp_)
+                                        : at::embedding(wte->weight, tokens);  // [B, T, C]
     const int64_t t = tok.size(1);  // T / tp with sequence parallelism: this rank's positions
     const int64_t t0 = tp_.sp() ? tp_.rank * t : 0;
     return residual_dropout(tok + wpe->weight.narrow(0, t0, t), drop->options.p(), is_training(), &position_,
@@ -269,7 +270,10 @@ at::Tensor GptImpl::run_blocks(const at::Tensor& x, int first, int last) {
 }
 
 at::Tensor GptImpl::head_logits(const at::Tensor& x) {
-  return run_unit(cfg_.layers + 1, [&] { return column_parallel(head, ln_f->forward(x), &tp_); });  // [B, T, V / tp]
+  return run_unit(cfg_.layers + 1, [&] {
+    if (!tp_.vocab_parallel) return head->forward(ln_f->forward(x));  // [B, T, V] on every rank
+    return column_parallel(head, ln_f->forward(x), &tp_);             // [B, T, V / tp]
+  });
 }
 
 void GptImpl::set_tensor_parallel(TpGroup tp) {
@@ -302,7 +306,7 @@ at::Tensor GptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
 
 at::Tensor GptImpl::head_loss(const at::Tensor& x, const at::Tensor& targets) {
   auto logits = head_logits(x);  // [B, T, V / tp]
-  if (tp_.active())
+  if (tp_.active() && tp_.vocab_parallel)
     return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
                                         tp_.rank * logits.size(-1), tp_);
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));

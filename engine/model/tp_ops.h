@@ -23,6 +23,7 @@ struct TpGroup {
   // LayerNorms and dropout hold this rank's T / size positions. Dim-0
   // collectives: out = concat of every rank's in; out = sum of chunk rank.
   bool sequence_parallel = false;
+  bool vocab_parallel = true;  // false: the embedding and the head are whole on every rank
   std::function<void(const at::Tensor&, at::Tensor&)> all_gather;
   std::function<void(const at::Tensor&, at::Tensor&)> reduce_scatter;
   bool active() const { return size > 1; }

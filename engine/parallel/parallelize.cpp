@@ -43,7 +43,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   comm::Group& tp = comm.axis("tp");
   if (tp.size() > 1) {
     out.parts.layouts = apply_tensor_parallel(*out.parts.model, out.parts.named_params, tp,
-                                              spec.parallel.sequence_parallel);
+                                              spec.parallel.sequence_parallel, spec.model.tp_vocab == "parallel");
   } else {
     for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
   }

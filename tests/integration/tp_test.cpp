@@ -73,6 +73,10 @@ TEST_CASE("tp parity: sequence parallelism at tp 2, alone and with dp 2 x ZeRO-2
   CHECK(peak("tp2_sp") < peak("tp2"));
 }
 
+TEST_CASE("tp parity: tp 2 with the embedding and head replicated (model.tp_vocab replicated)") {
+  tp_parity("tp2_vocab_replicated", 1, 2, 2, {"model.tp_vocab=replicated"});
+}
+
 TEST_CASE("tp parity: dp 2 x tp 2 with DDP, ZeRO-1 and ZeRO-3") {
   tp_parity("dp2_tp2", 2, 2, 2);
   tp_parity("dp2_tp2_zero1", 2, 2, 2, {"parallel.zero=1"});

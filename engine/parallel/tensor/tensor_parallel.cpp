@@ -33,10 +33,12 @@ ParamLayout split(const at::Tensor& p, int dim, int parts, int rank, int n) {
 
 std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
                                                const std::vector<std::pair<std::string, at::Tensor>>& named_params,
-                                               comm::Group& tp, bool sequence_parallel) {
+                                               comm::Group& tp, bool sequence_parallel,
+                                               bool vocab_parallel) {
   const int n = tp.size(), r = tp.rank();
   const auto& cfg = model.config();
-  for (auto [what, v] : {std::pair{"model.heads", cfg.heads}, {"model.d_model", cfg.d_model}, {"model.vocab", cfg.vocab}})
+  for (auto [what, v] : {std::pair{"model.heads", cfg.heads}, {"model.d_model", cfg.d_model},
+                         {"model.vocab", vocab_parallel ? cfg.vocab : n}})
     if (v % n != 0)
       throw Error(ErrorCode::config, std::string(what) + " = " + std::to_string(v) + " is not divisible by parallel.tp = " +
                                          std::to_string(n), "choose a tp that divides heads, d_model and vocab");
@@ -46,8 +48,8 @@ std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
     ParamLayout l = ParamLayout::whole(p);
     if (ends_with(name, "attn.qkv.weight") || ends_with(name, "attn.qkv.bias"))
       l = split(p, 0, 3, r, n);  // column-parallel by heads, q, k and v alike
-    else if (ends_with(name, "mlp.fc.weight") || ends_with(name, "mlp.fc.bias") || name == "wte.weight" ||
-             name == "head.weight")
+    else if (ends_with(name, "mlp.fc.weight") || ends_with(name, "mlp.fc.bias") ||
+             (vocab_parallel && (name == "wte.weight" || name == "head.weight")))
       l = split(p, 0, 1, r, n);  // column-parallel rows / vocab-parallel rows
     else if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight"))
       l = split(p, 1, 1, r, n);  // row-parallel: input columns
@@ -70,6 +72,7 @@ std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
   g.sum = [group](at::Tensor& t) { group->all_reduce(t); };
   g.max = [group](at::Tensor& t) { group->all_reduce(t, /*async=*/false, comm::ReduceOp::max); };
   g.sequence_parallel = sequence_parallel;
+  g.vocab_parallel = vocab_parallel;
   g.all_gather = [group](const at::Tensor& in, at::Tensor& out) { group->all_gather(in, out); };
   g.reduce_scatter = [group](const at::Tensor& in, at::Tensor& out) { group->reduce_scatter(in, out); };
   model.set_tensor_parallel(std::move(g));

@@ -25,9 +25,11 @@ namespace dtrain::engine::parallel {
 // heads, d_model and vocab (the spec checks; this throws otherwise).
 // sequence_parallel: LayerNorms, dropout and the residual stream hold
 // T / tp positions per rank; their replicated parameters (LayerNorms,
-// row-parallel biases, wpe) get sum_grad_over_tp.
+// row-parallel biases, wpe) get sum_grad_over_tp. vocab_parallel false
+// keeps wte and head whole (model.tp_vocab replicated).
 std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
                                                const std::vector<std::pair<std::string, at::Tensor>>& named_params,
-                                               comm::Group& tp, bool sequence_parallel);
+                                               comm::Group& tp, bool sequence_parallel,
+                                               bool vocab_parallel = true);
 
 }  // namespace dtrain::engine::parallel
