@@ -6,6 +6,8 @@
 // parameters that are left on this rank.
 #include "engine/parallel/parallelize.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "engine/parallel/ddp_sync.h"
 #include "engine/parallel/pipeline/pipeline_schedule.h"
@@ -57,10 +59,16 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     z.reshard_after_forward = spec.parallel.fsdp_reshard_after_forward;
     z.prefetch = spec.parallel.fsdp_prefetch;
     z.fault_no_grad_sync = no_grad_sync;
+    // The units this rank holds, numbered densely (a pipeline stage holds
+    // some of the model's units only).
     std::vector<int> unit_of;
     for (auto& [name, p] : out.parts.named_params) unit_of.push_back(out.parts.model->unit_of(name));
+    std::vector<int> dense = unit_of;
+    std::sort(dense.begin(), dense.end());
+    dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
+    for (int& u : unit_of) u = int(std::lower_bound(dense.begin(), dense.end(), u) - dense.begin());
     out.grad_sync = make_zero_sync(out.parts.named_params, out.parts.layouts, std::move(unit_of),
-                                   *out.parts.model, comm.axis("dp"), tp, z);
+                                   *out.parts.model, comm.axis("dp"), tp, pp, z);
     return out;
   }
   DdpOptions dopt;

@@ -27,9 +27,9 @@ void check_supported(const JobSpec& spec) {
       problems.push_back(std::string("parallel.") + name + " = " + std::to_string(v) +
                          " is not implemented by the builtin engine yet; use " + name + " 1");
   };
-  if (spec.parallel.pp > 1 && spec.parallel.zero > 0)
-    problems.push_back("parallel.zero = " + std::to_string(spec.parallel.zero) + " with parallel.pp = " +
-                       std::to_string(spec.parallel.pp) + " is not implemented yet; use zero 0 (DDP) with pp");
+  if (spec.parallel.pp > 1 && spec.parallel.zero == 3)
+    problems.push_back("parallel.zero = 3 with parallel.pp = " + std::to_string(spec.parallel.pp) +
+                       " is not implemented yet; use zero 0, 1 or 2 with pp");
   axis("ep", spec.parallel.ep);
   if (spec.train.precision != "fp32" && spec.train.precision != "bf16")
     problems.push_back("train.precision = " + spec.train.precision +

@@ -54,6 +54,10 @@ TEST_CASE("pp parity: pp 2 with 1f1b (m 1, 4) and gpipe (m 4), pp 4 with 1f1b (m
   pp_parity("pp4_1f1b_m8", layout(1, 1, 4, 8, "1f1b"), 4);
 }
 
+TEST_CASE("3D with ZeRO-1 over dp: dp 2 x tp 2 x pp 2 matches one process") {
+  pp_parity("dp2_tp2_pp2_zero1", with(layout(2, 2, 2, 2, "1f1b"), {"parallel.zero=1"}), 2);
+}
+
 TEST_CASE("3D: dp 2 x tp 2 x pp 2 on 8 ranks matches one process; its checkpoint resumes on one process") {
   pp_parity("dp2_tp2_pp2", with(layout(2, 2, 2, 2, "1f1b"), {"checkpoint.every=10", "checkpoint.keep=5"}), 2);
   auto& p = Parity::get();

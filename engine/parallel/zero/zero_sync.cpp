@@ -62,6 +62,7 @@ struct ZeroState : std::enable_shared_from_this<ZeroState> {
   ZeroOptions options;
   comm::Group* dp = nullptr;
   comm::Group* tp = nullptr;
+  comm::Group* pp = nullptr;
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
   std::vector<ParamLayout> layouts;
@@ -290,12 +291,13 @@ class ZeroSync : public GradSync {
  public:
   ZeroSync(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<ParamLayout> layouts,
            std::vector<int> unit_of, model::GptImpl& model, comm::Group& dp, comm::Group& tp,
-           ZeroOptions options)
+           comm::Group& pp, ZeroOptions options)
       : s_(std::make_shared<ZeroState>()), model_(model) {
     ZeroState& s = *s_;
     s.options = options;
     s.dp = &dp;
     s.tp = &tp;
+    s.pp = &pp;
     s.layouts = std::move(layouts);
     s.unit_of = std::move(unit_of);
     std::vector<int64_t> numel;
@@ -377,6 +379,7 @@ class ZeroSync : public GradSync {
       s.tp->all_reduce(sq);
     }
     if (s.dp->size() > 1) s.dp->all_reduce(sq);
+    if (s.pp->size() > 1) s.pp->all_reduce(sq);  // stages hold disjoint parameters
     const double norm = std::sqrt(sq.item<double>());
     if (max_norm > 0) {
       const double factor = std::min(1.0, max_norm / (norm + 1e-6));
@@ -509,12 +512,12 @@ class ZeroSync : public GradSync {
 std::unique_ptr<GradSync> make_zero_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
                                          std::vector<ParamLayout> layouts, std::vector<int> unit_of,
                                          model::GptImpl& model, comm::Group& dp, comm::Group& tp,
-                                         ZeroOptions options) {
+                                         comm::Group& pp, ZeroOptions options) {
   if (options.stage < 1 || options.stage > 3)
     throw Error(ErrorCode::config, "parallel.zero = " + std::to_string(options.stage) + " is not a ZeRO stage",
                 "use 0 (DDP), 1, 2 or 3");
   return std::make_unique<ZeroSync>(std::move(named_params), std::move(layouts), std::move(unit_of), model,
-                                    dp, tp, options);
+                                    dp, tp, pp, options);
 }
 
 }  // namespace dtrain::engine::parallel

@@ -35,12 +35,13 @@ struct ZeroOptions {
 // named_params: the model's parameters in registration order (fp32,
 // contiguous, on dp.device()), all initialised identically on every rank;
 // layouts[i]: where parameter i sits in the global model (tensor
-// parallelism; its norms add up over `tp`); unit_of[i]: its unit
-// (model->unit_of). ZeRO-3 installs its gather/free hooks on `model`, which
-// must outlive the result.
+// parallelism; its norms add up over `tp`, and over `pp`, whose stages hold
+// disjoint parameters); unit_of[i]: its unit, numbered densely
+// (model->unit_of; ZeRO-3 needs every unit, i.e. pp = 1). ZeRO-3 installs
+// its gather/free hooks on `model`, which must outlive the result.
 std::unique_ptr<GradSync> make_zero_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
                                          std::vector<ParamLayout> layouts, std::vector<int> unit_of,
                                          model::GptImpl& model, comm::Group& dp, comm::Group& tp,
-                                         ZeroOptions options);
+                                         comm::Group& pp, ZeroOptions options);
 
 }  // namespace dtrain::engine::parallel
