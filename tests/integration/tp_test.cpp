@@ -83,7 +83,7 @@ TEST_CASE("tp parity: dp 2 x tp 2 with DDP, ZeRO-1 and ZeRO-3") {
   tp_parity("dp2_tp2_zero3", 2, 2, 2, {"parallel.zero=3"});
 }
 
-TEST_CASE("dropout 0.1 draws the same masks in every layout: dp 4, dp 2 x grad_accum 2, tp 2, dp 2 x tp 2 ZeRO-3, tp 2 sequence-parallel") {
+TEST_CASE("dropout 0.1 draws the same masks in every layout: dp 4, dp 2 x grad_accum 2, tp 2, tp 4, dp 2 x tp 2 (DDP, ZeRO-1, ZeRO-3), tp 2 sequence-parallel") {
   const std::vector<std::string> drop = {"model.dropout=0.1"};
   const RunResult& ref = cached("ref_dropout", with(drop, {"model.heads=2", "train.micro_batch=8"}));
   // Dropout is really on: the run differs from the one without it.
@@ -97,8 +97,13 @@ TEST_CASE("dropout 0.1 draws the same masks in every layout: dp 4, dp 2 x grad_a
       {"drop_dp2_ga2", with(layout(2, 1, 2), with(drop, {"train.micro_batch=2", "train.grad_accum=2"}))},
       {"drop_tp2", with(layout(1, 2, 2), drop)},
       {"drop_dp2_tp2_zero3", with(layout(2, 2, 2), with(drop, {"parallel.zero=3"}))},
-      {"drop_tp2_sp", with(layout(1, 2, 2), with(drop, {"parallel.sequence_parallel=true"}))}};
+      {"drop_tp2_sp", with(layout(1, 2, 2), with(drop, {"parallel.sequence_parallel=true"}))},
+      {"drop_dp2_tp2", with(layout(2, 2, 2), drop)},
+      {"drop_dp2_tp2_zero1", with(layout(2, 2, 2), with(drop, {"parallel.zero=1"}))}};
   for (const auto& [name, sets] : layouts) compare(name + " vs 1 process, dropout 0.1", cached(name, sets), nullptr, ref);
+  // tp 4 needs 4 heads: its own 1-process reference.
+  const RunResult& ref4 = cached("ref_dropout_heads4", with(drop, {"model.heads=4", "train.micro_batch=8"}));
+  compare("drop_tp4 vs 1 process, dropout 0.1", cached("drop_tp4", with(layout(1, 4, 4), drop)), nullptr, ref4);
 }
 
 TEST_CASE("a tp 2 checkpoint resumes at tp 1 and at tp 4 within 1e-5 of the straight run") {
