@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/job_spec.h"
 #include "common/safe_output.h"
+#include "engine/parallel/pipeline/plan.h"
 #include "rendezvous/topology.h"
 
 namespace dtrain::app {
@@ -26,6 +27,7 @@ struct TopoOptions {
   std::string svg;
   bool allow_slow = false;
   bool force = false;
+  bool schedule = false;
 };
 
 // Flags become spec overrides, applied after --set, so validation sees the
@@ -43,6 +45,25 @@ std::vector<std::string> topo_overrides(const TopoOptions& o) {
   return out;
 }
 
+// --schedule: each pipeline stage's action list for one step, as the
+// engine builds and simulates it, with the predicted bubble. A plan the
+// simulator rejects is an error here, before any worker runs.
+void print_schedule(const JobSpec& spec) {
+  namespace pl = engine::parallel::pipeline;
+  pl::PlanSpec p;
+  p.kind = spec.parallel.pipeline_schedule;
+  p.stages = spec.parallel.pp;
+  p.micro = spec.train.grad_accum;
+  const pl::Plan plan = pl::build_plan(p);
+  const pl::SimResult sim = pl::simulate(p, plan);
+  if (!sim.ok)
+    throw Error(ErrorCode::config, "parallel.pipeline.schedule = " + p.kind + ": the simulator rejects its plan: " + sim.error,
+                "use parallel.pipeline.schedule 1f1b or gpipe");
+  std::cout << "\npipeline schedule " << p.kind << ", pp " << p.stages << ", " << p.micro
+            << " micro-batch(es) per step (train.grad_accum):\n"
+            << pl::format_plan(p, plan);
+}
+
 void run_topo(const TopoOptions& o) {
   std::vector<std::string> warnings;
   JobSpec spec = load_job_spec(o.spec, topo_overrides(o), &warnings);
@@ -58,6 +79,7 @@ void run_topo(const TopoOptions& o) {
     std::cout << rendezvous::placement_to_json(placement);
   else
     std::cout << rendezvous::placement_to_text(placement, cluster);
+  if (o.schedule) print_schedule(spec);
 }
 
 void add_topo(CLI::App& app, int& exit_code) {
@@ -79,6 +101,8 @@ void add_topo(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--svg", opts->svg, "Also draw the mesh as SVG into FILE (a new file)");
   cmd->add_flag("--force", opts->force, "Replace the --svg file when it exists");
+  cmd->add_flag("--schedule", opts->schedule,
+                "Also print each pipeline stage's action list and the predicted bubble");
   cmd->add_flag("--allow-slow", opts->allow_slow,
                 "Accept a TP group that crosses NVLink islands (warn instead of refusing)");
   cmd->callback([opts, &exit_code] {

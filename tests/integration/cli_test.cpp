@@ -162,3 +162,19 @@ TEST_CASE("plot-metrics: a well-formed SVG whose polyline is the run's loss curv
                                                         << losses.front() << " -> " << losses.back());
   CHECK(worst <= 0.25);
 }
+
+TEST_CASE("topo --schedule: each stage's action list and the predicted bubble, as the engine runs them") {
+  TempDir dir;
+  dtrain::testing::write_file(dir / "spec.yaml", kSpec);
+  auto [code, out] = dtrain_cmd(dir, "topo_schedule", {"topo", dir / "spec.yaml", "--schedule"});
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("pipeline schedule 1f1b, pp 2, 4 micro-batch(es)") != std::string::npos);
+  CHECK(out.find("stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 F2") != std::string::npos);
+  CHECK(out.find("stage 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1") != std::string::npos);
+  CHECK(out.find("bubble 0.200 (ideal 0.200)") != std::string::npos);  // (p-1)/(m+p-1) = 1/5
+  auto [gcode, gout] = dtrain_cmd(dir, "topo_gpipe",
+                                  {"topo", dir / "spec.yaml", "--schedule", "--set", "parallel.pipeline.schedule=gpipe"});
+  CHECK(gcode == 0);
+  CHECK(gout.find("in flight 4 4") != std::string::npos);  // GPipe holds every micro-batch
+}
