@@ -58,19 +58,36 @@ TEST_CASE("3D with ZeRO-1 over dp: dp 2 x tp 2 x pp 2 matches one process") {
   pp_parity("dp2_tp2_pp2_zero1", with(layout(2, 2, 2, 2, "1f1b"), {"parallel.zero=1"}), 2);
 }
 
-TEST_CASE("3D: dp 2 x tp 2 x pp 2 on 8 ranks matches one process; its checkpoint resumes on one process") {
-  pp_parity("dp2_tp2_pp2", with(layout(2, 2, 2, 2, "1f1b"), {"checkpoint.every=10", "checkpoint.keep=5"}), 2);
+TEST_CASE("3D: dp 2 x tp 2 x pp 2 on 8 ranks matches one process; its checkpoint resumes on 1x1x1, 4x1x2 and 2x2x2 ZeRO-1") {
+  const RunResult& straight =
+      cached("dp2_tp2_pp2", with(layout(2, 2, 2, 2, "1f1b"), {"checkpoint.every=10", "checkpoint.keep=5"}));
+  compare("dp2_tp2_pp2 vs 1 process", straight, nullptr, reference());
   auto& p = Parity::get();
   const auto want = losses_by_step(p.dir / "dp2_tp2_pp2/metrics.jsonl");
   REQUIRE(want.size() == size_t(kSteps));
-  auto [code, output] = launch_raw("3d_to_1", with(kCommon, {"train.micro_batch=8", "checkpoint.every=0"}),
-                                   {"--resume-from", p.dir / "dp2_tp2_pp2/ckpt/step_10"});
-  INFO(output);
-  REQUIRE(code == 0);
-  const auto got = losses_by_step(p.dir / "3d_to_1/metrics.jsonl");
-  REQUIRE(got.size() == size_t(kSteps - 10));
-  double worst = 0;
-  for (auto& [step, loss] : got) worst = std::max(worst, std::fabs(loss - want.at(step)) / want.at(step));
-  MESSAGE("2x2x2 step_10 -> 1x1x1: max loss rel diff " << worst << " over steps 11-20 (tol " << kLossRelTol << ")");
-  CHECK(worst <= kLossRelTol);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> targets = {
+      {"3d_to_1x1x1", {"train.micro_batch=8"}},
+      {"3d_to_4x1x2", layout(4, 1, 2, 2, "1f1b")},
+      {"3d_to_2x2x2_zero1", with(layout(2, 2, 2, 2, "gpipe"), {"parallel.zero=1"})}};
+  for (const auto& [name, sets] : targets) {
+    auto [code, output] = launch_raw(name, with(kCommon, with(sets, {"checkpoint.every=0"})),
+                                     {"--resume-from", p.dir / "dp2_tp2_pp2/ckpt/step_10"});
+    INFO(output);
+    REQUIRE(code == 0);
+    const auto got = losses_by_step(p.dir / name + "/metrics.jsonl");
+    REQUIRE(got.size() == size_t(kSteps - 10));
+    double worst = 0;
+    for (auto& [step, loss] : got) worst = std::max(worst, std::fabs(loss - want.at(step)) / want.at(step));
+    const auto params = dtrain::testing::read_checkpoint_params(p.dir / name + "/ckpt", p.dir.path());
+    REQUIRE(params.size() == straight.params.size());
+    double worst_param = 0;
+    for (auto& [pname, v] : straight.params)
+      for (size_t k = 0; k < v.size(); ++k)
+        worst_param = std::max(worst_param, double(std::fabs(params.at(pname)[k] - v[k])));
+    MESSAGE("2x2x2 step_10 -> " << name.substr(6) << ": max loss rel diff " << worst << " over steps 11-20 (tol "
+                                << kLossRelTol << "), max param abs diff " << worst_param << " (tol " << kParamAbsTol
+                                << ")");
+    CHECK(worst <= kLossRelTol);
+    CHECK(worst_param <= kParamAbsTol);
+  }
 }
