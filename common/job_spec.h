@@ -45,7 +45,8 @@ struct ParallelSpec {
   int pp = 1;
   int ep = 1;
   int zero = 0;                            // 0 = DDP, 1, 2, 3 (= FSDP full shard)
-  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b
+  int pipeline_virtual_stages = 1;         // chunks per pp rank (interleaved_1f1b)
   double ddp_bucket_mb = 25.0;
   bool ddp_overlap = true;
   // ZeRO-3 (FSDP): free a unit's gathered parameters after its forward

@@ -114,7 +114,21 @@ void check_enums(const Checker& c) {
   c.one_of("cluster.backend", s.cluster.backend, {"auto", "gloo", "nccl"});
   c.one_of("fault.kind", s.fault.kind,
            {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync"});
-  c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b"});
+  c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b", "interleaved_1f1b"});
+  c.at_least("parallel.pipeline.virtual_stages", s.parallel.pipeline_virtual_stages, 1,
+             "use 1, or 2+ with schedule interleaved_1f1b");
+  if (!c.bad({"parallel.pipeline.virtual_stages", "parallel.pipeline.schedule"}) &&
+      s.parallel.pipeline_virtual_stages > 1 && s.parallel.pipeline_schedule != "interleaved_1f1b")
+    c.error("parallel.pipeline.virtual_stages",
+            "parallel.pipeline.virtual_stages = " + std::to_string(s.parallel.pipeline_virtual_stages) +
+                " needs parallel.pipeline.schedule interleaved_1f1b (it is " + s.parallel.pipeline_schedule + ")");
+  if (!c.bad({"parallel.pipeline.virtual_stages", "parallel.pp", "model.layers"}) &&
+      s.parallel.pipeline_virtual_stages > 1 && s.parallel.pp >= 1 &&
+      s.model.layers % (s.parallel.pp * s.parallel.pipeline_virtual_stages) != 0)
+    c.error("parallel.pipeline.virtual_stages",
+            "parallel.pipeline.virtual_stages = " + std::to_string(s.parallel.pipeline_virtual_stages) +
+                " with parallel.pp = " + std::to_string(s.parallel.pp) + " does not divide model.layers = " +
+                std::to_string(s.model.layers) + " into equal stages; choose virtual_stages dividing layers / pp");
   c.one_of("model.tp_vocab", s.model.tp_vocab, {"parallel", "replicated"});
   if (!c.bad({"model.tp_vocab"}) && s.model.tp_vocab == "replicated" && s.parallel.sequence_parallel &&
       s.parallel.tp > 1)

@@ -54,6 +54,7 @@ void print_schedule(const JobSpec& spec) {
   p.kind = spec.parallel.pipeline_schedule;
   p.stages = spec.parallel.pp;
   p.micro = spec.train.grad_accum;
+  p.virtual_stages = spec.parallel.pipeline_virtual_stages;
   const pl::Plan plan = pl::build_plan(p);
   const pl::SimResult sim = pl::simulate(p, plan);
   if (!sim.ok)

@@ -54,6 +54,17 @@ TEST_CASE("pp parity: pp 2 with 1f1b (m 1, 4) and gpipe (m 4), pp 4 with 1f1b (m
   pp_parity("pp4_1f1b_m8", layout(1, 1, 4, 8, "1f1b"), 4);
 }
 
+TEST_CASE("pp parity: interleaved 1f1b at pp 2 with 2 virtual stages (m 4); virtual stages that do not divide layers exit 2") {
+  pp_parity("pp2_interleaved_v2_m4",
+            with(layout(1, 1, 2, 4, "interleaved_1f1b"), {"parallel.pipeline.virtual_stages=2"}), 2);
+  auto [code, output] = launch_raw("pp2_v3", with(kCommon, with(layout(1, 1, 2, 4, "interleaved_1f1b"),
+                                                                {"parallel.pipeline.virtual_stages=3"})));
+  INFO(output);
+  CHECK(code == 2);
+  CHECK(output.find("parallel.pipeline.virtual_stages = 3 with parallel.pp = 2 does not divide model.layers = 4") !=
+        std::string::npos);
+}
+
 TEST_CASE("3D with ZeRO-1 over dp: dp 2 x tp 2 x pp 2 matches one process") {
   pp_parity("dp2_tp2_pp2_zero1", with(layout(2, 2, 2, 2, "1f1b"), {"parallel.zero=1"}), 2);
 }

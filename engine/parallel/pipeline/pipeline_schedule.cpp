@@ -39,6 +39,11 @@ class Pipeline : public Schedule {
                       ", grad_accum = " + std::to_string(spec_.micro) + ": the simulator rejects its plan: " + sim.error,
                   "use parallel.pipeline.schedule 1f1b or gpipe");
     actions_ = plan.at(size_t(stage_.rank));
+    for (const Action& a : actions_)
+      if (a.op == Op::send_act || a.op == Op::send_grad) {
+        const pipeline::Peer to = pipeline::peer(spec_, stage_.rank, a);
+        send_to_.push_back({to.rank, tag(a.micro, to.chunk, a.op == Op::send_grad)});
+      }
     if (stage_.rank == 0)
       DTRAIN_INFO("pipeline plan (simulated: bubble {:.1f}%, ideal {:.1f}%):\n{}", 100 * sim.bubble,
                   100 * pipeline::ideal_bubble(spec_), pipeline::format_plan(spec_, plan));
@@ -48,29 +53,31 @@ class Pipeline : public Schedule {
     model::GptImpl& model = *parts.model;
     const c10::Device device = pp_.device();
     const auto act_options = at::TensorOptions().dtype(at::kFloat).device(device);
-    std::map<int, Micro> micro;
+    std::map<std::pair<int, int>, Micro> micro;  // by (micro-batch, chunk)
+    size_t next_send = 0;
     std::vector<comm::WorkPtr> sends;
     std::vector<at::Tensor> sent;  // alive until their sends complete
     double loss_sum = 0;
     int backwards = 0;
     for (const Action& a : actions_) {
-      Micro& m = micro[a.micro];
+      Micro& m = micro[{a.micro, a.chunk}];
+      const bool first = stage_.first(a.chunk), last = stage_.last(a.chunk);
       switch (a.op) {
         case Op::forward: {
           at::Tensor x;
-          if (stage_.first() || stage_.last()) {
+          if (first || last) {
             // The batch buffers are refilled by the next micro-batch's forward
             // before this one's backward, which reads the tokens (the
             // embedding's indices): each micro-batch keeps its own copy.
             batches.micro_batch(a.micro, inputs_, targets_);  // [B, T] each
-            if (stage_.first()) m.tokens = inputs_.clone();
-            if (stage_.last()) m.targets = targets_.clone();
+            if (first) m.tokens = inputs_.clone();
+            if (last) m.targets = targets_.clone();
           }
           model.set_dropout_position({options.seed, options.step, batches.global_rows(), batches.row_begin(a.micro)});
           AutocastScope autocast(device.type(), options.bf16);
-          x = stage_.first() ? model.embed(m.tokens) : m.input;
-          at::Tensor y = model.run_blocks(x, stage_.first_block, stage_.last_block);  // [B, T, C]
-          if (stage_.last()) {
+          x = first ? model.embed(m.tokens) : m.input;
+          at::Tensor y = model.run_blocks(x, stage_.first_block(a.chunk), stage_.last_block(a.chunk));  // [B, T, C]
+          if (last) {
             m.loss = model.head_loss(y, m.targets);  // [] mean over B*T
             loss_sum += m.loss.item<double>();
           } else {
@@ -78,37 +85,41 @@ class Pipeline : public Schedule {
           }
           break;
         }
-        case Op::send_act:
+        case Op::send_act: {
+          const auto [to, t] = send_to_.at(next_send++);
           sent.push_back(m.output.detach().contiguous());
-          sends.push_back(pp_.send(sent.back(), stage_.rank + 1, tag(a.micro, 0)));
+          sends.push_back(pp_.send(sent.back(), to, t));
           break;
+        }
         case Op::recv_act: {
           at::Tensor buf = at::empty(activation_, act_options);  // [B, T, C]
-          pp_.recv(buf, stage_.rank - 1, tag(a.micro, 0))->wait();
+          pp_.recv(buf, pipeline::peer(spec_, stage_.rank, a).rank, tag(a.micro, a.chunk, false))->wait();
           m.input = buf.requires_grad_(true);
           break;
         }
         case Op::recv_grad: {
           at::Tensor buf = at::empty(activation_, act_options);  // [B, T, C]
-          pp_.recv(buf, stage_.rank + 1, tag(a.micro, 1))->wait();
+          pp_.recv(buf, pipeline::peer(spec_, stage_.rank, a).rank, tag(a.micro, a.chunk, true))->wait();
           m.output_grad = buf;
           break;
         }
         case Op::backward: {
-          sync.begin_micro(backwards, backwards == spec_.micro - 1);
+          sync.begin_micro(backwards, backwards == spec_.micro * stage_.chunks - 1);
           ++backwards;
-          if (stage_.last())
+          if (last)
             m.loss.mul(options.loss_scale).backward();
           else
             m.output.backward(m.output_grad);
           m.loss = m.output = m.output_grad = m.tokens = m.targets = at::Tensor();
           break;
         }
-        case Op::send_grad:
+        case Op::send_grad: {
+          const auto [to, t] = send_to_.at(next_send++);
           sent.push_back(m.input.grad());
-          sends.push_back(pp_.send(sent.back(), stage_.rank - 1, tag(a.micro, 1)));
+          sends.push_back(pp_.send(sent.back(), to, t));
           m.input = at::Tensor();
           break;
+        }
       }
     }
     for (auto& w : sends) w->wait();
@@ -118,7 +129,7 @@ class Pipeline : public Schedule {
     return t.item<double>();
   }
 
-  const char* name() const override { return spec_.kind == "gpipe" ? "gpipe" : "1f1b"; }
+  const char* name() const override { return spec_.kind.c_str(); }
 
  private:
   struct Micro {
@@ -129,25 +140,33 @@ class Pipeline : public Schedule {
     at::Tensor targets;      // last stage
     at::Tensor tokens;       // first stage
   };
-  static int tag(int micro, int direction) { return 2 * micro + direction; }
+  // A message's tag, from the receiving side's (micro-batch, chunk) and
+  // its direction (activation forward, gradient backward).
+  int tag(int micro, int chunk, bool grad) const { return (micro * stage_.chunks + chunk) * 2 + (grad ? 1 : 0); }
 
   pipeline::PlanSpec spec_;
   comm::Group& pp_;
   PipelineStage stage_;
   std::vector<int64_t> activation_;
   std::vector<Action> actions_;
+  std::vector<std::pair<int, int>> send_to_;  // per send action, in order: (peer rank, tag)
   at::Tensor inputs_, targets_;
 };
 
 }  // namespace
 
-PipelineStage pipeline_stage(int layers, int rank, int size) {
-  if (size < 1 || layers % size != 0)
+PipelineStage pipeline_stage(int layers, int rank, int size, int chunks) {
+  if (size < 1 || chunks < 1 || layers % (size * chunks) != 0)
     throw Error(ErrorCode::config, "model.layers = " + std::to_string(layers) + " does not split into parallel.pp = " +
-                                       std::to_string(size) + " equal stages",
-                "choose a pp that divides model.layers");
-  const int per = layers / size;
-  return {rank, size, rank * per, (rank + 1) * per};
+                                       std::to_string(size) + " x parallel.pipeline.virtual_stages = " +
+                                       std::to_string(chunks) + " equal stages",
+                "choose pp and virtual_stages whose product divides model.layers");
+  PipelineStage st;
+  st.rank = rank;
+  st.size = size;
+  st.chunks = chunks;
+  st.blocks_per_stage = layers / (size * chunks);
+  return st;
 }
 
 void keep_stage_parameters(ModelParts& parts, const PipelineStage& stage) {
@@ -155,12 +174,9 @@ void keep_stage_parameters(ModelParts& parts, const PipelineStage& stage) {
   at::NoGradGuard no_grad;
   for (auto& [name, p] : parts.named_params) {
     bool mine = false;
-    if (starts_with(name, "wte.") || starts_with(name, "wpe.")) mine = stage.first();
-    else if (starts_with(name, "ln_f.") || starts_with(name, "head.")) mine = stage.last();
-    else if (starts_with(name, "blocks.")) {
-      const int block = std::atoi(name.c_str() + 7);
-      mine = block >= stage.first_block && block < stage.last_block;
-    }
+    if (starts_with(name, "wte.") || starts_with(name, "wpe.")) mine = stage.first(0);
+    else if (starts_with(name, "ln_f.") || starts_with(name, "head.")) mine = stage.last(stage.chunks - 1);
+    else if (starts_with(name, "blocks.")) mine = stage.holds_block(std::atoi(name.c_str() + 7));
     if (mine) {
       kept.emplace_back(name, p);
     } else {
@@ -177,6 +193,7 @@ std::unique_ptr<Schedule> make_pipeline_schedule(const std::string& kind, int mi
   spec.kind = kind;
   spec.stages = stage.size;
   spec.micro = micro;
+  spec.virtual_stages = stage.chunks;
   return std::make_unique<Pipeline>(std::move(spec), pp, stage, std::move(activation));
 }
 

@@ -19,23 +19,31 @@
 
 namespace dtrain::engine::parallel {
 
+// What one pp rank holds: `chunks` (virtual stages, interleaved schedules)
+// of blocks_per_stage blocks each; chunk c is global stage c * size + rank
+// (Megatron's interleaving). Without virtual stages, chunks = 1.
 struct PipelineStage {
-  int rank = 0, size = 1;               // in the pp group
-  int first_block = 0, last_block = 0;  // blocks [first_block, last_block)
-  bool first() const { return rank == 0; }
-  bool last() const { return rank == size - 1; }
+  int rank = 0, size = 1;  // in the pp group
+  int chunks = 1;
+  int blocks_per_stage = 0;
+  int global_stage(int chunk) const { return chunk * size + rank; }
+  int first_block(int chunk) const { return global_stage(chunk) * blocks_per_stage; }
+  int last_block(int chunk) const { return first_block(chunk) + blocks_per_stage; }
+  bool first(int chunk) const { return global_stage(chunk) == 0; }                 // holds the embedding
+  bool last(int chunk) const { return global_stage(chunk) == size * chunks - 1; }  // holds the head and loss
+  bool holds_block(int block) const { return (block / blocks_per_stage) % size == rank; }
 };
 
-// Stage `rank` of `size` of a model with `layers` blocks (layers % size == 0:
-// the spec checks it).
-PipelineStage pipeline_stage(int layers, int rank, int size);
+// Rank `rank` of `size` with `chunks` virtual stages of a model with
+// `layers` blocks (layers % (size * chunks) == 0: the spec checks it).
+PipelineStage pipeline_stage(int layers, int rank, int size, int chunks = 1);
 
 // Keeps only this stage's parameters in parts.named_params (the others'
 // storage is released): run before tensor and data parallelism, which then
 // see this stage's parameters only.
 void keep_stage_parameters(ModelParts& parts, const PipelineStage& stage);
 
-// kind: gpipe | 1f1b; micro = train.grad_accum; activation: the shape of
+// kind: gpipe | 1f1b | interleaved_1f1b; micro = train.grad_accum; activation: the shape of
 // what one stage hands the next ([micro_batch, T (/ tp with sequence
 // parallelism), d_model]). Builds and simulates the plan: a plan the
 // simulator rejects is a dtrain::Error(config) here, before any step.
