@@ -85,20 +85,11 @@ TEST_CASE("3D: dp 2 x tp 2 x pp 2 on 8 ranks matches one process; its checkpoint
                                      {"--resume-from", p.dir / "dp2_tp2_pp2/ckpt/step_10"});
     INFO(output);
     REQUIRE(code == 0);
-    const auto got = losses_by_step(p.dir / name + "/metrics.jsonl");
-    REQUIRE(got.size() == size_t(kSteps - 10));
-    double worst = 0;
-    for (auto& [step, loss] : got) worst = std::max(worst, std::fabs(loss - want.at(step)) / want.at(step));
-    const auto params = dtrain::testing::read_checkpoint_params(p.dir / name + "/ckpt", p.dir.path());
-    REQUIRE(params.size() == straight.params.size());
-    double worst_param = 0;
-    for (auto& [pname, v] : straight.params)
-      for (size_t k = 0; k < v.size(); ++k)
-        worst_param = std::max(worst_param, double(std::fabs(params.at(pname)[k] - v[k])));
-    MESSAGE("2x2x2 step_10 -> " << name.substr(6) << ": max loss rel diff " << worst << " over steps 11-20 (tol "
-                                << kLossRelTol << "), max param abs diff " << worst_param << " (tol " << kParamAbsTol
+    const ResumeDiffs d = resume_diffs(name, 10, want, straight.params);
+    MESSAGE("2x2x2 step_10 -> " << name.substr(6) << ": max loss rel diff " << d.loss_rel << " over steps 11-20 (tol "
+                                << kLossRelTol << "), max param abs diff " << d.param_abs << " (tol " << kParamAbsTol
                                 << ")");
-    CHECK(worst <= kLossRelTol);
-    CHECK(worst_param <= kParamAbsTol);
+    CHECK(d.loss_rel <= kLossRelTol);
+    CHECK(d.param_abs <= kParamAbsTol);
   }
 }

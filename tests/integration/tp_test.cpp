@@ -121,21 +121,12 @@ TEST_CASE("a tp 2 checkpoint resumes at tp 1 and at tp 4 within 1e-5 of the stra
                                        {"--resume-from", p.dir / "tp2_straight/ckpt/step_10"});
     INFO(output2);
     REQUIRE(code2 == 0);
-    const auto got = losses_by_step(p.dir / name + "/metrics.jsonl");
-    REQUIRE(got.size() == size_t(kSteps - 10));
-    double worst = 0;
-    for (auto& [step, loss] : got) worst = std::max(worst, std::fabs(loss - want.at(step)) / want.at(step));
-    const auto params = dtrain::testing::read_checkpoint_params(p.dir / name + "/ckpt", p.dir.path());
-    REQUIRE(params.size() == want_params.size());
-    double worst_param = 0;
-    for (auto& [pname, v] : want_params)
-      for (size_t k = 0; k < v.size(); ++k)
-        worst_param = std::max(worst_param, double(std::fabs(params.at(pname)[k] - v[k])));
-    MESSAGE("tp 2 step_10 -> tp " << tp << ": max loss rel diff " << worst << " over steps 11-20 (tol "
-                                  << kLossRelTol << "), max param abs diff " << worst_param << " (tol "
+    const ResumeDiffs d = resume_diffs(name, 10, want, want_params);
+    MESSAGE("tp 2 step_10 -> tp " << tp << ": max loss rel diff " << d.loss_rel << " over steps 11-20 (tol "
+                                  << kLossRelTol << "), max param abs diff " << d.param_abs << " (tol "
                                   << kParamAbsTol << ")");
-    CHECK(worst <= kLossRelTol);
-    CHECK(worst_param <= kParamAbsTol);
+    CHECK(d.loss_rel <= kLossRelTol);
+    CHECK(d.param_abs <= kParamAbsTol);
   }
 }
 

@@ -253,4 +253,26 @@ inline std::pair<int, std::string> launch_raw(const std::string& name, std::vect
   return run_command(argv, p.dir / (name + ".log"), 300, {tag.env(), "DTRAIN_NO_REBUILD=1"});
 }
 
+// Run `name` (a resume of a straight run from its step_<first>) against
+// that run: the largest relative loss difference over the steps it logged
+// (which must be first+1..kSteps) and the largest absolute difference of its
+// final merged parameters from `want_params`.
+struct ResumeDiffs {
+  double loss_rel = 0, param_abs = 0;
+};
+inline ResumeDiffs resume_diffs(const std::string& name, int first, const std::map<int, double>& want,
+                                const std::map<std::string, std::vector<float>>& want_params) {
+  auto& p = Parity::get();
+  ResumeDiffs d;
+  const auto got = losses_by_step(p.dir / name + "/metrics.jsonl");
+  REQUIRE(got.size() == size_t(kSteps - first));
+  for (auto& [step, loss] : got) d.loss_rel = std::max(d.loss_rel, std::fabs(loss - want.at(step)) / want.at(step));
+  const auto params = read_checkpoint_params(p.dir / name + "/ckpt", p.dir.path());
+  REQUIRE(params.size() == want_params.size());
+  for (auto& [pname, v] : want_params)
+    for (size_t k = 0; k < v.size(); ++k)
+      d.param_abs = std::max(d.param_abs, double(std::fabs(params.at(pname)[k] - v[k])));
+  return d;
+}
+
 }  // namespace dtrain::testing::parity
