@@ -135,3 +135,13 @@ void validate_job_spec(const JobSpec& spec, std::vector<std::string>* warnings) 
 }
 
 }  // namespace dtrain
+
+namespace dtrain {
+
+std::vector<int> JobSpec::stage_layers() const {
+  const int stages = std::max(1, parallel.pp) * std::max(1, parallel.pipeline_virtual_stages);
+  if (!parallel.pipeline_layers_per_stage.empty()) return parallel.pipeline_layers_per_stage;
+  return std::vector<int>(static_cast<size_t>(stages), model.layers / stages);
+}
+
+}  // namespace dtrain

@@ -47,6 +47,9 @@ struct ParallelSpec {
   int zero = 0;                            // 0 = DDP, 1, 2, 3 (= FSDP full shard)
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b
   int pipeline_virtual_stages = 1;         // chunks per pp rank (interleaved_1f1b)
+  // Blocks per pipeline stage, one entry per global stage (pp x virtual_stages,
+  // stage s = chunk * pp + rank); empty: model.layers split evenly.
+  std::vector<int> pipeline_layers_per_stage;
   double ddp_bucket_mb = 25.0;
   bool ddp_overlap = true;
   // ZeRO-3 (FSDP): free a unit's gathered parameters after its forward
@@ -142,6 +145,9 @@ struct JobSpec {
   int global_batch() const { return train.micro_batch * train.grad_accum * parallel.dp; }
   int ranks_per_node() const { return cluster.procs_per_node; }
   long long tokens_per_step() const { return 1LL * global_batch() * model.seq_len; }
+  // Blocks of each global pipeline stage (pp x virtual_stages entries):
+  // parallel.pipeline.layers_per_stage when given, else layers split evenly.
+  std::vector<int> stage_layers() const;
   bool builtin_entrypoint() const {
     return entrypoint.size() == 1 && entrypoint[0] == "builtin";
   }

@@ -124,6 +124,24 @@ struct Reader {
     *out = words;
     return "";
   }
+  std::string operator()(std::vector<int>* out) const {
+    const char* expected = "a list of integers like [2, 2]";
+    if (node.IsNull()) {
+      out->clear();
+      return "";
+    }
+    if (!node.IsSequence()) return expected;
+    std::vector<int> values;
+    for (const auto& item : node) {
+      long long v = 0;
+      if (!item.IsScalar() || !parse_int64(item.Scalar(), v) || v < std::numeric_limits<int>::min() ||
+          v > std::numeric_limits<int>::max())
+        return expected;
+      values.push_back(static_cast<int>(v));
+    }
+    *out = values;
+    return "";
+  }
 };
 
 }  // namespace

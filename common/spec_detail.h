@@ -25,7 +25,7 @@ struct NodesRef {
 
 // What a field binds to; the alternative decides how its YAML value is read.
 using FieldRef = std::variant<int*, uint64_t*, double*, bool*, std::string*, NodesRef,
-                              std::vector<std::string>*>;
+                              std::vector<std::string>*, std::vector<int>*>;
 
 struct Field {
   const char* path;  // "parallel.tp"

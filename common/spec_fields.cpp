@@ -39,6 +39,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("parallel.zero", parallel.zero),
       DTRAIN_FIELD("parallel.pipeline.schedule", parallel.pipeline_schedule),
       DTRAIN_FIELD("parallel.pipeline.virtual_stages", parallel.pipeline_virtual_stages),
+      DTRAIN_FIELD("parallel.pipeline.layers_per_stage", parallel.pipeline_layers_per_stage),
       DTRAIN_FIELD("parallel.ddp.bucket_mb", parallel.ddp_bucket_mb),
       DTRAIN_FIELD("parallel.ddp.overlap", parallel.ddp_overlap),
       DTRAIN_FIELD("parallel.fsdp.reshard_after_forward", parallel.fsdp_reshard_after_forward),

@@ -39,6 +39,11 @@ struct TextOf {
     e << YAML::EndSeq;
     return e.c_str();
   }
+  std::string operator()(std::vector<int>* v) const {
+    std::string out = "[";
+    for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + std::to_string((*v)[i]);
+    return out + "]";
+  }
 };
 
 struct JsonOf {
@@ -56,6 +61,7 @@ struct JsonOf {
     if (v->size() == 1 && (*v)[0] == "builtin") return "builtin";
     return *v;
   }
+  json operator()(std::vector<int>* v) const { return *v; }
 };
 
 std::vector<std::string> split(const std::string& path) {

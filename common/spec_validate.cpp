@@ -114,7 +114,7 @@ void check_enums(const Checker& c) {
   c.one_of("cluster.backend", s.cluster.backend, {"auto", "gloo", "nccl"});
   c.one_of("fault.kind", s.fault.kind,
            {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync"});
-  c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b", "interleaved_1f1b"});
+  c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"});
   c.at_least("parallel.pipeline.virtual_stages", s.parallel.pipeline_virtual_stages, 1,
              "use 1, or 2+ with schedule interleaved_1f1b");
   if (!c.bad({"parallel.pipeline.virtual_stages", "parallel.pipeline.schedule"}) &&
@@ -122,7 +122,8 @@ void check_enums(const Checker& c) {
     c.error("parallel.pipeline.virtual_stages",
             "parallel.pipeline.virtual_stages = " + std::to_string(s.parallel.pipeline_virtual_stages) +
                 " needs parallel.pipeline.schedule interleaved_1f1b (it is " + s.parallel.pipeline_schedule + ")");
-  if (!c.bad({"parallel.pipeline.virtual_stages", "parallel.pp", "model.layers"}) &&
+  const bool uneven = !s.parallel.pipeline_layers_per_stage.empty();
+  if (!c.bad({"parallel.pipeline.virtual_stages", "parallel.pp", "model.layers"}) && !uneven &&
       s.parallel.pipeline_virtual_stages > 1 && s.parallel.pp >= 1 &&
       s.model.layers % (s.parallel.pp * s.parallel.pipeline_virtual_stages) != 0)
     c.error("parallel.pipeline.virtual_stages",
@@ -192,6 +193,35 @@ std::string choices(const std::string& axis, int n, int cap = 0) {
   return "use " + axis + " " + join_choices(ok);
 }
 
+// parallel.pipeline.layers_per_stage: one entry per global stage (pp x
+// virtual_stages), each at least one block, summing to model.layers.
+void check_layers_per_stage(const Checker& c) {
+  const JobSpec& s = c.spec;
+  const std::vector<int>& v = s.parallel.pipeline_layers_per_stage;
+  const std::string path = "parallel.pipeline.layers_per_stage";
+  if (v.empty() || c.bad({path, "parallel.pp", "parallel.pipeline.virtual_stages", "model.layers"})) return;
+  std::string shown = "[";
+  int sum = 0, smallest = v[0];
+  for (size_t i = 0; i < v.size(); ++i) {
+    shown += (i ? ", " : "") + str(v[i]);
+    sum += v[i];
+    smallest = std::min(smallest, v[i]);
+  }
+  shown += "]";
+  const int stages = s.parallel.pp * s.parallel.pipeline_virtual_stages;
+  if (static_cast<int>(v.size()) != stages)
+    c.error(path, path + " = " + shown + " lists " + str(static_cast<int>(v.size())) + " stage(s) but parallel.pp = " +
+                      str(s.parallel.pp) + " x parallel.pipeline.virtual_stages = " +
+                      str(s.parallel.pipeline_virtual_stages) + " = " + str(stages) +
+                      " stages; give one block count per stage (stage s = chunk * pp + rank)");
+  if (smallest < 1)
+    c.error(path, path + " = " + shown + " gives a stage " + str(smallest) +
+                      " blocks; every stage needs at least 1 (use a smaller parallel.pp)");
+  if (sum != s.model.layers)
+    c.error(path, path + " = " + shown + " sums to " + str(sum) + " but model.layers = " + str(s.model.layers) +
+                      "; make the entries add up to model.layers");
+}
+
 void check_divisibility(const Checker& c) {
   const JobSpec& s = c.spec;
   const ParallelSpec& p = s.parallel;
@@ -212,10 +242,12 @@ void check_divisibility(const Checker& c) {
                                               " divisible by parallel.tp = " + str(p.tp) + "; " +
                                               choices("tp", m.seq_len, domain));
   if (!c.bad({"parallel.pp", "model.layers"}) && p.pp >= 1 && m.layers >= 1 &&
-      m.layers % p.pp != 0)
+      p.pipeline_layers_per_stage.empty() && m.layers % p.pp != 0)
     c.error("parallel.pp", "parallel.pp = " + str(p.pp) + " does not divide model.layers = " +
                                str(m.layers) + " (each stage holds layers/pp blocks); " +
-                               choices("pp", m.layers));
+                               choices("pp", m.layers) +
+                               ", or give parallel.pipeline.layers_per_stage (e.g. [" +
+                               str(m.layers / p.pp + 1) + ", ...]) summing to model.layers");
   if (!c.bad({"parallel.tp", "cluster.topology.nvlink_domain"}) && domain > 0 && p.tp > domain) {
     std::string text = "parallel.tp = " + str(p.tp) +
                        " is larger than cluster.topology.nvlink_domain = " + str(domain) +
@@ -334,6 +366,7 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
   check_enums(c);
   check_world(c);
   check_divisibility(c);
+  check_layers_per_stage(c);
   check_sizes(c);
   check_warnings(c);
 }

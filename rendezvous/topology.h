@@ -53,6 +53,7 @@ struct TrafficModel {
   int seq_len = 1;
   int d_model = 1;
   int layers = 1;
+  std::vector<int> stage_layers;  // blocks per global pipeline stage (pp x virtual stages); empty: even
 };
 TrafficModel traffic_model_from_spec(const JobSpec& spec);
 

@@ -69,7 +69,8 @@ LinkTier group_tier(const std::vector<int>& ranks, const std::vector<Slot>& slot
 //   tp: per micro-batch, all-reduces of the activation
 //       A = micro_batch * seq_len * d_model * bytes_per_elem: 4 per block
 //       (forward: attention and MLP row-parallel outputs; backward: the
-//       grads entering qkv and fc) over the layers/pp blocks of the stage;
+//       grads entering qkv and fc) over the blocks of the stage (layers/pp, or its
+//       parallel.pipeline.layers_per_stage entries);
 //       1 for the vocab-parallel embedding (first stage) and 1 for the grad
 //       entering the vocab-parallel head (last stage); on the last stage the
 //       vocab-parallel cross-entropy's 3 all-reduces (max, sum of exp, target
@@ -93,7 +94,13 @@ uint64_t group_bytes(const std::string& axis, int n, int stage, const Mesh& m, c
     return t.zero == 3 ? bytes * 3 / 2 : bytes;
   }
   if (axis == "tp") {
+    // The blocks this pp rank holds: its chunks' global stages c * pp + stage.
     uint64_t layers = static_cast<uint64_t>(std::max(1, t.layers / m.pp));
+    if (!t.stage_layers.empty()) {
+      layers = 0;
+      for (size_t s = static_cast<size_t>(stage); s < t.stage_layers.size(); s += static_cast<size_t>(m.pp))
+        layers += static_cast<uint64_t>(t.stage_layers[s]);
+    }
     uint64_t first = stage == 0 ? 1 : 0, last = stage == m.pp - 1 ? 1 : 0;
     uint64_t ce = static_cast<uint64_t>(t.micro_batch) * t.seq_len * 4;  // [micro_batch * seq_len] fp32
     return micro * ((layers * 4 + first + last) * all_reduce(act) + last * 3 * all_reduce(ce)) +
@@ -143,6 +150,7 @@ TrafficModel traffic_model_from_spec(const JobSpec& spec) {
   t.seq_len = spec.model.seq_len;
   t.d_model = spec.model.d_model;
   t.layers = spec.model.layers;
+  t.stage_layers = spec.stage_layers();
   return t;
 }
 

@@ -1,6 +1,7 @@
 // Checks of command-line input shared by several subcommands: node rank and
-// console ranks against the spec, and subcommand names against the CLI tree
-// (with did-you-mean). No spec rules here: those are common/job_spec.
+// console ranks against the spec, the pipeline plan the spec asks for (built
+// and simulated as the engine will), and subcommand names against the CLI
+// tree (with did-you-mean). No spec rules here: those are common/job_spec.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "apps/dtrain/command.h"
 #include "common/error.h"
 #include "common/spec_detail.h"
+#include "engine/parallel/pipeline/plan.h"
 
 namespace dtrain::app {
 
@@ -24,6 +26,22 @@ void check_node_and_ranks(const JobSpec& spec, int node_rank, const std::vector<
                   "--ranks " + std::to_string(r) + ": the job has " + std::to_string(world) +
                       " rank(s), 0.." + std::to_string(world - 1),
                   "list ranks between 0 and " + std::to_string(world - 1) + ", e.g. --ranks 0");
+}
+
+std::string checked_pipeline_plan(const JobSpec& spec) {
+  namespace pl = engine::parallel::pipeline;
+  pl::PlanSpec p;
+  p.kind = spec.parallel.pipeline_schedule;
+  p.stages = spec.parallel.pp;
+  p.micro = spec.train.grad_accum;
+  p.virtual_stages = spec.parallel.pipeline_virtual_stages;
+  const pl::Plan plan = pl::build_plan(p);
+  const pl::SimResult sim = pl::simulate(p, plan);
+  if (!sim.ok)
+    throw Error(ErrorCode::config,
+                "parallel.pipeline.schedule = " + p.kind + ": the simulator rejects its plan: " + sim.error,
+                "use parallel.pipeline.schedule 1f1b or gpipe");
+  return pl::format_plan(p, plan);
 }
 
 void check_subcommands(const CLI::App& app, int argc, char** argv) {

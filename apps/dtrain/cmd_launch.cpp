@@ -73,6 +73,7 @@ int run_launch(const LaunchArgs& args) {
   for (const auto& w : warnings) DTRAIN_WARN("{}", w);
 
   check_node_and_ranks(spec, args.node_rank, args.ranks);
+  if (spec.parallel.pp > 1 && spec.builtin_entrypoint()) checked_pipeline_plan(spec);
 
   launcher::LaunchOptions options;
   options.node_rank = args.node_rank >= 0 ? args.node_rank : slurm.node_rank;

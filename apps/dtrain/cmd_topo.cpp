@@ -11,7 +11,6 @@
 #include "common/error.h"
 #include "common/job_spec.h"
 #include "common/safe_output.h"
-#include "engine/parallel/pipeline/plan.h"
 #include "rendezvous/topology.h"
 
 namespace dtrain::app {
@@ -45,24 +44,22 @@ std::vector<std::string> topo_overrides(const TopoOptions& o) {
   return out;
 }
 
+// "[2, 1, 1]": the blocks of each global stage (layers_per_stage or even).
+std::string stage_blocks(const JobSpec& spec) {
+  std::string out = "[";
+  for (int n : spec.stage_layers()) out += (out.size() > 1 ? ", " : "") + std::to_string(n);
+  return out + "]";
+}
+
 // --schedule: each pipeline stage's action list for one step, as the
 // engine builds and simulates it, with the predicted bubble. A plan the
 // simulator rejects is an error here, before any worker runs.
 void print_schedule(const JobSpec& spec) {
-  namespace pl = engine::parallel::pipeline;
-  pl::PlanSpec p;
-  p.kind = spec.parallel.pipeline_schedule;
-  p.stages = spec.parallel.pp;
-  p.micro = spec.train.grad_accum;
-  p.virtual_stages = spec.parallel.pipeline_virtual_stages;
-  const pl::Plan plan = pl::build_plan(p);
-  const pl::SimResult sim = pl::simulate(p, plan);
-  if (!sim.ok)
-    throw Error(ErrorCode::config, "parallel.pipeline.schedule = " + p.kind + ": the simulator rejects its plan: " + sim.error,
-                "use parallel.pipeline.schedule 1f1b or gpipe");
-  std::cout << "\npipeline schedule " << p.kind << ", pp " << p.stages << ", " << p.micro
-            << " micro-batch(es) per step (train.grad_accum):\n"
-            << pl::format_plan(p, plan);
+  const std::string plan = checked_pipeline_plan(spec);
+  std::cout << "\npipeline schedule " << spec.parallel.pipeline_schedule << ", pp " << spec.parallel.pp << ", "
+            << spec.train.grad_accum << " micro-batch(es) per step (train.grad_accum), blocks per stage "
+            << stage_blocks(spec) << ":\n"
+            << plan;
 }
 
 void run_topo(const TopoOptions& o) {

@@ -32,6 +32,11 @@ constexpr int kMaxNodes = 65536;
 // dtrain::Error(config) naming the option, the value and the range.
 void check_node_and_ranks(const JobSpec& spec, int node_rank, const std::vector<int>& ranks);
 
+// Builds and simulates the pipeline plan of `spec` (as the engine will, before
+// its first step); throws dtrain::Error(config) when the simulator rejects
+// it, so no worker starts. Returns the printed plan.
+std::string checked_pipeline_plan(const JobSpec& spec);
+
 // The subcommand words of argv ("dtrain ckpt merge ...") against the CLI's
 // tree: an unknown one throws dtrain::Error(config) naming it, the closest
 // valid name and every valid one (CLI11 would only say a subcommand is required).

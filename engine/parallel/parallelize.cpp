@@ -33,7 +33,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   comm::Group& pp = comm.axis("pp");
   if (pp.size() > 1) {
     const PipelineStage stage =
-        pipeline_stage(spec.model.layers, pp.rank(), pp.size(), spec.parallel.pipeline_virtual_stages);
+        pipeline_stage(spec.stage_layers(), pp.rank(), pp.size(), spec.parallel.pipeline_virtual_stages);
     keep_stage_parameters(out.parts, stage);
     const int tp_size = comm.axis("tp").size();
     const int64_t t = spec.parallel.sequence_parallel ? spec.model.seq_len / tp_size : spec.model.seq_len;

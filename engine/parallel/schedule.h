@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <string>
 
 #include "engine/parallel/grad_sync.h"
 #include "engine/parallel/parallelize.h"
@@ -44,6 +45,9 @@ class Schedule {
   virtual double run(ModelParts& parts, GradSync& sync, BatchSource& batches,
                      const StepOptions& options) = 0;
   virtual const char* name() const = 0;
+  // What the schedule measured over the run, for this rank's log at the end
+  // ("" when it has nothing to say).
+  virtual std::string summary() const { return {}; }
 };
 
 std::unique_ptr<Schedule> make_no_pipeline();

@@ -106,6 +106,9 @@ std::unique_ptr<TrainSession> make_train_session() {
   copt.device = s->device;
   s->comm = comm::init_comm(s->info, copt);
   s->dp = &s->comm->axis("dp");
+  // Every rank, into its own log: the coordinates `dtrain topo` shows for it.
+  DTRAIN_INFO("rank {} coordinates {} in mesh {}", s->info.rank, mesh::format_coord(s->info.coord),
+              mesh::format_shape(s->info.shape));
   if (s->is_log_rank()) {
     DTRAIN_INFO("job {} from {} (seed {})", spec.job.name, spec.source, spec.job.seed);
     std::string summary = job_spec_summary(spec);

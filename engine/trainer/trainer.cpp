@@ -147,6 +147,7 @@ int run_training() {
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
     if (maybe_save_checkpoint(s, step + 1)) return 0;  // preempted, saved
   }
+  if (const std::string what = s.par.schedule->summary(); !what.empty()) DTRAIN_INFO("{}", what);
   write_memory_report(s, run_peak);
   if (s.is_log_rank()) DTRAIN_INFO("training done: {} steps", s.spec.train.steps);
   return 0;

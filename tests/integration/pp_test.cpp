@@ -1,10 +1,13 @@
-// Pipeline parallelism (issue 14): parity with the 1-process run of the same
+// Pipeline parallelism: parity with the 1-process run of the same
 // global batch (8 samples), fp32, dropout 0.1 (layout-invariant masks), 20
 // steps, through the harness of tests/support/parity.h (losses and grad
 // norms within 1e-5 relative, merged final parameters within 1e-5, max
 // differences printed): pp 2 with 1f1b at m = 1 and 4 and gpipe at m = 4,
 // pp 4 with 1f1b at m = 8, and dp 2 x tp 2 x pp 2 on 8 ranks; a 2x2x2
-// checkpoint resumed on one process. AdamW eps 1e-6 as in tp_test.cpp.
+// checkpoint resumed on one process; uneven stages (layers_per_stage); the
+// zero-bubble zb_h1 schedule (split backward); each rank's logged mesh
+// coordinates against `dtrain topo --format json`. AdamW eps 1e-6 as in
+// tp_test.cpp.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -14,10 +17,13 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/support/parity.h"
 
 namespace {
 
+using namespace dtrain::testing;
 using namespace dtrain::testing::parity;
 
 const std::vector<std::string> kCommon = {"train.adam_eps=1e-6", "model.dropout=0.1", "model.layers=4"};
@@ -45,6 +51,33 @@ void pp_parity(const std::string& name, const std::vector<std::string>& sets, in
   compare(name + " vs 1 process", run, nullptr, reference());
 }
 
+// Each rank's engine logs "rank R coordinates dp=..,tp=..,pp=..,ep=.." into
+// <run>/rank_R.log; `dtrain topo --format json` of the same spec and sets
+// must place every rank at exactly those coordinates.
+void check_coordinates_match_topo(const std::string& name, const std::vector<std::string>& sets, int world) {
+  auto& p = Parity::get();
+  std::vector<std::string> argv = {"topo", p.dir / "spec.yaml", "--format", "json"};
+  for (const auto& s : with(kCommon, sets)) argv.insert(argv.end(), {"--set", s});
+  argv.insert(argv.begin(), dtrain_bin());
+  auto [code, out] = run_command(argv, p.dir / (name + "_topo.log"));
+  INFO(out);
+  REQUIRE(code == 0);
+  const auto j = nlohmann::json::parse(out.substr(out.find('{'), out.rfind('}') - out.find('{') + 1));
+  REQUIRE(j["ranks"].size() == size_t(world));
+  int matched = 0;
+  for (const auto& r : j["ranks"]) {
+    const int rank = r["rank"];
+    const std::string want = "rank " + std::to_string(rank) + " coordinates dp=" + std::to_string(int(r["dp"])) +
+                             ",tp=" + std::to_string(int(r["tp"])) + ",pp=" + std::to_string(int(r["pp"])) +
+                             ",ep=" + std::to_string(int(r["ep"]));
+    const std::string log = read_file(p.dir / (name + "/rank_" + std::to_string(rank) + ".log"));
+    INFO("rank " << rank << " log:\n" << log.substr(0, 2000));
+    CHECK(log.find(want) != std::string::npos);
+    matched += log.find(want) != std::string::npos;
+  }
+  MESSAGE(name << ": " << matched << " of " << world << " ranks logged the coordinates dtrain topo gives them");
+}
+
 }  // namespace
 
 TEST_CASE("pp parity: pp 2 with 1f1b (m 1, 4) and gpipe (m 4), pp 4 with 1f1b (m 8)") {
@@ -65,6 +98,38 @@ TEST_CASE("pp parity: interleaved 1f1b at pp 2 with 2 virtual stages (m 4); virt
         std::string::npos);
 }
 
+TEST_CASE("uneven stages: layers_per_stage [1, 3] at pp 2 and [2, 1, 1] at pp 3 (4 layers) match one process; bad lists exit 2") {
+  pp_parity("pp2_stages_1_3", with(layout(1, 1, 2, 4, "1f1b"), {"parallel.pipeline.layers_per_stage=[1, 3]"}), 2);
+  pp_parity("pp3_stages_2_1_1", with(layout(1, 1, 3, 4, "1f1b"), {"parallel.pipeline.layers_per_stage=[2, 1, 1]"}), 3);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"[1, 1]", "parallel.pipeline.layers_per_stage = [1, 1] sums to 2 but model.layers = 4"},
+      {"[4]", "parallel.pipeline.layers_per_stage = [4] lists 1 stage(s) but parallel.pp = 2"},
+      {"[0, 4]", "gives a stage 0 blocks; every stage needs at least 1"}};
+  for (const auto& [list, message] : bad) {
+    auto [code, output] =
+        launch_raw("pp2_bad_stages", with(kCommon, with(layout(1, 1, 2, 4, "1f1b"),
+                                                        {"parallel.pipeline.layers_per_stage=" + list})));
+    INFO(output);
+    CHECK(code == 2);
+    CHECK(output.find(message) != std::string::npos);
+  }
+  // Without the list, pp 3 cannot split 4 layers, and the error names the way out.
+  auto [code, output] = launch_raw("pp3_even", with(kCommon, layout(1, 1, 3, 4, "1f1b")));
+  INFO(output);
+  CHECK(code == 2);
+  CHECK(output.find("or give parallel.pipeline.layers_per_stage") != std::string::npos);
+}
+
+TEST_CASE("zb_h1 (split backward) matches one process: pp 2 m 4, pp 4 m 8, dp2 x tp2 x pp2 with SP and with ZeRO-1") {
+  pp_parity("pp2_zb_h1_m4", layout(1, 1, 2, 4, "zb_h1"), 2);
+  pp_parity("pp4_zb_h1_m8", layout(1, 1, 4, 8, "zb_h1"), 4);
+  pp_parity("dp2_tp2_pp2_zb_h1_sp", with(layout(2, 2, 2, 2, "zb_h1"), {"parallel.sequence_parallel=true"}), 2);
+  pp_parity("dp2_tp2_pp2_zb_h1_zero1", with(layout(2, 2, 2, 2, "zb_h1"), {"parallel.zero=1"}), 2);
+  // Every stage splits: each logs its measured bubble next to the simulated one.
+  const std::string log = read_file(Parity::get().dir / "pp4_zb_h1_m8/rank_3.log");
+  CHECK(log.find("pipeline rank 3: measured bubble") != std::string::npos);
+}
+
 TEST_CASE("3D with ZeRO-1 over dp: dp 2 x tp 2 x pp 2 matches one process") {
   pp_parity("dp2_tp2_pp2_zero1", with(layout(2, 2, 2, 2, "1f1b"), {"parallel.zero=1"}), 2);
 }
@@ -73,6 +138,7 @@ TEST_CASE("3D: dp 2 x tp 2 x pp 2 on 8 ranks matches one process; its checkpoint
   const RunResult& straight =
       cached("dp2_tp2_pp2", with(layout(2, 2, 2, 2, "1f1b"), {"checkpoint.every=10", "checkpoint.keep=5"}));
   compare("dp2_tp2_pp2 vs 1 process", straight, nullptr, reference());
+  check_coordinates_match_topo("dp2_tp2_pp2", layout(2, 2, 2, 2, "1f1b"), 8);
   auto& p = Parity::get();
   const auto want = losses_by_step(p.dir / "dp2_tp2_pp2/metrics.jsonl");
   REQUIRE(want.size() == size_t(kSteps));

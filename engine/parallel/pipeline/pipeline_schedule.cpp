@@ -12,12 +12,16 @@
 #include <ATen/ops/full.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <map>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/parallel/autocast_scope.h"
 #include "engine/parallel/pipeline/plan.h"
+#include "engine/parallel/pipeline/split_backward.h"
 
 namespace dtrain::engine::parallel {
 namespace {
@@ -26,6 +30,10 @@ using pipeline::Action;
 using pipeline::Op;
 
 bool starts_with(const std::string& s, const std::string& head) { return s.rfind(head, 0) == 0; }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 class Pipeline : public Schedule {
  public:
@@ -44,9 +52,24 @@ class Pipeline : public Schedule {
         const pipeline::Peer to = pipeline::peer(spec_, stage_.rank, a);
         send_to_.push_back({to.rank, tag(a.micro, to.chunk, a.op == Op::send_grad)});
       }
+    simulated_bubble_ = sim.bubble;
     if (stage_.rank == 0)
       DTRAIN_INFO("pipeline plan (simulated: bubble {:.1f}%, ideal {:.1f}%):\n{}", 100 * sim.bubble,
                   100 * pipeline::ideal_bubble(spec_), pipeline::format_plan(spec_, plan));
+  }
+
+  // The measured bubble: the share of the schedule's wall time this rank
+  // spent blocked (receives, the step's pending sends, the loss all-reduce)
+  // rather than computing, over the steps after the first (warm-up).
+  std::string summary() const override {
+    if (timed_steps_ == 0) return {};
+    char text[320];
+    std::snprintf(text, sizeof text,
+                  "pipeline rank %d: measured bubble %.1f%% (blocked %.2f of %.2f ms/step over %d steps after "
+                  "the first; simulated %.1f%%, ideal %.1f%%)",
+                  stage_.rank, 100 * idle_s_ / run_s_, 1e3 * idle_s_ / timed_steps_, 1e3 * run_s_ / timed_steps_,
+                  timed_steps_, 100 * simulated_bubble_, 100 * pipeline::ideal_bubble(spec_));
+    return text;
   }
 
   double run(ModelParts& parts, GradSync& sync, BatchSource& batches, const StepOptions& options) override {
@@ -57,8 +80,23 @@ class Pipeline : public Schedule {
     size_t next_send = 0;
     std::vector<comm::WorkPtr> sends;
     std::vector<at::Tensor> sent;  // alive until their sends complete
+    // A split backward (zb_h1) accumulates every micro-batch's weight
+    // gradients outside the whole-backward order the gradient sync overlaps
+    // with: its reduction then runs in sync.finish(), after the step.
+    const bool reduce_in_backward = spec_.kind != "zb_h1";
+    const int backward_total = spec_.micro * stage_.chunks;
+    std::vector<at::Tensor> params;
+    if (!reduce_in_backward)
+      for (auto& [name, p] : parts.named_params) params.push_back(p);
     double loss_sum = 0;
     int backwards = 0;
+    const double start = now_s();
+    double idle = 0;  // seconds blocked on the pp group in this step
+    auto blocked = [&idle](auto&& wait) {
+      const double t0 = now_s();
+      wait();
+      idle += now_s() - t0;
+    };
     for (const Action& a : actions_) {
       Micro& m = micro[{a.micro, a.chunk}];
       const bool first = stage_.first(a.chunk), last = stage_.last(a.chunk);
@@ -75,7 +113,13 @@ class Pipeline : public Schedule {
           }
           model.set_dropout_position({options.seed, options.step, batches.global_rows(), batches.row_begin(a.micro)});
           AutocastScope autocast(device.type(), options.bf16);
-          x = first ? model.embed(m.tokens) : m.input;
+          if (first && !reduce_in_backward) {
+            // A split backward stops at the embedding's output: its input
+            // half runs the blocks, its weight half also the embedding.
+            m.embedded = model.embed(m.tokens);  // [B, T, C]
+            m.input = m.embedded.detach().requires_grad_(true);
+          }
+          x = first && reduce_in_backward ? model.embed(m.tokens) : m.input;
           at::Tensor y = model.run_blocks(x, stage_.first_block(a.chunk), stage_.last_block(a.chunk));  // [B, T, C]
           if (last) {
             m.loss = model.head_loss(y, m.targets);  // [] mean over B*T
@@ -93,18 +137,18 @@ class Pipeline : public Schedule {
         }
         case Op::recv_act: {
           at::Tensor buf = at::empty(activation_, act_options);  // [B, T, C]
-          pp_.recv(buf, pipeline::peer(spec_, stage_.rank, a).rank, tag(a.micro, a.chunk, false))->wait();
+          blocked([&] { pp_.recv(buf, pipeline::peer(spec_, stage_.rank, a).rank, tag(a.micro, a.chunk, false))->wait(); });
           m.input = buf.requires_grad_(true);
           break;
         }
         case Op::recv_grad: {
           at::Tensor buf = at::empty(activation_, act_options);  // [B, T, C]
-          pp_.recv(buf, pipeline::peer(spec_, stage_.rank, a).rank, tag(a.micro, a.chunk, true))->wait();
+          blocked([&] { pp_.recv(buf, pipeline::peer(spec_, stage_.rank, a).rank, tag(a.micro, a.chunk, true))->wait(); });
           m.output_grad = buf;
           break;
         }
         case Op::backward: {
-          sync.begin_micro(backwards, backwards == spec_.micro * stage_.chunks - 1);
+          sync.begin_micro(backwards, reduce_in_backward && backwards == backward_total - 1);
           ++backwards;
           if (last)
             m.loss.mul(options.loss_scale).backward();
@@ -113,19 +157,39 @@ class Pipeline : public Schedule {
           m.loss = m.output = m.output_grad = m.tokens = m.targets = at::Tensor();
           break;
         }
+        case Op::backward_input: {
+          m.input_grad = last ? m.split.backward_input(m.loss.mul(options.loss_scale), {}, m.input, params)
+                              : m.split.backward_input(m.output, m.output_grad, m.input, params);
+          m.output_grad = at::Tensor();
+          break;
+        }
+        case Op::backward_weight: {
+          sync.begin_micro(backwards++, false);
+          m.split.backward_weight();
+          if (m.embedded.defined()) m.embedded.backward(m.input_grad);
+          m = Micro{};
+          break;
+        }
         case Op::send_grad: {
           const auto [to, t] = send_to_.at(next_send++);
-          sent.push_back(m.input.grad());
+          sent.push_back(m.input_grad.defined() ? m.input_grad : m.input.grad());
           sends.push_back(pp_.send(sent.back(), to, t));
-          m.input = at::Tensor();
+          if (!m.input_grad.defined()) m.input = at::Tensor();  // a split backward still needs it
           break;
         }
       }
     }
-    for (auto& w : sends) w->wait();
+    blocked([&] {
+      for (auto& w : sends) w->wait();
+    });
     // The losses live on the last stage; every stage returns their sum.
     at::Tensor t = at::full({1}, loss_sum, at::TensorOptions().dtype(at::kDouble).device(device));  // [1]
-    pp_.all_reduce(t);
+    blocked([&] { pp_.all_reduce(t); });
+    if (steps_seen_++ > 0) {
+      idle_s_ += idle;
+      run_s_ += now_s() - start;
+      ++timed_steps_;
+    }
     return t.item<double>();
   }
 
@@ -139,6 +203,9 @@ class Pipeline : public Schedule {
     at::Tensor loss;         // last stage
     at::Tensor targets;      // last stage
     at::Tensor tokens;       // first stage
+    at::Tensor input_grad;   // the input half's gradient of `input` (split backward)
+    at::Tensor embedded;     // first stage, split backward: the embedding's output
+    SplitBackward split;     // between a split backward's halves
   };
   // A message's tag, from the receiving side's (micro-batch, chunk) and
   // its direction (activation forward, gradient backward).
@@ -151,21 +218,35 @@ class Pipeline : public Schedule {
   std::vector<Action> actions_;
   std::vector<std::pair<int, int>> send_to_;  // per send action, in order: (peer rank, tag)
   at::Tensor inputs_, targets_;
+  double simulated_bubble_ = 0;
+  int steps_seen_ = 0, timed_steps_ = 0;
+  double idle_s_ = 0, run_s_ = 0;  // summed over the timed steps
 };
 
 }  // namespace
 
-PipelineStage pipeline_stage(int layers, int rank, int size, int chunks) {
-  if (size < 1 || chunks < 1 || layers % (size * chunks) != 0)
-    throw Error(ErrorCode::config, "model.layers = " + std::to_string(layers) + " does not split into parallel.pp = " +
-                                       std::to_string(size) + " x parallel.pipeline.virtual_stages = " +
-                                       std::to_string(chunks) + " equal stages",
-                "choose pp and virtual_stages whose product divides model.layers");
+bool PipelineStage::holds_block(int block) const {
+  for (size_t s = 0; s + 1 < begin.size(); ++s)
+    if (block >= begin[s] && block < begin[s + 1]) return int(s) % size == rank;
+  return false;
+}
+
+PipelineStage pipeline_stage(const std::vector<int>& stage_layers, int rank, int size, int chunks) {
+  std::string shown;
+  for (int n : stage_layers) shown += (shown.empty() ? "" : ", ") + std::to_string(n);
+  const bool positive = std::all_of(stage_layers.begin(), stage_layers.end(), [](int n) { return n >= 1; });
+  if (size < 1 || chunks < 1 || int(stage_layers.size()) != size * chunks || !positive)
+    throw Error(ErrorCode::config,
+                "pipeline stages [" + shown + "] (blocks per stage) do not fit parallel.pp = " + std::to_string(size) +
+                    " x parallel.pipeline.virtual_stages = " + std::to_string(chunks) + " stages of >= 1 block",
+                "give parallel.pipeline.layers_per_stage one entry >= 1 per stage, or pp and virtual_stages "
+                "whose product divides model.layers");
   PipelineStage st;
   st.rank = rank;
   st.size = size;
   st.chunks = chunks;
-  st.blocks_per_stage = layers / (size * chunks);
+  st.begin.push_back(0);
+  for (int n : stage_layers) st.begin.push_back(st.begin.back() + n);
   return st;
 }
 

@@ -19,24 +19,26 @@
 
 namespace dtrain::engine::parallel {
 
-// What one pp rank holds: `chunks` (virtual stages, interleaved schedules)
-// of blocks_per_stage blocks each; chunk c is global stage c * size + rank
-// (Megatron's interleaving). Without virtual stages, chunks = 1.
+// What one pp rank holds: `chunks` (virtual stages, interleaved schedules);
+// chunk c is global stage c * size + rank (Megatron's interleaving), and
+// global stage s holds blocks [begin[s], begin[s+1]). Without virtual
+// stages, chunks = 1.
 struct PipelineStage {
   int rank = 0, size = 1;  // in the pp group
   int chunks = 1;
-  int blocks_per_stage = 0;
+  std::vector<int> begin;  // size * chunks + 1 block boundaries, begin[0] = 0
   int global_stage(int chunk) const { return chunk * size + rank; }
-  int first_block(int chunk) const { return global_stage(chunk) * blocks_per_stage; }
-  int last_block(int chunk) const { return first_block(chunk) + blocks_per_stage; }
+  int first_block(int chunk) const { return begin[size_t(global_stage(chunk))]; }
+  int last_block(int chunk) const { return begin[size_t(global_stage(chunk)) + 1]; }
   bool first(int chunk) const { return global_stage(chunk) == 0; }                 // holds the embedding
   bool last(int chunk) const { return global_stage(chunk) == size * chunks - 1; }  // holds the head and loss
-  bool holds_block(int block) const { return (block / blocks_per_stage) % size == rank; }
+  bool holds_block(int block) const;
 };
 
-// Rank `rank` of `size` with `chunks` virtual stages of a model with
-// `layers` blocks (layers % (size * chunks) == 0: the spec checks it).
-PipelineStage pipeline_stage(int layers, int rank, int size, int chunks = 1);
+// Rank `rank` of `size` with `chunks` virtual stages; stage_layers: the
+// blocks of each global stage (size * chunks entries, each >= 1: JobSpec's
+// stage_layers(), which the spec checks).
+PipelineStage pipeline_stage(const std::vector<int>& stage_layers, int rank, int size, int chunks = 1);
 
 // Keeps only this stage's parameters in parts.named_params (the others'
 // storage is released): run before tensor and data parallelism, which then

@@ -5,6 +5,7 @@
 #include "engine/parallel/pipeline/plan.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <deque>
 #include <map>
@@ -15,7 +16,9 @@
 namespace dtrain::engine::parallel::pipeline {
 namespace {
 
-bool is_compute(Op op) { return op == Op::forward || op == Op::backward; }
+bool is_compute(Op op) {
+  return op == Op::forward || op == Op::backward || op == Op::backward_input || op == Op::backward_weight;
+}
 bool is_send(Op op) { return op == Op::send_act || op == Op::send_grad; }
 
 std::string str(int v) { return std::to_string(v); }
@@ -34,10 +37,10 @@ struct ListBuilder {
     out.push_back({Op::forward, micro, chunk});
     if (s < p * v - 1) out.push_back({Op::send_act, micro, chunk});
   }
-  void backward(int micro, int chunk) {
+  void backward(int micro, int chunk, Op op = Op::backward) {
     int s = chunk * p + rank;
     if (s < p * v - 1) out.push_back({Op::recv_grad, micro, chunk});
-    out.push_back({Op::backward, micro, chunk});
+    out.push_back({op, micro, chunk});
     if (s > 0) out.push_back({Op::send_grad, micro, chunk});
   }
 };
@@ -83,15 +86,68 @@ void build_interleaved(int p, int m, int v, int rank, std::vector<Action>& out) 
   for (int k = total - warmup; k < total; ++k) b.backward(micro_of(k), chunk_of(k, false));
 }
 
+// ZB-H1 (plan.h), built by running the greedy rule of every rank over the
+// cost model's ticks: the lists are the order the computes started in.
+void build_zb_h1(int p, int m, Plan& plan) {
+  const int limit = std::min(p, m);
+  struct Rank {
+    int next_f = 0, next_b = 0, weights_done = 0, busy_until = 0;
+    std::deque<int> pending_weight;
+  };
+  std::vector<Rank> ranks(static_cast<size_t>(p));
+  // When each rank's F(i) and B(i) end: its output reaches the next stage,
+  // its input gradient the previous one.
+  std::vector<std::vector<int>> f_end(p, std::vector<int>(m, INT_MAX)), b_end = f_end;
+  auto done = [&](const Rank& s) { return s.next_b == m && s.pending_weight.empty(); };
+  const int give_up = 16 * (m + p) + 16;  // far above any makespan; a bug guard
+  for (int t = 0; !std::all_of(ranks.begin(), ranks.end(), done); ++t) {
+    if (t > give_up) throw Error(ErrorCode::internal, "pipeline: zb_h1 plan did not finish");
+    for (int r = 0; r < p; ++r) {
+      Rank& s = ranks[r];
+      if (s.busy_until > t || done(s)) continue;
+      ListBuilder b{p, 1, r, plan[r]};
+      const bool first = r == 0, last = r == p - 1;
+      if (s.next_b < s.next_f && (last || b_end[r + 1][s.next_b] <= t)) {
+        const int i = s.next_b++;
+        b.backward(i, 0, Op::backward_input);
+        s.pending_weight.push_back(i);
+        s.busy_until = b_end[r][i] = t + cost(Op::backward_input);
+        continue;
+      }
+      const int in_flight = s.next_f - s.weights_done;
+      if (s.next_f < m && in_flight < limit && (first || f_end[r - 1][s.next_f] <= t)) {
+        const int i = s.next_f++;
+        b.forward(i, 0);
+        s.busy_until = f_end[r][i] = t + cost(Op::forward);
+        continue;
+      }
+      if (!s.pending_weight.empty()) {
+        plan[r].push_back({Op::backward_weight, s.pending_weight.front(), 0});
+        s.pending_weight.pop_front();
+        ++s.weights_done;
+        s.busy_until = t + cost(Op::backward_weight);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+int cost(Op op) {
+  switch (op) {
+    case Op::forward: case Op::backward_input: case Op::backward_weight: return 1;
+    case Op::backward: return 2;
+    default: return 0;
+  }
+}
 
 void validate(const PlanSpec& spec) {
   std::vector<std::string> problems;
-  const bool known =
-      spec.kind == "gpipe" || spec.kind == "1f1b" || spec.kind == "interleaved_1f1b";
+  const bool known = spec.kind == "gpipe" || spec.kind == "1f1b" || spec.kind == "interleaved_1f1b" ||
+                     spec.kind == "zb_h1";
   if (!known)
     problems.push_back("parallel.pipeline.schedule = " + spec.kind +
-                       " is unknown; use gpipe, 1f1b or interleaved_1f1b");
+                       " is unknown; use gpipe, 1f1b, interleaved_1f1b or zb_h1");
   if (spec.stages < 1)
     problems.push_back("parallel.pp = " + str(spec.stages) + " must be at least 1");
   if (spec.micro < 1)
@@ -128,6 +184,10 @@ Plan build_plan(const PlanSpec& spec) {
   validate(spec);
   const int p = spec.stages, m = spec.micro, v = spec.virtual_stages;
   Plan plan(p);
+  if (spec.kind == "zb_h1") {
+    build_zb_h1(p, m, plan);
+    return plan;
+  }
   for (int r = 0; r < p; ++r) {
     if (spec.kind == "gpipe")
       build_gpipe(p, m, r, plan[r]);
@@ -151,7 +211,7 @@ Peer peer(const PlanSpec& spec, int rank, const Action& a) {
 }
 
 std::string format_action(const PlanSpec& spec, const Action& a) {
-  static const char* names[] = {"F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
+  static const char* names[] = {"F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "BI", "W"};
   std::string s = names[static_cast<int>(a.op)] + str(a.micro);
   if (spec.virtual_stages > 1) s += "." + str(a.chunk);
   return s;
@@ -160,6 +220,7 @@ std::string format_action(const PlanSpec& spec, const Action& a) {
 double ideal_bubble(const PlanSpec& spec) {
   const double p = spec.stages, m = spec.micro;
   const double v = spec.kind == "interleaved_1f1b" ? spec.virtual_stages : 1;
+  if (spec.kind == "zb_h1") return (p - 1) / (3 * m + p - 1);
   return (p - 1) / (v * m + p - 1);
 }
 
@@ -170,6 +231,8 @@ namespace {
 // What one rank has done so far for one (micro, chunk).
 struct Done {
   int forward = 0, backward = 0, recv_act = 0, recv_grad = 0, send_act = 0, send_grad = 0;
+  int backward_input = 0, backward_weight = 0;
+  bool any_backward() const { return backward || backward_input; }
 };
 
 class Checker {
@@ -250,19 +313,27 @@ class Checker {
         case Op::recv_grad:
           if (s == last_stage()) fail("the last stage has no next stage to receive from");
           else if (d.recv_grad++) fail("receives the gradient twice");
-          else if (d.backward) fail("comes after " + B + ", which needed it");
+          else if (d.any_backward()) fail("comes after " + B + ", which needed it");
           break;
         case Op::backward:
-          if (d.backward++) fail("runs twice");
+        case Op::backward_input:
+          if (d.any_backward()) fail("runs a second backward of this micro-batch");
           else if (!d.forward) fail("comes before " + F);
           else if (s < last_stage() && !d.recv_grad)
             fail("its output gradient was never received: no RECV_B before it");
+          else if (a.op == Op::backward) --in_flight;  // else: held until its weight half
+          (a.op == Op::backward ? d.backward : d.backward_input) = 1;
+          break;
+        case Op::backward_weight:
+          if (d.backward_weight++) fail("runs twice");
+          else if (!d.backward_input)
+            fail("comes before " + format_action(spec_, {Op::backward_input, a.micro, a.chunk}) + ", whose gradients it needs");
           else --in_flight;
           break;
         case Op::send_grad:
           if (s == 0) fail("stage 0 has no previous stage to send to");
           else if (d.send_grad++) fail("sends the gradient twice");
-          else if (!d.backward) fail("comes before " + B + ", which produces it");
+          else if (!d.any_backward()) fail("comes before " + B + ", which produces it");
           break;
       }
     }
@@ -283,7 +354,8 @@ class Checker {
                             format_action(spec_, {op, mi, c}));
         };
         if (!d.forward) miss(Op::forward, "runs");
-        if (!d.backward) miss(Op::backward, "runs");
+        if (!d.any_backward()) miss(Op::backward, "runs");
+        if (d.backward_input && !d.backward_weight) miss(Op::backward_weight, "runs");
         if (d.forward && s < last_stage() && !d.send_act) miss(Op::send_act, "posts");
         if (d.backward && s > 0 && !d.send_grad) miss(Op::send_grad, "posts");
       }
@@ -301,6 +373,7 @@ class Checker {
   void simulate(SimResult& res) {
     std::map<Queue, std::deque<Message>> queues;
     std::vector<size_t> pc(p(), 0);
+    std::vector<int> busy(p(), 0);  // ticks left of the compute at pc[r]
     int computes = 0, tick = 0;
     auto finished = [&] {
       for (int r = 0; r < p(); ++r)
@@ -339,14 +412,18 @@ class Checker {
           }
       }
       bool ran = false;
-      for (int r = 0; r < p(); ++r)
-        if (pc[r] < plan_[r].size() && is_compute(plan_[r][pc[r]].op)) {
-          ++pc[r];  // 1 tick
-          ++computes;
-          ran = true;
+      for (int r = 0; r < p(); ++r) {
+        if (busy[r] == 0 && pc[r] < plan_[r].size() && is_compute(plan_[r][pc[r]].op)) {
+          busy[r] = cost(plan_[r][pc[r]].op);
+          computes += busy[r];
         }
+        ran = ran || busy[r] > 0;
+      }
       if (!ran && !finished()) return deadlock(tick, pc);
-      if (ran) ++tick;
+      if (!ran) break;
+      ++tick;
+      for (int r = 0; r < p(); ++r)
+        if (busy[r] > 0 && --busy[r] == 0) ++pc[r];  // done: its send follows
     }
     for (auto& [key, queue] : queues)
       for (auto& msg : queue) errors_.push_back(msg.sent + ": never received");

@@ -34,7 +34,13 @@ namespace dtrain::engine::parallel::pipeline {
 // receiving side's; a sender gets them from peer()). So a plan must post the
 // sends of one (peer, direction) in the order the peer receives them, and a
 // receive must name what that send carries; simulate enforces both.
-enum class Op { forward, backward, send_act, recv_act, send_grad, recv_grad };
+//
+// Split backward (zb_h1): backward_input(m, c) computes only the gradient of
+// the stage's input (what the previous stage waits for: send_grad may follow
+// it), backward_weight(m, c) later the parameters' gradients, from what
+// backward_input kept. A stage runs either backward or both halves per
+// (micro, chunk).
+enum class Op { forward, backward, send_act, recv_act, send_grad, recv_grad, backward_input, backward_weight };
 
 struct Action {
   Op op;
@@ -43,7 +49,7 @@ struct Action {
 };
 
 struct PlanSpec {
-  std::string kind = "1f1b";  // gpipe | 1f1b | interleaved_1f1b
+  std::string kind = "1f1b";  // gpipe | 1f1b | interleaved_1f1b | zb_h1
   int stages = 1;             // p: pipeline ranks (parallel.pp)
   int micro = 1;              // m: micro-batches per step (train.grad_accum)
   int virtual_stages = 1;     // v: chunks per rank (interleaved_1f1b only)
@@ -61,6 +67,16 @@ using Plan = std::vector<std::vector<Action>>;
 //                    backwards. At most min(p-r, m) micro-batches in flight.
 //   interleaved_1f1b Megatron's interleaved schedule (v > 1 needs p >= 2 and
 //                    m % p == 0); with v = 1 it is 1f1b.
+//   zb_h1            zero bubble, ZB-H1 of Qi et al. 2023: every backward
+//                    split into its input and weight halves; each rank, at
+//                    every tick of the cost model below, runs the oldest
+//                    input half whose gradient has arrived, else the next
+//                    forward if fewer than min(p, m) micro-batches are in
+//                    flight (1F1B's peak, on stage 0; counted until the
+//                    weight half), else the oldest pending weight half. The
+//                    weight halves fill the bubbles; the bubble reaches
+//                    (p-1)/(3m+p-1) for m = p (and for even m at p = 2),
+//                    and lies between that and 1F1B's otherwise.
 // Each receive sits right before the compute that needs it and each send
 // right after the compute that produced it: with blocking receives this is
 // the loosest order, so it deadlocks only if the compute order does.
@@ -77,15 +93,18 @@ struct Peer {
 };
 Peer peer(const PlanSpec& spec, int rank, const Action& action);
 
-// Cost model: forward and backward take 1 tick, sends and receives 0. A
-// send right after a compute in tick t is posted when that tick ends, so the
-// peer's compute that needs it can run in tick t+1. Ranks start at tick 0
-// and run their list in order, waiting only on receives.
+// Cost model: forward 1 tick, backward 2 (backward_input and
+// backward_weight 1 each), sends and receives 0. A send right after a
+// compute ending with tick t is posted then, so the peer's compute that
+// needs it can start in tick t+1. Ranks start at tick 0 and run their list
+// in order, waiting only on receives.
+int cost(Op op);
 struct SimResult {
   bool ok = false;
   std::string error;               // empty when ok; else every problem found
   std::vector<int> max_in_flight;  // per rank: most (micro, chunk) pairs
-                                   // forwarded but not yet backwarded
+                                   // forwarded but not yet backwarded (with a
+                                   // split backward: its weight half)
   int ticks = 0;                   // makespan under the cost model
   double bubble = 0;               // idle fraction: 1 - computes / (p * ticks)
 };
@@ -102,7 +121,7 @@ struct SimResult {
 // Throws dtrain::Error(config) only for an invalid spec.
 SimResult simulate(const PlanSpec& spec, const Plan& plan);
 
-// "F3" / "SEND_F3" / "RECV_B2" ...; with v > 1 the chunk follows: "F3.1".
+// "F3" / "SEND_F3" / "RECV_B2" / "BI3" / "W3"...; with v > 1 the chunk follows: "F3.1".
 std::string format_action(const PlanSpec& spec, const Action& action);
 
 // One line per rank ("stage 0: F0 SEND_F0 F1 ..."; "rank 0: ..." when
@@ -110,7 +129,8 @@ std::string format_action(const PlanSpec& spec, const Action& action);
 // (or the simulator's error).
 std::string format_plan(const PlanSpec& spec, const Plan& plan);
 
-// (p-1)/(m+p-1); interleaved_1f1b: (p-1)/(v*m+p-1).
+// (p-1)/(m+p-1); interleaved_1f1b: (p-1)/(v*m+p-1); zb_h1: (p-1)/(3m+p-1)
+// (each stage idle p-1 ticks of F + B - W, Qi et al.'s estimate).
 double ideal_bubble(const PlanSpec& spec);
 
 }  // namespace dtrain::engine::parallel::pipeline

@@ -201,7 +201,7 @@ TEST_CASE("spec errors: enums list the choices") {
   CHECK(has(error_of("cluster: {backend: mpi}"),
             "cluster.backend = mpi: must be auto, gloo or nccl"));
   CHECK(has(error_of("parallel: {pipeline: {schedule: 1f1c}}"),
-            "parallel.pipeline.schedule = 1f1c: must be gpipe, 1f1b or interleaved_1f1b (did you mean 1f1b?)"));
+            "parallel.pipeline.schedule = 1f1c: must be gpipe, 1f1b, interleaved_1f1b or zb_h1 (did you mean 1f1b?)"));
   CHECK(has(error_of("data: {format: text}"),
             "data.format = text: must be bytes, tokens-u16 or synthetic"));
   CHECK(has(error_of("train: {precision: fp8}"),

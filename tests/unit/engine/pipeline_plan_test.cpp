@@ -57,9 +57,9 @@ TEST_CASE("pipeline plan: gpipe and 1f1b pass the simulator with the ideal bubbl
         REQUIRE(r.max_in_flight.size() == static_cast<size_t>(p));
         for (int rank = 0; rank < p; ++rank)
           CHECK(r.max_in_flight[rank] == (spec.kind == "gpipe" ? m : std::min(p - rank, m)));
-        // Unit cost: every rank computes 2m ticks of 2(m+p-1), so the idle
-        // fraction is exactly (p-1)/(m+p-1) for both schedules.
-        CHECK(r.ticks == 2 * (m + p - 1));
+        // Forward 1 tick, backward 2: every rank computes 3m ticks of
+        // 3(m+p-1), so the idle fraction is exactly (p-1)/(m+p-1) for both.
+        CHECK(r.ticks == 3 * (m + p - 1));
         CHECK(std::abs(r.bubble - ideal_bubble(spec)) < 1e-12);
       }
 }
@@ -76,7 +76,7 @@ TEST_CASE("pipeline plan: interleaved 1f1b passes the simulator with the ideal b
           int warmup = m == p ? v * m : std::min(2 * (p - rank - 1) + (v - 1) * p, v * m);
           CHECK(r.max_in_flight[rank] == std::min(warmup + 1, v * m));
         }
-        CHECK(r.ticks == 2 * (v * m + p - 1));
+        CHECK(r.ticks == 3 * (v * m + p - 1));
         CHECK(std::abs(r.bubble - ideal_bubble(spec)) < 1e-12);
         CHECK(r.bubble < ideal_bubble({"1f1b", p, m, 1}));
       }
@@ -86,17 +86,80 @@ TEST_CASE("pipeline plan: interleaved 1f1b passes the simulator with the ideal b
   CHECK(format_plan(one, build_plan(one)) == format_plan(plain, build_plan(plain)));
 }
 
+TEST_CASE("pipeline plan: zb_h1 splits every backward, holds 1F1B's peak in flight, and beats 1F1B's bubble") {
+  for (int p = 1; p <= 4; ++p)
+    for (int m = 1; m <= 8; ++m) {
+      PlanSpec spec{"zb_h1", p, m, 1};
+      const Plan plan = build_plan(spec);
+      SimResult r = simulate(spec, plan);
+      SimResult f = simulate({"1f1b", p, m, 1}, build_plan({"1f1b", p, m, 1}));
+      INFO("zb_h1 p=" << p << " m=" << m << ": " << r.error);
+      REQUIRE(r.ok);
+      for (int rank = 0; rank < p; ++rank) {
+        CHECK(r.max_in_flight[rank] <= std::min(p, m));  // 1F1B's stage-0 peak
+        int inputs = 0, weights = 0, whole = 0;
+        for (const Action& a : plan[rank]) {
+          inputs += a.op == Op::backward_input;
+          weights += a.op == Op::backward_weight;
+          whole += a.op == Op::backward;
+        }
+        CHECK(inputs == m);
+        CHECK(weights == m);
+        CHECK(whole == 0);
+      }
+      // The same compute (3m ticks a rank), in less time than 1F1B for p > 1.
+      if (p > 1) CHECK(r.ticks < f.ticks);
+      else CHECK(r.ticks == f.ticks);
+      CHECK(r.bubble >= ideal_bubble(spec) - 1e-12);
+      if (m == p || (p == 2 && m % 2 == 0)) CHECK(std::abs(r.bubble - ideal_bubble(spec)) < 1e-12);
+      if (p == 4 && m == 8)
+        MESSAGE("p 4, m 8: zb_h1 " << r.ticks << " ticks, bubble " << r.bubble << " (Qi et al. " << ideal_bubble(spec)
+                                   << "); 1f1b " << f.ticks << " ticks, bubble " << f.bubble);
+    }
+  PlanSpec spec{"zb_h1", 2, 2, 1};
+  CHECK(format_plan(spec, build_plan(spec)) ==
+        "stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 BI0 W0 RECV_B1 BI1 W1\n"
+        "stage 1: RECV_F0 F0 BI0 SEND_B0 RECV_F1 F1 BI1 SEND_B1 W0 W1\n"
+        "7 ticks, bubble 0.143 (ideal 0.143), in flight 2 2\n");
+}
+
+TEST_CASE("pipeline plan: the simulator rejects hand-broken zb_h1 plans") {
+  PlanSpec zb{"zb_h1", 2, 2, 1};
+  // stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 BI0 W0 RECV_B1 BI1 W1
+  // stage 1: RECV_F0 F0 BI0 SEND_B0 RECV_F1 F1 BI1 SEND_B1 W0 W1
+  SUBCASE("a weight half before its input half") {
+    Plan plan = build_plan(zb);
+    std::swap(plan[0][5], plan[0][6]);  // W0 BI0
+    check_rejected(zb, plan, "rank 0 #5 W0: comes before BI0, whose gradients it needs");
+  }
+  SUBCASE("a missing weight half") {
+    Plan plan = build_plan(zb);
+    plan[1].pop_back();  // W1
+    check_rejected(zb, plan, "rank 1 never runs W1");
+  }
+  SUBCASE("a whole backward after an input half") {
+    Plan plan = build_plan(zb);
+    plan[1][9] = {Op::backward, 1, 0};  // W1 -> B1
+    check_rejected(zb, plan, "rank 1 #9 B1: runs a second backward of this micro-batch");
+  }
+  SUBCASE("a gradient sent before the input half that produces it") {
+    Plan plan = build_plan(zb);
+    std::swap(plan[1][2], plan[1][3]);  // SEND_B0 BI0
+    check_rejected(zb, plan, "rank 1 #2 SEND_B0: comes before B0, which produces it");
+  }
+}
+
 TEST_CASE("pipeline plan: format_plan prints p=2 m=2 1f1b exactly") {
   PlanSpec spec{"1f1b", 2, 2, 1};
   CHECK(format_plan(spec, build_plan(spec)) ==
         "stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 RECV_B1 B1\n"
         "stage 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1 SEND_B1\n"
-        "6 ticks, bubble 0.333 (ideal 0.333), in flight 2 1\n");
+        "9 ticks, bubble 0.333 (ideal 0.333), in flight 2 1\n");
   PlanSpec gpipe{"gpipe", 2, 2, 1};
   CHECK(format_plan(gpipe, build_plan(gpipe)) ==
         "stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 RECV_B1 B1\n"
         "stage 1: RECV_F0 F0 RECV_F1 F1 B0 SEND_B0 B1 SEND_B1\n"
-        "6 ticks, bubble 0.333 (ideal 0.333), in flight 2 2\n");
+        "9 ticks, bubble 0.333 (ideal 0.333), in flight 2 2\n");
 }
 
 TEST_CASE("pipeline plan: the simulator rejects hand-broken plans") {
@@ -172,8 +235,8 @@ TEST_CASE("pipeline plan: peers of interleaved stages wrap from the last rank to
 
 TEST_CASE("pipeline plan: bad specs name the field and the fix") {
   std::string all = spec_error({"zb", 0, 0, 0});
-  CHECK(contains(all, "parallel.pipeline.schedule = zb is unknown; use gpipe, 1f1b or "
-                      "interleaved_1f1b"));
+  CHECK(contains(all, "parallel.pipeline.schedule = zb is unknown; use gpipe, 1f1b, "
+                      "interleaved_1f1b or zb_h1"));
   CHECK(contains(all, "parallel.pp = 0 must be at least 1"));
   CHECK(contains(all, "train.grad_accum = 0 must be at least 1"));
   CHECK(contains(all, "parallel.pipeline.virtual_stages = 0 must be at least 1"));

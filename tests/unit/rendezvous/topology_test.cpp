@@ -313,6 +313,16 @@ TEST_CASE("traffic: bytes per step on a hand-computed case") {
   CHECK(tp_groups == 4);
   // pp: grad_accum 2 x 2 directions x 1 boundary x act.
   CHECK(bytes["pp"] == 2 * 2 * 1 * act);
+  // Uneven stages (parallel.pipeline.layers_per_stage [1, 3]): each stage's
+  // tp group counts its own blocks.
+  spec.parallel.pipeline_layers_per_stage = {1, 3};
+  Placement uneven = place_ranks(make_cluster(1, 8, 0, false), mesh_from_spec(spec), traffic_model_from_spec(spec));
+  for (const auto& g : uneven.groups)
+    if (g.axis == "tp") {
+      if (uneven.ranks[g.ranks[0]].pp == 0) CHECK(g.bytes_per_step == 2 * (1 * 4 + 1) * act + 8);
+      else CHECK(g.bytes_per_step == 2 * ((3 * 4 + 1) * act + 3 * 8 * 64 * 4) + 8);
+    }
+  spec.parallel.pipeline_layers_per_stage.clear();
   t.zero = 3;
   Placement z3 = place_ranks(make_cluster(1, 8, 0, false), mesh_from_spec(spec), t);
   for (const auto& g : z3.groups)
