@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Pipeline bubble on this machine: for pp 2 and 4, m = 1, 2, 4, 8 micro-batches
-# and the gpipe / 1f1b schedules (and interleaved_1f1b at pp 2, v 2), each
+# and the gpipe / 1f1b / zb_h1 schedules (and interleaved_1f1b at pp 2, v 2), each
 # stage's measured idle fraction (the share of the schedule's wall time it sat
 # blocked in receives, pending sends and the loss all-reduce, logged by the
 # engine at the end of the run) next to the simulator's and the ideal
-# (p-1)/(m+p-1) (interleaved: (p-1)/(v m+p-1)); stage 0's step peak bytes of
+# (p-1)/(m+p-1) (interleaved: (p-1)/(v m+p-1); zb_h1: (p-1)/(3m+p-1)); stage 0's step peak bytes of
 # 1F1B against GPipe (GPipe keeps m micro-batches of activations, 1F1B p);
 # then tokens/s of 1x1x1, 8x1x1, 2x2x2 and 1x2x4 (dp x tp x pp) on one model
 # and one global batch, with the final losses compared. Correctness at scale,
@@ -46,7 +46,7 @@ run() {  # $1 = run name, $2 = dp, $3 = tp, $4 = pp, $5 = micro_batch, $6 = grad
 LOAD0="$(cut -d' ' -f1-3 /proc/loadavg)"
 for p in 2 4; do
   for m in 1 2 4 8; do
-    for sched in gpipe 1f1b; do run "p${p}_m${m}_${sched}" 1 1 "$p" "$MB" "$m" --set parallel.pipeline.schedule="$sched"; done
+    for sched in gpipe 1f1b zb_h1; do run "p${p}_m${m}_${sched}" 1 1 "$p" "$MB" "$m" --set parallel.pipeline.schedule="$sched"; done
   done
 done
 for m in 2 4 8; do
@@ -92,7 +92,7 @@ say("|---|---|---|---|---|---|---|---|")
 peaks = {}
 for p in (2, 4):
     for m in (1, 2, 4, 8):
-        for sched in ("gpipe", "1f1b", "interleaved"):
+        for sched in ("gpipe", "1f1b", "zb_h1", "interleaved"):
             name = f"p{p}_m{m}_{sched}"
             if not os.path.isdir(os.path.join(tmp, name)):
                 continue
@@ -104,10 +104,10 @@ for p in (2, 4):
             say(f"| {p} | {m} | {sched}{' v2' if sched == 'interleaved' else ''} | {' / '.join(f'{x:.1f}' for x in meas)} | "
                 f"{statistics.mean(meas):.1f} | {st[0][1]:.1f} | {st[0][2]:.1f} | {peak:.2f} |")
 say()
-say("stage-0 step peak, GPipe / 1F1B (GPipe holds m micro-batches in flight, 1F1B min(p, m)):")
+say("stage-0 step peak, GPipe / 1F1B and zb_h1 / 1F1B (GPipe holds m micro-batches in flight, 1F1B and zb_h1 min(p, m)):")
 for p in (2, 4):
-    say("  p " + str(p) + ": " + ", ".join(f"m {m}: {peaks[(p, m, 'gpipe')] / peaks[(p, m, '1f1b')]:.2f}x"
-                                          for m in (1, 2, 4, 8)))
+    say("  p " + str(p) + ": " + ", ".join(f"m {m}: {peaks[(p, m, 'gpipe')] / peaks[(p, m, '1f1b')]:.2f}x / "
+                                          f"{peaks[(p, m, 'zb_h1')] / peaks[(p, m, '1f1b')]:.2f}x" for m in (1, 2, 4, 8)))
 say()
 say(f"tokens/s on one global batch of {8 * mb} samples ({8 * mb * T} tokens), median over steps 2..{steps}:")
 say("| dp x tp x pp | ranks | tok/s | vs 1x1x1 | final loss | rel diff vs 1x1x1 |")
