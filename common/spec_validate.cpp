@@ -336,6 +336,7 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
   check_divisibility(c);
   check_sizes(c);
   check_warnings(c);
+  validate_moe(spec, origin, problems);
 }
 
 }  // namespace dtrain::detail
