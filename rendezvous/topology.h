@@ -53,6 +53,8 @@ struct TrafficModel {
   int seq_len = 1;
   int d_model = 1;
   int layers = 1;
+  int moe_layers = 0;        // MoE blocks (model.moe): their all-to-all over ep
+  int experts = 0, top_k = 1;
 };
 TrafficModel traffic_model_from_spec(const JobSpec& spec);
 
