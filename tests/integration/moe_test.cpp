@@ -87,7 +87,7 @@ TEST_CASE("moe parity: capacity 1.0 drops tokens; ep 2 (with a negative control)
     REQUIRE(b.size() == size_t(kSteps));
     double d = 0;
     for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-    MESSAGE(key << ": step 1 " << a.front() << ", step 20 " << a.back() << "; ep 4 vs 1 process max diff " << d);
+    MESSAGE(std::string(key) << ": step 1 " << a.front() << ", step 20 " << a.back() << "; ep 4 vs 1 process max diff " << d);
     CHECK(d <= 1e-5 * std::max(1.0, std::fabs(a.front())));
   }
   CHECK(read_metric(metrics("ep4_cf1"), "ep_bytes_sent").front() > 0);
