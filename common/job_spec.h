@@ -60,6 +60,22 @@ struct ParallelSpec {
   bool sequence_parallel = false;
 };
 
+// Mixture of experts: the MLP of every `every`-th block (blocks 0, every,
+// 2 * every, ...) becomes `experts` expert MLPs and a softmax router that
+// sends each token to its top_k experts, each taking at most
+// ceil(tokens * top_k * capacity_factor / experts) tokens of a micro-batch.
+// balance aux: the Switch Transformer loss (aux_loss_coef); bias: also the
+// DeepSeek-V3 selection bias moved by bias_rate toward the mean load.
+struct MoeSpec {
+  int experts = 0;  // 0 = dense
+  int top_k = 1;
+  double capacity_factor = 1.25;
+  double aux_loss_coef = 0.01;
+  int every = 1;
+  std::string balance = "aux";  // aux | bias
+  double bias_rate = 0.001;     // balance bias: the step of the bias per optimizer step
+};
+
 struct ModelSpec {
   std::string kind = "gpt";
   int vocab = 256;
@@ -71,6 +87,7 @@ struct ModelSpec {
   // Under tensor parallelism: the embedding and the head split by vocab rows
   // (parallel, with a vocab-parallel cross-entropy) or whole on every rank.
   std::string tp_vocab = "parallel";
+  MoeSpec moe;
 };
 
 struct TrainSpec {

@@ -74,6 +74,8 @@ std::string field_text(const FieldRef& ref);
 
 // spec_validate.cpp
 void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
+// spec_moe.cpp: model.moe's rules (called by validate_spec).
+void validate_moe(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 
 // Helpers.
 size_t edit_distance(const std::string& a, const std::string& b);

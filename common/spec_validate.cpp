@@ -369,6 +369,7 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
   check_layers_per_stage(c);
   check_sizes(c);
   check_warnings(c);
+  validate_moe(spec, origin, problems);
 }
 
 }  // namespace dtrain::detail

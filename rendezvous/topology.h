@@ -54,6 +54,8 @@ struct TrafficModel {
   int d_model = 1;
   int layers = 1;
   std::vector<int> stage_layers;  // blocks per global pipeline stage (pp x virtual stages); empty: even
+  int moe_layers = 0;        // MoE blocks (model.moe): their all-to-all over ep
+  int experts = 0, top_k = 1;
 };
 TrafficModel traffic_model_from_spec(const JobSpec& spec);
 

@@ -82,7 +82,11 @@ LinkTier group_tier(const std::vector<int>& ranks, const std::vector<Slot>& slot
 //       pp = 1 is the engine's tp_bytes_sent per step exactly.
 //   pp: per micro-batch, each of the n-1 stage boundaries carries one
 //       activation forward and one gradient backward: grad_accum * 2(n-1) * A.
-//   ep: 0. The job spec has no MoE layers yet, so there is no all-to-all to count.
+//   ep: per micro-batch and MoE layer, four all-to-alls (dispatch and
+//       combine, forward and backward) of micro_batch * seq_len * top_k rows
+//       of d_model elements, (n-1)/n of them to other ranks when the routing
+//       is uniform, plus the forward's count exchange of (E - E/n) * 8 bytes.
+//       The engine's ep_bytes_sent follows the actual routing.
 uint64_t group_bytes(const std::string& axis, int n, int stage, const Mesh& m, const TrafficModel& t) {
   auto all_reduce = [n](uint64_t x) { return x * 2 * static_cast<uint64_t>(n - 1) / n; };
   uint64_t elem = static_cast<uint64_t>(t.bytes_per_elem);
@@ -107,6 +111,11 @@ uint64_t group_bytes(const std::string& axis, int n, int stage, const Mesh& m, c
            all_reduce(8);
   }
   if (axis == "pp") return micro * 2 * static_cast<uint64_t>(n - 1) * act;
+  if (axis == "ep" && t.moe_layers > 0) {
+    const uint64_t rows = act * static_cast<uint64_t>(t.top_k) * static_cast<uint64_t>(n - 1) / n;
+    const uint64_t counts = static_cast<uint64_t>(t.experts - t.experts / n) * 8;
+    return micro * static_cast<uint64_t>(t.moe_layers) * (4 * rows + counts);
+  }
   return 0;
 }
 
@@ -151,6 +160,10 @@ TrafficModel traffic_model_from_spec(const JobSpec& spec) {
   t.d_model = spec.model.d_model;
   t.layers = spec.model.layers;
   t.stage_layers = spec.stage_layers();
+  const MoeSpec& moe = spec.model.moe;
+  for (int i = 0; moe.experts > 0 && moe.every >= 1 && i < spec.model.layers; ++i) t.moe_layers += i % moe.every == 0;
+  t.experts = moe.experts;
+  t.top_k = moe.top_k;
   return t;
 }
 

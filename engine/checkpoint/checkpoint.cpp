@@ -149,7 +149,9 @@ void restore_rng(ck::CheckpointReader& reader, const TrainState& s, const std::s
 std::string model_signature(const ModelSpec& m) {
   return m.kind + " vocab=" + std::to_string(m.vocab) + " layers=" + std::to_string(m.layers) +
          " d_model=" + std::to_string(m.d_model) + " heads=" + std::to_string(m.heads) +
-         " seq_len=" + std::to_string(m.seq_len);
+         " seq_len=" + std::to_string(m.seq_len) +
+         (m.moe.experts > 0 ? " moe.experts=" + std::to_string(m.moe.experts) + " moe.every=" + std::to_string(m.moe.every)
+                            : std::string());
 }
 
 std::string prepare_resume(const TrainState& s) {

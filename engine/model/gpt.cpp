@@ -177,17 +177,23 @@ at::Tensor MlpImpl::forward(const at::Tensor& x) {
 // ---------------------------------------------------------------------------
 // Block (pre-LN)
 
-BlockImpl::BlockImpl(const GptConfig& cfg) {
+BlockImpl::BlockImpl(const GptConfig& cfg, int layer) {
   // Registration order fixes both the parameter names' order and the order
   // in which GptImpl draws their initial values: ln1, attn, ln2, mlp.
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
   attn = register_module("attn", CausalSelfAttention(cfg));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
-  mlp = register_module("mlp", Mlp(cfg));
+  if (cfg.moe.is_moe_block(layer))
+    moe = register_module("moe", Moe(cfg.moe, cfg.d_model));
+  else
+    mlp = register_module("mlp", Mlp(cfg));
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
   auto h = x + attn->forward(ln1->forward(x));  // [B, T, C]
+  if (moe)  // the MLP's residual dropout on the experts' output
+    return h + residual_dropout(moe->forward(ln2->forward(h)), attn->resid_drop->options.p(), is_training(),
+                                attn->position, attn->layer, random::DropoutSite::mlp_resid, nullptr);
   return h + mlp->forward(ln2->forward(h));      // [B, T, C]
 }
 
@@ -201,9 +207,10 @@ GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed) : cfg_(cfg) {
   drop = register_module("drop", torch::nn::Dropout(cfg.dropout));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int i = 0; i < cfg.layers; ++i) {
-    Block block(cfg);
-    block->attn->layer = block->mlp->layer = i;
-    block->attn->position = block->mlp->position = &position_;
+    Block block(cfg, i);
+    block->attn->layer = i;
+    block->attn->position = &position_;
+    if (block->mlp) block->mlp->layer = i, block->mlp->position = &position_;
     blocks->push_back(block);
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
@@ -280,7 +287,7 @@ void GptImpl::set_tensor_parallel(TpGroup tp) {
   tp_ = std::move(tp);
   for (const auto& block : *blocks) {
     block->as<Block>()->attn->tp = &tp_;
-    block->as<Block>()->mlp->tp = &tp_;
+    if (block->as<Block>()->mlp) block->as<Block>()->mlp->tp = &tp_;
   }
 }
 
@@ -301,7 +308,8 @@ int GptImpl::unit_of(const std::string& name) const {
 }
 
 at::Tensor GptImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
-  return head_loss(run_blocks(embed(tokens), 0, cfg_.layers), targets);
+  at::Tensor l = head_loss(run_blocks(embed(tokens), 0, cfg_.layers), targets);
+  return cfg_.moe.experts > 0 ? l + moe_aux_loss() : l;  // the MoE layers' aux losses join the loss
 }
 
 at::Tensor GptImpl::head_loss(const at::Tensor& x, const at::Tensor& targets) {

@@ -7,6 +7,7 @@
 
 #include <torch/nn/module.h>
 
+#include "engine/model/moe.h"
 #include "engine/model/tp_ops.h"
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
@@ -27,6 +28,7 @@ struct GptConfig {
   int heads = 4;
   int seq_len = 64;  // maximum context (position table size)
   double dropout = 0.0;
+  MoeConfig moe;  // experts 0: every block has a dense MLP
 };
 
 // Where the current micro-batch sits in the step's global batch, for
@@ -75,11 +77,12 @@ TORCH_MODULE(Mlp);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GptConfig& cfg);
+  explicit BlockImpl(const GptConfig& cfg, int layer = 0);
   at::Tensor forward(const at::Tensor& x);  // x + attn(ln1(x)); x + mlp(ln2(x))
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
   Mlp mlp{nullptr};
+  Moe moe{nullptr};  // instead of mlp in an MoE block (MoeConfig::is_moe_block)
 };
 TORCH_MODULE(Block);
 
@@ -135,6 +138,14 @@ class GptImpl : public torch::nn::Module {
   void set_dropout_position(const DropoutPosition& p) { position_ = p; }
   const TpGroup& tensor_parallel() const { return tp_; }
 
+  // Mixture of experts (moe.cpp): the MoE layers in block order; the sum of
+  // their aux losses from the last forward (undefined without MoE), which
+  // loss() adds; expert parallelism (the caller has already cut the experts'
+  // parameters to this rank's E / ep of them).
+  std::vector<Moe> moe_layers() const;
+  at::Tensor moe_aux_loss() const;
+  void set_expert_parallel(EpGroup ep);
+
   torch::nn::Embedding wte{nullptr};  // [V, C]
   torch::nn::Embedding wpe{nullptr};  // [T, C]
   torch::nn::Dropout drop{nullptr};
@@ -147,6 +158,7 @@ class GptImpl : public torch::nn::Module {
   GptConfig cfg_;
   UnitHooks* hooks_ = nullptr;
   TpGroup tp_;
+  EpGroup ep_;
   DropoutPosition position_;
 };
 TORCH_MODULE(Gpt);

@@ -84,6 +84,9 @@ class GradSync {
   // The checkpoint's view of model and optimizer state under this layout.
   virtual std::unique_ptr<StateProvider> state(optim::AdamW& optimizer) = 0;
   virtual std::string describe() const = 0;  // one line for the start-up log
+  // Figures of the last step for metrics.jsonl beyond the loss (name, value),
+  // the same on every rank: e.g. the experts' load under MoE. Default: none.
+  virtual std::vector<std::pair<std::string, double>> step_metrics() const { return {}; }
 };
 
 }  // namespace dtrain::engine::parallel

@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "engine/parallel/ddp_sync.h"
+#include "engine/parallel/expert/expert_parallel.h"
 #include "engine/parallel/pipeline/pipeline_schedule.h"
 #include "engine/parallel/schedule.h"
 #include "engine/parallel/tensor/tensor_parallel.h"
@@ -51,7 +52,15 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
   }
   // 3. Activation checkpointing: none yet.
-  // 4. Expert parallelism: none yet (ep = 1).
+  // 4. Expert parallelism over the ep group: each rank keeps E / ep experts
+  //    of every MoE layer; their gradients go over edp (below), the rest
+  //    over dp.
+  const bool moe = spec.model.moe.experts > 0;
+  if (moe) apply_expert_parallel(*out.parts.model, out.parts.named_params, out.parts.layouts, comm.axis("ep"));
+  DenseAndExperts split = moe ? split_experts(out.parts.named_params, out.parts.layouts)
+                              : DenseAndExperts{out.parts.named_params, out.parts.layouts, {}};
+  auto& named = split.dense;
+  auto& layouts = split.dense_layouts;
   // 5. Data parallelism over the dp group: ZeRO (sharded) or DDP (replicated).
   const bool no_grad_sync = spec.fault.kind == "no_grad_sync" && comm.info().restart == 0;
   if (spec.parallel.zero > 0) {
@@ -63,20 +72,24 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     // The units this rank holds, numbered densely (a pipeline stage holds
     // some of the model's units only).
     std::vector<int> unit_of;
-    for (auto& [name, p] : out.parts.named_params) unit_of.push_back(out.parts.model->unit_of(name));
+    for (auto& [name, p] : named) unit_of.push_back(out.parts.model->unit_of(name));
     std::vector<int> dense = unit_of;
     std::sort(dense.begin(), dense.end());
     dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
     for (int& u : unit_of) u = int(std::lower_bound(dense.begin(), dense.end(), u) - dense.begin());
-    out.grad_sync = make_zero_sync(out.parts.named_params, out.parts.layouts, std::move(unit_of),
+    out.grad_sync = make_zero_sync(named, layouts, std::move(unit_of),
                                    *out.parts.model, comm.axis("dp"), tp, pp, z);
-    return out;
+  } else {
+    DdpOptions dopt;
+    dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
+    dopt.overlap = spec.parallel.ddp_overlap;
+    dopt.fault_no_grad_sync = no_grad_sync;
+    out.grad_sync = make_ddp_sync(named, layouts, comm.axis("dp"), tp, pp, dopt);
   }
-  DdpOptions dopt;
-  dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
-  dopt.overlap = spec.parallel.ddp_overlap;
-  dopt.fault_no_grad_sync = no_grad_sync;
-  out.grad_sync = make_ddp_sync(out.parts.named_params, out.parts.layouts, comm.axis("dp"), tp, pp, dopt);
+  if (moe)  // the experts' gradients over edp, wrapped around the dense sync
+    out.grad_sync = make_moe_sync(std::move(out.grad_sync), std::move(split.experts), *out.parts.model,
+                                  comm.axis("dp"), comm.axis("ep"), comm.axis("edp"),
+                                  {spec.model.moe.balance == "bias", spec.model.moe.bias_rate, no_grad_sync});
   return out;
 }
 

@@ -78,18 +78,25 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
       r.step, opt_.total_steps, r.loss, r.lr, tokens_per_s, step_s * 1e3, wait_s * 1e3,
       duration_text(eta), mib(mem.rss), mib(mem.params), mib(mem.grads), mib(mem.optimizer),
       mib(mem.peak));
+  if (!r.extra.empty()) {
+    std::string line;
+    for (const auto& [name, value] : r.extra) line += fmt::format("{}{} {:.4g}", line.empty() ? "" : " | ", name, value);
+    DTRAIN_INFO("step {}/{} | {}", r.step, opt_.total_steps, line);
+  }
   if (jsonl_) {
     std::fprintf(jsonl_,
                  "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"tokens_per_s\": %.6g, "
                  "\"elapsed_s\": %.6g, \"step_time_s\": %.6g, \"sync_wait_s\": %.6g, "
                  "\"grad_norm\": %.9g, \"rss_bytes\": %lld, \"param_bytes\": %lld, "
                  "\"grad_bytes\": %lld, \"optimizer_bytes\": %lld, \"peak_bytes\": %lld, "
-                 "\"buckets_in_backward\": %d, \"dp_bytes_sent\": %lld, \"tp_bytes_sent\": %lld}\n",
+                 "\"buckets_in_backward\": %d, \"dp_bytes_sent\": %lld, \"tp_bytes_sent\": %lld",
                  static_cast<long long>(r.step), r.loss, r.lr, tokens_per_s, elapsed, step_s, wait_s,
                  r.grad_norm, static_cast<long long>(mem.rss), static_cast<long long>(mem.params),
                  static_cast<long long>(mem.grads), static_cast<long long>(mem.optimizer),
                  static_cast<long long>(mem.peak), r.buckets_in_backward,
                  static_cast<long long>(r.dp_bytes_sent), static_cast<long long>(r.tp_bytes_sent));
+    for (const auto& [name, value] : r.extra) std::fprintf(jsonl_, ", \"%s\": %.9g", name.c_str(), value);
+    std::fputs("}\n", jsonl_);
     std::fflush(jsonl_);
   }
 }

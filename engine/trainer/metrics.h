@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dtrain::engine::trainer {
 
@@ -31,6 +33,7 @@ struct StepReport {
   int buckets_in_backward = 0;  // DDP buckets whose all-reduce started during backward
   int64_t dp_bytes_sent = 0;    // bytes this rank sent through the dp group in the step
   int64_t tp_bytes_sent = 0;    // ... and through the tp group (forward and backward)
+  std::vector<std::pair<std::string, double>> extra;  // GradSync::step_metrics (e.g. moe_max_load)
 };
 
 struct MetricsOptions {

@@ -22,15 +22,14 @@ namespace {
 // now; anything else is a clear error rather than a silently different run.
 void check_supported(const JobSpec& spec) {
   std::vector<std::string> problems;
-  auto axis = [&](const char* name, int v) {
-    if (v != 1)
-      problems.push_back(std::string("parallel.") + name + " = " + std::to_string(v) +
-                         " is not implemented by the builtin engine yet; use " + name + " 1");
-  };
   if (spec.parallel.pp > 1 && spec.parallel.zero == 3)
     problems.push_back("parallel.zero = 3 with parallel.pp = " + std::to_string(spec.parallel.pp) +
                        " is not implemented yet; use zero 0, 1 or 2 with pp");
-  axis("ep", spec.parallel.ep);
+  if (spec.model.moe.experts > 0 && (spec.parallel.tp > 1 || spec.parallel.pp > 1 || spec.parallel.zero == 3))
+    problems.push_back("model.moe.experts = " + std::to_string(spec.model.moe.experts) + " with parallel.tp = " +
+                       std::to_string(spec.parallel.tp) + ", pp = " + std::to_string(spec.parallel.pp) +
+                       ", zero = " + std::to_string(spec.parallel.zero) +
+                       ": mixture of experts runs with tp 1, pp 1 and zero 0, 1 or 2 for now");
   if (spec.train.precision != "fp32" && spec.train.precision != "bf16")
     problems.push_back("train.precision = " + spec.train.precision +
                        " is not implemented yet; use precision fp32 or bf16");
@@ -61,6 +60,12 @@ model::GptConfig gpt_config(const ModelSpec& m) {
   c.heads = m.heads;
   c.seq_len = m.seq_len;
   c.dropout = m.dropout;
+  c.moe.experts = m.moe.experts;
+  c.moe.top_k = m.moe.top_k;
+  c.moe.capacity_factor = m.moe.capacity_factor;
+  c.moe.aux_loss_coef = m.moe.aux_loss_coef;
+  c.moe.every = m.moe.every;
+  c.moe.bias_balance = m.moe.balance == "bias";
   return c;
 }
 

@@ -142,6 +142,7 @@ int run_training() {
     run_peak = std::max(run_peak, device::cpu_peak_bytes());
     StepReport report{step + 1, 0.0, r.lr, r.grad_norm, r.step_s, r.sync.wait_s,
                       r.sync.launched_in_backward, r.dp_bytes_sent, r.tp_bytes_sent};
+    report.extra = s.par.grad_sync->step_metrics();
     const bool logged = metrics.should_log(step + 1);
     if (logged) report.loss = global_mean_loss(s, r.local_loss_sum);
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());

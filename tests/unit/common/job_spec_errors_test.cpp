@@ -187,7 +187,7 @@ TEST_CASE("spec errors: ep must divide dp * tp") {
   std::string e = error_of(kBase, {"parallel.ep=3"});
   CHECK(has(e, "--set parallel.ep=3: parallel.ep = 3 does not divide dp * tp = 4"));
   CHECK(has(e, "use ep 1, 2 or 4"));
-  CHECK(error_of(kBase, {"parallel.ep=4"}) == "");
+  CHECK(error_of(kBase, {"parallel.ep=4", "model.moe.experts=4"}) == "");
 }
 
 TEST_CASE("spec errors: d_model % heads") {

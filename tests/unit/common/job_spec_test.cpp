@@ -43,7 +43,9 @@ parallel:
   zero: 2
   pipeline: {schedule: gpipe}
   ddp: {bucket_mb: 12.5, overlap: false}
-model: {kind: gpt, vocab: 512, layers: 6, d_model: 96, heads: 6, seq_len: 32, dropout: 0.1}
+model: {kind: gpt, vocab: 512, layers: 6, d_model: 96, heads: 6, seq_len: 32, dropout: 0.1,
+        moe: {experts: 4, top_k: 2, capacity_factor: 1.5, aux_loss_coef: 0.02, every: 2, balance: bias,
+              bias_rate: 0.01}}
 train: {steps: 7, micro_batch: 3, grad_accum: 5, lr: 1.0e-3, min_lr: 1.0e-5, warmup_steps: 2,
         weight_decay: 0.01, beta1: 0.8, beta2: 0.99, grad_clip: 0, precision: bf16}
 data: {path: /data/tokens.bin, format: tokens-u16}

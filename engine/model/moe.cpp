@@ -1,0 +1,224 @@
+// The MoE layer of moe.h: routing (softmax, top-k, capacity, Switch aux
+// loss), dispatch and combine (local, or an uneven all-to-all over the EP
+// group with the counts exchanged first), and the GPT's MoE accessors. Not the
+// gradient synchronisation of experts (parallel/expert/ owns that).
+//
+// Shape legend: N = tokens of the micro-batch (B * T), C = d_model, E =
+// experts, K = top_k, M = kept assignments, R = rows this rank's experts get.
+#include "engine/model/moe.h"
+
+#include "engine/model/gpt.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace dtrain::engine::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::vector<int64_t> to_vector(const at::Tensor& t) {  // int64 tensor -> host vector
+  at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+int64_t sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+// The uneven all-to-all as an autograd function: backward sends each
+// gradient row back to where its row came from (the same exchange with the
+// splits swapped). Every EP rank runs both directions in the same order, so
+// the collectives match (a rank with no rows still takes part).
+struct AllToAll : public torch::autograd::Function<AllToAll> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& in, const EpGroup* ep,
+                            std::vector<int64_t> out_splits, std::vector<int64_t> in_splits) {
+    ctx->saved_data["ep"] = reinterpret_cast<int64_t>(ep);
+    ctx->saved_data["out_splits"] = out_splits;
+    ctx->saved_data["in_splits"] = in_splits;
+    at::Tensor out = at::empty({sum(out_splits), in.size(1)}, in.options());  // [sum out_splits, C]
+    ep->all_to_all(in.contiguous(), out, out_splits, in_splits);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* ep = reinterpret_cast<const EpGroup*>(ctx->saved_data["ep"].toInt());
+    std::vector<int64_t> out_splits = ctx->saved_data["out_splits"].toIntVector();
+    std::vector<int64_t> in_splits = ctx->saved_data["in_splits"].toIntVector();
+    at::Tensor g = grads[0].contiguous();
+    at::Tensor back = at::empty({sum(in_splits), g.size(1)}, g.options());
+    ep->all_to_all(g, back, in_splits, out_splits);
+    return {back, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+int64_t moe_capacity(int64_t tokens, const MoeConfig& cfg) {
+  const double c = std::ceil(double(tokens) * cfg.top_k * cfg.capacity_factor / cfg.experts);
+  return std::max<int64_t>(1, int64_t(c));
+}
+
+Routing moe_route(const at::Tensor& logits, const MoeConfig& cfg, const at::Tensor& selection_bias) {
+  const int64_t N = logits.size(0), E = cfg.experts, K = cfg.top_k;
+  Routing r;
+  r.probs = at::softmax(logits.to(at::kFloat), -1);  // [N, E]
+  at::Tensor scores = r.probs.detach();
+  if (cfg.bias_balance && selection_bias.defined()) scores = scores + selection_bias;  // choosing only
+  r.experts = std::get<1>(at::topk(scores, K, /*dim=*/-1));  // [N, K], best first
+  r.gates = r.probs.gather(1, r.experts);                    // [N, K]
+  // Renormalised over the chosen k; top-1 keeps the probability itself
+  // (Switch), else the gate would be 1 and the router would learn only from
+  // the aux loss.
+  if (K > 1) r.gates = r.gates / r.gates.sum(-1, /*keepdim=*/true);
+  // Priority: all first choices (in token order), then all second choices.
+  at::Tensor flat = r.experts.t().reshape({-1});                     // [K*N]
+  at::Tensor onehot = at::one_hot(flat, E);                          // [K*N, E]
+  at::Tensor position = (onehot.cumsum(0) * onehot).sum(1) - 1;      // [K*N] place in its expert's queue
+  r.capacity = moe_capacity(N, cfg);
+  r.keep = position < r.capacity;                                    // [K*N]
+  r.load = onehot.sum(0);                                            // [E]
+  // Switch Transformer: alpha * E * sum_i f_i P_i, f_i the fraction of the
+  // N*K assignments to expert i (before capacity), P_i its mean probability.
+  at::Tensor f = r.load.to(at::kFloat) / double(N * K);             // [E]
+  r.aux = cfg.aux_loss_coef * double(E) * (f * r.probs.mean(0)).sum();  // []
+  return r;
+}
+
+ExpertLinearImpl::ExpertLinearImpl(int experts, int in, int out) {
+  weight = register_parameter("weight", at::empty({experts, out, in}));  // [E, out, in]
+  bias = register_parameter("bias", at::zeros({experts, out}));          // [E, out]
+}
+
+MoeImpl::MoeImpl(const MoeConfig& cfg, int d_model) : cfg_(cfg) {
+  if (cfg.experts < 1 || cfg.top_k < 1 || cfg.top_k > cfg.experts || !(cfg.capacity_factor > 0))
+    throw Error(ErrorCode::config, "model.moe: experts " + std::to_string(cfg.experts) + ", top_k " +
+                                       std::to_string(cfg.top_k) + ": need 1 <= top_k <= experts and capacity_factor > 0");
+  router = register_module("router", torch::nn::Linear(torch::nn::LinearOptions(d_model, cfg.experts).bias(false)));
+  fc = register_module("fc", ExpertLinear(cfg.experts, d_model, 4 * d_model));
+  proj = register_module("proj", ExpertLinear(cfg.experts, 4 * d_model, d_model));
+  selection_bias = at::zeros({cfg.experts});
+  counters.reset(cfg.experts);
+}
+
+at::Tensor MoeImpl::run_experts(const at::Tensor& rows, const std::vector<int64_t>& counts) {
+  std::vector<at::Tensor> outs;
+  int64_t off = 0;
+  for (size_t j = 0; j < counts.size(); ++j) {
+    if (counts[j] == 0) continue;
+    at::Tensor x = rows.narrow(0, off, counts[j]);  // [n, C]
+    const int64_t e = int64_t(j);  // local index into this rank's slice
+    at::Tensor h = at::gelu(at::linear(x, fc->weight[e], fc->bias[e]));  // [n, 4C]
+    outs.push_back(at::linear(h, proj->weight[e], proj->bias[e]));      // [n, C]
+    off += counts[j];
+  }
+  // No rows: an empty slice of the input keeps the graph (and so the
+  // backward all-to-all) connected on this rank.
+  return outs.empty() ? rows.narrow(0, 0, 0) : at::cat(outs, 0);  // [sum counts, C]
+}
+
+at::Tensor MoeImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), N = B * T;
+  const int64_t E = cfg_.experts, K = cfg_.top_k;
+  at::Tensor xf = x.reshape({N, C});                                 // [N, C]
+  if (selection_bias.device() != x.device()) selection_bias = selection_bias.to(x.device());
+  Routing r = moe_route(router->forward(xf), cfg_, selection_bias);
+  last_aux = r.aux;
+
+  // Kept assignments sorted by (expert, priority): a = j * N + n.
+  at::Tensor flat = r.experts.t().reshape({-1});                     // [K*N]
+  at::Tensor kept = r.keep.nonzero().squeeze(1);                     // [M] ascending a
+  at::Tensor kept_e = flat.index_select(0, kept);                    // [M]
+  at::Tensor order = std::get<1>(at::sort(kept_e * (K * N) + kept)); // unique keys: a deterministic order
+  at::Tensor sorted_a = kept.index_select(0, order);                 // [M]
+  at::Tensor sorted_e = kept_e.index_select(0, order);               // [M]
+  at::Tensor send = xf.index_select(0, at::remainder(sorted_a, N));  // [M, C]
+  std::vector<int64_t> counts = to_vector(at::bincount(sorted_e, {}, E));  // [E]
+  {
+    std::vector<int64_t> load = to_vector(r.load);
+    for (size_t e = 0; e < load.size(); ++e) counters.load[e] += double(load[e]);
+    counters.assigned += double(K * N);
+    counters.dropped += double(K * N - sum(counts));
+    counters.aux_sum += r.aux.item<double>();
+    counters.forwards += 1;
+  }
+
+  at::Tensor back;  // [M, C] expert outputs in the order of `send`
+  if (!ep || !ep->active()) {
+    back = run_experts(send, counts);
+  } else {
+    const int64_t P = ep->size, L = E / P;  // L experts per rank
+    // Counts first: rank s learns how many rows of each of its experts come from every rank.
+    at::Tensor cnt = at::tensor(counts, at::TensorOptions().dtype(at::kLong)).to(x.device());  // [E]
+    at::Tensor recv_cnt = at::empty({E}, cnt.options());             // [P, L] flattened
+    ep->all_to_all(cnt, recv_cnt, std::vector<int64_t>(size_t(P), L), std::vector<int64_t>(size_t(P), L));
+    std::vector<int64_t> rc = to_vector(recv_cnt);
+    std::vector<int64_t> in_splits(size_t(P), 0), out_splits(size_t(P), 0), per_expert(size_t(L), 0);
+    for (int64_t s = 0; s < P; ++s)
+      for (int64_t j = 0; j < L; ++j) {
+        in_splits[size_t(s)] += counts[size_t(s * L + j)];
+        out_splits[size_t(s)] += rc[size_t(s * L + j)];
+        per_expert[size_t(j)] += rc[size_t(s * L + j)];
+      }
+    at::Tensor recv = AllToAll::apply(send, ep, out_splits, in_splits);  // [R, C] by source, then expert
+    // Group the received rows by local expert (source order within one).
+    std::vector<int64_t> perm;
+    std::vector<int64_t> start(size_t(P), 0);
+    for (int64_t s = 1; s < P; ++s) start[size_t(s)] = start[size_t(s - 1)] + out_splits[size_t(s - 1)];
+    for (int64_t j = 0; j < L; ++j)
+      for (int64_t s = 0; s < P; ++s) {
+        int64_t off = start[size_t(s)];
+        for (int64_t i = 0; i < j; ++i) off += rc[size_t(s * L + i)];
+        for (int64_t i = 0; i < rc[size_t(s * L + j)]; ++i) perm.push_back(off + i);
+      }
+    at::Tensor perm_t = at::tensor(perm, at::TensorOptions().dtype(at::kLong)).to(x.device());  // [R]
+    at::Tensor out_grouped = run_experts(recv.index_select(0, perm_t), per_expert);
+    at::Tensor inverse = at::empty_like(perm_t).scatter_(0, perm_t, at::arange(perm_t.numel(), perm_t.options()));
+    back = AllToAll::apply(out_grouped.index_select(0, inverse), ep, in_splits, out_splits);  // [M, C]
+  }
+  // Combine: each assignment's output in its slot, then the gated sum over
+  // the k choices in a fixed order (the same whatever ep).
+  at::Tensor slots = at::zeros({K * N, C}, back.options()).index_copy(0, sorted_a, back);  // [K*N, C]
+  at::Tensor y = (slots.view({K, N, C}) * r.gates.t().unsqueeze(-1).to(slots.scalar_type())).sum(0);  // [N, C]
+  return y.view({B, T, C});
+}
+
+void MoeImpl::update_selection_bias(const std::vector<double>& load, double rate) {
+  double mean = 0;
+  for (double l : load) mean += l / double(load.size());
+  std::vector<float> step;
+  for (double l : load) step.push_back(float(rate * double((mean > l) - (mean < l))));
+  at::NoGradGuard no_grad;
+  selection_bias.add_(at::tensor(step).to(selection_bias.device()));
+}
+
+// ---------------------------------------------------------------------------
+// The GPT's MoE accessors (declared in gpt.h).
+
+std::vector<Moe> GptImpl::moe_layers() const {
+  std::vector<Moe> out;
+  for (const auto& block : *blocks)
+    if (const auto& m = block->as<Block>()->moe) out.push_back(m);
+  return out;
+}
+
+at::Tensor GptImpl::moe_aux_loss() const {
+  at::Tensor total;
+  for (const auto& m : moe_layers())
+    if (m->last_aux.defined()) total = total.defined() ? total + m->last_aux : m->last_aux;
+  return total;
+}
+
+void GptImpl::set_expert_parallel(EpGroup ep) {
+  ep_ = std::move(ep);
+  for (auto& m : moe_layers()) m->ep = &ep_;
+}
+
+}  // namespace dtrain::engine::model
