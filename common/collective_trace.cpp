@@ -74,15 +74,21 @@ bool read_progress(const std::string& path, RankProgress* out) {
   for (uint32_t g = 0; g < ngroups; ++g)
     p.group_entered.emplace_back(text(file->groups[g].name, sizeof file->groups[g].name),
                                  load(file->groups[g].entered));
-  // The oldest collective still in flight, and the newest one completed.
+  // The collective it is blocked in (if its record is still in the ring),
+  // and the newest one completed.
+  const uint64_t blocked = load(file->blocked);
+  if (blocked != 0 && blocked + kRingSize > p.entered) {
+    const Record& r = file->ring[(blocked - 1) % kRingSize];
+    Collective c;
+    if (load(r.stamp) == 2 * blocked && copy_record(r, &c) && c.leave_ns == 0) {
+      p.waiting = true;
+      p.pending = c;
+    }
+  }
   const uint64_t first = p.entered > kRingSize ? p.entered - kRingSize + 1 : 1;
   for (uint64_t n = first; n <= p.entered; ++n) {
     Collective c;
     if (!copy_record(file->ring[(n - 1) % kRingSize], &c)) continue;
-    if (c.leave_ns == 0 && !p.waiting) {
-      p.waiting = true;
-      p.pending = c;
-    }
     if (c.leave_ns != 0 && (!p.has_done || c.leave_ns >= p.last_done.leave_ns)) {
       p.has_done = true;
       p.last_done = c;

@@ -44,6 +44,8 @@ struct FileLayout {
   int32_t rank;
   uint64_t entered;    // collectives entered, all groups
   uint64_t completed;  // collectives completed, all groups
+  uint64_t blocked;    // the number of the collective the rank waits for now (0 = none):
+                       // an async op counts from its wait(), not from its launch
   int64_t step;        // the step being run (1-based; 0 before the first)
   uint32_t phase;
   uint32_t ngroups;
@@ -65,7 +67,7 @@ struct RankProgress {
   uint64_t entered = 0, completed = 0;
   int64_t step = 0;
   std::string phase;
-  bool waiting = false;  // in a collective now: `pending` is the oldest one in flight
+  bool waiting = false;  // blocked in a collective now: `pending` is the one it waits for
   Collective pending;
   bool has_done = false;
   Collective last_done;  // the last collective it completed

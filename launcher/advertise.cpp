@@ -48,7 +48,9 @@ std::string interface_of(const std::string& addr) {
 
 std::string address_list() {
   std::string out;
-  for (const auto& [a, ifname] : local_addresses()) out += (out.empty() ? "" : ", ") + a + " (" + ifname + ")";
+  for (const auto& [a, ifname] : local_addresses())
+    if (a.rfind("fe80:", 0) != 0)  // link-local: no use to other nodes
+      out += (out.empty() ? "" : ", ") + a + " (" + ifname + ")";
   return out.empty() ? "none found" : out;
 }
 
@@ -86,6 +88,7 @@ Advertised advertise_address(const std::string& requested, const std::string& so
   }
   std::string host = rdzv_host;
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host == "localhost") host = "127.0.0.1";  // as before: loopback jobs stay on IPv4
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;

@@ -93,7 +93,8 @@ int Agent::run() {
                     "lost the rendezvous server at " + config_.endpoint + ": " + heartbeat_detail_,
                     "check that the rendezvous (node 0 or `dtrain rendezvous`) is still running");
       if (outcome == Outcome::round_changed) {
-        DTRAIN_WARN("rendezvous: {}; stopped this node's workers, re-joining", heartbeat_detail_);
+        DTRAIN_WARN("rendezvous: {}; stopped this node's workers, re-joining{}", heartbeat_detail_,
+                    remote_failure_.empty() ? "" : "\n  because: " + remote_failure_);
         const int used = server_restart();
         if (used > spec_.cluster.max_restarts) print_remote_root_cause(used);
         check_restarts_left(used);  // do not wait for a node that gave up

@@ -189,6 +189,12 @@ HeartbeatReply RoundState::heartbeat(const std::string& node_id, uint64_t round,
       if (it == progress_.end() || it->second.completed != p.completed) last_progress_ = now;
       progress_[p.rank] = p;
     }
+  if (!all_started_ && last_closed_ && progress_.size() == last_closed_->placement.ranks.size() &&
+      std::all_of(progress_.begin(), progress_.end(),
+                  [](const auto& kv) { return kv.second.completed > 0; })) {
+    all_started_ = true;
+    last_progress_ = now;
+  }
   for (Member& m : active_)
     if (m.info.node_id == node_id) {
       m.last_beat = now;
@@ -228,7 +234,7 @@ void RoundState::leave(const std::string& node_id, bool success) {
 // completed one for hang_timeout_s: named, then handled as a worker failure
 // (a restart while max_restarts allow, else every agent gives up).
 void RoundState::check_hang(TimePoint now) {
-  if (options_.hang_timeout_s <= 0 || !last_closed_ || progress_.empty()) return;
+  if (options_.hang_timeout_s <= 0 || !last_closed_ || !all_started_) return;
   const double stalled = seconds_between(last_progress_, now);
   if (stalled < options_.hang_timeout_s) return;
   bool waiting = std::any_of(progress_.begin(), progress_.end(),

@@ -98,6 +98,9 @@ class RoundState {
   // any rank last completed one.
   std::map<int, trace::RankProgress> progress_;
   TimePoint last_progress_{};
+  // Every rank has completed a collective: start-up (loading LibTorch, a
+  // slow rank's set-up) is never taken for a hang.
+  bool all_started_ = false;
   std::string failure_;  // why the last failed round ended
 
   ServerOptions options_;

@@ -107,9 +107,12 @@ uint64_t CollectiveTrace::enter(const std::string& group, const char* op, uint64
   return n;
 }
 
+void CollectiveTrace::block(uint64_t n) { store(f_->blocked, n); }
+
 void CollectiveTrace::leave(uint64_t n, int64_t blocked_ns) {
   std::lock_guard<std::mutex> lock(mu_);
   blocked_ns_ += blocked_ns;
+  if (f_->blocked == n) store(f_->blocked, 0);
   trace::Record& r = f_->ring[(n - 1) % trace::kRingSize];
   if (r.stamp == 2 * n) {  // not yet overwritten by a newer collective
     store(r.stamp, 2 * n + 1);
@@ -156,6 +159,7 @@ class TracedWork : public Work {
   }
   void wait() override {
     const int64_t start = mono_ns();
+    if (!left_) trace_->block(n_);
     inner_->wait();
     if (!left_) {
       left_ = true;
@@ -220,6 +224,7 @@ class TracedGroup : public Group {
   WorkPtr run(const char* op, uint64_t bytes, bool async, bool counted, Op&& call) {
     const uint64_t n = trace_->enter(name(), op, bytes, counted);
     const int64_t start = mono_ns();
+    if (!async) trace_->block(n);  // a blocking call waits from the start
     WorkPtr work;
     try {
       work = call();

@@ -6,8 +6,10 @@
 // TagGuard, and the hosts are torn down by TestHosts' destructor.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <memory>
-#include <set>
+#include <thread>
 
 #include "tests/support/child.h"
 #include "tests/support/parity.h"
@@ -191,5 +193,59 @@ TEST_CASE("SLURM: sbatch examples/slurm/train.sbatch trains on 2 test hosts x 2 
   MESSAGE("SLURM 2 nodes x 2 workers: loss " << losses.front() << " -> " << losses.back());
   CHECK(losses.back() < losses.front() - 0.1);
   CHECK(job_out.find("node 1: " + TestHosts::addr(1)) != std::string::npos);
+  CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
+}
+
+TEST_CASE("partition: host 2's link cut mid-run; the survivors name it within 3 heartbeats") {
+  if (skip_without_hosts()) return;
+  auto& p = parity::Parity::get();
+  TestHosts hosts(3);
+  TagGuard tag;
+  const double heartbeat = 0.5;
+  const std::string run_dir = p.dir / "partition";
+  std::vector<std::string> sets = {
+      "log.dir=" + run_dir, "cluster.nodes=3", "cluster.procs_per_node=1", "parallel.dp=3",
+      "train.micro_batch=4", "train.steps=400", "cluster.grace_s=1",
+      "cluster.rendezvous.join_timeout_s=4",
+      "cluster.rendezvous.heartbeat_s=" + std::to_string(heartbeat)};
+  std::vector<std::unique_ptr<Child>> agents;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> argv = {dtrain::testing::dtrain_bin(), "launch", p.dir / "spec.yaml",
+                                     "--node-rank", std::to_string(i), "--rdzv",
+                                     TestHosts::addr(0) + ":" + std::to_string(kRdzvPort)};
+    for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
+    agents.push_back(std::make_unique<Child>(
+        TestHosts::in_host(i, argv), p.dir / ("partition_node" + std::to_string(i) + ".log"),
+        std::vector<std::string>{tag.env(), "DTRAIN_NO_REBUILD=1", "DTRAIN_TOKEN=hosts-test"}));
+  }
+  // Cut once training is past step 6.
+  bool trained = false;
+  for (int k = 0; k < 1500 && !trained; ++k) {
+    trained = parity::read_metric(run_dir + "/metrics.jsonl", "loss").size() >= 6;
+    if (!trained) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE_MESSAGE(trained, agents[0]->output());
+  hosts.cut(2);
+  for (int i = 0; i < 3; ++i) {
+    INFO("node " << i << ":\n" << agents[static_cast<size_t>(i)]->output());
+    REQUIRE(agents[static_cast<size_t>(i)]->wait(60));
+    CHECK(agents[static_cast<size_t>(i)]->exit_code() != 0);  // nodes: 3 cannot re-form on 2
+  }
+  const std::string lost = "lost node 2: id '" + TestHosts::addr(2) + ":";
+  for (int i = 0; i < 2; ++i) {
+    const std::string out = agents[static_cast<size_t>(i)]->output();
+    INFO("survivor " << i << ":\n" << out);
+    CHECK(out.find(lost) != std::string::npos);
+    CHECK(out.find("address " + TestHosts::addr(2) + ", hostname ") != std::string::npos);
+  }
+  // When the rendezvous declared it dead: its own clock, in its message.
+  const std::string out0 = agents[0]->output();
+  const auto at = out0.find("last heartbeat ");
+  REQUIRE(at != std::string::npos);
+  const double age = std::strtod(out0.c_str() + at + 15, nullptr);
+  MESSAGE("partition: host 2 declared dead " << age << " s after its last heartbeat (heartbeat "
+                                             << heartbeat << " s, limit 3 beats)");
+  CHECK(age <= 3 * heartbeat + 0.5);
+  CHECK(agents[2]->output().find("lost the rendezvous server") != std::string::npos);
   CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
 }
