@@ -176,8 +176,7 @@ TEST_CASE("SLURM: sbatch examples/slurm/train.sbatch trains on 2 test hosts x 2 
                                    "sbatch", "--wait", "--chdir=" + p.dir.path(),
                                    "--output=" + (p.dir / "slurm-job.out"),
                                    dtrain::testing::source_dir() + "/examples/slurm/train.sbatch"};
-  for (const std::string& s :
-       {"log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt", "cluster.procs_per_node=2",
+  for (const std::string& s : std::vector<std::string>{"log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt", "cluster.procs_per_node=2",
         "parallel.dp=4", "train.micro_batch=2", "cluster.rendezvous.endpoint=127.0.0.1:29400",
         "cluster.rendezvous.heartbeat_s=0.5"})
     argv.insert(argv.end(), {"--set", s});
