@@ -108,7 +108,7 @@ TEST_CASE("3 test hosts x 1 worker (one shared hostname, no DNS) match 1 host x 
 TEST_CASE("--advertise-addr that is not an address of this host: refused, naming it and the fix") {
   dtrain::testing::TempDir dir;
   dtrain::testing::write_file(dir / "job.yaml",
-                              "job: {name: adv}\ncluster: {nodes: 2, procs_per_node: 1}\n"
+                              "job: {name: adv}\ncluster: {nodes: 2, procs_per_node: 1}\nparallel: {dp: 2}\n"
                               "log: {dir: " + (dir / "run") + "}\nentrypoint: [/bin/true]\n");
   auto [code, out] = dtrain::testing::run_command(
       {dtrain::testing::dtrain_bin(), "launch", dir / "job.yaml", "--node-rank", "1", "--rdzv",
