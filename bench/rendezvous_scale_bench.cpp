@@ -83,7 +83,7 @@ RunResult run_once(int agents, int slots) {
   }
   cv.notify_all();
   for (auto& t : threads) t.join();
-  std::printf("# placement: %zu ranks, %zu groups per reply\n", got[0].placement.ranks.size(),
+  std::printf("# placement per reply (agent 0): %zu ranks, %zu groups\n", got[0].placement.ranks.size(),
               got[0].placement.groups.size());
 
   RunResult r;

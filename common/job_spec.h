@@ -20,6 +20,7 @@ struct RendezvousSpec {
   double last_call_s = 5.0;                    // elastic: wait after min nodes joined
   double heartbeat_s = 2.0;                    // agent heartbeat interval; 3 missed = dead
   std::string token_file;                      // file holding the shared token (or DTRAIN_TOKEN)
+  std::string advertise_addr;                  // this node's address for the others ("" = the route's)
 };
 
 struct TopologySpec {
@@ -35,6 +36,7 @@ struct ClusterSpec {
   std::string backend = "auto";  // auto | gloo | nccl
   int max_restarts = 0;
   double grace_s = 5.0;          // SIGTERM -> SIGKILL grace period when stopping workers
+  double hang_timeout_s = 0;     // no rank completes a collective this long: a hang (0 = off)
   RendezvousSpec rendezvous;
   TopologySpec topology;
 };

@@ -68,6 +68,8 @@ void check_ranges(const Checker& c) {
   c.at_least("cluster.procs_per_node", s.cluster.procs_per_node, 1, size_fix);
   c.at_least("cluster.max_restarts", s.cluster.max_restarts, 0, "use 0 to never restart");
   c.at_least("cluster.grace_s", s.cluster.grace_s, 0.0, "seconds between SIGTERM and SIGKILL");
+  c.at_least("cluster.hang_timeout_s", s.cluster.hang_timeout_s, 0.0,
+             "seconds without any collective completing, e.g. 300; 0 turns hang detection off");
   c.at_least("cluster.rendezvous.join_timeout_s", s.cluster.rendezvous.join_timeout_s, 1,
              "seconds an agent waits for the round, e.g. 60");
   c.at_least("cluster.rendezvous.last_call_s", s.cluster.rendezvous.last_call_s, 0.0,

@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/collective_trace.h"
 #include "launcher/root_cause.h"
 #include "launcher/worker_env.h"
 
@@ -92,8 +93,11 @@ int Agent::run() {
                     "lost the rendezvous server at " + config_.endpoint + ": " + heartbeat_detail_,
                     "check that the rendezvous (node 0 or `dtrain rendezvous`) is still running");
       if (outcome == Outcome::round_changed) {
-        DTRAIN_WARN("rendezvous: {}; stopped this node's workers, re-joining", heartbeat_detail_);
-        check_restarts_left(server_restart());  // do not wait for a node that gave up
+        DTRAIN_WARN("rendezvous: {}; stopped this node's workers, re-joining{}", heartbeat_detail_,
+                    remote_failure_.empty() ? "" : "\n  because: " + remote_failure_);
+        const int used = server_restart();
+        if (used > spec_.cluster.max_restarts) print_remote_root_cause(used);
+        check_restarts_left(used);  // do not wait for a node that gave up
         continue;
       }
       int code = restart_or_fail(restart);
@@ -131,6 +135,7 @@ rendezvous::Assignment Agent::rendezvous_step() {
   info.token = config_.token;
   info.node_id = config_.node_id;
   info.host = config_.host;
+  info.hostname = config_.hostname;
   info.slots = spec_.cluster.procs_per_node;
   info.node_rank = config_.node_rank;
   info.gpu = spec_.cluster.device == "cuda";
@@ -162,6 +167,7 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   in.run_dir = config_.run_dir;
   in.cores = usable_cores();
   in.extra_env = config_.extra_env;
+  in.gloo_ifname = config_.ifname;
   const auto& show = config_.console_ranks;
   for (const auto& placement : a.local_ranks) {
     Worker w;
@@ -173,6 +179,7 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
     w.spec.error_file = error_file_path(config_.run_dir, w.rank);
     w.spec.console = show.empty() || std::find(show.begin(), show.end(), w.rank) != show.end();
     std::remove(w.spec.error_file.c_str());  // a stale file must not explain this run
+    std::remove(trace::trace_path(config_.run_dir, w.rank).c_str());  // nor a stale trace
     // Logs are appended to, never truncated: an earlier run's or restart's
     // output stays above this separator.
     w.pid = procs_->spawn(w.rank, w.spec,
@@ -184,9 +191,19 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   }
   group_.state = WorkerState::HEALTHY;
   SignalRelay* relay = relay_.get();
+  std::vector<std::string> traces;  // the builtin engine's collective traces of this node's ranks
+  for (const auto& w : group_.workers) traces.push_back(trace::trace_path(config_.run_dir, w.rank));
+  auto progress = [traces] {
+    std::vector<trace::RankProgress> out;
+    for (const auto& path : traces) {
+      trace::RankProgress p;
+      if (trace::read_progress(path, &p)) out.push_back(std::move(p));
+    }
+    return out;
+  };
   heartbeat_ = std::make_unique<Heartbeat>(client_, config_.node_id, a.round,
                                            spec_.cluster.rendezvous.heartbeat_s,
-                                           [relay] { relay->wake(); });
+                                           [relay] { relay->wake(); }, progress);
   DTRAIN_INFO("round {}: node {} of {}, ranks {} of {} (restart {}), master {}:{}", a.round,
               a.node_rank, a.num_nodes, rank_list(a), a.world, restart, a.master_addr,
               a.master_port);
@@ -251,6 +268,7 @@ void Agent::stop_step(int first_signal) {
     for (const auto& e : events) record_exit(e, /*stopping=*/true);
   }
   if (heartbeat_) heartbeat_detail_ = heartbeat_->detail();
+  if (heartbeat_) remote_failure_ = heartbeat_->failure();
   heartbeat_.reset();
   procs_.reset();
   if (int sig = relay_ ? relay_->take_stop_signal() : 0)
@@ -283,6 +301,7 @@ int Agent::restart_or_fail(int restart) {
   }
   RootCause cause;
   cause.host = config_.hostname;
+  cause.addr = config_.host;
   cause.node_id = config_.node_id;
   cause.node_rank = group_.node_rank;
   cause.restarts_used = restart;
@@ -292,6 +311,28 @@ int Agent::restart_or_fail(int restart) {
   leave(false);
   int code = first.exit.shell_code();
   return code != 0 ? code : 1;
+}
+
+void Agent::print_remote_root_cause(int restart) const {
+  const std::string rule(72, '=');
+  std::string text = remote_failure_.empty() ? "the job failed on another node" : remote_failure_;
+  std::string indented;
+  size_t from = 0;
+  while (from <= text.size()) {
+    size_t nl = text.find('\n', from);
+    indented += "    " + text.substr(from, nl == std::string::npos ? std::string::npos : nl - from) + "\n";
+    if (nl == std::string::npos) break;
+    from = nl + 1;
+  }
+  std::cerr << rule << "\n"
+            << "dtrain: job failed. Root cause (as the rendezvous tells every node):\n"
+            << indented
+            << "  this node  : " << group_.node_rank << " (" << config_.node_id << ", "
+            << config_.hostname << ")\n"
+            << "  restarts   : " << restart << " > cluster.max_restarts "
+            << spec_.cluster.max_restarts << "\n"
+            << rule << "\n"
+            << std::flush;
 }
 
 void Agent::report_failure(const Worker& worker) {

@@ -22,8 +22,9 @@ struct AgentConfig {
   std::vector<std::string> entrypoint;  // resolved argv of every worker
   std::string job;
   std::string token;
-  std::string node_id;                  // unique per agent (host:pid)
-  std::string host;                     // address other nodes reach this one at
+  std::string node_id;                  // unique per agent (address:pid)
+  std::string host;                     // address other nodes reach this one at (numeric)
+  std::string ifname;                   // the interface holding `host`
   std::string hostname;                 // this machine's name, for the root cause
   std::string endpoint;                 // the rendezvous, for messages
   int node_rank = -1;                   // requested node rank, -1 = any
@@ -63,6 +64,9 @@ class Agent {
   void report_failure(const Worker& worker);
   void leave(bool success);
   bool hurry();  // during stop: a (second) signal arrived
+  // Restarts used up after another node's (or a hang's) failure: the root
+  // cause the rendezvous gave, printed on this node too.
+  void print_remote_root_cause(int restart) const;
 
   const JobSpec& spec_;
   AgentConfig config_;
@@ -76,6 +80,7 @@ class Agent {
   int stop_signal_ = 0;                  // SIGINT/SIGTERM dtrain received
   int num_nodes_ = 1;
   std::string heartbeat_detail_;         // why the heartbeat ended the round
+  std::string remote_failure_;           // the rendezvous' reason for ending it
 };
 
 }  // namespace dtrain::launcher

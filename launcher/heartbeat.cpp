@@ -7,12 +7,13 @@
 namespace dtrain::launcher {
 
 Heartbeat::Heartbeat(rendezvous::RendezvousClient& client, std::string node_id, uint64_t round,
-                     double interval_s, std::function<void()> wake)
+                     double interval_s, std::function<void()> wake, Progress progress)
     : client_(client),
       node_id_(std::move(node_id)),
       round_(round),
       interval_s_(interval_s),
-      wake_(std::move(wake)) {
+      wake_(std::move(wake)),
+      progress_(std::move(progress)) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -30,6 +31,11 @@ std::string Heartbeat::detail() const {
   return detail_;
 }
 
+std::string Heartbeat::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
 void Heartbeat::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
@@ -45,8 +51,11 @@ void Heartbeat::run() {
 bool Heartbeat::beat() {
   std::string why;
   Verdict verdict = Verdict::ok;
+  std::string failure;
   try {
-    rendezvous::HeartbeatReply reply = client_.heartbeat(node_id_, round_);
+    rendezvous::HeartbeatReply reply =
+        client_.heartbeat(node_id_, round_, progress_ ? progress_() : std::vector<trace::RankProgress>{});
+    failure = reply.failure;
     misses_ = 0;
     if (!reply.known) {
       verdict = Verdict::round_changed;
@@ -68,6 +77,7 @@ bool Heartbeat::beat() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     detail_ = why;
+    failure_ = failure;
   }
   verdict_.store(verdict);
   wake_();

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "rendezvous/rendezvous_client.h"
 
@@ -20,9 +21,12 @@ class Heartbeat {
   enum class Verdict { ok, round_changed, unreachable };
   static constexpr int kMaxMisses = 3;  // consecutive failed beats = unreachable
 
-  // wake() is called (from the heartbeat thread) when the verdict changes.
+  // wake() is called (from the heartbeat thread) when the verdict changes;
+  // progress() (may be empty) gives this node's ranks' collective progress,
+  // sent with every beat.
+  using Progress = std::function<std::vector<trace::RankProgress>()>;
   Heartbeat(rendezvous::RendezvousClient& client, std::string node_id, uint64_t round,
-            double interval_s, std::function<void()> wake);
+            double interval_s, std::function<void()> wake, Progress progress = {});
   ~Heartbeat();  // stops and joins the thread (at most one call's deadline)
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
@@ -30,6 +34,8 @@ class Heartbeat {
   Verdict verdict() const { return verdict_.load(); }
   // Why (the last error, or the round numbers); valid once verdict() != ok.
   std::string detail() const;
+  // The rendezvous' account of why the round failed ("" = none given).
+  std::string failure() const;
 
  private:
   void run();
@@ -40,12 +46,14 @@ class Heartbeat {
   uint64_t round_;
   double interval_s_;
   std::function<void()> wake_;
+  Progress progress_;
   std::atomic<Verdict> verdict_{Verdict::ok};
   int misses_ = 0;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   bool stopping_ = false;
   std::string detail_;
+  std::string failure_;
   std::thread thread_;
 };
 

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/model_size.h"
 #include "common/safe_output.h"
+#include "launcher/advertise.h"
 #include "launcher/agent.h"
 #include "launcher/checkpoint_start.h"
 #include "launcher/gpus.h"
@@ -204,28 +205,37 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
                       std::to_string(me.pid) + " on " + me.host + ")";
   std::tie(config.run_dir, config.spec_path) = prepare_run_dir(spec);
 
+  // Where the rendezvous is, and which of this host's addresses the others
+  // reach it at: checked before anything listens.
+  if (!one_machine) config.endpoint = options.rdzv.empty() ? spec.cluster.rendezvous.endpoint : options.rdzv;
+  const auto [rdzv_host, rdzv_port] =
+      one_machine ? std::pair<std::string, int>{"127.0.0.1", 1} : split_endpoint(config.endpoint);
+  const bool flag_addr = !options.advertise_addr.empty();
+  const Advertised self = advertise_address(
+      flag_addr ? options.advertise_addr : spec.cluster.rendezvous.advertise_addr,
+      flag_addr ? "--advertise-addr" : "cluster.rendezvous.advertise_addr", rdzv_host, rdzv_port);
+  config.host = self.addr;
+  config.ifname = self.ifname;
+  // Unique without DNS or a unique hostname: the address plus the agent's pid.
+  config.node_id = config.host + ":" + std::to_string(::getpid());
+
   std::unique_ptr<rendezvous::RendezvousServer> server;
   if (one_machine) {
     server = std::make_unique<rendezvous::RendezvousServer>(
         rendezvous::server_options_from_spec(spec, config.token, options.allow_slow));
     config.endpoint = "127.0.0.1:" + std::to_string(server->start("127.0.0.1:0"));
   } else {
-    config.endpoint = options.rdzv.empty() ? spec.cluster.rendezvous.endpoint : options.rdzv;
-    auto [host, port] = split_endpoint(config.endpoint);
+    const int port = rdzv_port;
     if (options.node_rank == 0 && !port_taken(port)) {
       server = std::make_unique<rendezvous::RendezvousServer>(
           rendezvous::server_options_from_spec(spec, config.token, options.allow_slow));
-      server->start((is_loopback(host) ? "127.0.0.1:" : "0.0.0.0:") + std::to_string(port));
+      server->start((is_loopback(rdzv_host) ? "127.0.0.1:" : "0.0.0.0:") + std::to_string(port));
       DTRAIN_INFO("rendezvous server for {} node(s) listening on port {}", spec.cluster.nodes_max,
                   port);
     } else if (options.node_rank == 0) {
       DTRAIN_INFO("port {} is taken: joining the rendezvous already there", port);
     }
   }
-  auto [rdzv_host, rdzv_port] = split_endpoint(config.endpoint);
-  (void)rdzv_port;
-  config.host = is_loopback(rdzv_host) ? "127.0.0.1" : config.hostname;
-  config.node_id = config.host + ":" + std::to_string(::getpid());
 
   rendezvous::ClientOptions client_options;
   client_options.endpoint = config.endpoint;

@@ -67,7 +67,7 @@ std::string RootCause::to_text() const {
   out << rule << "\n"
       << "dtrain: job failed. Root cause (first failure):\n"
       << "  time       : " << format_time(worker.ended) << "\n"
-      << "  host       : " << host << "\n"
+      << "  host       : " << host << (addr.empty() ? "" : " (" + addr + ")") << "\n"
       << "  node       : " << node_rank << " (" << node_id << ")\n"
       << "  rank       : " << worker.rank << " (local rank " << worker.local_rank << ")\n"
       << "  exit       : " << worker.exit.describe() << "\n"

@@ -10,7 +10,8 @@
 namespace dtrain::launcher {
 
 struct RootCause {
-  std::string host;
+  std::string host;  // hostname, for people
+  std::string addr;  // the address the node advertised
   std::string node_id;
   int node_rank = 0;
   int restarts_used = 0;

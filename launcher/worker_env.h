@@ -20,6 +20,9 @@ struct WorkerEnvInputs {
   std::string run_dir;                  // DTRAIN_RUN_DIR (= log.dir)
   int cores = 1;                        // online CPUs, for the *_NUM_THREADS defaults
   std::vector<std::string> extra_env;   // "K=V", applied last (--env style overrides)
+  // The interface of the address this node advertises: GLOO_SOCKET_IFNAME
+  // unless the environment sets one ("" or loopback: left unset).
+  std::string gloo_ifname;
 };
 
 // <run_dir>/error_rank_<r>.json

@@ -126,17 +126,19 @@ Assignment RendezvousClient::join(const JoinInfo& info, double timeout_s) {
   return detail::from_proto(reply);
 }
 
-HeartbeatReply RendezvousClient::heartbeat(const std::string& node_id, uint64_t round) {
+HeartbeatReply RendezvousClient::heartbeat(const std::string& node_id, uint64_t round,
+                                          const std::vector<trace::RankProgress>& ranks) {
   pb::HeartbeatRequest req;
   pb::HeartbeatReply reply;
   impl_->set_auth(req.mutable_auth());
   req.set_node_id(node_id);
   req.set_round(round);
+  for (const auto& p : ranks) detail::to_proto(p, req.add_ranks());
   grpc::ClientContext ctx;
   impl_->short_call(ctx);
   grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &reply);
   if (!s.ok()) impl_->fail(s, "heartbeat");
-  return {reply.known(), reply.current_round()};
+  return {reply.known(), reply.current_round(), reply.failure()};
 }
 
 void RendezvousClient::report_failure(const FailureReport& report) {
@@ -162,10 +164,11 @@ void RendezvousClient::leave(const std::string& node_id, bool success) {
   if (!s.ok()) impl_->fail(s, "leave");
 }
 
-ServerStatus RendezvousClient::status() {
+ServerStatus RendezvousClient::status(bool with_placement) {
   pb::StatusRequest req;
   pb::StatusReply reply;
   impl_->set_auth(req.mutable_auth());
+  req.set_placement(with_placement);
   grpc::ClientContext ctx;
   impl_->short_call(ctx);
   grpc::Status s = impl_->stub->Status(&ctx, req, &reply);

@@ -25,10 +25,12 @@ class RendezvousClient {
   // (wrong token/job, duplicate node, too many nodes) with the server's
   // reason, Error(timeout) when timeout_s passes ("joined 1 of 2 nodes").
   Assignment join(const JoinInfo& info, double timeout_s);
-  HeartbeatReply heartbeat(const std::string& node_id, uint64_t round);
+  HeartbeatReply heartbeat(const std::string& node_id, uint64_t round,
+                           const std::vector<trace::RankProgress>& ranks = {});
   void report_failure(const FailureReport& report);
   void leave(const std::string& node_id, bool success);
-  ServerStatus status();
+  // with_placement: also the last closed round's whole placement.
+  ServerStatus status(bool with_placement = false);
 
  private:
   struct Impl;

@@ -13,6 +13,7 @@ void to_proto(const JoinInfo& info, double timeout_s, pb::JoinRequest* out) {
   out->mutable_auth()->set_token(info.token);
   out->set_node_id(info.node_id);
   out->set_host(info.host);
+  out->set_hostname(info.hostname);
   out->set_slots(info.slots);
   out->set_node_rank(info.node_rank);
   out->set_gpu(info.gpu);
@@ -26,6 +27,7 @@ JoinInfo from_proto(const pb::JoinRequest& req) {
   info.job = req.auth().job();
   info.node_id = req.node_id();
   info.host = req.host();
+  info.hostname = req.hostname();
   info.slots = req.slots();
   info.node_rank = req.node_rank();
   info.gpu = req.gpu();
@@ -34,22 +36,76 @@ JoinInfo from_proto(const pb::JoinRequest& req) {
   return info;
 }
 
+namespace {
+
+// Appends one group: a first rank and a stride when its ranks step evenly,
+// else all of them.
+void add_group(const Group& g, pb::PlacementInfo* info) {
+  int axis = 0;
+  while (axis < info->axis_names_size() && info->axis_names(axis) != g.axis) ++axis;
+  if (axis == info->axis_names_size()) info->add_axis_names(g.axis);
+  info->add_group_axis(axis);
+  const int size = static_cast<int>(g.ranks.size());
+  info->add_group_size(size);
+  int stride = size >= 2 ? g.ranks[1] - g.ranks[0] : 1;
+  for (int k = 1; k < size && stride > 0; ++k)
+    if (g.ranks[static_cast<size_t>(k)] - g.ranks[static_cast<size_t>(k) - 1] != stride) stride = 0;
+  if (size > 0 && stride > 0) {
+    info->add_group_stride(stride);
+    info->add_group_ranks(g.ranks.front());
+  } else {
+    info->add_group_stride(0);
+    info->mutable_group_ranks()->Add(g.ranks.begin(), g.ranks.end());
+  }
+  info->add_group_tier(static_cast<int>(g.tier));
+  info->add_group_bytes(g.bytes_per_step);
+}
+
+void add_rank(const RankPlacement& r, pb::PlacementInfo* info) {
+  for (int v : {r.rank, r.node, r.device, r.dp, r.tp, r.pp, r.ep}) info->add_rank_table(v);
+}
+
+}  // namespace
+
+PlacementIndex::PlacementIndex(const Placement& p) {
+  int nodes = 0;
+  for (const RankPlacement& r : p.ranks) nodes = std::max(nodes, r.node + 1);
+  ranks_of_node.resize(static_cast<size_t>(nodes));
+  groups_of_rank.resize(p.ranks.size());
+  for (const RankPlacement& r : p.ranks)
+    if (r.node >= 0) ranks_of_node[static_cast<size_t>(r.node)].push_back(r.rank);
+  for (size_t g = 0; g < p.groups.size(); ++g)
+    for (int r : p.groups[g].ranks)
+      if (r >= 0 && static_cast<size_t>(r) < groups_of_rank.size())
+        groups_of_rank[static_cast<size_t>(r)].push_back(static_cast<int>(g));
+}
+
 std::string placement_bytes(const Placement& placement) {
   pb::PlacementInfo info;
-  auto* table = info.mutable_rank_table();
-  table->Reserve(7 * static_cast<int>(placement.ranks.size()));
-  for (const RankPlacement& r : placement.ranks)
-    for (int v : {r.rank, r.node, r.device, r.dp, r.tp, r.pp, r.ep}) table->AddAlreadyReserved(v);
-  for (const Group& g : placement.groups) {
-    int axis = 0;
-    while (axis < info.axis_names_size() && info.axis_names(axis) != g.axis) ++axis;
-    if (axis == info.axis_names_size()) info.add_axis_names(g.axis);
-    info.add_group_axis(axis);
-    info.add_group_size(static_cast<int>(g.ranks.size()));
-    info.mutable_group_ranks()->Add(g.ranks.begin(), g.ranks.end());
-    info.add_group_tier(static_cast<int>(g.tier));
-    info.add_group_bytes(g.bytes_per_step);
-  }
+  for (int v : {placement.mesh.dp, placement.mesh.tp, placement.mesh.pp, placement.mesh.ep})
+    info.add_mesh(v);
+  info.mutable_rank_table()->Reserve(7 * static_cast<int>(placement.ranks.size()));
+  for (const RankPlacement& r : placement.ranks) add_rank(r, &info);
+  for (const Group& g : placement.groups) add_group(g, &info);
+  for (const auto& w : placement.warnings) info.add_warnings(w);
+  return info.SerializeAsString();
+}
+
+std::string node_placement_bytes(const Placement& placement, const PlacementIndex& index, int node) {
+  pb::PlacementInfo info;
+  for (int v : {placement.mesh.dp, placement.mesh.tp, placement.mesh.pp, placement.mesh.ep})
+    info.add_mesh(v);
+  info.set_node_only(true);
+  std::vector<int> groups;
+  if (node >= 0 && static_cast<size_t>(node) < index.ranks_of_node.size())
+    for (int r : index.ranks_of_node[static_cast<size_t>(node)]) {
+      add_rank(placement.ranks[static_cast<size_t>(r)], &info);
+      const auto& of = index.groups_of_rank[static_cast<size_t>(r)];
+      groups.insert(groups.end(), of.begin(), of.end());
+    }
+  std::sort(groups.begin(), groups.end());
+  groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
+  for (int g : groups) add_group(placement.groups[static_cast<size_t>(g)], &info);
   for (const auto& w : placement.warnings) info.add_warnings(w);
   return info.SerializeAsString();
 }
@@ -97,38 +153,106 @@ namespace {
 
 }  // namespace
 
-void parse_placement(const std::string& bytes, Assignment* out) {
-  Assignment& a = *out;
+void parse_placement(const std::string& bytes, Placement* out) {
+  Placement& p = *out;
   pb::PlacementInfo info;
   if (!info.ParseFromString(bytes)) bad_placement();
-  int groups = info.group_axis_size();
+  const int groups = info.group_axis_size();
+  const bool strides = info.group_stride_size() > 0;
   if (info.rank_table_size() % 7 != 0 || info.group_size_size() != groups ||
-      info.group_tier_size() != groups || info.group_bytes_size() != groups)
+      info.group_tier_size() != groups || info.group_bytes_size() != groups ||
+      (strides && info.group_stride_size() != groups))
     bad_placement();
+  if (info.mesh_size() == 4) p.mesh = {info.mesh(0), info.mesh(1), info.mesh(2), info.mesh(3)};
   const auto& t = info.rank_table();
-  a.placement.ranks.reserve(static_cast<size_t>(t.size() / 7));
-  for (int i = 0; i + 7 <= t.size(); i += 7) {
-    RankPlacement r{t[i], t[i + 1], t[i + 2], t[i + 3], t[i + 4], t[i + 5], t[i + 6]};
-    a.placement.ranks.push_back(r);
-    if (r.node == a.node_rank) a.local_ranks.push_back(r);
-  }
-  std::sort(a.local_ranks.begin(), a.local_ranks.end(),
-            [](const RankPlacement& x, const RankPlacement& y) { return x.device < y.device; });
-  a.placement.groups.resize(static_cast<size_t>(groups));
+  p.ranks.clear();
+  p.ranks.reserve(static_cast<size_t>(t.size() / 7));
+  for (int i = 0; i + 7 <= t.size(); i += 7)
+    p.ranks.push_back({t[i], t[i + 1], t[i + 2], t[i + 3], t[i + 4], t[i + 5], t[i + 6]});
+  p.groups.assign(static_cast<size_t>(groups), Group{});
   const int* next = info.group_ranks().data();
   const int* end = next + info.group_ranks_size();
   for (int i = 0; i < groups; ++i) {
-    Group& g = a.placement.groups[static_cast<size_t>(i)];
-    int axis = info.group_axis(i), size = info.group_size(i);
-    if (axis < 0 || axis >= info.axis_names_size() || size < 0 || end - next < size)
+    Group& g = p.groups[static_cast<size_t>(i)];
+    const int axis = info.group_axis(i), size = info.group_size(i);
+    const int stride = strides ? info.group_stride(i) : 0;
+    const int listed = stride > 0 ? 1 : size;
+    if (axis < 0 || axis >= info.axis_names_size() || size < 0 || stride < 0 || end - next < listed)
       bad_placement();
     g.axis = info.axis_names(axis);
-    g.ranks.assign(next, next + size);
-    next += size;
+    if (stride > 0) {
+      g.ranks.resize(static_cast<size_t>(size));
+      for (int k = 0; k < size; ++k) g.ranks[static_cast<size_t>(k)] = *next + k * stride;
+    } else {
+      g.ranks.assign(next, next + size);
+    }
+    next += listed;
     g.tier = static_cast<LinkTier>(info.group_tier(i));
     g.bytes_per_step = info.group_bytes(i);
   }
-  a.placement.warnings.assign(info.warnings().begin(), info.warnings().end());
+  p.warnings.assign(info.warnings().begin(), info.warnings().end());
+}
+
+void parse_placement(const std::string& bytes, Assignment* out) {
+  Assignment& a = *out;
+  parse_placement(bytes, &a.placement);
+  a.local_ranks.clear();
+  for (const RankPlacement& r : a.placement.ranks)
+    if (r.node == a.node_rank) a.local_ranks.push_back(r);
+  std::sort(a.local_ranks.begin(), a.local_ranks.end(),
+            [](const RankPlacement& x, const RankPlacement& y) { return x.device < y.device; });
+}
+
+namespace {
+
+void to_proto(const trace::Collective& c, pb::CollectiveInfo* out) {
+  out->set_group(c.group);
+  out->set_op(c.op);
+  out->set_seq(c.seq);
+  out->set_bytes(c.bytes);
+}
+
+trace::Collective from_proto(const pb::CollectiveInfo& c) {
+  trace::Collective out;
+  out.group = c.group();
+  out.op = c.op();
+  out.seq = c.seq();
+  out.bytes = c.bytes();
+  return out;
+}
+
+}  // namespace
+
+void to_proto(const trace::RankProgress& p, pb::RankProgressInfo* out) {
+  out->set_rank(p.rank);
+  out->set_entered(p.entered);
+  out->set_completed(p.completed);
+  out->set_step(p.step);
+  out->set_phase(p.phase);
+  out->set_waiting(p.waiting);
+  if (p.waiting) to_proto(p.pending, out->mutable_pending());
+  out->set_has_done(p.has_done);
+  if (p.has_done) to_proto(p.last_done, out->mutable_last_done());
+  for (const auto& [group, seq] : p.group_entered) {
+    out->add_group_names(group);
+    out->add_group_entered(seq);
+  }
+}
+
+trace::RankProgress from_proto(const pb::RankProgressInfo& p) {
+  trace::RankProgress out;
+  out.rank = p.rank();
+  out.entered = p.entered();
+  out.completed = p.completed();
+  out.step = p.step();
+  out.phase = p.phase();
+  out.waiting = p.waiting();
+  out.pending = from_proto(p.pending());
+  out.has_done = p.has_done();
+  out.last_done = from_proto(p.last_done());
+  for (int i = 0; i < p.group_names_size() && i < p.group_entered_size(); ++i)
+    out.group_entered.emplace_back(p.group_names(i), p.group_entered(i));
+  return out;
 }
 
 void to_proto(const FailureReport& r, pb::FailureRequest* out) {
@@ -160,12 +284,14 @@ void to_proto(const ServerStatus& s, pb::StatusReply* out) {
   out->set_min_nodes(s.min_nodes);
   out->set_max_nodes(s.max_nodes);
   out->set_round_open(s.round_open);
+  out->set_failure(s.failure);
   for (const NodeStatus& n : s.nodes) {
     pb::NodeStatusInfo* p = out->add_nodes();
     p->set_node_id(n.node_id);
     p->set_host(n.host);
     p->set_node_rank(n.node_rank);
     p->set_last_heartbeat_age_s(n.last_heartbeat_age_s);
+    p->set_hostname(n.hostname);
   }
 }
 
@@ -177,8 +303,13 @@ ServerStatus from_proto(const pb::StatusReply& r) {
   s.min_nodes = r.min_nodes();
   s.max_nodes = r.max_nodes();
   s.round_open = r.round_open();
+  s.failure = r.failure();
   for (const pb::NodeStatusInfo& p : r.nodes())
-    s.nodes.push_back({p.node_id(), p.host(), p.node_rank(), p.last_heartbeat_age_s()});
+    s.nodes.push_back({p.node_id(), p.host(), p.node_rank(), p.last_heartbeat_age_s(), p.hostname()});
+  if (!r.placement().empty()) {
+    s.has_placement = true;
+    parse_placement(r.placement(), &s.placement);
+  }
   return s;
 }
 

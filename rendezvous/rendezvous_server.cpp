@@ -69,6 +69,8 @@ struct RendezvousServer::Impl final : public pb::Rendezvous::CallbackService {
   std::condition_variable cv;
   RoundState state;
   std::map<uint64_t, JoinReactor*> pending;
+  std::shared_ptr<const ClosedRound> placement_of;  // whose placement full_placement holds
+  std::string full_placement;
   uint64_t next_ticket = 1;
   bool started = false, stopping = false, stopped = false;
   std::thread ticker;
@@ -111,17 +113,23 @@ RendezvousServer::Impl::Decided RendezvousServer::Impl::take(std::vector<JoinOut
   return decided;
 }
 
-// Outside mu. The placement is serialized once per closed round, then each
-// reply copies the bytes.
+// Outside mu. Each reply carries its node's part of the placement, cut out
+// through an index built once per closed round: the replies of a round cost
+// O(world) together, not O(world) each.
 void RendezvousServer::Impl::finish(Decided decided) {
-  const ClosedRound* serialized_for = nullptr;
-  std::string placement;
+  const ClosedRound* indexed_for = nullptr;
+  std::unique_ptr<detail::PlacementIndex> index;
   for (auto& [reactor, outcome] : decided) {
-    if (outcome.closed && outcome.closed.get() != serialized_for) {
-      serialized_for = outcome.closed.get();
-      placement = detail::placement_bytes(outcome.closed->placement);
+    if (!outcome.closed) {
+      reactor->answer(outcome, "");
+      continue;
     }
-    reactor->answer(outcome, placement);
+    if (outcome.closed.get() != indexed_for) {
+      indexed_for = outcome.closed.get();
+      index = std::make_unique<detail::PlacementIndex>(outcome.closed->placement);
+    }
+    reactor->answer(outcome, detail::node_placement_bytes(outcome.closed->placement, *index,
+                                                          outcome.node_rank));
   }
 }
 
@@ -182,9 +190,13 @@ grpc::ServerUnaryReactor* RendezvousServer::Impl::Heartbeat(grpc::CallbackServer
     reactor->Finish(to_status(r));
     return reactor;
   }
-  HeartbeatReply hb = state.heartbeat(req->node_id(), req->round(), Clock::now());
+  std::vector<trace::RankProgress> ranks;
+  ranks.reserve(static_cast<size_t>(req->ranks_size()));
+  for (const auto& p : req->ranks()) ranks.push_back(detail::from_proto(p));
+  HeartbeatReply hb = state.heartbeat(req->node_id(), req->round(), Clock::now(), ranks);
   reply->set_known(hb.known);
   reply->set_current_round(hb.current_round);
+  reply->set_failure(hb.failure);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -218,6 +230,16 @@ grpc::ServerUnaryReactor* RendezvousServer::Impl::Status(grpc::CallbackServerCon
   std::lock_guard<std::mutex> lock(mu);
   Refusal r = state.check_auth(req->auth().job(), req->auth().token());
   if (!r) detail::to_proto(state.status(Clock::now()), reply);
+  if (!r && req->placement()) {
+    // The whole placement, serialized once per closed round.
+    if (auto closed = state.last_closed()) {
+      if (closed != placement_of) {
+        placement_of = closed;
+        full_placement = detail::placement_bytes(closed->placement);
+      }
+      reply->set_placement(full_placement);
+    }
+  }
   reactor->Finish(to_status(r));
   return reactor;
 }

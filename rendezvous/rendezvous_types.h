@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/collective_trace.h"
 #include "rendezvous/topology.h"
 
 namespace dtrain::rendezvous {
@@ -15,7 +16,8 @@ struct JoinInfo {
   std::string job;        // job.name; must match the server's
   std::string token;      // shared secret (DTRAIN_TOKEN or token file)
   std::string node_id;    // unique per agent (host:pid by default); duplicates refused
-  std::string host;       // address other nodes reach this one at
+  std::string host;       // address other nodes reach this one at (numeric)
+  std::string hostname;   // the machine's name, for logs only (may be shared or unresolvable)
   int slots = 1;          // workers this node runs (procs_per_node)
   int node_rank = -1;     // requested node rank (--node-rank / SLURM), -1 = any
   bool gpu = false;
@@ -32,7 +34,9 @@ struct Assignment {
   Mesh mesh;
   int world = 1;
   std::vector<RankPlacement> local_ranks;  // this node's ranks, by local device
-  Placement placement;                     // the whole placement (same as dtrain topo)
+  // This node's part of the placement: its ranks, the groups they are in, and
+  // every warning (RendezvousClient::status(true) has the whole placement).
+  Placement placement;
   std::string master_addr;
   int master_port = 0;
 };
@@ -40,6 +44,8 @@ struct Assignment {
 struct HeartbeatReply {
   bool known = true;         // false: the server dropped this node (re-join)
   uint64_t current_round = 0;  // differs from ours: stop workers and re-join
+  std::string failure;         // why the last round ended in failure (a hang report, a
+                               // worker failure), for every node's root-cause block; "" = none
 };
 
 struct FailureReport {
@@ -57,6 +63,7 @@ struct NodeStatus {
   std::string host;
   int node_rank = -1;
   double last_heartbeat_age_s = 0;
+  std::string hostname;
 };
 
 struct ServerStatus {
@@ -66,6 +73,9 @@ struct ServerStatus {
   int min_nodes = 1, max_nodes = 1;
   bool round_open = true;      // waiting for joiners
   std::vector<NodeStatus> nodes;  // members of the current round (or waiting)
+  std::string failure;            // as in HeartbeatReply
+  bool has_placement = false;     // asked for and a round has closed
+  Placement placement;            // the last closed round's whole placement (same as dtrain topo)
 };
 
 }  // namespace dtrain::rendezvous

@@ -127,6 +127,11 @@ std::vector<JoinOutcome> RoundState::close_round(TimePoint now) {
   active_ = std::move(members);
   waiting_.clear();
   open_ = false;
+  last_closed_ = closed;
+  progress_.clear();  // the new round's workers start their traces afresh
+  all_started_ = false;
+  failure_.clear();   // told to every member of the failed round before it re-joined
+  last_progress_ = now;
   log_summary(*closed, active_);
   return out;
 }
@@ -149,7 +154,9 @@ void RoundState::log_summary(const ClosedRound& c, const std::vector<Member>& me
     std::string range = rk.empty() ? "no ranks" : "ranks";
     for (size_t k = 0; k < rk.size() && k < 8; ++k) range += " " + std::to_string(rk[k]);
     if (rk.size() > 8) range += " ... (" + std::to_string(rk.size()) + ")";
-    block += "\n  node " + std::to_string(i) + ": " + members[i].info.host + " ('" +
+    const std::string& name = members[i].info.hostname;
+    block += "\n  node " + std::to_string(i) + ": " + members[i].info.host +
+             (name.empty() ? "" : " (" + name + ")") + " ('" +
              members[i].info.node_id + "', " + std::to_string(members[i].info.slots) +
              " slots) " + range;
   }

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "common/log.h"
+#include "rendezvous/hang_attribution.h"
 #include "rendezvous/token.h"
 
 namespace dtrain::rendezvous {
@@ -140,14 +141,25 @@ std::vector<JoinOutcome> RoundState::poll(TimePoint now) {
     auto closed = close_round(now);
     out.insert(out.end(), closed.begin(), closed.end());
   }
+  if (!open_) check_hang(now);
   if (!open_) {
     auto limit = std::chrono::duration<double>(3 * options_.heartbeat_s);
     std::vector<std::string> dead;
+    std::string lost;  // each lost node: rank, id, address, hostname, last heartbeat
     for (const Member& m : active_)
-      if (now - m.last_beat > limit) dead.push_back(m.info.node_id);
+      if (now - m.last_beat > limit) {
+        dead.push_back(m.info.node_id);
+        lost += "\n  lost node " + std::to_string(m.info.node_rank) + ": id '" + m.info.node_id +
+                "', address " + m.info.host +
+                (m.info.hostname.empty() ? "" : ", hostname " + m.info.hostname) +
+                ", last heartbeat " + seconds_text(seconds_between(m.last_beat, now)) + " s ago";
+      }
     if (!dead.empty()) {
       std::string names;
       for (const auto& d : dead) names += (names.empty() ? "'" : ", '") + d + "'";
+      failure_ = "node " + names + " missed 3 heartbeats (" + seconds_text(3 * options_.heartbeat_s) +
+                 " s) and is declared dead" + lost;
+      DTRAIN_ERROR("rendezvous: {}", failure_);
       active_.erase(std::remove_if(active_.begin(), active_.end(),
                                    [&](const Member& m) { return now - m.last_beat > limit; }),
                     active_.end());
@@ -166,11 +178,23 @@ bool RoundState::ready_to_close(TimePoint now) const {
 }
 
 HeartbeatReply RoundState::heartbeat(const std::string& node_id, uint64_t round,
-                                     TimePoint now) {
-  (void)round;  // the agent compares current_round with its own
+                                     TimePoint now, const std::vector<trace::RankProgress>& ranks) {
   HeartbeatReply reply;
   reply.current_round = round_;
+  reply.failure = failure_;
   reply.known = false;
+  if (!open_ && round == round_)
+    for (const trace::RankProgress& p : ranks) {
+      auto it = progress_.find(p.rank);
+      if (it == progress_.end() || it->second.completed != p.completed) last_progress_ = now;
+      progress_[p.rank] = p;
+    }
+  if (!all_started_ && last_closed_ && progress_.size() == last_closed_->placement.ranks.size() &&
+      std::all_of(progress_.begin(), progress_.end(),
+                  [](const auto& kv) { return kv.second.completed > 0; })) {
+    all_started_ = true;
+    last_progress_ = now;
+  }
   for (Member& m : active_)
     if (m.info.node_id == node_id) {
       m.last_beat = now;
@@ -188,6 +212,9 @@ void RoundState::report_failure(const FailureReport& r) {
               r.node_id, r.round, r.rank, r.local_rank, what, r.message.empty() ? "" : ": ",
               r.message);
   if (r.round != round_ || open_) return;  // this round was already restarted
+  failure_ = "rank " + std::to_string(r.rank) + " (local rank " + std::to_string(r.local_rank) +
+             ") on node '" + r.node_id + "' failed: " + what +
+             (r.message.empty() ? "" : ": " + r.message);
   ++restart_;
   open_next_round("worker failure on node '" + r.node_id + "'");
 }
@@ -203,8 +230,33 @@ void RoundState::leave(const std::string& node_id, bool success) {
   if (!success && !open_) open_next_round("node '" + node_id + "' left after a failure");
 }
 
+// The closed round hangs when some rank waits in a collective and no rank
+// completed one for hang_timeout_s: named, then handled as a worker failure
+// (a restart while max_restarts allow, else every agent gives up).
+void RoundState::check_hang(TimePoint now) {
+  if (options_.hang_timeout_s <= 0 || !last_closed_ || !all_started_) return;
+  const double stalled = seconds_between(last_progress_, now);
+  if (stalled < options_.hang_timeout_s) return;
+  bool waiting = std::any_of(progress_.begin(), progress_.end(),
+                             [](const auto& kv) { return kv.second.waiting; });
+  if (!waiting) return;
+  std::map<int, const Member*> by_node;
+  for (const Member& m : active_) by_node[m.info.node_rank] = &m;
+  std::map<int, RankWhere> where;
+  for (const RankPlacement& r : last_closed_->placement.ranks)
+    if (auto it = by_node.find(r.node); it != by_node.end())
+      where[r.rank] = {r.node, it->second->info.host, it->second->info.hostname};
+  HangReport h = attribute_hang(last_closed_->placement.mesh, progress_, where, stalled,
+                                options_.hang_timeout_s);
+  DTRAIN_ERROR("rendezvous: {}", h.text);
+  failure_ = h.text;
+  ++restart_;
+  open_next_round("hang in round " + std::to_string(round_));
+}
+
 ServerStatus RoundState::status(TimePoint now) const {
   ServerStatus s;
+  s.failure = failure_;
   s.job = options_.job;
   s.round = round_;
   s.restart = restart_;
@@ -213,7 +265,7 @@ ServerStatus RoundState::status(TimePoint now) const {
   s.round_open = open_;
   for (const Member& m : open_ ? waiting_ : active_)
     s.nodes.push_back({m.info.node_id, m.info.host, m.info.node_rank,
-                       seconds_between(m.last_beat, now)});
+                       seconds_between(m.last_beat, now), m.info.hostname});
   return s;
 }
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,12 +70,16 @@ class RoundState {
   // Returns the answers for waiting joiners that are now decided.
   std::vector<JoinOutcome> poll(TimePoint now);
 
-  HeartbeatReply heartbeat(const std::string& node_id, uint64_t round, TimePoint now);
+  // ranks: the collective progress of the node's ranks (may be empty).
+  HeartbeatReply heartbeat(const std::string& node_id, uint64_t round, TimePoint now,
+                           const std::vector<trace::RankProgress>& ranks = {});
   void report_failure(const FailureReport& report);
   void leave(const std::string& node_id, bool success);
   ServerStatus status(TimePoint now) const;
 
   uint64_t round() const { return round_; }
+  // The last round that closed (its whole placement), null before the first.
+  std::shared_ptr<const ClosedRound> last_closed() const { return last_closed_; }
   bool open() const { return open_; }
 
  private:
@@ -87,6 +92,16 @@ class RoundState {
   Mesh mesh_for(const Cluster& cluster) const;
   Cluster cluster_of(const std::vector<Member>& members) const;
   void log_summary(const ClosedRound& closed, const std::vector<Member>& members);
+  void check_hang(TimePoint now);  // poll(): a stalled closed round is a failure
+
+  // Collective progress of the closed round's ranks (heartbeats), and when
+  // any rank last completed one.
+  std::map<int, trace::RankProgress> progress_;
+  TimePoint last_progress_{};
+  // Every rank has completed a collective: start-up (loading LibTorch, a
+  // slow rank's set-up) is never taken for a hang.
+  bool all_started_ = false;
+  std::string failure_;  // why the last failed round ended
 
   ServerOptions options_;
   uint64_t round_ = 1;
@@ -95,6 +110,7 @@ class RoundState {
   std::vector<Member> waiting_;  // joiners of the open round, in join order
   std::vector<Member> active_;   // members of the last closed round, by node rank
   TimePoint min_reached_{};      // elastic: when waiting_ reached min_nodes
+  std::shared_ptr<const ClosedRound> last_closed_;
 };
 
 }  // namespace dtrain::rendezvous

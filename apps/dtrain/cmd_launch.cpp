@@ -22,6 +22,7 @@ struct LaunchArgs {
   std::vector<std::string> sets;
   int node_rank = -1;
   std::string rdzv;
+  std::string advertise_addr;
   std::vector<int> ranks;
   bool allow_slow = false;
   std::string resume_from;
@@ -78,6 +79,7 @@ int run_launch(const LaunchArgs& args) {
   launcher::LaunchOptions options;
   options.node_rank = args.node_rank >= 0 ? args.node_rank : slurm.node_rank;
   options.rdzv = args.rdzv;
+  options.advertise_addr = args.advertise_addr;
   if (options.rdzv.empty() && slurm.present && slurm.nodes > 1 && !slurm.first_host.empty())
     options.rdzv = slurm.first_host + ":" + endpoint_port(spec.cluster.rendezvous.endpoint);
   if (options.node_rank < 0 && spec.cluster.nodes_max == 1) options.node_rank = 0;
@@ -103,6 +105,9 @@ void add_launch(CLI::App& app, int& exit_code) {
   cmd->add_option("--rdzv", args->rdzv,
                   "HOST:PORT of the rendezvous (default: cluster.rendezvous.endpoint, or the "
                   "first SLURM host)");
+  cmd->add_option("--advertise-addr", args->advertise_addr,
+                  "this node's address for the other nodes (default: the local address of the "
+                  "route to the rendezvous); must be an address of this host");
   cmd->add_option("--ranks", args->ranks, "ranks whose output reaches the console, e.g. 0,3")
       ->delimiter(',');
   cmd->add_flag("--allow-slow", args->allow_slow, "accept a TP group that spans NVLink islands");

@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "engine/comm/gloo_group.h"
 #include "engine/comm/group_factory.h"
+#include "engine/comm/traced_group.h"
 
 namespace dtrain::engine::comm {
 
@@ -147,6 +148,15 @@ void CommImpl::build(const CommOptions& options) {
     }
     axes_[axis] = detail::make_group(backend, axis, g, rank, pg, group_slot, ctx_);
   });
+  // Under a launcher (a run dir): every op of every group goes into this
+  // rank's collective trace, which the agent reads to attribute hangs.
+  if (!info_.run_dir.empty()) {
+    auto trace = CollectiveTrace::create(info_.run_dir, info_.rank);
+    set_process_trace(trace);
+    world_ = traced(std::move(world_), trace);
+    control_ = traced(std::move(control_), trace);
+    for (auto& [axis, group] : axes_) group = traced(std::move(group), trace);
+  }
 }
 
 }  // namespace

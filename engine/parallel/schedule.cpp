@@ -2,6 +2,7 @@
 // stages.
 #include "engine/parallel/schedule.h"
 
+#include "engine/comm/traced_group.h"
 #include "engine/parallel/autocast_scope.h"
 
 #include <ATen/core/Tensor.h>
@@ -22,10 +23,12 @@ class NoPipeline : public Schedule {
       batches.micro_batch(micro, inputs_, targets_);  // [B, T] each
       parts.model->set_dropout_position({options.seed, options.step, batches.global_rows(), batches.row_begin(micro)});
       at::Tensor loss;
+      comm::trace_phase(trace::Phase::forward);
       {
         AutocastScope autocast(type, options.bf16);
         loss = parts.model->loss(inputs_, targets_);  // [] fp32 mean over B*T
       }
+      comm::trace_phase(trace::Phase::backward);
       loss.mul(options.loss_scale).backward();
       loss_sum += loss.item<double>();
     }

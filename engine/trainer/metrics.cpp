@@ -89,12 +89,14 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
                  "\"elapsed_s\": %.6g, \"step_time_s\": %.6g, \"sync_wait_s\": %.6g, "
                  "\"grad_norm\": %.9g, \"rss_bytes\": %lld, \"param_bytes\": %lld, "
                  "\"grad_bytes\": %lld, \"optimizer_bytes\": %lld, \"peak_bytes\": %lld, "
-                 "\"buckets_in_backward\": %d, \"dp_bytes_sent\": %lld, \"tp_bytes_sent\": %lld",
+                 "\"buckets_in_backward\": %d, \"dp_bytes_sent\": %lld, \"tp_bytes_sent\": %lld, "
+                 "\"slowest_rank\": %d, \"straggler_ratio\": %.6g",
                  static_cast<long long>(r.step), r.loss, r.lr, tokens_per_s, elapsed, step_s, wait_s,
                  r.grad_norm, static_cast<long long>(mem.rss), static_cast<long long>(mem.params),
                  static_cast<long long>(mem.grads), static_cast<long long>(mem.optimizer),
                  static_cast<long long>(mem.peak), r.buckets_in_backward,
-                 static_cast<long long>(r.dp_bytes_sent), static_cast<long long>(r.tp_bytes_sent));
+                 static_cast<long long>(r.dp_bytes_sent), static_cast<long long>(r.tp_bytes_sent),
+                 r.slowest_rank, r.straggler_ratio);
     for (const auto& [name, value] : r.extra) std::fprintf(jsonl_, ", \"%s\": %.9g", name.c_str(), value);
     std::fputs("}\n", jsonl_);
     std::fflush(jsonl_);

@@ -33,6 +33,8 @@ struct StepReport {
   int buckets_in_backward = 0;  // DDP buckets whose all-reduce started during backward
   int64_t dp_bytes_sent = 0;    // bytes this rank sent through the dp group in the step
   int64_t tp_bytes_sent = 0;    // ... and through the tp group (forward and backward)
+  int slowest_rank = -1;        // logged steps: the rank with the most compute (straggler.h)
+  double straggler_ratio = 0;   // its compute / the median rank's
   std::vector<std::pair<std::string, double>> extra;  // GradSync::step_metrics (e.g. moe_max_load)
 };
 

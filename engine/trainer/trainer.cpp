@@ -13,9 +13,11 @@
 
 #include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/comm/traced_group.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
 #include "engine/trainer/memory_report.h"
+#include "engine/trainer/straggler.h"
 #include "engine/trainer/train_session.h"
 
 namespace dtrain::engine::trainer {
@@ -26,6 +28,7 @@ struct StepResult {
   double grad_norm = 0;
   double lr = 0;
   double step_s = 0;
+  double blocked_s = 0;  // of step_s, blocked in collectives
   int64_t dp_bytes_sent = 0, tp_bytes_sent = 0;
   parallel::SyncStats sync;
 };
@@ -63,6 +66,8 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   s.dp->reset_bytes_sent();
   s.comm->axis("tp").reset_bytes_sent();
   timer.start();
+  const int64_t blocked_ns = comm::trace_blocked_ns();
+  comm::trace_step(step + 1);
   checkpoint::fault_in_step(s.spec.fault, s.info, step + 1);  // fault.kind slow: inside the timed step
   parallel::StepOptions opt;
   opt.grad_accum = s.spec.train.grad_accum;
@@ -77,6 +82,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   StepResult r;
   r.local_loss_sum = s.par.schedule->run(s.par.parts, *s.par.grad_sync, batches, opt);
   r.sync = s.par.grad_sync->finish();
+  comm::trace_phase(trace::Phase::optimizer);
   r.grad_norm = s.par.grad_sync->clip(s.spec.train.grad_clip);
   r.lr = s.schedule.at(step);
   s.optimizer->step(r.lr);
@@ -84,6 +90,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   s.par.grad_sync->zero();
   s.sampler->advance();
   r.step_s = timer.stop_s();
+  r.blocked_s = double(comm::trace_blocked_ns() - blocked_ns) * 1e-9;
   r.dp_bytes_sent = int64_t(s.dp->bytes_sent());
   r.tp_bytes_sent = int64_t(s.comm->axis("tp").bytes_sent());
   return r;
@@ -144,11 +151,22 @@ int run_training() {
                       r.sync.launched_in_backward, r.dp_bytes_sent, r.tp_bytes_sent};
     report.extra = s.par.grad_sync->step_metrics();
     const bool logged = metrics.should_log(step + 1);
+    comm::trace_phase(trace::Phase::logging);
     if (logged) report.loss = global_mean_loss(s, r.local_loss_sum);
+    if (logged) {
+      const StragglerStats st = straggler_stats(s.comm->control(), r.step_s - r.blocked_s);
+      report.slowest_rank = st.slowest_rank;
+      report.straggler_ratio = st.ratio;
+      if (st.ratio > kStragglerWarnRatio && s.is_log_rank())
+        DTRAIN_WARN("straggler: rank {} computes {:.0f} ms per step, {:.2f}x the median {:.0f} ms",
+                    st.slowest_rank, st.slowest_s * 1e3, st.ratio, st.median_s * 1e3);
+    }
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
+    comm::trace_phase(trace::Phase::checkpoint);
     if (maybe_save_checkpoint(s, step + 1)) return 0;  // preempted, saved
   }
   if (const std::string what = s.par.schedule->summary(); !what.empty()) DTRAIN_INFO("{}", what);
+  comm::trace_phase(trace::Phase::done);
   write_memory_report(s, run_peak);
   if (s.is_log_rank()) DTRAIN_INFO("training done: {} steps", s.spec.train.steps);
   return 0;

@@ -19,6 +19,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "engine/comm/traced_group.h"
 #include "engine/parallel/autocast_scope.h"
 #include "engine/parallel/pipeline/plan.h"
 #include "engine/parallel/pipeline/split_backward.h"
@@ -102,6 +103,7 @@ class Pipeline : public Schedule {
       const bool first = stage_.first(a.chunk), last = stage_.last(a.chunk);
       switch (a.op) {
         case Op::forward: {
+          comm::trace_phase(trace::Phase::forward);
           at::Tensor x;
           if (first || last) {
             // The batch buffers are refilled by the next micro-batch's forward
@@ -150,6 +152,7 @@ class Pipeline : public Schedule {
         case Op::backward: {
           sync.begin_micro(backwards, reduce_in_backward && backwards == backward_total - 1);
           ++backwards;
+          comm::trace_phase(trace::Phase::backward);
           if (last)
             m.loss.mul(options.loss_scale).backward();
           else

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -119,9 +120,24 @@ void check_round(int n, int slots, Mesh mesh, std::vector<int> requested) {
     CHECK(a.world == mesh.world());
     if (!requested.empty()) CHECK(a.node_rank == requested[static_cast<size_t>(i)]);
     node_ranks.insert(a.node_rank);
-    REQUIRE(a.placement.ranks.size() == want.ranks.size());
-    for (size_t r = 0; r < want.ranks.size(); ++r) CHECK(same(a.placement.ranks[r], want.ranks[r]));
-    CHECK(a.placement.groups.size() == want.groups.size());
+    // The reply holds this node's part: its ranks and exactly the groups they are in.
+    std::vector<RankPlacement> mine;
+    for (const RankPlacement& r : want.ranks)
+      if (r.node == a.node_rank) mine.push_back(r);
+    REQUIRE(a.placement.ranks.size() == mine.size());
+    for (size_t r = 0; r < mine.size(); ++r) CHECK(same(a.placement.ranks[r], mine[r]));
+    size_t groups_of_node = 0;
+    for (const Group& g : want.groups) {
+      bool in = std::any_of(g.ranks.begin(), g.ranks.end(), [&](int r) {
+        return want.ranks[static_cast<size_t>(r)].node == a.node_rank;
+      });
+      if (!in) continue;
+      ++groups_of_node;
+      bool sent = std::any_of(a.placement.groups.begin(), a.placement.groups.end(),
+                              [&](const Group& h) { return h.axis == g.axis && h.ranks == g.ranks; });
+      CHECK_MESSAGE(sent, "group " << g.axis << " of node " << a.node_rank << " missing");
+    }
+    CHECK(a.placement.groups.size() == groups_of_node);
     CHECK(static_cast<int>(a.local_ranks.size()) == slots);
     for (const RankPlacement& r : a.local_ranks) {
       CHECK(r.node == a.node_rank);
@@ -137,6 +153,19 @@ void check_round(int n, int slots, Mesh mesh, std::vector<int> requested) {
   }
   CHECK(static_cast<int>(seen.size()) == mesh.world());
   CHECK(static_cast<int>(node_ranks.size()) == n);
+  // The whole placement goes to whoever asks, equal to place_ranks.
+  ServerStatus st = s.client().status(/*with_placement=*/true);
+  REQUIRE(st.has_placement);
+  REQUIRE(st.placement.ranks.size() == want.ranks.size());
+  for (size_t r = 0; r < want.ranks.size(); ++r) CHECK(same(st.placement.ranks[r], want.ranks[r]));
+  REQUIRE(st.placement.groups.size() == want.groups.size());
+  for (size_t g = 0; g < want.groups.size(); ++g) {
+    CHECK(st.placement.groups[g].axis == want.groups[g].axis);
+    CHECK(st.placement.groups[g].ranks == want.groups[g].ranks);
+    CHECK(st.placement.groups[g].bytes_per_step == want.groups[g].bytes_per_step);
+  }
+  CHECK(st.placement.mesh.world() == mesh.world());
+  CHECK_FALSE(s.client().status().has_placement);  // only on request
 }
 
 }  // namespace

@@ -1,0 +1,133 @@
+// Hang attribution without processes: progress records as agents report
+// them, the round state's clock passed in. Who never entered the collective
+// the others wait in, what it did last, and when a stall becomes a hang.
+#include <doctest/doctest.h>
+
+#include "rendezvous/hang_attribution.h"
+#include "rendezvous/round_state.h"
+
+using namespace dtrain::rendezvous;
+using dtrain::trace::RankProgress;
+using std::chrono::milliseconds;
+
+namespace {
+
+// A rank that entered `entered` all-reduces on dp and completed `done`.
+RankProgress rank_at(int rank, uint64_t entered, uint64_t done, int64_t step, const char* phase) {
+  RankProgress p;
+  p.rank = rank;
+  p.entered = entered;
+  p.completed = done;
+  p.step = step;
+  p.phase = phase;
+  p.group_entered = {{"dp", entered}};
+  if (done > 0) {
+    p.has_done = true;
+    p.last_done = {"dp", "all_reduce", done, 4096, 0, 1};
+  }
+  if (entered > done) {
+    p.waiting = true;
+    p.pending = {"dp", "all_reduce", done + 1, 4096, 0, 0};
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("hang: the rank that never entered the collective is named with its last one") {
+  Mesh mesh{3, 1, 1, 1};
+  std::map<int, RankProgress> ranks = {{0, rank_at(0, 13, 12, 6, "backward")},
+                                       {1, rank_at(1, 13, 12, 6, "backward")},
+                                       {2, rank_at(2, 12, 12, 5, "checkpoint")}};
+  std::map<int, RankWhere> where = {{2, {2, "10.251.77.12", "vm"}}};
+  HangReport h = attribute_hang(mesh, ranks, where, 10.5, 10);
+  INFO(h.text);
+  CHECK(h.waiting);
+  CHECK(h.group == "dp");
+  CHECK(h.op == "all_reduce");
+  CHECK(h.seq == 13);
+  CHECK(h.waiting_ranks == std::vector<int>{0, 1});
+  CHECK(h.missing_ranks == std::vector<int>{2});
+  CHECK(h.text.find("rank(s) 2 never entered it") != std::string::npos);
+  CHECK(h.text.find("rank 2 on node 2 (10.251.77.12, vm): step 5, phase checkpoint, last completed "
+                    "collective: dp all_reduce #12") != std::string::npos);
+}
+
+TEST_CASE("hang: everyone entered (a stuck link) is told apart from a missing rank") {
+  Mesh mesh{2, 1, 1, 1};
+  std::map<int, RankProgress> ranks = {{0, rank_at(0, 5, 4, 2, "backward")},
+                                       {1, rank_at(1, 5, 4, 2, "backward")}};
+  HangReport h = attribute_hang(mesh, ranks, {}, 3, 2);
+  CHECK(h.missing_ranks.empty());
+  CHECK(h.text.find("the collective itself is stuck") != std::string::npos);
+}
+
+TEST_CASE("hang: groups of the mesh, and world/control over every rank") {
+  Mesh mesh{2, 2, 2, 1};  // 8 ranks: tp innermost, then dp, then pp
+  CHECK(group_members(mesh, "tp", 5) == std::vector<int>{4, 5});
+  CHECK(group_members(mesh, "dp", 5) == std::vector<int>{5, 7});
+  CHECK(group_members(mesh, "pp", 5) == std::vector<int>{1, 5});
+  CHECK(group_members(mesh, "world", 3).size() == 8);
+  CHECK(group_members(mesh, "control", 0).size() == 8);
+}
+
+TEST_CASE("round: a stall longer than hang_timeout_s while ranks wait is a failure with a report") {
+  ServerOptions o;
+  o.token = "t";
+  o.min_nodes = o.max_nodes = 3;
+  o.mesh.dp = 3;
+  o.heartbeat_s = 1;
+  o.hang_timeout_s = 5;
+  RoundState s(o);
+  TimePoint t0{};
+  for (int i = 0; i < 3; ++i) {
+    JoinInfo j;
+    j.node_id = "n" + std::to_string(i);
+    j.host = "10.0.0." + std::to_string(i);
+    j.node_rank = i;
+    CHECK_FALSE(s.join(j, uint64_t(i + 1), t0, TimePoint::max()));
+  }
+  REQUIRE(s.poll(t0).size() == 3);
+  const uint64_t round = s.round();
+  auto beat = [&](int sec, uint64_t e0, uint64_t d0, uint64_t e2) {
+    TimePoint t = t0 + std::chrono::seconds(sec);
+    s.heartbeat("n0", round, t, {rank_at(0, e0, d0, 6, "backward")});
+    s.heartbeat("n1", round, t, {rank_at(1, e0, d0, 6, "backward")});
+    s.heartbeat("n2", round, t, {rank_at(2, e2, e2, 5, "checkpoint")});
+    s.poll(t);
+  };
+  beat(1, 10, 10, 10);  // everyone done with #10
+  beat(2, 11, 10, 10);  // 0 and 1 wait in #11: progress stopped at t = 1 s
+  beat(5, 11, 10, 10);
+  CHECK_FALSE(s.open());  // 4 s of stall < 5 s
+  beat(6, 11, 10, 10);
+  CHECK(s.open());        // 5 s: a hang, the round ends, one restart counted
+  ServerStatus st = s.status(t0 + std::chrono::seconds(6));
+  CHECK(st.restart == 1);
+  INFO(st.failure);
+  CHECK(st.failure.find("rank(s) 0,1 wait in dp all_reduce #11") != std::string::npos);
+  CHECK(st.failure.find("rank(s) 2 never entered it") != std::string::npos);
+  CHECK(s.heartbeat("n0", round, t0 + std::chrono::seconds(7)).failure == st.failure);
+}
+
+TEST_CASE("round: no hang when ranks stall outside collectives, or when detection is off") {
+  for (double timeout : {5.0, 0.0}) {
+    ServerOptions o;
+    o.token = "t";
+    o.mesh.dp = 1;
+    o.hang_timeout_s = timeout;
+    o.heartbeat_s = 100;
+    RoundState s(o);
+    TimePoint t0{};
+    JoinInfo j;
+    j.node_id = "n0";
+    j.host = "h";
+    CHECK_FALSE(s.join(j, 1, t0, TimePoint::max()));
+    REQUIRE(s.poll(t0).size() == 1);
+    // timeout 5: computing (not waiting) for 60 s is no hang; timeout 0: waiting is none either.
+    RankProgress p = rank_at(0, 3, timeout > 0 ? 3 : 2, 1, "forward");
+    s.heartbeat("n0", s.round(), t0 + std::chrono::seconds(1), {p});
+    s.poll(t0 + std::chrono::seconds(60));
+    CHECK_FALSE(s.open());
+  }
+}
