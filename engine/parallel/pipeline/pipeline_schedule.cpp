@@ -161,6 +161,7 @@ class Pipeline : public Schedule {
           break;
         }
         case Op::backward_input: {
+          comm::trace_phase(trace::Phase::backward);
           m.input_grad = last ? m.split.backward_input(m.loss.mul(options.loss_scale), {}, m.input, params)
                               : m.split.backward_input(m.output, m.output_grad, m.input, params);
           m.output_grad = at::Tensor();
@@ -168,6 +169,7 @@ class Pipeline : public Schedule {
         }
         case Op::backward_weight: {
           sync.begin_micro(backwards++, false);
+          comm::trace_phase(trace::Phase::backward);
           m.split.backward_weight();
           if (m.embedded.defined()) m.embedded.backward(m.input_grad);
           m = Micro{};
