@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 # Folds `perf report --sort dso,sym -F overhead,dso,sym` output of two runs
 # (dtrain, peer) into one table of categories: % of the ranks' samples, and
-# that share of each side's wall time per step (ms). The categories are by
-# library and symbol name, first match wins; "other" is what none matched.
-#   profile_categories.py DTRAIN.txt PEER.txt --step-ms DTRAIN_MS PEER_MS
+# CPU ms per step per rank (samples / hz / ranks / steps in the window, steps
+# = window / wall step time): comparable between the sides even when the
+# machine is shared. The categories are by library and symbol name, first
+# match wins; "other" is what none matched.
+#   profile_categories.py D.txt P.txt --step-ms D_MS P_MS --window-s S --ranks R --hz 499
 import argparse
 import re
 
-HZ = 499.0
 CATS = [  # (name, dso regex, symbol regex)
     ("matmul: MKL sgemm", r"libtorch_cpu", r"mkl_|gemm|sgemm"),
     ("matmul: oneDNN", r".", r"dnnl|jit_avx|brgemm"),
@@ -22,7 +23,7 @@ CATS = [  # (name, dso regex, symbol regex)
     ("OS kernel", r"kernel", r"."),
     ("dtrain engine code", r"dtrain-worker|dtrain$", r"."),
 ]
-LINE = re.compile(r"^\s*([0-9.]+)%\s+(\S+)\s+\[[.k]\]\s+(.*)$")
+LINE = re.compile(r"^\s*([0-9.]+)%\s+([0-9]+)\s+(\S+)\s+\[[.k]\]\s+(.*)$")
 
 
 def fold(path):
@@ -31,14 +32,14 @@ def fold(path):
         m = LINE.match(line)
         if not m:
             continue
-        pct, dso, sym = float(m.group(1)), m.group(2), m.group(3)
-        total += pct
+        n, dso, sym = float(m.group(2)), m.group(3), m.group(4)
+        total += n
         name = "other"
         for cname, dre, sre in CATS:
             if re.search(dre, dso) and re.search(sre, sym):
                 name = cname
                 break
-        cats[name] = cats.get(name, 0.0) + pct
+        cats[name] = cats.get(name, 0.0) + n
     return cats, total
 
 
@@ -47,18 +48,25 @@ def main():
     ap.add_argument("dtrain")
     ap.add_argument("peer")
     ap.add_argument("--step-ms", nargs=2, type=float, required=True, help="wall ms per step: dtrain, peer")
+    ap.add_argument("--window-s", type=float, required=True)
+    ap.add_argument("--ranks", type=int, required=True)
+    ap.add_argument("--hz", type=float, required=True)
     a = ap.parse_args()
     d, dt = fold(a.dtrain)
     p, pt = fold(a.peer)
     names = [c[0] for c in CATS] + ["other"]
     dm, pm = a.step_ms
-    print(f"{'category':38s} {'dtrain %':>9s} {'peer %':>9s} {'dtrain ms':>10s} {'peer ms':>9s}")
+    # CPU ms per step per rank of `samples`: samples / hz / ranks / (window / step time)
+    dk = 1e3 / a.hz / a.ranks / (a.window_s * 1e3 / dm)
+    pk = 1e3 / a.hz / a.ranks / (a.window_s * 1e3 / pm)
+    print(f"{'category':38s} {'dtrain %':>9s} {'peer %':>9s} {'dtrain CPU ms':>14s} {'peer CPU ms':>12s}")
     for n in names:
-        if d.get(n, 0) < 0.05 and p.get(n, 0) < 0.05:
+        if d.get(n, 0) < 0.0005 * dt and p.get(n, 0) < 0.0005 * pt:
             continue
-        dp, pp = d.get(n, 0) / dt * 100, p.get(n, 0) / pt * 100
-        print(f"{n:38s} {dp:9.1f} {pp:9.1f} {dp * dm / 100:10.1f} {pp * pm / 100:9.1f}")
-    print(f"{'step (wall)':38s} {100:9.1f} {100:9.1f} {dm:10.1f} {pm:9.1f}")
+        print(f"{n:38s} {d.get(n, 0) / dt * 100:9.1f} {p.get(n, 0) / pt * 100:9.1f} "
+              f"{d.get(n, 0) * dk:14.1f} {p.get(n, 0) * pk:12.1f}")
+    print(f"{'all (CPU per step per rank)':38s} {100:9.1f} {100:9.1f} {dt * dk:14.1f} {pt * pk:12.1f}")
+    print(f"{'wall ms per step':38s} {'':9s} {'':9s} {dm:14.1f} {pm:12.1f}")
 
 
 if __name__ == "__main__":

@@ -59,14 +59,20 @@ PYEOF
 )"
 PEER_MS="$(grep -o 'step_ms=[0-9.]*' "$tmp/peer.log" | tail -1 | cut -d= -f2)"
 for side in dtrain peer; do
-  perf report -q -i "$tmp/$side.data" --no-children --sort dso,sym -F overhead,dso,sym --stdio 2>/dev/null >"$tmp/$side.txt"
+  perf report -q -i "$tmp/$side.data" --no-children --sort dso,sym -F overhead,sample,dso,sym --stdio 2>/dev/null >"$tmp/$side.txt"
 done
 {
   echo "# bench/profile_step.sh: perf cpu-clock samples of every process, $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "# $RANKS ranks on $(nproc) cores, GPT $LAYERS x $D_MODEL, seq $SEQ, micro_batch $MB, $STEPS steps; load at end $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "# $RANKS ranks on $(nproc --all) cores, GPT $LAYERS x $D_MODEL, seq $SEQ, micro_batch $MB, $STEPS steps; load at end $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "# OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, torch $("$PY" -c 'import torch; print(torch.__version__)') on both sides"
-  echo "# samples: the ranks only, ${SECONDS_REC} s from rank 0's step 20; step ms = wall time per step after step 20"
+  echo "# samples: the ranks only, ${SECONDS_REC} s from rank 0's step 20 at 499 Hz; CPU ms = a rank's CPU time"
+  echo "# per step in the category (samples / 499 Hz / ranks / steps in the window); wall ms = wall time per step"
   echo "# dtrain: $(grep -o 'step [0-9]*/[0-9]* .*tok/s' "$tmp/dtrain.log" | tail -1); $DT_MS ms/step"
   echo "# peer:   $(grep -o 'PEER kind=ddp tokens_per_s=[0-9.]*' "$tmp/peer.log" | tail -1); $PEER_MS ms/step"
-  "$PY" bench/profile_categories.py "$tmp/dtrain.txt" "$tmp/peer.txt" --step-ms "$DT_MS" "$PEER_MS"
+  "$PY" bench/profile_categories.py "$tmp/dtrain.txt" "$tmp/peer.txt" --step-ms "$DT_MS" "$PEER_MS" \
+    --window-s "$SECONDS_REC" --ranks "$RANKS" --hz 499
+  for side in dtrain peer; do
+    echo "## $side: top 25 symbols (% of the ranks' samples)"
+    sort -k2,2nr "$tmp/$side.txt" | head -25 | sed 's/^ */  /'
+  done
 } | tee "$OUT"
