@@ -81,7 +81,7 @@ void AdamW::step(double lr) {
     at::Tensor& p = params_[i];
     const at::Tensor& g = grads_.empty() ? p.grad() : grads_[i];
     if (!g.defined()) continue;
-    if (fusable(p, g, m_[i], v_[i])) {
+    if (opt_.fused && fusable(p, g, m_[i], v_[i])) {
       const bool wd = decay_[i] && opt_.weight_decay != 0.0;
       const FusedStep fs{wd ? float(1.0 - lr * opt_.weight_decay) : 1.0f, float(b1), float(1.0 - b1),
                          float(b2), float(1.0 - b2), float(bias_correction2_sqrt), float(opt_.eps),
