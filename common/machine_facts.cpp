@@ -166,7 +166,7 @@ std::string doctor_summary(const MachineFacts& f) {
   if (!e.available) return out;
   out += fmt::format("; {} {} ({})", e.blas.name, e.blas.version, e.blas.core.empty() ? "?" : e.blas.core);
   if (e.sgemm_fp32_gflops > 0)
-    out += fmt::format("; sgemm {:.0f} GFLOP/s fp32, {:.0f} bf16 per thread", e.sgemm_fp32_gflops,
+    out += fmt::format("; sgemm {:.3g} GFLOP/s fp32, {:.3g} bf16 per thread", e.sgemm_fp32_gflops,
                        e.sgemm_bf16_gflops);
   out += "; torch " + e.torch_version;
   if (!e.gpus.empty()) out += fmt::format(", {} GPU{}", e.gpus.size(), e.gpus.size() == 1 ? "" : "s");
