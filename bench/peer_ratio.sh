@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# dtrain vs a Python peer at 4 CPU ranks: `dtrain launch` of the quickstart
+# dtrain vs a Python peer at RANKS CPU ranks: `dtrain launch` of the quickstart
 # GPT against bench/peer/gpt_ddp.py (same GPT, data and batch, PyTorch DDP on
 # gloo, launched by the venv's torchrun), one thread per rank. Both sides run
 # the same PyTorch wheel (the venv's LibTorch for the engine, its Python for
 # the peer), so the same kernels and BLAS (the wheel's MKL).
-# Runs are interleaved (dtrain, peer, dtrain, peer, ...) so drift hits both.
-# Both time from the end of the first logged step (10) to the last step.
-#   [ROUNDS=3] [STEPS=150] [DTRAIN_VENV=...] bench/peer_ratio.sh   -> bench/results/peer_ratio.txt
+# Runs are interleaved (dtrain, peer, dtrain, peer, ...; every rank count in
+# every round) so drift hits both. Both time from the end of the first logged
+# step (10) to the last step. OPENBLAS_CORETYPE, MKL_CBWR and the like reach
+# both sides unchanged (the header says which were set). With several rank
+# counts the last table is the scaling: tokens/s and efficiency vs 1 rank
+# (tok/s at n / (n x tok/s at 1), from the medians).
+#   [RANKS="2 4"] [ROUNDS=3] [STEPS=150] [DTRAIN_VENV=...] bench/peer_ratio.sh   -> bench/results/peer_ratio.txt
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
@@ -19,8 +23,8 @@ PY="$VENV/bin/python"
 cd "$ROOT"
 
 # The quickstart's sizes (configs/quickstart.yaml), passed to both sides.
-LAYERS=4 D_MODEL=128 HEADS=4 SEQ=64 MB=8 RANKS=4 LR=1e-3 WARMUP=20 BUCKET=1 EVERY=10
-TOKENS_PER_STEP=$((MB * RANKS * SEQ))
+LAYERS=4 D_MODEL=128 HEADS=4 SEQ=64 MB=8 LR=1e-3 WARMUP=20 BUCKET=1 EVERY=10
+RANKS="${RANKS:-4}"
 
 [ -x "$BUILD/apps/dtrain/dtrain" ] && [ -x "$BUILD/apps/dtrain/dtrain-worker" ] || {
   echo "peer_ratio: build dtrain first (scripts/build, or DTRAIN_BUILD_DIR=...)" >&2; exit 2; }
@@ -35,17 +39,17 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 tmp="$(mktemp -d /tmp/dtrain-peer-XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
 
-dtrain_run() {  # $1 = round; prints tokens/s
-  local dir="$tmp/dtrain$1"
+dtrain_run() {  # $1 = round, $2 = ranks; prints tokens/s
+  local n="$2" dir="$tmp/dtrain$1_$2"
   "$BUILD/apps/dtrain/dtrain" launch configs/quickstart.yaml \
     --set train.steps="$STEPS" --set log.every="$EVERY" --set log.dir="$dir" \
     --set checkpoint.dir='""' --set model.layers="$LAYERS" --set model.d_model="$D_MODEL" \
     --set model.heads="$HEADS" --set model.seq_len="$SEQ" --set train.micro_batch="$MB" \
-    --set parallel.dp="$RANKS" --set cluster.procs_per_node="$RANKS" --set train.lr="$LR" \
+    --set parallel.dp="$n" --set cluster.procs_per_node="$n" --set train.lr="$LR" \
     --set train.warmup_steps="$WARMUP" --set parallel.ddp.bucket_mb="$BUCKET" \
-    >"$tmp/dtrain$1.log" 2>&1 || { cat "$tmp/dtrain$1.log" >&2; echo "peer_ratio: dtrain failed" >&2; exit 1; }
+    >"$dir.log" 2>&1 || { cat "$dir.log" >&2; echo "peer_ratio: dtrain failed" >&2; exit 1; }
   # metrics.jsonl also has a record for step 1: start at step $EVERY, as the peer does.
-  "$PY" - "$dir/metrics.jsonl" "$TOKENS_PER_STEP" "$EVERY" <<'EOF'
+  "$PY" - "$dir/metrics.jsonl" "$((MB * n * SEQ))" "$EVERY" <<'EOF'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 first = next(r for r in recs if r['step'] >= int(sys.argv[3]))
@@ -54,10 +58,10 @@ print(f"{(last['step'] - first['step']) * int(sys.argv[2]) / (last['elapsed_s'] 
 EOF
 }
 
-peer_run() {  # $1 = round; prints tokens/s
-  local log="$tmp/peer$1.log"
+peer_run() {  # $1 = round, $2 = ranks; prints tokens/s
+  local log="$tmp/peer$1_$2.log"
   set +e
-  "$PY" -m torch.distributed.run --standalone --nproc-per-node "$RANKS" \
+  "$PY" -m torch.distributed.run --standalone --nproc-per-node "$2" \
     bench/peer/gpt_ddp.py --data data/corpus.txt \
     --layers "$LAYERS" --d-model "$D_MODEL" --heads "$HEADS" --seq-len "$SEQ" \
     --micro-batch "$MB" --steps "$STEPS" --lr "$LR" --warmup-steps "$WARMUP" \
@@ -69,31 +73,50 @@ peer_run() {  # $1 = round; prints tokens/s
 }
 
 LOAD0="$(cut -d' ' -f1-3 /proc/loadavg)"
-declare -a D P
+declare -A D P
 for r in $(seq "$ROUNDS"); do
-  D[$r]="$(dtrain_run "$r")"
-  P[$r]="$(peer_run "$r")"
-  echo "round $r: dtrain ${D[$r]} tok/s, peer ${P[$r]} tok/s" >&2
+  for n in $RANKS; do
+    D[$r,$n]="$(dtrain_run "$r" "$n")"
+    P[$r,$n]="$(peer_run "$r" "$n")"
+    echo "round $r, $n ranks: dtrain ${D[$r,$n]} tok/s, peer ${P[$r,$n]} tok/s" >&2
+  done
 done
+OVERRIDES="$(env | grep -E '^(OPENBLAS_CORETYPE|MKL_CBWR|MKL_ENABLE_INSTRUCTIONS|ATEN_CPU_CAPABILITY)=' | tr '\n' ' ' || true)"
 
 {
   echo "# bench/peer_ratio.sh: dtrain launch vs PyTorch DDP (torchrun, gloo), $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "# $RANKS ranks on $CORES cores, 1 thread/rank (OMP/MKL/OPENBLAS=1), torch $TORCH from $VENV on both sides"
-  echo "# BLAS on both sides: $BLAS"
+  echo "# ranks $RANKS on $CORES cores, 1 thread/rank (OMP/MKL/OPENBLAS=1), torch $TORCH from $VENV on both sides"
+  echo "# BLAS on both sides: $BLAS; kernel overrides on both sides: ${OVERRIDES:-none}"
   echo "# load average (1/5/15 min) at start: $LOAD0, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "# GPT layers $LAYERS d_model $D_MODEL heads $HEADS seq_len $SEQ, micro_batch $MB x $RANKS ranks = GBS $((MB * RANKS)), $STEPS steps, bucket $BUCKET MB"
+  echo "# GPT layers $LAYERS d_model $D_MODEL heads $HEADS seq_len $SEQ, micro_batch $MB per rank, $STEPS steps, bucket $BUCKET MB"
   echo "# tokens/s from the end of step $EVERY to the last step; rounds interleaved"
-  printf "%-6s %14s %14s %8s\n" round dtrain_tok_s peer_tok_s ratio
-  for r in $(seq "$ROUNDS"); do
-    printf "%-6s %14s %14s %8.3f\n" "$r" "${D[$r]}" "${P[$r]}" "$(echo "${D[$r]} / ${P[$r]}" | bc -l)"
+  ROWS=""
+  for n in $RANKS; do
+    echo "## $n ranks (GBS $((MB * n)))"
+    printf "%-6s %14s %14s %8s\n" round dtrain_tok_s peer_tok_s ratio
+    ds="" ps=""
+    for r in $(seq "$ROUNDS"); do
+      printf "%-6s %14s %14s %8.3f\n" "$r" "${D[$r,$n]}" "${P[$r,$n]}" "$(echo "${D[$r,$n]} / ${P[$r,$n]}" | bc -l)"
+      ds="$ds ${D[$r,$n]}" ps="$ps ${P[$r,$n]}"
+    done
+    ROWS="$ROWS$n:$ds:$ps;"
   done
-  "$PY" - "${D[*]}" "${P[*]}" <<'EOF'
+  "$PY" - "$ROWS" <<'EOF'
 import statistics, sys
-d = [float(x) for x in sys.argv[1].split()]
-p = [float(x) for x in sys.argv[2].split()]
-md, mp = statistics.median(d), statistics.median(p)
-mr = statistics.median(a / b for a, b in zip(d, p))
-print(f"median dtrain {md:.1f} tok/s, peer {mp:.1f} tok/s, ratio of medians {md / mp:.3f}, "
-      f"median of round ratios {mr:.3f} (goal >= 1.2)")
+rows = []
+for chunk in sys.argv[1].strip(";").split(";"):
+    n, d, p = chunk.split(":")
+    d, p = [float(x) for x in d.split()], [float(x) for x in p.split()]
+    md, mp = statistics.median(d), statistics.median(p)
+    mr = statistics.median(a / b for a, b in zip(d, p))
+    rows.append((int(n), md, mp))
+    print(f"{n} ranks: median dtrain {md:.1f} tok/s, peer {mp:.1f} tok/s, ratio of medians {md / mp:.3f}, "
+          f"median of round ratios {mr:.3f} (goal >= 1.2)")
+base = next((r for r in rows if r[0] == 1), None)
+if base and len(rows) > 1:
+    print("## scaling (medians; efficiency = tok/s at n / (n x tok/s at 1 rank))")
+    print(f"{'ranks':>5s} {'dtrain_tok_s':>13s} {'eff':>6s} {'peer_tok_s':>11s} {'eff':>6s}")
+    for n, md, mp in rows:
+        print(f"{n:5d} {md:13.1f} {md / (n * base[1]):6.2f} {mp:11.1f} {mp / (n * base[2]):6.2f}")
 EOF
 } | tee "$OUT"

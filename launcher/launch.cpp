@@ -25,6 +25,7 @@
 #include "launcher/advertise.h"
 #include "launcher/agent.h"
 #include "launcher/checkpoint_start.h"
+#include "launcher/doctor.h"
 #include "launcher/gpus.h"
 #include "launcher/input_checks.h"
 #include "launcher/run_dir_lock.h"
@@ -172,6 +173,7 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   check_devices(spec);  // before anything starts
   check_data_file(spec);
   check_fits_memory(spec, options.allow_large);
+  log_launch_summary(spec);
   AgentConfig config;
   config.entrypoint = resolve_entrypoint(spec);
   config.job = spec.job.name;

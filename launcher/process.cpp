@@ -1,6 +1,6 @@
 // Process (see process.h). The child gets: stdin from /dev/null, stdout and
-// stderr on one pipe, its own process group, an empty signal mask and
-// default dispositions for the signals dtrain handles or ignores.
+// stderr on one pipe, its own session (so its own process group), an empty
+// signal mask and default dispositions for the signals dtrain handles or ignores.
 #include "launcher/process.h"
 
 #include <fcntl.h>
@@ -19,7 +19,13 @@ namespace dtrain::launcher {
 
 namespace {
 
-// posix_spawn attributes: own group (pgid = pid), clean mask and dispositions.
+// posix_spawn attributes: own session and group (sid = pgid = pid), clean
+// mask and dispositions. A session per worker, as torchrun starts its workers
+// (start_new_session): where the kernel groups scheduling by session
+// (sched_autogroup_enabled = 1, the default of most distributions), each rank
+// then gets a session's CPU share on a shared machine, as torchrun's ranks
+// do, instead of all ranks sharing the launcher's. setsid also makes the
+// child its group's leader (setpgid would then fail: no SETPGROUP).
 void init_attributes(posix_spawnattr_t* attr) {
   posix_spawnattr_init(attr);
   sigset_t empty, defaults;
@@ -28,9 +34,7 @@ void init_attributes(posix_spawnattr_t* attr) {
   for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE, SIGHUP, SIGQUIT}) sigaddset(&defaults, sig);
   posix_spawnattr_setsigmask(attr, &empty);
   posix_spawnattr_setsigdefault(attr, &defaults);
-  posix_spawnattr_setpgroup(attr, 0);
-  posix_spawnattr_setflags(attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                     POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 }
 
 std::vector<char*> c_strings(const std::vector<std::string>& strings) {

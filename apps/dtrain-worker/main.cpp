@@ -2,6 +2,7 @@
 // is from the environment (DESIGN.md section 3), never from the launcher.
 //   dtrain-worker                 train (the default)
 //   dtrain-worker bench-comm ...  one collective, nccl-tests style
+//   dtrain-worker doctor          the engine's facts as JSON on stdout (dtrain doctor reads it)
 #include <malloc.h>
 #include <sys/prctl.h>
 
@@ -9,11 +10,13 @@
 #include <cstdlib>
 #include <iostream>
 
+#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/comm/comm_bench.h"
+#include "engine/doctor/engine_facts.h"
 #include "engine/trainer/trainer.h"
 
 namespace {
@@ -61,8 +64,16 @@ int main(int argc, char** argv) {
   bench->add_option("--max", max_s, "largest size in bytes");
   bench->add_option("--iters", bopt.iters, "timed repeats per size");
   bench->add_option("--dtype", bopt.dtype, "fp32|fp16|bf16");
+  auto* doctor = app.add_subcommand("doctor", "BLAS, kernels, versions, GPUs and matmul rates as JSON");
+  double doctor_seconds = 0.4;
+  doctor->add_option("--seconds", doctor_seconds, "budget of each matmul rate measurement");
   try {
     app.parse(argc, argv);
+    if (*doctor) {
+      at::set_num_threads(1);  // the per-thread rate, as one rank runs
+      std::cout << dtrain::engine_facts_to_json(dtrain::engine::doctor::probe_engine(doctor_seconds)) << "\n";
+      return 0;
+    }
     if (*bench) {
       bopt.min_bytes = parse_size(min_s);
       bopt.max_bytes = parse_size(max_s);

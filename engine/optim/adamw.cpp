@@ -1,6 +1,8 @@
 // AdamW, the learning-rate schedule and the gradient-norm helpers of adamw.h.
-// The update is torch.optim.AdamW's single-tensor path (1.13), written with
-// in-place ATen ops under NoGradGuard so it matches PyTorch step for step.
+// The update is torch.optim.AdamW's single-tensor path: on contiguous fp32
+// CPU tensors one fused pass per tensor (decay, both moments, the step: each
+// element read and written once, no temporaries), elsewhere in-place ATen ops
+// under NoGradGuard. Both compute the same formula in fp32 in the same order.
 // Does not all-reduce anything: the caller combines norms across ranks.
 #include "engine/optim/adamw.h"
 
@@ -14,6 +16,40 @@
 #include <string>
 
 namespace dtrain::engine::optim {
+namespace {
+
+struct FusedStep {
+  float decay;      // 1 - lr * weight_decay (1 = none)
+  float b1, one_minus_b1, b2, one_minus_b2;
+  float bc2_sqrt;   // sqrt(1 - b2^t)
+  float eps;
+  float neg_step;   // -lr / (1 - b1^t)
+};
+
+bool fusable(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v) {
+  for (const at::Tensor* t : {&p, &g, &m, &v})
+    if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || !t->is_contiguous()) return false;
+  return p.numel() == g.numel();
+}
+
+// One pass over n elements: the ATen path's five ops, element by element,
+// with the same fp32 roundings in the same order (no fused multiply-add:
+// the file is compiled for baseline x86-64, which has none).
+void fused_adamw(float* __restrict p, const float* __restrict g, float* __restrict m,
+                 float* __restrict v, int64_t n, const FusedStep& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float pi = p[i] * s.decay;
+    const float mi = m[i] * s.b1 + s.one_minus_b1 * gi;
+    const float vi = v[i] * s.b2 + s.one_minus_b2 * gi * gi;
+    const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi + s.neg_step * (mi / denom);
+  }
+}
+
+}  // namespace
 
 AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptions options,
              std::vector<at::Tensor> grads)
@@ -45,6 +81,15 @@ void AdamW::step(double lr) {
     at::Tensor& p = params_[i];
     const at::Tensor& g = grads_.empty() ? p.grad() : grads_[i];
     if (!g.defined()) continue;
+    if (opt_.fused && fusable(p, g, m_[i], v_[i])) {
+      const bool wd = decay_[i] && opt_.weight_decay != 0.0;
+      const FusedStep fs{wd ? float(1.0 - lr * opt_.weight_decay) : 1.0f, float(b1), float(1.0 - b1),
+                         float(b2), float(1.0 - b2), float(bias_correction2_sqrt), float(opt_.eps),
+                         float(-step_size)};
+      fused_adamw(p.data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(),
+                  v_[i].data_ptr<float>(), p.numel(), fs);
+      continue;
+    }
     if (decay_[i] && opt_.weight_decay != 0.0) p.mul_(1.0 - lr * opt_.weight_decay);  // decoupled decay
     m_[i].mul_(b1).add_(g, 1.0 - b1);                  // m = b1 m + (1 - b1) g
     v_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);           // v = b2 v + (1 - b2) g^2

@@ -18,6 +18,9 @@ struct AdamWOptions {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
+  // One fused pass per contiguous fp32 CPU tensor (as torch.optim.AdamW's
+  // fused=True); false = the five in-place ATen ops per tensor. Same formula.
+  bool fused = true;
 };
 
 class AdamW {

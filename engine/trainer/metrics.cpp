@@ -68,14 +68,16 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
   const double wait_s = interval_wait_s_ / double(interval_steps_);
   const double elapsed = now_s() - start_s_;
   const double eta = step_s * double(opt_.total_steps - r.step);
+  // Model FLOPs utilisation of the interval's mean step (mfu.h).
+  const double mfu = opt_.peak_flops > 0 ? opt_.flops_per_step / step_s / opt_.peak_flops : 0.0;
   interval_s_ = interval_wait_s_ = 0;
   interval_steps_ = 0;
   if (!print) return;
 
   DTRAIN_INFO(
-      "step {}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | {:.0f} ms/step (comm wait {:.1f} ms) | "
+      "step {}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.2f}% | {:.0f} ms/step (comm wait {:.1f} ms) | "
       "ETA {} | mem rss {}, params {}, grads {}, optim {}, step peak {}",
-      r.step, opt_.total_steps, r.loss, r.lr, tokens_per_s, step_s * 1e3, wait_s * 1e3,
+      r.step, opt_.total_steps, r.loss, r.lr, tokens_per_s, mfu * 100, step_s * 1e3, wait_s * 1e3,
       duration_text(eta), mib(mem.rss), mib(mem.params), mib(mem.grads), mib(mem.optimizer),
       mib(mem.peak));
   if (!r.extra.empty()) {
@@ -90,13 +92,14 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
                  "\"grad_norm\": %.9g, \"rss_bytes\": %lld, \"param_bytes\": %lld, "
                  "\"grad_bytes\": %lld, \"optimizer_bytes\": %lld, \"peak_bytes\": %lld, "
                  "\"buckets_in_backward\": %d, \"dp_bytes_sent\": %lld, \"tp_bytes_sent\": %lld, "
-                 "\"slowest_rank\": %d, \"straggler_ratio\": %.6g",
+                 "\"slowest_rank\": %d, \"straggler_ratio\": %.6g, "
+                 "\"mfu\": %.9g, \"flops_per_step\": %.17g, \"peak_flops\": %.17g",
                  static_cast<long long>(r.step), r.loss, r.lr, tokens_per_s, elapsed, step_s, wait_s,
                  r.grad_norm, static_cast<long long>(mem.rss), static_cast<long long>(mem.params),
                  static_cast<long long>(mem.grads), static_cast<long long>(mem.optimizer),
                  static_cast<long long>(mem.peak), r.buckets_in_backward,
                  static_cast<long long>(r.dp_bytes_sent), static_cast<long long>(r.tp_bytes_sent),
-                 r.slowest_rank, r.straggler_ratio);
+                 r.slowest_rank, r.straggler_ratio, mfu, opt_.flops_per_step, opt_.peak_flops);
     for (const auto& [name, value] : r.extra) std::fprintf(jsonl_, ", \"%s\": %.9g", name.c_str(), value);
     std::fputs("}\n", jsonl_);
     std::fflush(jsonl_);

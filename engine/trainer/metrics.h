@@ -42,6 +42,8 @@ struct MetricsOptions {
   int64_t total_steps = 0;
   int every = 10;
   int64_t tokens_per_step = 0;  // global batch * seq_len
+  double flops_per_step = 0;    // model FLOPs of one step (mfu.h)
+  double peak_flops = 0;        // the ranks' measured matmul peak, FLOP/s (0 = no mfu)
   std::string jsonl_path;       // "" = no file
   bool truncate = true;         // fresh run: start a new file; resumed: append
 };

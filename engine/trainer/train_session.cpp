@@ -14,6 +14,8 @@
 #include "common/log.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
+#include "engine/doctor/blas_check.h"
+#include "engine/doctor/engine_facts.h"
 
 namespace dtrain::engine::trainer {
 namespace {
@@ -98,6 +100,9 @@ std::unique_ptr<TrainSession> make_train_session() {
   // One intra-op thread per rank: ranks are the parallelism (the launcher
   // also sets OMP/OPENBLAS_NUM_THREADS).
   at::set_num_threads(1);
+  // Before any collective: a kernel override the CPU cannot run (SIGILL) or
+  // a BLAS that computes wrong numbers stops here, naming the variable.
+  const doctor::GemmCheck blas_check = doctor::check_libtorch_gemm_or_throw();
   // Dropout differs per rank, as in PyTorch DDP; the model's init does not
   // use this generator (it draws from its own, seeded by job.seed).
   at::manual_seed(spec.job.seed + 7919ULL * uint64_t(s->info.rank));
@@ -114,6 +119,7 @@ std::unique_ptr<TrainSession> make_train_session() {
   // Every rank, into its own log: the coordinates `dtrain topo` shows for it.
   DTRAIN_INFO("rank {} coordinates {} in mesh {}", s->info.rank, mesh::format_coord(s->info.coord),
               mesh::format_shape(s->info.shape));
+  s->peak = measure_device_peak(spec, s->device, s->info.local_world, s->comm->control());
   if (s->is_log_rank()) {
     DTRAIN_INFO("job {} from {} (seed {})", spec.job.name, spec.source, spec.job.seed);
     std::string summary = job_spec_summary(spec);
@@ -131,6 +137,8 @@ std::unique_ptr<TrainSession> make_train_session() {
   model->to(s->device);
   model->train();
   const int64_t model_params = model->num_params();  // the whole model, before any split
+  s->flops_per_step = model_flops_per_step(double(model_params), spec.model,
+                                           double(spec.global_batch()) * double(spec.model.seq_len));
   s->par = parallel::parallelize(spec, *s->comm, std::move(model));
   s->optimizer = make_optimizer(spec, s->par.grad_sync->optimizer_params());
   s->state = s->par.grad_sync->state(*s->optimizer);
@@ -144,6 +152,14 @@ std::unique_ptr<TrainSession> make_train_session() {
   s->inputs_dev = s->device.is_cpu() ? s->inputs : at::empty_like(s->inputs, host.device(s->device).pinned_memory(false));
   s->targets_dev = s->device.is_cpu() ? s->targets : at::empty_like(s->targets, host.device(s->device).pinned_memory(false));
 
+  if (s->is_log_rank()) {
+    const BlasFacts blas = doctor::blas_facts();
+    DTRAIN_INFO("doctor: BLAS {} {} ({}), start-up check max rel err {:.1e}; matmul {:.1f} GFLOP/s "
+                "{} per rank ({}); MFU peak {:.1f} GFLOP/s over {} ranks ({} cores here, {} local ranks)",
+                blas.name, blas.version, blas.core, blas_check.max_rel_err, s->peak.measured_gflops,
+                spec.train.precision, s->device.is_cpu() ? "1 thread, CPU time" : s->device.str(),
+                s->peak.total_flops / 1e9, s->info.world, s->peak.cores, s->info.local_world);
+  }
   if (s->is_log_rank())
     DTRAIN_INFO("model gpt: {} parameters ({} tensors); data {} samples of {} tokens; {}; "
                 "schedule {}; device {}, {}",

@@ -21,6 +21,7 @@
 #include "engine/parallel/parallelize.h"
 #include "engine/parallel/schedule.h"
 #include "engine/trainer/metrics.h"
+#include "engine/trainer/mfu.h"
 
 namespace dtrain::engine::trainer {
 
@@ -38,6 +39,8 @@ struct TrainSession {
   optim::LrSchedule schedule;
   at::Tensor inputs, targets;     // [micro_batch, T] int64 on the CPU (pinned with a GPU)
   at::Tensor inputs_dev, targets_dev;  // the same on `device` (== inputs/targets on the CPU)
+  DevicePeak peak;             // the ranks' measured matmul peak (MFU's denominator)
+  double flops_per_step = 0;   // model FLOPs of one step (MFU's numerator, per step)
 
   bool is_log_rank() const { return info.rank == 0; }
   MemoryStats memory() const;

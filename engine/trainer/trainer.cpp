@@ -125,6 +125,8 @@ MetricsOptions metrics_options(const TrainSession& s, int64_t start_step) {
   o.total_steps = s.spec.train.steps;
   o.every = s.spec.log.every;
   o.tokens_per_step = int64_t(s.spec.global_batch()) * s.spec.model.seq_len;
+  o.flops_per_step = s.flops_per_step;
+  o.peak_flops = s.peak.total_flops;
   const std::string dir = s.info.run_dir.empty() ? s.spec.log.dir : s.info.run_dir;
   if (s.is_log_rank() && !dir.empty()) o.jsonl_path = dir + "/metrics.jsonl";
   o.truncate = start_step == 0 && s.info.restart == 0;

@@ -155,6 +155,7 @@ TEST_CASE("1 node x 4 workers: env contract, MASTER reachable, logs, --ranks") {
     CHECK(r["DTRAIN_ERROR_FILE"] == run_dir + "/error_rank_" + std::to_string(rank) + ".json");
     CHECK(as_int(r, "OMP_NUM_THREADS") >= 1);
     CHECK(r["pgid"] == r["pid"]);  // each worker leads its own process group
+    CHECK(r["sid"] == r["pid"]);   // ... and its own session, as torchrun's workers
     CHECK(dtrain::testing::read_file(run_dir + "/rank_" + std::to_string(rank) + ".log")
               .find("env_report rank " + std::to_string(rank)) != std::string::npos);
   }

@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
         "SLURM_JOB_NODELIST"})
     line += json_string(name) + ":" + json_string(env(name)) + ",";
   line += "\"pid\":" + std::to_string(getpid()) + ",\"pgid\":" + std::to_string(getpgrp()) +
+          ",\"sid\":" + std::to_string(getsid(0)) +
           ",\"master_ok\":" + (master_ok ? "true" : "false") + "}\n";
   append_line(o.dir, line);
   std::printf("env_report rank %d restart %d pid %d\n", rank, restart, getpid());

@@ -1,0 +1,41 @@
+// mfu.h: the FLOP count and the peak. On the CPU, ranks of one machine share
+// its cores: a rank's share of its device is its per-thread rate times
+// min(1, cores / local ranks), so 4 ranks on 2 cores count 2 cores' peak.
+#include "engine/trainer/mfu.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <ATen/ops/full.h>
+
+#include <algorithm>
+
+#include "engine/doctor/engine_facts.h"
+
+namespace dtrain::engine::trainer {
+
+double model_flops_per_step(double params, const ModelSpec& m, double tokens_per_step) {
+  return 6.0 * params * tokens_per_step +
+         12.0 * double(m.layers) * double(m.d_model) * double(m.seq_len) * tokens_per_step;
+}
+
+DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
+                               comm::Group& control) {
+  DevicePeak p;
+  const auto dtype = spec.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  // Short: every worker start pays it. bf16 on a CPU without bf16 units runs
+  // at a few GFLOP/s, so its matrix is smaller.
+  const int n = !device.is_cpu() ? 4096 : dtype == at::kBFloat16 ? 256 : 512;
+  p.measured_gflops = doctor::measure_gemm_gflops(dtype, n, device.is_cpu() ? 0.06 : 0.3, device);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  p.cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : int(::sysconf(_SC_NPROCESSORS_ONLN));
+  const double share = device.is_cpu() ? std::min(1.0, double(p.cores) / double(std::max(1, local_world))) : 1.0;
+  p.rank_flops = p.measured_gflops * 1e9 * share;
+  at::Tensor t = at::full({1}, p.rank_flops, at::TensorOptions().dtype(at::kDouble));  // [1]
+  control.all_reduce(t);
+  p.total_flops = t.item<double>();
+  return p;
+}
+
+}  // namespace dtrain::engine::trainer

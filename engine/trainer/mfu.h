@@ -1,0 +1,32 @@
+// Model FLOPs utilisation: the model FLOPs of one step as PaLM's appendix B
+// counts them (6 N per token for the parameter matmuls, forward and backward,
+// plus 12 L H Q T per token for attention's T x T products), and the peak
+// they are divided by: each rank's own measured matmul rate (engine/doctor),
+// summed over the ranks. Owns neither the timing nor the logging (metrics.h).
+#pragma once
+
+#include <cstdint>
+
+#include "common/job_spec.h"
+#include "engine/comm/comm.h"
+
+namespace dtrain::engine::trainer {
+
+// 6 * params * tokens + 12 * layers * d_model * seq_len * tokens, tokens =
+// global batch * seq_len (H * Q = d_model). `params` is the whole model's.
+double model_flops_per_step(double params, const ModelSpec& model, double tokens_per_step);
+
+struct DevicePeak {
+  double rank_flops = 0;   // this rank's share of its device: measured rate x min(1, cores / local ranks)
+  double total_flops = 0;  // summed over all ranks (the MFU denominator)
+  double measured_gflops = 0;  // the rate measured on this rank's thread / GPU
+  int cores = 0;           // CPU cores this process may run on
+};
+
+// Measures this rank's matmul rate (fp32, or bf16 for train.precision bf16;
+// n = 512 on the CPU (256 in bf16), 4096 on a GPU; about 0.06 s of CPU) on `device` and sums the shares over the control
+// group. Collective: every rank calls it once, at start-up.
+DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
+                               comm::Group& control);
+
+}  // namespace dtrain::engine::trainer
