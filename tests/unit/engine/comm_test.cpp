@@ -23,6 +23,7 @@
 #include "common/error.h"
 #include "engine/comm/comm.h"
 
+#include "tests/support/thread_world.h"
 #include "tests/support/torch_doctest.h"
 
 namespace comm = dtrain::engine::comm;
@@ -51,36 +52,8 @@ struct Diffs {
 };
 
 // Changes a rank's WorldInfo and CommOptions before init_comm_with_store.
-using Configure = std::function<void(comm::WorldInfo&, comm::CommOptions&)>;
-
-// Runs fn(comm, rank) on n threads, each with its own Comm over one store.
-void run_world(const dtrain::mesh::Shape& shape,
-               const std::function<void(comm::Comm&, int)>& fn, const Configure& configure = {}) {
-  int n = shape.world();
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        comm::WorldInfo info;
-        info.rank = r;
-        info.world = n;
-        info.shape = shape;
-        info.coord = dtrain::mesh::coord_of(shape, r);
-        comm::CommOptions options;
-        options.timeout_s = 60;
-        if (configure) configure(info, options);
-        auto c = comm::init_comm_with_store(info, store, options);
-        fn(*c, r);
-        c->world().barrier();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
-}
+using Configure = dtrain::testing::ConfigureRank;
+using dtrain::testing::run_world;
 
 double tolerance(at::ScalarType dtype) {
   return dtype == at::kFloat ? 1e-5 : dtype == at::kHalf ? 5e-2 : 5e-2;

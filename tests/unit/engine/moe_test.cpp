@@ -17,6 +17,7 @@
 #include "engine/comm/comm.h"
 #include "engine/model/moe.h"
 
+#include "tests/support/thread_world.h"
 #include "tests/support/torch_doctest.h"
 
 namespace comm = dtrain::engine::comm;
@@ -57,30 +58,9 @@ at::Tensor reference(Moe& m, const at::Tensor& x) {
   return y.view({x.size(0), x.size(1), C});
 }
 
+// dp = ep = n: one ep group of everyone.
 void run_world(int n, const std::function<void(comm::Comm&, int)>& fn) {
-  dtrain::mesh::Shape shape{n, 1, 1, n};  // dp = ep = n: one ep group of everyone
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        comm::WorldInfo info;
-        info.rank = r;
-        info.world = n;
-        info.shape = shape;
-        info.coord = dtrain::mesh::coord_of(shape, r);
-        comm::CommOptions options;
-        options.timeout_s = 60;
-        auto c = comm::init_comm_with_store(info, store, options);
-        fn(*c, r);
-        c->world().barrier();
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) CHECK_MESSAGE(errors[size_t(r)].empty(), "rank ", r, ": ", errors[size_t(r)]);
+  dtrain::testing::run_world(dtrain::mesh::Shape{n, 1, 1, n}, fn);
 }
 
 }  // namespace
