@@ -2,6 +2,8 @@
 // is from the environment (DESIGN.md section 3), never from the launcher.
 //   dtrain-worker                 train (the default)
 //   dtrain-worker bench-comm ...  one collective, nccl-tests style
+//   dtrain-worker bench-attention ...  one attention core forward + backward
+//   dtrain-worker probe-matmul    this CPU's fp32 GEMM rate, "gflops=X" (dtrain plan)
 #include <malloc.h>
 #include <sys/prctl.h>
 
@@ -14,6 +16,8 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/comm/comm_bench.h"
+#include "engine/device/matmul_probe.h"
+#include "engine/model/attention_bench.h"
 #include "engine/trainer/trainer.h"
 
 namespace {
@@ -61,8 +65,23 @@ int main(int argc, char** argv) {
   bench->add_option("--max", max_s, "largest size in bytes");
   bench->add_option("--iters", bopt.iters, "timed repeats per size");
   bench->add_option("--dtype", bopt.dtype, "fp32|fp16|bf16");
+  auto* attn = app.add_subcommand("bench-attention", "time one attention core forward + backward, and its peak");
+  dtrain::engine::model::AttentionBenchOptions aopt;
+  attn->add_option("--kind", aopt.kind, "naive|tiled");
+  attn->add_option("--seq", aopt.seq, "sequence length T");
+  attn->add_option("--batch", aopt.batch, "batch rows");
+  attn->add_option("--heads", aopt.heads, "heads");
+  attn->add_option("--head-dim", aopt.head_dim, "head dim D");
+  attn->add_option("--dropout", aopt.dropout, "dropout of the probabilities");
+  attn->add_option("--iters", aopt.iters, "timed repeats after one warm-up");
+  auto* probe = app.add_subcommand("probe-matmul", "print this CPU's one-thread fp32 GEMM rate (gflops=X)");
   try {
     app.parse(argc, argv);
+    if (*probe) {
+      std::cout << "gflops=" << dtrain::engine::device::probe_matmul_gflops() << "\n";
+      return 0;
+    }
+    if (*attn) return dtrain::engine::model::run_attention_bench(aopt);
     if (*bench) {
       bopt.min_bytes = parse_size(min_s);
       bopt.max_bytes = parse_size(max_s);

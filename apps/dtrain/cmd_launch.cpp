@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "apps/dtrain/command.h"
+#include "apps/dtrain/plan_check.h"
 #include "common/job_spec.h"
 #include "common/log.h"
 #include "launcher/launch.h"
@@ -73,6 +74,7 @@ int run_launch(const LaunchArgs& args) {
   for (const auto& w : warnings) DTRAIN_WARN("{}", w);
 
   check_node_and_ranks(spec, args.node_rank, args.ranks);
+  check_memory_budget(spec);  // cluster.memory_per_rank against `dtrain plan`'s peak
 
   launcher::LaunchOptions options;
   options.node_rank = args.node_rank >= 0 ? args.node_rank : slurm.node_rank;

@@ -61,6 +61,7 @@ model::GptConfig gpt_config(const ModelSpec& m) {
   c.heads = m.heads;
   c.seq_len = m.seq_len;
   c.dropout = m.dropout;
+  c.attention = m.attention;
   return c;
 }
 

@@ -15,6 +15,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
+#include "engine/trainer/memory_check.h"
 #include "engine/trainer/memory_report.h"
 #include "engine/trainer/train_session.h"
 
@@ -137,6 +138,7 @@ int run_training() {
   MetricsLogger metrics(metrics_options(s, step));
   device::StepTimer timer(s.device);
   int64_t run_peak = 0;  // the largest step peak, for the memory report
+  const MemoryCheck memory_check(s.spec, s.info.rank, s.device.is_cpu());  // the planner vs this rank
   for (; step < s.spec.train.steps; ++step) {
     StepResult r = train_step(s, step, timer);
     run_peak = std::max(run_peak, device::cpu_peak_bytes());
@@ -145,6 +147,7 @@ int run_training() {
     const bool logged = metrics.should_log(step + 1);
     if (logged) report.loss = global_mean_loss(s, r.local_loss_sum);
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
+    if (memory_check.due(step + 1)) memory_check.compare(s.memory(), s.is_log_rank());
     if (maybe_save_checkpoint(s, step + 1)) return 0;  // preempted, saved
   }
   write_memory_report(s, run_peak);
