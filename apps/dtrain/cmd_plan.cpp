@@ -157,7 +157,7 @@ void print_suggestions(const JobSpec& base, int world, int64_t budget, double gf
       if (world % (tp * pp) != 0) continue;
       const int dp = world / (tp * pp);
       if (gbs % (base.train.micro_batch * dp) != 0) continue;
-      for (int zero = 0; zero <= 3; ++zero)
+      for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)  // ZeRO shards over dp only
         for (const char* rc : {"none", "selective", "full"}) {
           JobSpec s = base;
           s.cluster.nodes_min = s.cluster.nodes_max = 1;
