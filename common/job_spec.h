@@ -37,6 +37,9 @@ struct ClusterSpec {
   int max_restarts = 0;
   double grace_s = 5.0;          // SIGTERM -> SIGKILL grace period when stopping workers
   double hang_timeout_s = 0;     // no rank completes a collective this long: a hang (0 = off)
+  // Memory one rank may use ("80GiB", "512MiB", bytes); empty = unchecked.
+  // A spec whose predicted peak (`dtrain plan`) exceeds it is refused.
+  std::string memory_per_rank;
   RendezvousSpec rendezvous;
   TopologySpec topology;
 };
@@ -60,6 +63,9 @@ struct ParallelSpec {
   bool fsdp_prefetch = true;  // gather the next unit while this one computes
   // Megatron sequence parallelism (tp > 1): LayerNorm/dropout regions split along T.
   bool sequence_parallel = false;
+  // The dtype gradients are reduced in over dp (bf16 halves the traffic; the
+  // optimizer still sees fp32 gradients).
+  std::string reduce_dtype = "fp32";  // fp32 | bf16
 };
 
 // Mixture of experts: the MLP of every `every`-th block (blocks 0, every,
@@ -90,6 +96,9 @@ struct ModelSpec {
   // (parallel, with a vocab-parallel cross-entropy) or whole on every rank.
   std::string tp_vocab = "parallel";
   MoeSpec moe;
+  // The attention core: naive (the [T, T] scores materialised) or tiled
+  // (FlashAttention: O(T x d) memory, scores recomputed per tile in backward).
+  std::string attention = "naive";
 };
 
 struct TrainSpec {
@@ -105,6 +114,10 @@ struct TrainSpec {
   double adam_eps = 1e-8;  // AdamW's epsilon (torch.optim.AdamW's eps)
   double grad_clip = 1.0;  // 0 = off
   std::string precision = "fp32";  // fp32 | bf16 | fp16
+  // Activation checkpointing: none; full (each block keeps only its input
+  // and recomputes its forward in backward); selective (only the attention
+  // core: scores, softmax, dropout).
+  std::string recompute = "none";
 };
 
 struct DataSpec {
@@ -132,6 +145,8 @@ struct CheckpointSpec {
 //                      shard of the checkpoint of step `step` (0: the first save)
 //   no_grad_sync       every DDP rank trains on its own gradient (the
 //                      all-reduces still run, on copies): a wrong layout on purpose
+//   recompute_redraw   activation recomputation draws its dropout masks from
+//                      the next step's stream: a wrong recompute on purpose
 struct FaultSpec {
   std::string kind = "none";
   int rank = 0;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/byte_size.h"
 #include "common/model_size.h"
 #include "common/spec_detail.h"
 
@@ -115,7 +116,8 @@ void check_enums(const Checker& c) {
   c.one_of("cluster.device", s.cluster.device, {"cpu", "cuda"});
   c.one_of("cluster.backend", s.cluster.backend, {"auto", "gloo", "nccl"});
   c.one_of("fault.kind", s.fault.kind,
-           {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync"});
+           {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync",
+            "recompute_redraw"});
   c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"});
   c.at_least("parallel.pipeline.virtual_stages", s.parallel.pipeline_virtual_stages, 1,
              "use 1, or 2+ with schedule interleaved_1f1b");
@@ -124,6 +126,12 @@ void check_enums(const Checker& c) {
     c.error("parallel.pipeline.virtual_stages",
             "parallel.pipeline.virtual_stages = " + std::to_string(s.parallel.pipeline_virtual_stages) +
                 " needs parallel.pipeline.schedule interleaved_1f1b (it is " + s.parallel.pipeline_schedule + ")");
+  if (!c.bad({"parallel.pipeline.schedule", "train.recompute"}) && s.parallel.pipeline_schedule == "zb_h1" &&
+      s.parallel.pp > 1 && s.train.recompute != "none")
+    c.error("parallel.pipeline.schedule",
+            "parallel.pipeline.schedule = zb_h1 with train.recompute = " + s.train.recompute +
+                ": the split backward would run each recomputed segment twice; use train.recompute none "
+                "with zb_h1, or schedule 1f1b with recompute");
   const bool uneven = !s.parallel.pipeline_layers_per_stage.empty();
   if (!c.bad({"parallel.pipeline.virtual_stages", "parallel.pp", "model.layers"}) && !uneven &&
       s.parallel.pipeline_virtual_stages > 1 && s.parallel.pp >= 1 &&
@@ -139,6 +147,16 @@ void check_enums(const Checker& c) {
                               "use model.tp_vocab parallel with sequence parallelism");
   c.one_of("model.kind", s.model.kind, {"gpt"});
   c.one_of("train.precision", s.train.precision, {"fp32", "bf16", "fp16"});
+  c.one_of("train.recompute", s.train.recompute, {"none", "full", "selective"});
+  c.one_of("model.attention", s.model.attention, {"naive", "tiled"});
+  c.one_of("parallel.reduce_dtype", s.parallel.reduce_dtype, {"fp32", "bf16"});
+  if (!c.bad({"parallel.reduce_dtype", "parallel.zero"}) && s.parallel.reduce_dtype == "bf16" && s.parallel.zero > 0)
+    c.error("parallel.reduce_dtype", "parallel.reduce_dtype = bf16 is implemented for DDP (parallel.zero 0) only, "
+                                     "not parallel.zero = " + std::to_string(s.parallel.zero) +
+                                     "; use reduce_dtype fp32 with ZeRO");
+  if (!s.cluster.memory_per_rank.empty() && parse_byte_size(s.cluster.memory_per_rank) <= 0)
+    c.error("cluster.memory_per_rank", "cluster.memory_per_rank = " + s.cluster.memory_per_rank +
+                                           " is not a size; write e.g. 80GiB, 512MiB or a byte count");
   c.one_of("data.format", s.data.format, {"bytes", "tokens-u16", "synthetic"});
   if (!c.bad({"parallel.zero"}) && (s.parallel.zero < 0 || s.parallel.zero > 3))
     c.error("parallel.zero", "parallel.zero = " + str(s.parallel.zero) +

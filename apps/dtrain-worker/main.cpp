@@ -3,6 +3,8 @@
 //   dtrain-worker                 train (the default)
 //   dtrain-worker bench-comm ...  one collective, nccl-tests style
 //   dtrain-worker doctor          the engine's facts as JSON on stdout (dtrain doctor reads it)
+//   dtrain-worker bench-attention ...  one attention core forward + backward
+//   dtrain-worker probe-matmul    this CPU's fp32 GEMM rate, "gflops=X" (dtrain plan)
 #include <malloc.h>
 #include <sys/prctl.h>
 
@@ -17,6 +19,8 @@
 #include "common/log.h"
 #include "engine/comm/comm_bench.h"
 #include "engine/doctor/engine_facts.h"
+#include "engine/device/matmul_probe.h"
+#include "engine/model/attention_bench.h"
 #include "engine/trainer/trainer.h"
 
 namespace {
@@ -67,6 +71,16 @@ int main(int argc, char** argv) {
   auto* doctor = app.add_subcommand("doctor", "BLAS, kernels, versions, GPUs and matmul rates as JSON");
   double doctor_seconds = 0.4;
   doctor->add_option("--seconds", doctor_seconds, "budget of each matmul rate measurement");
+  auto* attn = app.add_subcommand("bench-attention", "time one attention core forward + backward, and its peak");
+  dtrain::engine::model::AttentionBenchOptions aopt;
+  attn->add_option("--kind", aopt.kind, "naive|tiled");
+  attn->add_option("--seq", aopt.seq, "sequence length T");
+  attn->add_option("--batch", aopt.batch, "batch rows");
+  attn->add_option("--heads", aopt.heads, "heads");
+  attn->add_option("--head-dim", aopt.head_dim, "head dim D");
+  attn->add_option("--dropout", aopt.dropout, "dropout of the probabilities");
+  attn->add_option("--iters", aopt.iters, "timed repeats after one warm-up");
+  auto* probe = app.add_subcommand("probe-matmul", "print this CPU's one-thread fp32 GEMM rate (gflops=X)");
   try {
     app.parse(argc, argv);
     if (*doctor) {
@@ -74,6 +88,11 @@ int main(int argc, char** argv) {
       std::cout << dtrain::engine_facts_to_json(dtrain::engine::doctor::probe_engine(doctor_seconds)) << "\n";
       return 0;
     }
+    if (*probe) {
+      std::cout << "gflops=" << dtrain::engine::device::probe_matmul_gflops() << "\n";
+      return 0;
+    }
+    if (*attn) return dtrain::engine::model::run_attention_bench(aopt);
     if (*bench) {
       bopt.min_bytes = parse_size(min_s);
       bopt.max_bytes = parse_size(max_s);

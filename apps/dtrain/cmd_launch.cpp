@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "apps/dtrain/command.h"
+#include "apps/dtrain/plan_check.h"
 #include "common/job_spec.h"
 #include "common/log.h"
 #include "launcher/launch.h"
@@ -75,6 +76,7 @@ int run_launch(const LaunchArgs& args) {
 
   check_node_and_ranks(spec, args.node_rank, args.ranks);
   if (spec.parallel.pp > 1 && spec.builtin_entrypoint()) checked_pipeline_plan(spec);
+  check_memory_budget(spec);  // cluster.memory_per_rank against `dtrain plan`'s peak
 
   launcher::LaunchOptions options;
   options.node_rank = args.node_rank >= 0 ? args.node_rank : slurm.node_rank;

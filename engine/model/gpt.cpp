@@ -1,6 +1,6 @@
 // The GPT of gpt.h: module construction in a fixed registration order, the
-// deterministic seeded initialisation, and the forward pass (explicit masked
-// softmax attention; a tiled FlashAttention replaces it in a later issue).
+// deterministic seeded initialisation, and the forward pass (the attention
+// core, naive or tiled, lives in attention_core.cpp and tiled_attention.cpp).
 // Not parallel: TP/PP/EP wrap or re-lay these modules elsewhere.
 //
 // Shape legend: B = batch, T = time (sequence), C = channels (d_model),
@@ -53,6 +53,7 @@ void check_config(const GptConfig& cfg) {
 // Attention
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& cfg) : heads(cfg.heads) {
+  kind = attention_kind(cfg.attention);
   qkv = register_module("qkv", torch::nn::Linear(cfg.d_model, 3 * cfg.d_model));
   proj = register_module("proj", torch::nn::Linear(cfg.d_model, cfg.d_model));
   attn_drop = register_module("attn_drop", torch::nn::Dropout(cfg.dropout));
@@ -139,22 +140,23 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
                                               /*is_causal=*/true);  // [B, H, T, D]
     return resid(y.transpose(1, 2).reshape({B, T, C}));
   }
-  // Causal mask: position t attends to positions <= t only. Fused into the
-  // score GEMM as an additive bias (beta 1), with the 1/sqrt(D) scale as its
-  // alpha: one pass over [B*H, T, T] instead of matmul, mul and masked_fill.
-  if (!causal_bias_.defined() || causal_bias_.size(0) != T || causal_bias_.scalar_type() != x.scalar_type() ||
-      causal_bias_.device() != x.device()) {
-    at::NoGradGuard no_grad;
-    causal_bias_ = at::full({T, T}, -std::numeric_limits<float>::infinity(), x.options()).triu_(1);  // [T, T]
-  }
-  auto att = at::baddbmm(causal_bias_, q, k.transpose(1, 2), /*beta=*/1.0,
-                         /*alpha=*/1.0 / std::sqrt(double(D)));  // [B*H, T, T]
-  att = at::softmax(att, /*dim=*/-1);
+  // The core (scores, causal mask, softmax, dropout, weighted values),
+  // naive or tiled (attention_core.h). It reads the dropout position and
+  // the training flag when it runs, so a recomputation in backward (the
+  // core_runner) draws the masks of the forward.
   const int64_t tp_rank = tp ? tp->rank : 0;
-  att = invariant_dropout(att.view({B, H, T, T}), p, is_training(), position, layer,
-                          random::DropoutSite::attn_probs, /*split_dim=*/1, heads, tp_rank * H)
-            .view({B * H, T, T});
-  auto y = at::bmm(att, v);                                             // [B*H, T, D]
+  Segment core = [this, B, H, tp_rank](const std::vector<at::Tensor>& qkv_in) {
+    const DropoutPosition d = position ? *position : DropoutPosition{};
+    AttentionDropout drop;
+    drop.p = is_training() ? attn_drop->options.p() : 0.0;
+    drop.key = {d.seed, d.step, layer, random::DropoutSite::attn_probs};
+    drop.global_rows = d.global_rows > 0 ? d.global_rows : B;
+    drop.row_begin = d.global_rows > 0 ? d.row_begin : 0;
+    drop.heads_global = heads;
+    drop.head_begin = tp_rank * H;
+    return attention_core(kind, qkv_in[0], qkv_in[1], qkv_in[2], B, drop, &causal_bias_);
+  };
+  auto y = core_runner ? core_runner(core, {q, k, v}, {}) : core({q, k, v});  // [B*H, T, D]
   y = y.view({B, H, T, D}).transpose(1, 2).reshape({B, T, C});          // [B, T, C]
   return resid(y);
 }
@@ -272,8 +274,15 @@ at::Tensor GptImpl::run_blocks(const at::Tensor& x, int first, int last) {
                                          ") outside [0, " + std::to_string(cfg_.layers) + ")");
   at::Tensor h = x;
   for (int i = first; i < last; ++i)  // block i is unit i + 1
-    h = run_unit(i + 1, [&] { return blocks[size_t(i)]->as<Block>()->forward(h); });  // [B, T, C]
+    h = run_unit(i + 1, [&] { return run_block(i, h); });  // [B, T, C]
   return h;
+}
+
+at::Tensor GptImpl::run_block(int i, const at::Tensor& x) {
+  BlockImpl* block = blocks[size_t(i)]->as<Block>();
+  if (!block_runner_) return block->forward(x);
+  std::vector<at::Tensor> params = block->parameters(/*recurse=*/true);
+  return block_runner_([block](const std::vector<at::Tensor>& in) { return block->forward(in[0]); }, {x}, params);
 }
 
 at::Tensor GptImpl::head_logits(const at::Tensor& x) {

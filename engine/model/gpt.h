@@ -8,6 +8,8 @@
 #include <torch/nn/module.h>
 
 #include "engine/model/moe.h"
+#include "engine/model/attention_core.h"
+#include "engine/model/recompute.h"
 #include "engine/model/tp_ops.h"
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
@@ -29,6 +31,7 @@ struct GptConfig {
   int seq_len = 64;  // maximum context (position table size)
   double dropout = 0.0;
   MoeConfig moe;  // experts 0: every block has a dense MLP
+  std::string attention = "naive";  // the attention core: naive | tiled (attention_core.h)
 };
 
 // Where the current micro-batch sits in the step's global batch, for
@@ -53,6 +56,10 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   int layer = 0;                  // global block index (dropout streams)
   const TpGroup* tp = nullptr;    // set by GptImpl::set_tensor_parallel
   const DropoutPosition* position = nullptr;  // set by GptImpl
+  AttentionKind kind = AttentionKind::naive;
+  // Runs the core (q, k, v -> weighted values); set by a layout to
+  // recompute it in backward (selective activation checkpointing).
+  SegmentRunner core_runner;
 
  private:
   // [T, T] additive causal mask (0 on and below the diagonal, -inf above),
@@ -136,6 +143,10 @@ class GptImpl : public torch::nn::Module {
   void set_tensor_parallel(TpGroup tp);
   // Before each micro-batch's forward: where it sits (dropout masks).
   void set_dropout_position(const DropoutPosition& p) { position_ = p; }
+  const DropoutPosition& dropout_position() const { return position_; }
+  // Runs each block (its forward as a Segment of its input); set by a layout
+  // to recompute blocks in backward (full activation checkpointing).
+  void set_block_runner(SegmentRunner runner) { block_runner_ = std::move(runner); }
   const TpGroup& tensor_parallel() const { return tp_; }
 
   // Mixture of experts (moe.cpp): the MoE layers in block order; the sum of
@@ -155,6 +166,8 @@ class GptImpl : public torch::nn::Module {
 
  private:
   at::Tensor run_unit(int unit, const std::function<at::Tensor()>& body);
+  at::Tensor run_block(int i, const at::Tensor& x);
+  SegmentRunner block_runner_;
   GptConfig cfg_;
   UnitHooks* hooks_ = nullptr;
   TpGroup tp_;

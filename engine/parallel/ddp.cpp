@@ -28,6 +28,7 @@ struct Bucket {
   at::Tensor flat;               // [numel] fp32; the grads of `params` are views into it
   std::vector<int> params;       // indices into DdpState::params, in bucket order
   std::vector<int64_t> offsets;  // element offset of each param in `flat`
+  at::Tensor wire;               // [numel] bf16: what is all-reduced (parallel.reduce_dtype bf16)
   int pending = 0;               // grads of this bucket not yet ready in this backward
   bool launched = false;
   comm::WorkPtr work;
@@ -57,6 +58,9 @@ struct DdpState : std::enable_shared_from_this<DdpState> {
     // rank still issues the same all-reduces, but of a copy, so each trains
     // on its own unsynchronised gradient.
     at::Tensor target = options.fault_no_grad_sync ? bucket.flat.clone() : bucket.flat;
+    // reduce_dtype bf16: half the bytes on the wire; the sum comes back
+    // into the fp32 bucket after the wait (finish_gradient_sync).
+    if (options.reduce_bf16) target = bucket.wire = target.to(at::kBFloat16);
     bucket.work = dp->all_reduce(target, /*async=*/true);
     bucket.launched = true;
   }
@@ -217,7 +221,13 @@ DdpSyncStats Ddp::finish_gradient_sync() {
   if (s.dp->size() == 1) return stats;
   auto t0 = std::chrono::steady_clock::now();
   s.launch_rest();  // with overlap on: only buckets no hook completed
-  for (auto& b : s.buckets) b.work->wait();
+  for (auto& b : s.buckets) {
+    b.work->wait();
+    if (b.wire.defined()) {
+      if (!s.options.fault_no_grad_sync) b.flat.copy_(b.wire);
+      b.wire.reset();
+    }
+  }
   stats.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats.launched_in_backward = s.launched_in_backward;
 

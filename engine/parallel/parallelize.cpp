@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "engine/parallel/activation_checkpoint.h"
 #include "engine/parallel/ddp_sync.h"
 #include "engine/parallel/expert/expert_parallel.h"
 #include "engine/parallel/pipeline/pipeline_schedule.h"
@@ -51,7 +52,9 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   } else {
     for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
   }
-  // 3. Activation checkpointing: none yet.
+  // 3. Activation checkpointing of the (sharded) blocks this rank holds.
+  apply_activation_checkpointing(*out.parts.model, spec.train.recompute,
+                                 spec.fault.kind == "recompute_redraw" && comm.info().restart == 0);
   // 4. Expert parallelism over the ep group: each rank keeps E / ep experts
   //    of every MoE layer; their gradients go over edp (below), the rest
   //    over dp.
@@ -84,6 +87,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
     dopt.overlap = spec.parallel.ddp_overlap;
     dopt.fault_no_grad_sync = no_grad_sync;
+    dopt.reduce_bf16 = spec.parallel.reduce_dtype == "bf16";
     out.grad_sync = make_ddp_sync(named, layouts, comm.axis("dp"), tp, pp, dopt);
   }
   if (moe)  // the experts' gradients over edp, wrapped around the dense sync

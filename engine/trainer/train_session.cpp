@@ -68,6 +68,7 @@ model::GptConfig gpt_config(const ModelSpec& m) {
   c.moe.aux_loss_coef = m.moe.aux_loss_coef;
   c.moe.every = m.moe.every;
   c.moe.bias_balance = m.moe.balance == "bias";
+  c.attention = m.attention;
   return c;
 }
 

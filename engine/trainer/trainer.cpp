@@ -16,6 +16,7 @@
 #include "engine/comm/traced_group.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
+#include "engine/trainer/memory_check.h"
 #include "engine/trainer/memory_report.h"
 #include "engine/trainer/straggler.h"
 #include "engine/trainer/train_session.h"
@@ -146,6 +147,7 @@ int run_training() {
   MetricsLogger metrics(metrics_options(s, step));
   device::StepTimer timer(s.device);
   int64_t run_peak = 0;  // the largest step peak, for the memory report
+  const MemoryCheck memory_check(s.spec, s.info.rank, s.device.is_cpu());  // the planner vs this rank
   for (; step < s.spec.train.steps; ++step) {
     StepResult r = train_step(s, step, timer);
     run_peak = std::max(run_peak, device::cpu_peak_bytes());
@@ -164,6 +166,7 @@ int run_training() {
                     st.slowest_rank, st.slowest_s * 1e3, st.ratio, st.median_s * 1e3);
     }
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
+    if (memory_check.due(step + 1)) memory_check.compare(s.memory(), s.is_log_rank());
     comm::trace_phase(trace::Phase::checkpoint);
     if (maybe_save_checkpoint(s, step + 1)) return 0;  // preempted, saved
   }

@@ -1,0 +1,245 @@
+// `dtrain plan SPEC`: before launching, what every rank will hold (model
+// states, activations, backward temporaries, the peak), the FLOPs of a step
+// and the bytes every group moves (the same numbers `dtrain topo` shows);
+// `--format json`; `--memory-per-rank` (or cluster.memory_per_rank) refuses
+// a layout over budget with the cheapest change that fits. CLI wiring and
+// printing only: the model is engine/planner (pure C++), the traffic
+// rendezvous/topology.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "apps/dtrain/command.h"
+#include "apps/dtrain/plan_check.h"
+#include "common/byte_size.h"
+#include "common/error.h"
+#include "common/job_spec.h"
+#include "engine/parallel/pipeline/plan.h"
+#include "engine/planner/memory_plan.h"
+#include "launcher/launch.h"
+#include "rendezvous/topology.h"
+
+namespace dtrain::app {
+namespace {
+
+namespace pl = engine::planner;
+
+struct PlanOptions {
+  std::string spec;
+  std::vector<std::string> sets;
+  std::string format = "text";
+  std::string memory_per_rank;
+  bool probe = true;
+  bool suggest = false;
+  int world = 0;
+};
+
+// This CPU's one-thread GEMM rate: `dtrain-worker probe-matmul` once, then
+// cached in ~/.cache/dtrain/matmul_gflops (or $XDG_CACHE_HOME). 0 when the
+// worker cannot run (then no step time is estimated).
+double matmul_gflops() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::filesystem::path dir = xdg && *xdg ? std::filesystem::path(xdg) / "dtrain"
+                                    : home && *home ? std::filesystem::path(home) / ".cache" / "dtrain"
+                                                    : std::filesystem::path();
+  const std::filesystem::path cache = dir / "matmul_gflops";
+  double g = 0;
+  if (!dir.empty() && (std::ifstream(cache) >> g) && g > 0) return g;
+  const std::string cmd = launcher::self_dir() + "/dtrain-worker probe-matmul 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return 0;
+  char buf[128] = {0};
+  while (std::fgets(buf, sizeof buf, f))
+    if (std::sscanf(buf, "gflops=%lf", &g) == 1) break;
+  pclose(f);
+  if (g > 0 && !dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    std::ofstream(cache) << g << "\n";
+  }
+  return g;
+}
+
+// Compute time of the busiest rank: an equal share of the step's FLOPs at
+// the probed rate, stretched by the pipeline's ideal bubble. Communication
+// is not modelled (its bytes are printed instead).
+double step_time_s(const JobSpec& spec, const pl::MemoryPlan& plan, double gflops) {
+  if (gflops <= 0) return 0;
+  double bubble = 0;
+  if (spec.parallel.pp > 1) {
+    engine::parallel::pipeline::PlanSpec p;
+    p.kind = spec.parallel.pipeline_schedule;
+    p.stages = spec.parallel.pp;
+    p.micro = spec.train.grad_accum;
+    p.virtual_stages = spec.parallel.pipeline_virtual_stages;
+    bubble = engine::parallel::pipeline::ideal_bubble(p);
+  }
+  return plan.flops_per_step / spec.world() / (gflops * 1e9) / (1.0 - bubble);
+}
+
+std::string plan_json(const JobSpec& spec, const pl::MemoryPlan& plan, const rendezvous::Placement& placement,
+                      double gflops) {
+  std::string out = "{\n  \"world\": " + std::to_string(spec.world()) + ",\n  \"ranks\": [\n";
+  for (size_t i = 0; i < plan.ranks.size(); ++i) {
+    const auto& r = plan.ranks[i];
+    out += fmt::format(
+        "    {{\"rank\": {}, \"dp\": {}, \"tp\": {}, \"pp\": {}, \"param_bytes\": {}, \"grad_bytes\": {}, "
+        "\"optimizer_bytes\": {}, \"cache_bytes\": {}, \"activation_bytes\": {}, \"transient_bytes\": {}, "
+        "\"peak_bytes\": {}, \"in_flight\": {}}}{}\n",
+        r.rank, r.dp, r.tp, r.pp, r.param_bytes, r.grad_bytes, r.optimizer_bytes, r.cache_bytes, r.activation_bytes,
+        r.transient_bytes, r.peak_bytes, r.in_flight, i + 1 < plan.ranks.size() ? "," : "");
+  }
+  out += "  ],\n  \"max_peak_bytes\": " + std::to_string(plan.max_peak_bytes()) + ",\n";
+  out += fmt::format("  \"flops_per_step\": {:.6g},\n  \"matmul_gflops\": {:.4g},\n  \"step_time_s\": {:.6g},\n"
+                     "  \"groups\": [\n",
+                     plan.flops_per_step, gflops, step_time_s(spec, plan, gflops));
+  for (size_t i = 0; i < placement.groups.size(); ++i) {
+    const auto& g = placement.groups[i];
+    std::string ranks;
+    for (size_t k = 0; k < g.ranks.size(); ++k) ranks += (k ? ", " : "") + std::to_string(g.ranks[k]);
+    out += fmt::format("    {{\"axis\": \"{}\", \"ranks\": [{}], \"link\": \"{}\", \"bytes_per_step\": {}}}{}\n",
+                       g.axis, ranks, rendezvous::link_tier_name(g.tier), g.bytes_per_step,
+                       i + 1 < placement.groups.size() ? "," : "");
+  }
+  return out + "  ]\n}\n";
+}
+
+std::string plan_text(const JobSpec& spec, const pl::MemoryPlan& plan, const rendezvous::Placement& placement,
+                      double gflops) {
+  std::string out = job_spec_summary(spec) + "\n";
+  out += fmt::format("model gpt: layers {}, d_model {}, heads {}, seq_len {}, vocab {}; attention {}, recompute {}, "
+                     "dropout {}, precision {}\n\n",
+                     spec.model.layers, spec.model.d_model, spec.model.heads, spec.model.seq_len, spec.model.vocab,
+                     spec.model.attention, spec.train.recompute, spec.model.dropout, spec.train.precision);
+  out += pl::plan_to_text(spec, plan);
+  out += fmt::format("\npeak of the largest rank: {}; FLOPs per step: {:.3e} (forward + backward + recompute)\n",
+                     pl::format_bytes(double(plan.max_peak_bytes())), plan.flops_per_step);
+  if (gflops > 0)
+    out += fmt::format("step time estimate: {:.4f} s (compute only, at {:.1f} GFLOP/s per rank measured by "
+                       "dtrain-worker probe-matmul, with the pipeline's ideal bubble)\n",
+                       step_time_s(spec, plan, gflops), gflops);
+  out += "\ncommunication per step (as dtrain topo):\n";
+  for (const auto& g : placement.groups) {
+    if (g.ranks.size() < 2) continue;
+    std::string ranks;
+    for (size_t k = 0; k < g.ranks.size(); ++k) ranks += (k ? "," : "") + std::to_string(g.ranks[k]);
+    out += fmt::format("  {:<3} [{}] over {}: {}\n", g.axis, ranks, rendezvous::link_tier_name(g.tier),
+                       pl::format_bytes(double(g.bytes_per_step)));
+  }
+  out += "\nfp32 figures (bf16 autocast keeps some activations in 2 bytes: an upper bound); activations "
+         "are autograd's saved tensors, transient backward's largest temporaries.\n";
+  return out;
+}
+
+// --suggest --world N: every mesh dp x tp x pp = N (tp dividing heads, pp
+// layers) with zero 0-3 and recompute none/selective/full that keeps the
+// global batch (micro_batch fixed, grad_accum = GBS / (micro_batch x dp)),
+// passes the spec checks and fits the budget, best predicted step time first.
+void print_suggestions(const JobSpec& base, int world, int64_t budget, double gflops) {
+  struct Row {
+    double time;
+    int64_t peak;
+    std::string what;
+  };
+  std::vector<Row> rows;
+  const int gbs = base.global_batch();
+  for (int tp = 1; tp <= world; ++tp)
+    for (int pp = 1; pp * tp <= world; ++pp) {
+      if (world % (tp * pp) != 0) continue;
+      const int dp = world / (tp * pp);
+      if (gbs % (base.train.micro_batch * dp) != 0) continue;
+      for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)  // ZeRO shards over dp only
+        for (const char* rc : {"none", "selective", "full"}) {
+          JobSpec s = base;
+          s.cluster.nodes_min = s.cluster.nodes_max = 1;
+          s.cluster.procs_per_node = world;
+          s.parallel.dp = dp, s.parallel.tp = tp, s.parallel.pp = pp, s.parallel.zero = zero;
+          s.parallel.pipeline_virtual_stages = 1;
+          if (s.parallel.pipeline_schedule == "interleaved_1f1b") s.parallel.pipeline_schedule = "1f1b";
+          s.parallel.sequence_parallel = s.parallel.sequence_parallel && tp > 1;
+          s.train.grad_accum = gbs / (base.train.micro_batch * dp);
+          s.train.recompute = rc;
+          try {
+            std::vector<std::string> w;
+            validate_job_spec(s, &w);
+            const pl::MemoryPlan plan = pl::plan_memory(s);
+            if (budget > 0 && plan.max_peak_bytes() > budget) continue;
+            const double t = gflops > 0 ? step_time_s(s, plan, gflops) : step_time_s(s, plan, 1.0);
+            rows.push_back({t, plan.max_peak_bytes(),
+                            fmt::format("dp {} tp {} pp {} zero {} recompute {} (grad_accum {})", dp, tp, pp, zero,
+                                        rc, s.train.grad_accum)});
+          } catch (const Error&) {
+          }
+        }
+    }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    return a.time != b.time ? a.time < b.time : a.peak < b.peak;
+  });
+  std::cout << "\nlayouts of " << world << " ranks that fit"
+            << (budget > 0 ? " in " + pl::format_bytes(double(budget)) + " per rank" : std::string()) << ", by "
+            << (gflops > 0 ? "predicted step time (compute and bubble; not communication)" : "GFLOP per rank")
+            << " (" << rows.size() << " in all, the first 15):\n";
+  for (size_t i = 0; i < rows.size() && i < 15; ++i)
+    std::cout << fmt::format("  {:2}. {:<50} peak {:>11}  {}\n", i + 1, rows[i].what,
+                             pl::format_bytes(double(rows[i].peak)),
+                             gflops > 0 ? fmt::format("{:.4f} s", rows[i].time) : fmt::format("{:.3f}", rows[i].time));
+  if (rows.empty()) std::cout << "  none: raise the budget or the world size\n";
+}
+
+void run_plan(const PlanOptions& o) {
+  std::vector<std::string> warnings;
+  JobSpec spec = load_job_spec(o.spec, o.sets, &warnings);
+  int64_t budget = 0;
+  if (!o.memory_per_rank.empty()) {
+    budget = parse_byte_size(o.memory_per_rank);
+    if (budget <= 0)
+      throw Error(ErrorCode::config, "--memory-per-rank " + o.memory_per_rank + " is not a size",
+                  "write e.g. 80GiB, 512MiB or a byte count");
+  }
+  const pl::MemoryPlan plan = pl::plan_memory(spec);
+  const rendezvous::Placement placement = rendezvous::place_job(spec, true, warnings);
+  const double gflops = o.probe ? matmul_gflops() : 0.0;
+  if (o.format == "json")
+    std::cout << plan_json(spec, plan, placement, gflops);
+  else
+    std::cout << plan_text(spec, plan, placement, gflops);
+  if (o.suggest) {
+    if (o.world < 1) throw Error(ErrorCode::config, "--suggest needs --world N (the ranks to lay out)");
+    print_suggestions(spec, o.world, budget > 0 ? budget : (spec.cluster.memory_per_rank.empty() ? 0 :
+                      parse_byte_size(spec.cluster.memory_per_rank)), gflops);
+    return;
+  }
+  check_memory_budget(spec, budget);
+}
+
+void add_plan(CLI::App& app, int& exit_code) {
+  auto opts = std::make_shared<PlanOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Predict every rank's memory (params, grads, optimizer, activations, peak), FLOPs and traffic");
+  cmd->add_option("spec", opts->spec, "Job spec (YAML)")->required();
+  cmd->add_option("--set", opts->sets, "Override a spec field: key.path=value (value read as YAML)");
+  cmd->add_option("--format", opts->format, "Output format")->check(CLI::IsMember({"text", "json"}));
+  cmd->add_option("--memory-per-rank", opts->memory_per_rank,
+                  "Refuse a plan whose peak exceeds this per rank (e.g. 80GiB; default cluster.memory_per_rank)");
+  cmd->add_flag("!--no-probe", opts->probe, "Skip the matmul probe (no step-time estimate)");
+  cmd->add_flag("--suggest", opts->suggest, "Rank the meshes of --world ranks that fit the memory budget");
+  cmd->add_option("--world", opts->world, "Ranks to lay out for --suggest")->check(CLI::Range(1, 1 << 16));
+  cmd->callback([opts, &exit_code] {
+    run_plan(*opts);
+    exit_code = 0;
+  });
+}
+
+}  // namespace
+}  // namespace dtrain::app
+
+DTRAIN_REGISTER_COMMAND(25, dtrain::app::add_plan);

@@ -1,0 +1,251 @@
+// plan_memory (memory_plan.h). Model states follow the engine's code:
+// engine/model/gpt.cpp (parameter shapes), engine/parallel/tensor (which are
+// split by tp), engine/parallel/pipeline (which blocks a stage holds) and
+// engine/parallel/zero/flat_layout.h (units padded to a multiple of dp, rank
+// r's shard). Activations count, per micro-batch, the fp32 tensors autograd
+// saves in this GPT's forward (see activation_elems); the pipeline's
+// in-flight count comes from simulating its plan.
+//
+// Legend: b = micro_batch, s = seq_len, h = d_model, a = heads, V = vocab,
+// t = tp, tsp = t with sequence parallelism (else 1), L = layers.
+#include "engine/planner/memory_plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "common/error.h"
+#include "common/mesh.h"
+#include "engine/parallel/pipeline/plan.h"
+
+namespace dtrain::engine::planner {
+namespace {
+
+constexpr int64_t kFloat = 4;  // bytes per fp32 element
+
+struct Dims {
+  int64_t b, s, h, a, V, L, t, tsp, vt;  // vt: the vocab split (t when vocab-parallel, else 1)
+  bool drop, tiled;
+  std::string recompute;
+};
+
+Dims dims_of(const JobSpec& spec) {
+  Dims d;
+  d.b = spec.train.micro_batch;
+  d.s = spec.model.seq_len;
+  d.h = spec.model.d_model;
+  d.a = spec.model.heads;
+  d.V = spec.model.vocab;
+  d.L = spec.model.layers;
+  d.t = spec.parallel.tp;
+  d.tsp = spec.parallel.sequence_parallel && d.t > 1 ? d.t : 1;
+  d.vt = d.t > 1 && spec.model.tp_vocab == "parallel" ? d.t : 1;
+  d.drop = spec.model.dropout > 0.0;
+  d.tiled = spec.model.attention == "tiled";
+  d.recompute = spec.train.recompute;
+  return d;
+}
+
+// Parameter elements of each unit on one tp rank: embeddings (wte rows split
+// when vocab-parallel, wpe whole), a block (qkv and mlp.fc rows and biases,
+// attn.proj and mlp.proj columns split; LayerNorms and row-parallel biases
+// whole), the head (ln_f whole, head rows split when vocab-parallel).
+int64_t embedding_numel(const Dims& d) { return d.V * d.h / d.vt + d.s * d.h; }
+int64_t block_numel(const Dims& d) {
+  const int64_t h = d.h;
+  return 2 * h + (3 * h * h + 3 * h) / d.t + h * h / d.t + h + 2 * h + (4 * h * h + 4 * h) / d.t + 4 * h * h / d.t + h;
+}
+int64_t head_numel(const Dims& d) { return 2 * d.h + d.V * d.h / d.vt; }
+
+// The units (numel each) a pipeline rank holds, in order.
+std::vector<int64_t> units_of_stage(const JobSpec& spec, const Dims& d, int pp_rank) {
+  const int p = spec.parallel.pp, v = spec.parallel.pipeline_virtual_stages;
+  if (d.L % (p * v) != 0)
+    throw Error(ErrorCode::config, "model.layers = " + std::to_string(d.L) + " does not split into parallel.pp = " +
+                                       std::to_string(p) + " x virtual_stages = " + std::to_string(v) + " stages");
+  const int64_t per = d.L / (p * v);
+  std::vector<int64_t> units;
+  if (pp_rank == 0) units.push_back(embedding_numel(d));
+  for (int c = 0; c < v; ++c)
+    for (int64_t i = 0; i < per; ++i) units.push_back(block_numel(d));
+  if (pp_rank == p - 1) units.push_back(head_numel(d));
+  return units;
+}
+
+void model_states(const JobSpec& spec, const std::vector<int64_t>& units, int dp_rank, RankMemory& r) {
+  const int n = spec.parallel.dp, z = spec.parallel.zero;
+  int64_t numel = 0, padded = 0, shard = 0, owned = 0;
+  for (int64_t u : units) {
+    const int64_t pad = std::max<int64_t>((u + n - 1) / n * n, n);
+    const int64_t sh = pad / n;
+    numel += u;
+    padded += pad;
+    shard += sh;
+    owned += std::max<int64_t>(0, std::min(u, (dp_rank + 1) * sh) - dp_rank * sh);
+  }
+  if (z == 0) {
+    r.param_bytes = r.grad_bytes = kFloat * numel;
+    r.optimizer_bytes = 2 * kFloat * numel;
+    return;
+  }
+  r.param_bytes = kFloat * (z == 3 ? shard : padded);
+  r.grad_bytes = kFloat * (z == 1 ? padded : shard);
+  r.optimizer_bytes = 2 * kFloat * owned;
+}
+
+// Elements one block saves for backward per micro-batch (engine/model/gpt.cpp):
+// LayerNorm inputs and their mean/rstd (sbh/tsp + 2bs/tsp, twice), LayerNorm
+// outputs saved whole by qkv and mlp.fc (2sbh; under SP the gathered copy),
+// q/k/v (3sbh/t), the attention output before proj (sbh/t), mlp.fc's output
+// and GELU's (8sbh/t), the residual dropout masks (2sbh/tsp with dropout);
+// the core: naive saves softmax's output (as^2b/t) and with dropout its mask
+// and the dropped probabilities (2as^2b/t more); tiled its output and
+// log-sum-exp (sbh/t + asb/t). Selective recompute keeps none of the core's;
+// full keeps only the block's input (sbh/tsp).
+double block_activation_elems(const Dims& d) {
+  const double sbh = double(d.s) * d.b * d.h, bs = double(d.b) * d.s;
+  if (d.recompute == "full") return sbh / d.tsp;
+  double e = 2 * sbh + (2 + (d.drop ? 2 : 0)) * sbh / d.tsp + 12 * sbh / d.t + 4 * bs / d.tsp;
+  if (d.recompute == "selective") return e;
+  if (d.tiled) return e + sbh / d.t + double(d.a) * d.s * d.b / d.t;
+  return e + (d.drop ? 3.0 : 1.0) * d.a * d.s * d.s * d.b / d.t;
+}
+
+// Outside the blocks: the embedding's dropout mask (first stage); ln_f's
+// input, its mean/rstd and its output (whole, saved by the head), and the
+// loss's [bs, V/vt] log-softmax (last stage).
+double embedding_activation_elems(const Dims& d) { return d.drop ? double(d.s) * d.b * d.h / d.tsp : 0.0; }
+double head_activation_elems(const Dims& d) {
+  const double sbh = double(d.s) * d.b * d.h, bs = double(d.b) * d.s;
+  return sbh / d.tsp + 2 * bs / d.tsp + sbh + bs * d.V / d.vt;
+}
+
+// Backward's largest moment on top of everything saved (elements), the
+// larger of two phases. The head's: the loss's gradient and the logits'
+// ([bs, V/vt] each) and the residual-stream gradients (2sbh/tsp). A block's:
+// the head's saved tensors are gone (last stage), the block's recomputed
+// tensors are back (full: the block's usual ones; selective: the core's),
+// and backward's temporaries: mlp's gradients (8sbh/t), the residual
+// stream's, and in the naive core one [B*H, T, T] gradient more than it
+// frees at its worst step.
+double backward_transient_elems(const Dims& d, bool has_head) {
+  const double sbh = double(d.s) * d.b * d.h, bs = double(d.b) * d.s, att = double(d.a) * d.s * d.s * d.b / d.t;
+  const double head_phase = has_head ? 2 * bs * d.V / d.vt + 2 * sbh / d.tsp : 0.0;
+  Dims usual = d;
+  usual.recompute = "none";
+  double recomputed = 0;
+  if (d.recompute == "full") recomputed = block_activation_elems(usual);
+  if (d.recompute == "selective")
+    recomputed = d.tiled ? sbh / d.t + double(d.a) * d.s * d.b / d.t : (d.drop ? 3.0 : 1.0) * att;
+  const double block_phase = (has_head ? -head_activation_elems(d) : 0.0) + recomputed + (d.tiled ? 0.0 : att) +
+                             8 * sbh / d.t + 2 * sbh / d.tsp;
+  return std::max({0.0, head_phase, block_phase});
+}
+
+int in_flight_of(const JobSpec& spec, int pp_rank) {
+  if (spec.parallel.pp == 1) return 1;
+  parallel::pipeline::PlanSpec p;
+  p.kind = spec.parallel.pipeline_schedule;
+  p.stages = spec.parallel.pp;
+  p.micro = spec.train.grad_accum;
+  p.virtual_stages = spec.parallel.pipeline_virtual_stages;
+  const auto sim = parallel::pipeline::simulate(p, parallel::pipeline::build_plan(p));
+  if (!sim.ok) throw Error(ErrorCode::config, "parallel.pipeline: the simulator rejects the plan: " + sim.error);
+  return sim.max_in_flight[size_t(pp_rank)];
+}
+
+}  // namespace
+
+RankMemory plan_rank(const JobSpec& spec, int rank) {
+  const Dims d = dims_of(spec);
+  const mesh::Shape shape{spec.parallel.dp, spec.parallel.tp, spec.parallel.pp, 1};
+  const mesh::Coord c = mesh::coord_of(shape, rank);
+  RankMemory r;
+  r.rank = rank;
+  r.dp = c.dp, r.tp = c.tp, r.pp = c.pp;
+  const std::vector<int64_t> units = units_of_stage(spec, d, c.pp);
+  model_states(spec, units, c.dp, r);
+
+  const int p = spec.parallel.pp, v = spec.parallel.pipeline_virtual_stages;
+  const int64_t blocks = d.L / p;  // this rank's blocks (all chunks)
+  const bool first = c.pp == 0, last = c.pp == p - 1;
+  if (!d.tiled) r.cache_bytes = kFloat * blocks * d.s * d.s;  // one [s, s] causal bias per attention module
+  r.in_flight = in_flight_of(spec, c.pp);
+  // A micro-batch in flight on an interleaved rank holds one chunk's blocks;
+  // otherwise all of the rank's blocks. The first and last stages' extras
+  // belong to one chunk each.
+  const double per_micro = double(p > 1 ? blocks / v : blocks) * block_activation_elems(d);
+  double act = r.in_flight * per_micro;
+  if (first) act += r.in_flight * embedding_activation_elems(d);
+  if (last) act += head_activation_elems(d);  // the last stage runs each micro-batch's backward at once
+  r.activation_bytes = int64_t(kFloat * act);
+
+  double transient = backward_transient_elems(d, last);
+  if (spec.parallel.zero == 3 && spec.parallel.dp > 1) {
+    // Gathered units: the running one and the prefetched one in forward;
+    // in backward the unit's full gradient too.
+    const int64_t largest = *std::max_element(units.begin(), units.end());
+    transient += double(largest) * (spec.parallel.fsdp_prefetch ? 3 : 2);
+  } else if (spec.parallel.zero == 2 && spec.parallel.dp > 1) {
+    transient += double(*std::max_element(units.begin(), units.end()));  // a unit's full gradient
+  }
+  r.transient_bytes = int64_t(kFloat * transient);
+  r.peak_bytes = r.static_bytes() + r.cache_bytes + r.activation_bytes + r.transient_bytes;
+  return r;
+}
+
+MemoryPlan plan_memory(const JobSpec& spec) {
+  MemoryPlan plan;
+  for (int r = 0; r < spec.world(); ++r) plan.ranks.push_back(plan_rank(spec, r));
+  // FLOPs: 2 per multiply-add; a forward's matmuls are 24bsh^2 + 4bs^2h per
+  // layer (causal: half the score work is skipped only by tiled) plus the
+  // head's 2bshV; backward is twice the forward; recompute adds a forward
+  // of the blocks (full) or of the attention core (selective).
+  const Dims d = dims_of(spec);
+  const double bs = double(d.b) * d.s, gb = double(spec.global_batch()) / d.b;
+  const double layer_mm = 24.0 * bs * d.h * d.h, layer_att = 4.0 * bs * d.s * d.h * (d.tiled ? 0.5 : 1.0);
+  const double fwd = d.L * (layer_mm + layer_att) + 2.0 * bs * d.h * d.V;
+  double re = 0;
+  if (d.recompute == "full") re = d.L * (layer_mm + layer_att);
+  if (d.recompute == "selective") re = d.L * layer_att;
+  plan.flops_per_step = gb * (3 * fwd + re);
+  return plan;
+}
+
+int64_t MemoryPlan::max_peak_bytes() const {
+  int64_t m = 0;
+  for (const auto& r : ranks) m = std::max(m, r.peak_bytes);
+  return m;
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) bytes /= 1024.0, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+std::string plan_to_text(const JobSpec& spec, const MemoryPlan& plan) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-5s %-14s %12s %12s %12s %12s %12s %12s %12s %9s\n", "rank", "coord", "params",
+                "grads", "optimizer", "cache", "activations", "transient", "peak", "in_flight");
+  out += line;
+  for (const auto& r : plan.ranks) {
+    const std::string coord = "dp" + std::to_string(r.dp) + " tp" + std::to_string(r.tp) + " pp" + std::to_string(r.pp);
+    std::snprintf(line, sizeof line, "%-5d %-14s %12s %12s %12s %12s %12s %12s %12s %9d\n", r.rank, coord.c_str(),
+                  format_bytes(double(r.param_bytes)).c_str(), format_bytes(double(r.grad_bytes)).c_str(),
+                  format_bytes(double(r.optimizer_bytes)).c_str(), format_bytes(double(r.cache_bytes)).c_str(),
+                  format_bytes(double(r.activation_bytes)).c_str(), format_bytes(double(r.transient_bytes)).c_str(),
+                  format_bytes(double(r.peak_bytes)).c_str(), r.in_flight);
+    out += line;
+  }
+  (void)spec;
+  return out;
+}
+
+}  // namespace dtrain::engine::planner

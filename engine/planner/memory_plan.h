@@ -1,0 +1,53 @@
+// The memory and compute planner: what each rank of a job spec will hold
+// before it runs. Parameter, gradient and AdamW bytes exactly as the engine
+// lays them out (tensor-parallel slices, pipeline stages, ZeRO's padded flat
+// units), activation bytes per micro-batch from the tensors autograd saves
+// in this GPT (Korthikanti et al. 2022, adapted: recompute, sequence
+// parallelism, tiled attention, dropout masks) times the micro-batches the
+// pipeline schedule keeps in flight, backward's largest temporaries, and
+// FLOPs per step. Pure C++ (no LibTorch): `dtrain plan` and the trainer's
+// predicted-vs-measured check share it. Communication is topology's business.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+
+namespace dtrain::engine::planner {
+
+struct RankMemory {
+  int rank = 0;
+  int dp = 0, tp = 0, pp = 0;  // coordinates (common/mesh.h)
+  int64_t param_bytes = 0;      // as GradSync::memory() reports them
+  int64_t grad_bytes = 0;
+  int64_t optimizer_bytes = 0;  // AdamW's two moments (allocated in step 1)
+  int64_t cache_bytes = 0;      // other tensors kept across steps (the naive attention's causal masks)
+  int64_t activation_bytes = 0; // saved for backward, all micro-batches in flight at once
+  int64_t transient_bytes = 0;  // the largest temporaries on top (backward's, ZeRO-3's gathered units)
+  int64_t peak_bytes = 0;       // static + cache + activation + transient (a steady step's peak)
+  int in_flight = 1;            // micro-batches (x chunks) whose activations are alive at once
+  int64_t static_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
+};
+
+struct MemoryPlan {
+  std::vector<RankMemory> ranks;  // by global rank
+  double flops_per_step = 0;      // whole job, forward + backward (+ recompute), 2 per multiply-add
+  int64_t max_peak_bytes() const;
+};
+
+// Every rank of the spec's mesh. Throws dtrain::Error(config) for a spec the
+// engine would refuse (e.g. layers not divisible into pipeline stages).
+MemoryPlan plan_memory(const JobSpec& spec);
+
+// One rank's figures (what a worker compares with its own measurements).
+RankMemory plan_rank(const JobSpec& spec, int rank);
+
+// 1234567 -> "1.18 MiB".
+std::string format_bytes(double bytes);
+
+// The table `dtrain plan` prints (one line per rank) and its JSON form.
+std::string plan_to_text(const JobSpec& spec, const MemoryPlan& plan);
+
+}  // namespace dtrain::engine::planner
