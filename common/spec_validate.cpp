@@ -132,6 +132,10 @@ void check_enums(const Checker& c) {
             "parallel.pipeline.schedule = zb_h1 with train.recompute = " + s.train.recompute +
                 ": the split backward would run each recomputed segment twice; use train.recompute none "
                 "with zb_h1, or schedule 1f1b with recompute");
+  if (!c.bad({"model.moe.experts", "train.recompute"}) && s.model.moe.experts > 0 && s.train.recompute == "full")
+    c.error("train.recompute", "train.recompute = full with model.moe.experts = " + std::to_string(s.model.moe.experts) +
+                                   ": a recomputed MoE block loses its aux loss's gradient; use train.recompute "
+                                   "selective or none with MoE");
   const bool uneven = !s.parallel.pipeline_layers_per_stage.empty();
   if (!c.bad({"parallel.pipeline.virtual_stages", "parallel.pp", "model.layers"}) && !uneven &&
       s.parallel.pipeline_virtual_stages > 1 && s.parallel.pp >= 1 &&
