@@ -3,7 +3,6 @@
 // on them. Not for timing, and not the real launcher (tests/integration).
 #pragma once
 
-#include <doctest/doctest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <functional>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "engine/comm/comm.h"
+#include "tests/support/torch_doctest.h"  // after the torch headers (glog's CHECK)
 
 namespace dtrain::testing {
 
