@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/job_spec.h"
+#include "tests/support/spec_errors.h"
 
 using dtrain::parse_job_spec;
 
@@ -15,14 +16,12 @@ namespace {
 
 // The error message of parsing `text` with `overrides` ("" if it loads).
 std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
-  try {
-    parse_job_spec(text, "t.yaml", overrides);
-  } catch (const dtrain::Error& e) {
-    CHECK(e.code() == dtrain::ErrorCode::config);
-    CHECK(e.exit_code() == 2);
-    return e.message();
+  const auto e = dtrain::testing::parse_error(text, "t.yaml", overrides);
+  if (e.thrown) {
+    CHECK(e.code == dtrain::ErrorCode::config);
+    CHECK(e.exit_code == 2);
   }
-  return "";
+  return e.message;
 }
 
 std::vector<std::string> warnings_of(const std::string& text,
@@ -32,11 +31,7 @@ std::vector<std::string> warnings_of(const std::string& text,
   return w;
 }
 
-bool has(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return true;
-  MESSAGE("missing '" << part << "' in: " << text);
-  return false;
-}
+using dtrain::testing::has;
 
 size_t count(const std::string& text, const std::string& part) {
   size_t n = 0;

@@ -10,24 +10,17 @@
 #include "common/byte_size.h"
 #include "common/error.h"
 #include "common/job_spec.h"
+#include "tests/support/spec_errors.h"
 
 namespace {
 
 std::string error_of(const std::vector<std::string>& overrides) {
-  try {
-    dtrain::parse_job_spec("model: {layers: 2}\n", "m.yaml", overrides);
-  } catch (const dtrain::Error& e) {
-    CHECK(e.exit_code() == 2);
-    return e.message();
-  }
-  return "";
+  const auto e = dtrain::testing::parse_error("model: {layers: 2}\n", "m.yaml", overrides);
+  if (e.thrown) CHECK(e.exit_code == 2);
+  return e.message;
 }
 
-bool has(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return true;
-  MESSAGE("missing '" << part << "' in: " << text);
-  return false;
-}
+using dtrain::testing::has;
 
 }  // namespace
 

@@ -7,27 +7,22 @@
 
 #include "common/error.h"
 #include "common/job_spec.h"
+#include "tests/support/spec_errors.h"
 
 using dtrain::parse_job_spec;
 
 namespace {
 
 std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
-  try {
-    parse_job_spec(text, "m.yaml", overrides);
-  } catch (const dtrain::Error& e) {
-    CHECK(e.code() == dtrain::ErrorCode::config);
-    CHECK(e.exit_code() == 2);
-    return e.message();
+  const auto e = dtrain::testing::parse_error(text, "m.yaml", overrides);
+  if (e.thrown) {
+    CHECK(e.code == dtrain::ErrorCode::config);
+    CHECK(e.exit_code == 2);
   }
-  return "";
+  return e.message;
 }
 
-bool has(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return true;
-  MESSAGE("missing '" << part << "' in: " << text);
-  return false;
-}
+using dtrain::testing::has;
 
 const std::string kMoe =
     "cluster: {nodes: 1, procs_per_node: 4}\n"

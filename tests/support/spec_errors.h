@@ -1,0 +1,44 @@
+// Parsing a job spec that should fail, for the spec tests: what was thrown
+// (message, code, exit code) and a substring check that prints the whole
+// message when the part is missing. Not a validator: common/ owns the rules.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/job_spec.h"
+
+namespace dtrain::testing {
+
+struct SpecError {
+  bool thrown = false;
+  std::string message;  // "" when the spec loads
+  ErrorCode code = ErrorCode::internal;
+  int exit_code = 0;
+};
+
+inline SpecError parse_error(const std::string& text, const std::string& source,
+                             const std::vector<std::string>& overrides = {}) {
+  SpecError out;
+  try {
+    parse_job_spec(text, source, overrides);
+  } catch (const Error& e) {
+    out.thrown = true;
+    out.message = e.message();
+    out.code = e.code();
+    out.exit_code = e.exit_code();
+  }
+  return out;
+}
+
+// Whether `part` is in `text`; prints both when it is not.
+inline bool has(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return true;
+  MESSAGE("missing '" << part << "' in: " << text);
+  return false;
+}
+
+}  // namespace dtrain::testing
