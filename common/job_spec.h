@@ -46,6 +46,9 @@ struct ClusterSpec {
 
 struct ParallelSpec {
   int dp = 1;
+  // dp: auto = world / (tp x pp): from cluster.nodes x procs_per_node when the
+  // spec loads, and again from the nodes of each rendezvous round.
+  bool dp_auto = false;
   int tp = 1;
   int pp = 1;
   int ep = 1;
@@ -105,6 +108,9 @@ struct TrainSpec {
   int steps = 100;
   int micro_batch = 8;
   int grad_accum = 1;
+  // grad_accum: auto = global_batch / (micro_batch x dp), resolved like dp.
+  bool grad_accum_auto = false;
+  int global_batch = 0;  // sequences per step; 0 = whatever micro_batch x grad_accum x dp give
   double lr = 3.0e-4;
   double min_lr = 0.0;     // cosine decays to this
   int warmup_steps = 10;

@@ -105,6 +105,16 @@ struct Reader {
     *ref.max = static_cast<int>(hi);
     return "";
   }
+  std::string operator()(AutoIntRef ref) const {
+    if (node.IsScalar() && node.Scalar() == "auto") {
+      *ref.is_auto = true;
+      return "";
+    }
+    std::string expected = (*this)(ref.value);
+    if (!expected.empty()) return expected + " or auto";
+    *ref.is_auto = false;
+    return "";
+  }
   std::string operator()(std::vector<std::string>* out) const {
     const char* expected = "builtin, a command string, or a list of strings";
     if (node.IsScalar()) {

@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/collective_trace.h"
 #include "launcher/root_cause.h"
+#include "launcher/round_spec.h"
 #include "launcher/worker_env.h"
 
 extern char** environ;
@@ -78,6 +79,7 @@ int Agent::run() {
       rendezvous::Assignment a = rendezvous_step();
       int restart = std::max(a.restart, failures_);
       check_restarts_left(restart);
+      round_gbs_ = write_round_spec(spec_, a, config_.spec_path, round_gbs_);
       start_step(a, restart);
       Outcome outcome = monitor_step();
       if (outcome == Outcome::succeeded) {
@@ -88,6 +90,7 @@ int Agent::run() {
       }
       stop_step(outcome == Outcome::signaled ? stop_signal_ : SIGTERM);
       if (stop_signal_ != 0) break;
+      if (outcome == Outcome::failed && round_moved_on()) outcome = Outcome::round_changed;
       if (outcome == Outcome::unreachable)
         throw Error(ErrorCode::rendezvous,
                     "lost the rendezvous server at " + config_.endpoint + ": " + heartbeat_detail_,
@@ -119,6 +122,24 @@ void Agent::check_restarts_left(int restart) const {
                   std::to_string(restart) + " > cluster.max_restarts " +
                   std::to_string(spec_.cluster.max_restarts) + ")",
               "see the root-cause block printed by the node that failed");
+}
+
+// A worker that failed after the rendezvous opened a new round (a peer's
+// workers were stopped under it, a dead node's collective broke) is a
+// consequence of that round change, not a failure of its own: re-join.
+bool Agent::round_moved_on() {
+  rendezvous::ServerStatus status;
+  try {
+    status = client_.status();
+  } catch (const Error&) {
+    return false;
+  }
+  if (status.round == group_.round) return false;
+  heartbeat_detail_ = "round " + std::to_string(group_.round) + " -> " + std::to_string(status.round) +
+                      " (rank " + std::to_string(first_failure_ ? first_failure_->rank : -1) +
+                      " failed after the round ended)";
+  remote_failure_ = status.failure;
+  return true;
 }
 
 int Agent::server_restart() {

@@ -58,6 +58,7 @@ class Agent {
   int restart_or_fail(int restart);  // after a local failure: -1 = restart
   void check_restarts_left(int restart) const;  // throws when restart > max_restarts
   int server_restart();                         // the server's restart count (0 = unknown)
+  bool round_moved_on();  // after a local failure: the server is past this round
 
   void record_exit(const ExitEvent& event, bool stopping);
   std::optional<Outcome> group_outcome() const;
@@ -79,6 +80,7 @@ class Agent {
   int failures_ = 0;                     // restarts this agent asked for
   int stop_signal_ = 0;                  // SIGINT/SIGTERM dtrain received
   int num_nodes_ = 1;
+  int round_gbs_ = 0;                    // global batch of the last round (0 = none yet)
   std::string heartbeat_detail_;         // why the heartbeat ended the round
   std::string remote_failure_;           // the rendezvous' reason for ending it
 };

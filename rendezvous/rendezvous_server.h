@@ -22,6 +22,11 @@ struct ServerOptions {
   TrafficModel traffic;
   int nvlink_domain = 0;          // for islands when agents report none
   bool allow_slow = false;
+  // train.grad_accum: auto: a round whose dp does not divide the global batch
+  // (global_batch / (micro_batch x dp)) is refused when it forms.
+  bool grad_accum_auto = false;
+  int global_batch = 0;
+  int micro_batch = 1;
 };
 
 // Added: the options a spec implies (job name, nodes min:max, last call,

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/spec_resolve.h"
 #include "rendezvous/round_state.h"
 
 namespace dtrain::rendezvous {
@@ -78,7 +79,7 @@ Cluster RoundState::cluster_of(const std::vector<Member>& members) const {
 // joined (dp = devices / (tp * pp)); tp, pp and ep stay as the spec says.
 Mesh RoundState::mesh_for(const Cluster& cluster) const {
   Mesh mesh = options_.mesh;
-  if (!elastic()) return mesh;
+  if (!elastic()) return checked_global_batch(mesh);
   int devices = cluster.total_devices();
   int per_replica = mesh.tp * mesh.pp;
   if (devices % per_replica != 0)
@@ -88,6 +89,15 @@ Mesh RoundState::mesh_for(const Cluster& cluster) const {
                 std::to_string(per_replica),
                 "give every node a multiple of tp * pp slots");
   mesh.dp = devices / per_replica;
+  return checked_global_batch(mesh);
+}
+
+// grad_accum: auto keeps the global batch at every round's dp, or refuses the round.
+Mesh RoundState::checked_global_batch(const Mesh& mesh) const {
+  std::string why;
+  if (options_.grad_accum_auto &&
+      auto_grad_accum(options_.global_batch, options_.micro_batch, mesh.dp, &why) == 0)
+    throw Error(ErrorCode::config, why, "choose a train.global_batch that every round's dp divides");
   return mesh;
 }
 

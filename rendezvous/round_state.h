@@ -90,6 +90,7 @@ class RoundState {
   std::vector<JoinOutcome> close_round(TimePoint now);
   std::vector<Member> ordered_waiting() const;
   Mesh mesh_for(const Cluster& cluster) const;
+  Mesh checked_global_batch(const Mesh& mesh) const;
   Cluster cluster_of(const std::vector<Member>& members) const;
   void log_summary(const ClosedRound& closed, const std::vector<Member>& members);
   void check_hang(TimePoint now);  // poll(): a stalled closed round is a failure
