@@ -111,9 +111,8 @@ struct Reader {
       return "";
     }
     std::string expected = (*this)(ref.value);
-    if (!expected.empty()) return expected + " or auto";
-    *ref.is_auto = false;
-    return "";
+    if (expected.empty()) *ref.is_auto = false;
+    return expected;
   }
   std::string operator()(std::vector<std::string>* out) const {
     const char* expected = "builtin, a command string, or a list of strings";
@@ -168,7 +167,10 @@ void convert_fields(SpecOrigin& origin, JobSpec& spec, Problems& problems) {
     JobSpec defaults;
     problems.error(origin.where(path), path + ": expected " + expected + ", got " + shown(node) +
                                            "; write it like " + leaf + ": " +
-                                           field_text(field.bind(defaults)) + " (the default)");
+                                           field_text(field.bind(defaults)) + " (the default)" +
+                                           (std::holds_alternative<AutoIntRef>(field.bind(defaults))
+                                                ? ", or " + leaf + ": auto"
+                                                : ""));
   }
 }
 

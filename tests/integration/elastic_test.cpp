@@ -25,7 +25,10 @@ namespace parity = dtrain::testing::parity;
 
 namespace {
 
-constexpr int kRdzvPort = 29400;  // inside host 0's fresh namespace: free
+// Inside host 0's fresh namespace: free. Each run of a test gets its own
+// port: a finished server's port lingers in TIME_WAIT, and `dtrain launch`
+// on node 0 then joins instead of serving.
+constexpr int kRdzvPort = 29400;
 constexpr int kGlobalBatch = 12;  // dp 3: grad_accum 2; dp 2: grad_accum 3
 
 bool skip_without_hosts() {
@@ -38,10 +41,10 @@ bool skip_without_hosts() {
 // `dtrain launch --node-rank i --rdzv <host 0>:29400` inside host i.
 std::unique_ptr<Child> start_agent(int i, const std::string& spec, const std::vector<std::string>& sets,
                                    const std::string& log, const TagGuard& tag,
-                                   const std::vector<std::string>& args = {}) {
+                                   const std::vector<std::string>& args = {}, int port = kRdzvPort) {
   std::vector<std::string> argv = {dtrain::testing::dtrain_bin(), "launch", spec, "--node-rank",
                                    std::to_string(i), "--rdzv",
-                                   TestHosts::addr(0) + ":" + std::to_string(kRdzvPort)};
+                                   TestHosts::addr(0) + ":" + std::to_string(port)};
   argv.insert(argv.end(), args.begin(), args.end());
   for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
   return std::make_unique<Child>(
@@ -111,6 +114,9 @@ double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) 
 // from the one the survivors resumed from), short heartbeats.
 std::vector<std::string> elastic_sets(const std::string& run_dir) {
   return {"log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt", "checkpoint.every=2",
+          // Paces the steps (>= 40 ms each, no effect on the numbers) so the
+          // cut lands mid-run, not after the last step.
+          "fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.ms=40",
           "checkpoint.keep=20", "cluster.nodes=\"2:3\"", "cluster.procs_per_node=1",
           "parallel.dp=auto", "train.micro_batch=2", "train.global_batch=" + std::to_string(kGlobalBatch),
           "train.grad_accum=auto", "cluster.grace_s=1", "cluster.rendezvous.join_timeout_s=30",
@@ -122,7 +128,7 @@ std::vector<std::string> elastic_sets(const std::string& run_dir) {
 // A 2-host run of the same spec resumed from `from` (run dir <fixture>/<name>);
 // its losses by step.
 std::map<int, double> resumed_on_two_hosts(const std::string& name, const std::string& from,
-                                           std::vector<std::string> extra) {
+                                           std::vector<std::string> extra, int port) {
   auto& p = parity::Parity::get();
   TagGuard tag;
   const std::string run_dir = p.dir / name;
@@ -132,7 +138,7 @@ std::map<int, double> resumed_on_two_hosts(const std::string& name, const std::s
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 2; ++i)
     agents.push_back(start_agent(i, p.dir / "spec.yaml", sets, p.dir / (name + "_node" + std::to_string(i) + ".log"),
-                                 tag, {"--resume-from", from}));
+                                 tag, {"--resume-from", from}, port));
   for (auto& a : agents) {
     INFO(name << ":\n" << a->output());
     REQUIRE(a->wait(120));
@@ -199,27 +205,31 @@ TEST_CASE("elastic 2:3: a cut host is named, the survivors re-form on 2 and fini
       for (int pid : printed_pids(out)) CHECK_MESSAGE(!dtrain::testing::pid_alive(pid), "pid " << pid);
   }
 
-  // The re-formed round resumed from checkpoint K: metrics.jsonl holds round
-  // 1's steps, then K+1 .. kSteps.
+  // The re-formed round resumed from checkpoint K (rank 0 says which):
+  // metrics.jsonl holds round 1's steps, then K+1 .. kSteps.
   const auto all = step_losses(run_dir + "/metrics.jsonl");
-  size_t second = 1;
-  while (second < all.size() && all[second].first > all[second - 1].first) ++second;
-  REQUIRE(second < all.size());
-  const int resumed = all[second].first - 1;
+  const std::string out0 = agents[0]->output();
+  const auto at = out0.find("resuming from step ");
+  REQUIRE_MESSAGE(at != std::string::npos, out0);
+  const int resumed = std::atoi(out0.c_str() + at + 19);
+  REQUIRE(all.size() > size_t(parity::kSteps - resumed));
+  const size_t second = all.size() - size_t(parity::kSteps - resumed);
   std::vector<double> elastic;
-  for (size_t i = second; i < all.size(); ++i) elastic.push_back(all[i].second);
-  REQUIRE(elastic.size() == size_t(parity::kSteps - resumed));
+  for (size_t i = second; i < all.size(); ++i) {
+    CHECK(all[i].first == resumed + 1 + int(i - second));
+    elastic.push_back(all[i].second);
+  }
   MESSAGE("elastic: round 1 trained " << second << " steps on 3 hosts, the survivors resumed from step "
                                       << resumed << " on 2");
   CHECK(resumed >= 2);
   const std::string from = run_dir + "/ckpt/step_" + std::to_string(resumed);
 
   hosts.heal(2);
-  const auto ref = resumed_on_two_hosts("elastic_ref", from, {});
+  const auto ref = resumed_on_two_hosts("elastic_ref", from, {}, kRdzvPort + 1);
   // Negative control: the same resume without grad_accum auto (grad_accum
   // stays 2), so the global batch shrinks to 8 with the world.
   const auto control = resumed_on_two_hosts("elastic_control", from,
-                                            {"train.global_batch=0", "train.grad_accum=2"});
+                                            {"train.global_batch=0", "train.grad_accum=2"}, kRdzvPort + 2);
   std::vector<double> ref_losses, control_losses;
   for (int step = resumed + 1; step <= parity::kSteps; ++step) {
     REQUIRE(ref.count(step));
@@ -249,7 +259,8 @@ TEST_CASE("elastic 2:3: a node that comes back is admitted at the next round") {
                               "'^  (dp|grad_accum):' \"$DTRAIN_SPEC\" | tr -d ' ' | tr '\\n' ' ')\"\n"
                               "while [ ! -e " + dir + "/stop ]; do sleep 0.1; done\n");
   std::vector<std::string> sets = elastic_sets(dir);
-  sets.push_back("entrypoint=[/bin/sh, " + (p.dir / "rejoin_worker.sh") + "]");
+  sets.insert(sets.end(), {"entrypoint=[/bin/sh, " + (p.dir / "rejoin_worker.sh") + "]", "fault.kind=none",
+                           "fault.ms=0"});
   auto log = [&](int i, int k) { return p.dir / ("rejoin_node" + std::to_string(i) + "_" + std::to_string(k) + ".log"); };
   std::vector<std::unique_ptr<Child>> agents;
   start_three(agents, [&](int i) { return start_agent(i, p.dir / "spec.yaml", sets, log(i, 0), tag); });

@@ -88,7 +88,7 @@ TEST_CASE("spec auto: an elastic range resolves at its largest size; a smaller r
 TEST_CASE("spec auto: refusals name the values and the fix") {
   std::string e = error_of("cluster: {nodes: 3, procs_per_node: 1}\nparallel: {dp: auto, tp: 2}\n"
                            "model: {heads: 4}\n");
-  CHECK(has(e, "t.yaml:2:15: parallel.dp = auto: tp(2) x pp(1) = 2 does not divide the world "
+  CHECK(has(e, "t.yaml:2:16: parallel.dp = auto: tp(2) x pp(1) = 2 does not divide the world "
                "cluster.nodes(3) x cluster.procs_per_node(1) = 3; use cluster.procs_per_node 2"));
   CHECK(e.find('\n') == std::string::npos);  // one line, no follow-up errors about dp
 
@@ -106,7 +106,7 @@ TEST_CASE("spec auto: refusals name the values and the fix") {
   e = error_of("train: {global_batch: -1}\n");
   CHECK(has(e, "train.global_batch = -1: must be >= 0"));
   e = error_of("parallel: {dp: two}\n");
-  CHECK(has(e, "parallel.dp: expected an integer or auto, got 'two'"));
+  CHECK(has(e, "parallel.dp: expected an integer, got 'two'; write it like dp: 1 (the default), or dp: auto"));
 }
 
 TEST_CASE("spec auto: elastic sizes that cannot keep the global batch are warned about; a round refuses") {

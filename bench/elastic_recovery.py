@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Failure detection and recovery on 3 test hosts (scripts/testhosts; root).
+
+An elastic job (cluster.nodes "2:3", one worker per host, parallel.dp auto,
+train.grad_accum auto with a fixed train.global_batch, a checkpoint every 4
+steps) trains; host 2's link is cut mid-run. On this machine's clock, from the
+moment the link goes down:
+  named    the rendezvous names the lost node (node 0's log: "declared dead")
+  formed   the survivors' round 2 closed (workers stopped, re-joined, last call)
+  training the first step of round 2 on the 2 survivors (metrics.jsonl)
+The peer, in the same run: a fresh 2-host launch of the same spec, from its
+start to its first step (what a restart from scratch pays for worker start-up,
+Gloo set-up and one step); round 2's "formed -> training" is the same work
+plus the checkpoint load. Prints every run, the medians and the ratios.
+
+Usage: sudo bench/elastic_recovery.py [RUNS]   (DTRAIN_BUILD_DIR, default build/)
+"""
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("DTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
+DTRAIN = os.path.join(BUILD, "apps", "dtrain", "dtrain")
+TESTHOSTS = os.path.join(ROOT, "scripts", "testhosts")
+HEARTBEAT_S, LAST_CALL_S, GRACE_S = 0.5, 1.0, 1.0
+POLL_S = 0.01
+
+
+def addr(i):
+    return "10.251.77.%d" % (10 + i)
+
+
+def testhosts(*args):
+    subprocess.run([TESTHOSTS, *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def word_salad(n):
+    words = ["the ", "model ", "learns ", "a ", "distributed ", "gradient ", "bucket ", "of ",
+             "bytes ", "and ", "every ", "rank ", "sums ", "its ", "share\n", "while ",
+             "backward ", "runs. "]
+    out, x = [], 12345
+    while sum(map(len, out)) < n:
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        out.append(words[x % len(words)])
+    return "".join(out)[:n]
+
+
+def write_spec(work, run, nodes):
+    path = os.path.join(work, "spec_%s.yaml" % os.path.basename(run))
+    with open(path, "w") as f:
+        f.write(f"""job: {{name: elastic-bench, seed: 1234}}
+cluster: {{nodes: "{nodes}", procs_per_node: 1, device: cpu, backend: gloo, grace_s: {GRACE_S},
+          rendezvous: {{heartbeat_s: {HEARTBEAT_S}, last_call_s: {LAST_CALL_S}, join_timeout_s: 30}}}}
+parallel: {{dp: auto}}
+model: {{kind: gpt, vocab: 256, layers: 2, d_model: 32, heads: 2, seq_len: 32, dropout: 0.0}}
+train: {{steps: 40, micro_batch: 2, global_batch: 12, grad_accum: auto, lr: 3.0e-3, warmup_steps: 3}}
+data: {{path: {work}/text.txt, format: bytes}}
+checkpoint: {{dir: {run}/ckpt, every: 4, keep: 20}}
+log: {{dir: {run}, every: 1}}
+""")
+    return path
+
+
+class Agents:
+    """One `dtrain launch` per host: node 0 first, the others once it listens."""
+
+    def __init__(self, spec, n, logs):
+        self.procs, self.logs = [], logs
+        env = dict(os.environ, DTRAIN_TOKEN="elastic-bench", DTRAIN_NO_REBUILD="1")
+        for i in range(n):
+            log = open(logs[i], "w")
+            self.procs.append(subprocess.Popen(
+                ["nsenter", "--net=/run/netns/dtrain-h%d" % i, "--", DTRAIN, "launch", spec,
+                 "--node-rank", str(i), "--rdzv", addr(0) + ":29400"],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+            if i == 0:
+                wait_for(lambda: "listening on port" in read(logs[0]), 30, "node 0's rendezvous")
+
+    def wait(self, timeout):
+        return [p.wait(timeout) for p in self.procs]
+
+    def kill(self):
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+
+
+def read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def steps_of(metrics):
+    return [int(line.split('"step": ')[1].split(",")[0]) for line in read(metrics).splitlines()
+            if '"step": ' in line]
+
+
+def wait_for(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return time.monotonic()
+        time.sleep(POLL_S)
+    raise RuntimeError("timed out waiting for " + what)
+
+
+def one_cut(work, k):
+    run = os.path.join(work, "cut%d" % k)
+    logs = [os.path.join(work, "cut%d_node%d.log" % (k, i)) for i in range(3)]
+    metrics = os.path.join(run, "metrics.jsonl")
+    testhosts("up", "3")
+    agents = Agents(write_spec(work, run, "2:3"), 3, logs)
+    try:
+        wait_for(lambda: len(steps_of(metrics)) >= 8, 180, "step 8")
+        t_cut = time.monotonic()
+        testhosts("cut", "2")
+        t = {"named": None, "formed": None, "training": None}
+        lines_at_formed = 0  # round 1's workers are gone before round 2 closes
+
+        def progress():
+            nonlocal lines_at_formed
+            log0 = read(logs[0])
+            now = time.monotonic()
+            if t["named"] is None and "declared dead" in log0:
+                t["named"] = now
+            if t["formed"] is None and "rendezvous round 2 closed" in log0:
+                t["formed"] = now
+                lines_at_formed = len(steps_of(metrics))
+            elif t["formed"] is not None and t["training"] is None and len(steps_of(metrics)) > lines_at_formed:
+                t["training"] = now
+            return all(v is not None for v in t.values())
+
+        wait_for(progress, 120, "round 2's first step")
+        codes = agents.wait(300)
+        if codes[0] != 0 or codes[1] != 0:
+            raise RuntimeError("survivors exited %s; see %s" % (codes, logs))
+        if "round 1 closed (restart 0): 3 nodes" not in read(logs[0]):
+            raise RuntimeError("round 1 did not start on 3 nodes; see " + logs[0])
+        resumed = int(read(logs[0]).split("resuming from step ")[1].split()[0])
+        return {k: v - t_cut for k, v in t.items()}, resumed
+    finally:
+        agents.kill()
+
+
+def one_fresh(work, k):
+    run = os.path.join(work, "fresh%d" % k)
+    logs = [os.path.join(work, "fresh%d_node%d.log" % (k, i)) for i in range(2)]
+    testhosts("up", "3")
+    t0 = time.monotonic()
+    agents = Agents(write_spec(work, run, "2"), 2, logs)
+    try:
+        t1 = wait_for(lambda: len(steps_of(os.path.join(run, "metrics.jsonl"))) >= 1, 180, "step 1")
+        if agents.wait(300) != [0, 0]:
+            raise RuntimeError("fresh run failed; see %s" % logs)
+        return t1 - t0
+    finally:
+        agents.kill()
+
+
+def main():
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    if os.geteuid() != 0:
+        sys.exit("needs root (network namespaces): sudo %s" % sys.argv[0])
+    if not os.access(DTRAIN, os.X_OK):
+        sys.exit("no %s: build first (scripts/build)" % DTRAIN)
+    work = tempfile.mkdtemp(prefix="dtrain-bench-elastic-")
+    try:
+        with open(os.path.join(work, "text.txt"), "w") as f:
+            f.write(word_salad(64 * 1024))
+        rows, fresh = [], []
+        for k in range(runs):  # interleaved: cut, then fresh
+            times, resumed = one_cut(work, k)
+            rows.append(times)
+            fresh.append(one_fresh(work, k))
+            print("run %d: cut at step >= 8 -> named %.2f s, round 2 formed %.2f s, training again "
+                  "%.2f s (resumed from step %d); fresh 2-host start -> first step %.2f s"
+                  % (k + 1, times["named"], times["formed"], times["training"], resumed, fresh[-1]),
+                  flush=True)
+        med = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+        f_med = statistics.median(fresh)
+        restart = statistics.median(r["training"] - r["formed"] for r in rows)
+        print("\n3 test hosts x 1 worker, elastic 2:3, heartbeat %.1f s (dead after 3 missed), "
+              "grace %.1f s, last call %.1f s; %d runs, medians:" % (HEARTBEAT_S, GRACE_S, LAST_CALL_S, runs))
+        print("  partition -> named            %.2f s  (%.1f heartbeats)" % (med["named"], med["named"] / HEARTBEAT_S))
+        print("  partition -> round 2 formed   %.2f s  (named -> formed %.2f s: stop, re-join, last call)"
+              % (med["formed"], med["formed"] - med["named"]))
+        print("  partition -> training again   %.2f s  (formed -> first step %.2f s)" % (med["training"], restart))
+        print("  peer: fresh 2-host launch -> first step %.2f s" % f_med)
+        print("  ratios: recovery (partition -> training) / fresh start = %.2fx; "
+              "formed -> first step / fresh start = %.2fx" % (med["training"] / f_med, restart / f_med))
+    finally:
+        subprocess.run([TESTHOSTS, "down"], stdout=subprocess.DEVNULL)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
