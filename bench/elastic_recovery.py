@@ -15,6 +15,7 @@ plus the checkpoint load. Prints every run, the medians and the ratios.
 
 Usage: sudo bench/elastic_recovery.py [RUNS]   (DTRAIN_BUILD_DIR, default build/)
 """
+import fcntl
 import os
 import shutil
 import statistics
@@ -37,6 +38,13 @@ def addr(i):
 
 def testhosts(*args):
     subprocess.run([TESTHOSTS, *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def fresh_hosts():
+    # New namespaces for every run: a finished server's port lingers in
+    # TIME_WAIT, and `dtrain launch` on node 0 would then join, not serve.
+    testhosts("down")
+    testhosts("up", "3")
 
 
 def word_salad(n):
@@ -117,7 +125,7 @@ def one_cut(work, k):
     run = os.path.join(work, "cut%d" % k)
     logs = [os.path.join(work, "cut%d_node%d.log" % (k, i)) for i in range(3)]
     metrics = os.path.join(run, "metrics.jsonl")
-    testhosts("up", "3")
+    fresh_hosts()
     agents = Agents(write_spec(work, run, "2:3"), 3, logs)
     try:
         wait_for(lambda: len(steps_of(metrics)) >= 8, 180, "step 8")
@@ -154,7 +162,7 @@ def one_cut(work, k):
 def one_fresh(work, k):
     run = os.path.join(work, "fresh%d" % k)
     logs = [os.path.join(work, "fresh%d_node%d.log" % (k, i)) for i in range(2)]
-    testhosts("up", "3")
+    fresh_hosts()
     t0 = time.monotonic()
     agents = Agents(write_spec(work, run, "2"), 2, logs)
     try:
@@ -172,6 +180,9 @@ def main():
         sys.exit("needs root (network namespaces): sudo %s" % sys.argv[0])
     if not os.access(DTRAIN, os.X_OK):
         sys.exit("no %s: build first (scripts/build)" % DTRAIN)
+    # The integration tests' lock on the test hosts (tests/support/test_hosts.h).
+    lock = open("/run/dtrain-testhosts-test.lock", "a")
+    fcntl.flock(lock, fcntl.LOCK_EX)
     work = tempfile.mkdtemp(prefix="dtrain-bench-elastic-")
     try:
         with open(os.path.join(work, "text.txt"), "w") as f:
