@@ -296,3 +296,25 @@ TEST_CASE("elastic 2:3: a node that comes back is admitted at the next round") {
   for (const auto& a : agents)
     for (int pid : printed_pids(a->output())) CHECK_MESSAGE(!dtrain::testing::pid_alive(pid), "pid " << pid);
 }
+
+TEST_CASE("dp auto: dtrain topo and plan use nodes x procs_per_node; tp x pp not dividing it is refused") {
+  dtrain::testing::TempDir dir;
+  dtrain::testing::write_file(dir / "job.yaml",
+                              "job: {name: auto}\ncluster: {nodes: 2, procs_per_node: 2}\nparallel: {dp: auto}\n"
+                              "model: {layers: 3}\ntrain: {micro_batch: 2, global_batch: 16, grad_accum: auto}\n"
+                              "data: {format: synthetic}\nlog: {dir: " + (dir / "run") + "}\n");
+  const std::string dtrain = dtrain::testing::dtrain_bin();
+  auto [code, out] = dtrain::testing::run_command({dtrain, "topo", dir / "job.yaml"}, dir / "topo.log", 30);
+  CHECK_MESSAGE(code == 0, out);
+  CHECK_MESSAGE(has(out, "mesh dp=4 tp=1 pp=1 ep=1, world 4, 2 nodes"), out);
+  std::tie(code, out) = dtrain::testing::run_command({dtrain, "plan", dir / "job.yaml"}, dir / "plan.log", 30);
+  CHECK_MESSAGE(code == 0, out);
+  CHECK_MESSAGE(has(out, "world = dp(4, auto) x tp(1) x pp(1) = 4 ranks"), out);
+  CHECK_MESSAGE(has(out, "GBS = micro_batch(2) x grad_accum(2, auto) x dp(4) = 16 sequences"), out);
+  std::tie(code, out) = dtrain::testing::run_command(
+      {dtrain, "topo", dir / "job.yaml", "--set", "parallel.pp=3"}, dir / "bad.log", 30);
+  CHECK_MESSAGE(code == 2, out);
+  CHECK_MESSAGE(has(out, "job.yaml:3:16: parallel.dp = auto: tp(1) x pp(3) = 3 does not divide the world "
+                         "cluster.nodes(2) x cluster.procs_per_node(2) = 4; use cluster.procs_per_node 3"),
+                out);
+}
