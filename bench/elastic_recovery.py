@@ -13,7 +13,8 @@ start to its first step (what a restart from scratch pays for worker start-up,
 Gloo set-up and one step); round 2's "formed -> training" is the same work
 plus the checkpoint load. Prints every run, the medians and the ratios.
 
-Usage: sudo bench/elastic_recovery.py [RUNS]   (DTRAIN_BUILD_DIR, default build/)
+Usage: sudo bench/elastic_recovery.py [RUNS]   (DTRAIN_BUILD_DIR, default build/;
+DTRAIN_BENCH_KEEP=1 keeps the agents' logs)
 """
 import fcntl
 import os
@@ -210,7 +211,10 @@ def main():
               "formed -> first step / fresh start = %.2fx" % (med["training"] / f_med, restart / f_med))
     finally:
         subprocess.run([TESTHOSTS, "down"], stdout=subprocess.DEVNULL)
-        shutil.rmtree(work, ignore_errors=True)
+        if os.environ.get("DTRAIN_BENCH_KEEP"):
+            print("logs kept in " + work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

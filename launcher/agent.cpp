@@ -77,6 +77,7 @@ int Agent::run() {
   try {
     for (;;) {
       rendezvous::Assignment a = rendezvous_step();
+      round_restart_ = a.restart;
       int restart = std::max(a.restart, failures_);
       check_restarts_left(restart);
       round_gbs_ = write_round_spec(spec_, a, config_.spec_path, round_gbs_);
@@ -124,9 +125,11 @@ void Agent::check_restarts_left(int restart) const {
               "see the root-cause block printed by the node that failed");
 }
 
-// A worker that failed after the rendezvous opened a new round (a peer's
-// workers were stopped under it, a dead node's collective broke) is a
-// consequence of that round change, not a failure of its own: re-join.
+// A worker that failed after the rendezvous opened a new round for a
+// membership change (a dead node, a node joining; the restart count is
+// unchanged) is a consequence of that change: its peers were stopped under
+// it. Re-join instead of failing. A round ended by another node's failure
+// report is not this: the local failure is then reported as usual.
 bool Agent::round_moved_on() {
   rendezvous::ServerStatus status;
   try {
@@ -134,7 +137,7 @@ bool Agent::round_moved_on() {
   } catch (const Error&) {
     return false;
   }
-  if (status.round == group_.round) return false;
+  if (status.round == group_.round || status.restart != round_restart_) return false;
   heartbeat_detail_ = "round " + std::to_string(group_.round) + " -> " + std::to_string(status.round) +
                       " (rank " + std::to_string(first_failure_ ? first_failure_->rank : -1) +
                       " failed after the round ended)";

@@ -81,6 +81,7 @@ class Agent {
   int stop_signal_ = 0;                  // SIGINT/SIGTERM dtrain received
   int num_nodes_ = 1;
   int round_gbs_ = 0;                    // global batch of the last round (0 = none yet)
+  int round_restart_ = 0;                // the server's restart count when this round closed
   std::string heartbeat_detail_;         // why the heartbeat ended the round
   std::string remote_failure_;           // the rendezvous' reason for ending it
 };

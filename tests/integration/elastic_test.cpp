@@ -137,8 +137,9 @@ std::map<int, double> resumed_on_two_hosts(const std::string& name, const std::s
   sets.insert(sets.end(), extra.begin(), extra.end());
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 2; ++i)
-    agents.push_back(start_agent(i, p.dir / "spec.yaml", sets, p.dir / (name + "_node" + std::to_string(i) + ".log"),
-                                 tag, {"--resume-from", from}, port));
+    agents.push_back(start_agent(i, p.dir / "spec.yaml", sets,
+                                 p.dir / (name + "_node" + std::to_string(i) + ".log"), tag,
+                                 {"--resume-from", from}, port));
   for (auto& a : agents) {
     INFO(name << ":\n" << a->output());
     REQUIRE(a->wait(120));
@@ -152,7 +153,7 @@ std::map<int, double> resumed_on_two_hosts(const std::string& name, const std::s
 
 }  // namespace
 
-TEST_CASE("elastic 2:3: a cut host is named, the survivors re-form on 2 and finish with the same global batch") {
+TEST_CASE("elastic 2:3: a cut host is named; the survivors re-form on 2, same global batch, to the end") {
   if (skip_without_hosts()) return;
   auto& p = parity::Parity::get();
   TestHosts hosts(3);
@@ -175,7 +176,8 @@ TEST_CASE("elastic 2:3: a cut host is named, the survivors re-form on 2 and fini
       INFO("node " << i << ":\n" << agents[size_t(i)]->output());
       REQUIRE(agents[size_t(i)]->wait(180));
     }
-    const std::string out0 = agents[0]->output(), out1 = agents[1]->output(), out2 = agents[2]->output();
+    const std::string out0 = agents[0]->output(), out1 = agents[1]->output();
+    const std::string out2 = agents[2]->output();
     INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1 << "\nnode 2:\n" << out2);
     REQUIRE(cut_at < size_t(parity::kSteps));  // the cut came mid-run
     CHECK(agents[0]->exit_code() == 0);
@@ -190,9 +192,11 @@ TEST_CASE("elastic 2:3: a cut host is named, the survivors re-form on 2 and fini
       CHECK(has(out, "address " + TestHosts::addr(2) + ", hostname "));
       CHECK(has(out, "last heartbeat "));
       CHECK(has(out, "round 1: 3 node(s), world 3: parallel.dp = auto -> 3 (world 3 / (tp 1 x pp 1)), "
-                     "train.grad_accum = auto -> 2 (global_batch 12 / (micro_batch 2 x dp 3)); global batch 12"));
+                     "train.grad_accum = auto -> 2 (global_batch 12 / (micro_batch 2 x dp 3)); "
+                     "global batch 12"));
       CHECK(has(out, "round 2: 2 node(s), world 2: parallel.dp = auto -> 2 (world 2 / (tp 1 x pp 1)), "
-                     "train.grad_accum = auto -> 3 (global_batch 12 / (micro_batch 2 x dp 2)); global batch 12"));
+                     "train.grad_accum = auto -> 3 (global_batch 12 / (micro_batch 2 x dp 2)); "
+                     "global batch 12"));
     }
     // The workers of round 2 read those numbers from DTRAIN_SPEC.
     const std::string resolved = dtrain::testing::read_file(run_dir + "/spec.resolved.yaml");
@@ -252,33 +256,55 @@ TEST_CASE("elastic 2:3: a node that comes back is admitted at the next round") {
   TestHosts hosts(3);
   TagGuard tag;
   const std::string dir = p.dir / "rejoin";
+  auto log = [&](int i, int k) {
+    return p.dir / ("rejoin_node" + std::to_string(i) + "_" + std::to_string(k) + ".log");
+  };
   // Workers that say what they were told (world, mesh, the spec's dp and
-  // grad_accum), then wait for the stop file.
-  dtrain::testing::write_file(p.dir / "rejoin_worker.sh",
-                              "echo \"worker rank $RANK of $WORLD_SIZE mesh $DTRAIN_MESH spec $(grep -E "
-                              "'^  (dp|grad_accum):' \"$DTRAIN_SPEC\" | tr -d ' ' | tr '\\n' ' ')\"\n"
-                              "while [ ! -e " + dir + "/stop ]; do sleep 0.1; done\n");
+  // grad_accum), then wait for the stop file. Rank 1 of round 1 also fails
+  // (once) as soon as the rendezvous declares host 2 dead, as a worker whose
+  // collective broke would: usually before its agent's next heartbeat hears
+  // of the new round, so the agent must take that failure for the round
+  // change it is and re-join (the job has no restarts to spend).
+  dtrain::testing::write_file(
+      p.dir / "rejoin_worker.sh",
+      "echo \"worker rank $RANK of $WORLD_SIZE mesh $DTRAIN_MESH spec $(grep -E "
+      "'^  (dp|grad_accum):' \"$DTRAIN_SPEC\" | tr -d ' ' | tr '\\n' ' ')\"\n"
+      "while [ ! -e " + dir + "/stop ]; do\n"
+      "  if [ \"$RANK\" = 1 ] && [ \"$WORLD_SIZE\" = 3 ] && [ ! -e " + dir + "/failed_once ] && [ ! -e " +
+      dir + "/back ] && grep -q 'declared dead' " + log(0, 0) + "; then\n"
+      "    touch " + dir + "/failed_once; echo 'rank 1: my collective broke'; exit 1\n"
+      "  fi\n"
+      "  sleep 0.02\n"
+      "done\n");
   std::vector<std::string> sets = elastic_sets(dir);
-  sets.insert(sets.end(), {"entrypoint=[/bin/sh, " + (p.dir / "rejoin_worker.sh") + "]", "fault.kind=none",
-                           "fault.ms=0"});
-  auto log = [&](int i, int k) { return p.dir / ("rejoin_node" + std::to_string(i) + "_" + std::to_string(k) + ".log"); };
+  sets.insert(sets.end(), {"entrypoint=[/bin/sh, " + (p.dir / "rejoin_worker.sh") + "]",
+                           "fault.kind=none", "fault.ms=0"});
   std::vector<std::unique_ptr<Child>> agents;
   start_three(agents, [&](int i) { return start_agent(i, p.dir / "spec.yaml", sets, log(i, 0), tag); });
   auto out0 = [&] { return agents[0]->output(); };
   REQUIRE_MESSAGE(wait_until(60, [&] { return has(out0(), "round 1 closed"); }), out0());
   REQUIRE_MESSAGE(has(out0(), "round 1 closed (restart 0): 3 nodes"), out0());
   hosts.cut(2);
-  REQUIRE_MESSAGE(wait_until(60, [&] { return has(out0(), "round 2 closed (restart 0): 2 nodes, world 2"); }), out0());
+  REQUIRE_MESSAGE(wait_until(60, [&] { return has(out0(), "round 2 closed (restart 0): 2 nodes, world 2"); }),
+                  out0());
   REQUIRE_MESSAGE(agents[2]->wait(60), agents[2]->output());
   CHECK(agents[2]->exit_code() != 0);
+  const std::string out1 = agents[1]->output();
+  const bool failure_first = has(out1, "round 1 -> 2 (rank 1 failed after the round ended)");
+  if (failure_first) CHECK_MESSAGE(has(out1, "rank 1: my collective broke"), out1);
+  else CHECK_MESSAGE(has(out1, "round 1 -> 2; stopped this node's workers"), out1);
+  MESSAGE("node 1 learnt of round 2 from " << std::string(failure_first ? "its worker's failure" : "a heartbeat"));
+  dtrain::testing::write_file(dir + "/back", "");  // round 3's rank 1 must not fail
   hosts.heal(2);
   agents.push_back(start_agent(2, p.dir / "spec.yaml", sets, log(2, 1), tag));
-  REQUIRE_MESSAGE(wait_until(60, [&] { return has(out0(), "round 3 closed (restart 0): 3 nodes, world 3"); }), out0());
+  REQUIRE_MESSAGE(wait_until(60, [&] { return has(out0(), "round 3 closed (restart 0): 3 nodes, world 3"); }),
+                  out0());
   CHECK(has(out0(), "round 3 opens: node '" + TestHosts::addr(2)));
   CHECK(has(out0(), "joins (elastic scale-up)"));
   // Every worker of round 3 has started before the stop file ends them.
   REQUIRE(wait_until(30, [&] {
-    return count(out0(), "worker rank 0 of 3") >= 2 && count(agents[1]->output(), "worker rank 1 of 3") >= 2 &&
+    return count(out0(), "worker rank 0 of 3") >= 2 &&
+           count(agents[1]->output(), "worker rank 1 of 3") >= 2 &&
            count(agents[3]->output(), "worker rank 2 of 3") >= 1;
   }));
   dtrain::testing::write_file(dir + "/stop", "");

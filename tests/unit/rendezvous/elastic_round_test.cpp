@@ -40,7 +40,8 @@ JoinInfo node(const std::string& id, int node_rank) {
 TEST_CASE("elastic round: 3 -> 2 nodes on a lost heartbeat, then 3 again when the node comes back") {
   RoundState s(elastic_options(12));
   TimePoint t{};
-  for (int i = 0; i < 3; ++i) CHECK_FALSE(s.join(node("n" + std::to_string(i), i), uint64_t(i + 1), t, TimePoint::max()));
+  for (int i = 0; i < 3; ++i)
+    CHECK_FALSE(s.join(node("n" + std::to_string(i), i), uint64_t(i + 1), t, TimePoint::max()));
   auto out = s.poll(t);
   REQUIRE(out.size() == 3);
   CHECK(out[0].closed->placement.mesh.dp == 3);
@@ -84,7 +85,8 @@ TEST_CASE("elastic round: 3 -> 2 nodes on a lost heartbeat, then 3 again when th
 TEST_CASE("elastic round: grad_accum auto refuses a round whose dp does not divide the global batch") {
   RoundState s(elastic_options(8));  // dp 2: 8 / (2 x 2) = 2; dp 3: 8 / 6 no
   TimePoint t{};
-  for (int i = 0; i < 3; ++i) CHECK_FALSE(s.join(node("n" + std::to_string(i), i), uint64_t(i + 1), t, TimePoint::max()));
+  for (int i = 0; i < 3; ++i)
+    CHECK_FALSE(s.join(node("n" + std::to_string(i), i), uint64_t(i + 1), t, TimePoint::max()));
   auto out = s.poll(t);
   REQUIRE(out.size() == 3);
   for (const auto& o : out) {
