@@ -42,8 +42,8 @@ def testhosts(*args):
 
 
 def fresh_hosts():
-    # New namespaces for every run: a finished server's port lingers in
-    # TIME_WAIT, and `dtrain launch` on node 0 would then join, not serve.
+    # New namespaces for every run: nothing of the last one (links cut,
+    # sockets in TIME_WAIT) carries over.
     testhosts("down")
     testhosts("up", "3")
 

@@ -25,9 +25,9 @@ namespace parity = dtrain::testing::parity;
 
 namespace {
 
-// Inside host 0's fresh namespace: free. Each run of a test gets its own
-// port: a finished server's port lingers in TIME_WAIT, and `dtrain launch`
-// on node 0 then joins instead of serving.
+// Inside host 0's fresh namespace: free. Every run of a case uses it: the
+// connections of a finished run linger in TIME_WAIT there, and node 0 must
+// still serve the next run rather than join a server that is gone.
 constexpr int kRdzvPort = 29400;
 constexpr int kGlobalBatch = 12;  // dp 3: grad_accum 2; dp 2: grad_accum 3
 
@@ -41,10 +41,10 @@ bool skip_without_hosts() {
 // `dtrain launch --node-rank i --rdzv <host 0>:29400` inside host i.
 std::unique_ptr<Child> start_agent(int i, const std::string& spec, const std::vector<std::string>& sets,
                                    const std::string& log, const TagGuard& tag,
-                                   const std::vector<std::string>& args = {}, int port = kRdzvPort) {
+                                   const std::vector<std::string>& args = {}) {
   std::vector<std::string> argv = {dtrain::testing::dtrain_bin(), "launch", spec, "--node-rank",
                                    std::to_string(i), "--rdzv",
-                                   TestHosts::addr(0) + ":" + std::to_string(port)};
+                                   TestHosts::addr(0) + ":" + std::to_string(kRdzvPort)};
   argv.insert(argv.end(), args.begin(), args.end());
   for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
   return std::make_unique<Child>(
@@ -128,7 +128,7 @@ std::vector<std::string> elastic_sets(const std::string& run_dir) {
 // A 2-host run of the same spec resumed from `from` (run dir <fixture>/<name>);
 // its losses by step.
 std::map<int, double> resumed_on_two_hosts(const std::string& name, const std::string& from,
-                                           std::vector<std::string> extra, int port) {
+                                           std::vector<std::string> extra) {
   auto& p = parity::Parity::get();
   TagGuard tag;
   const std::string run_dir = p.dir / name;
@@ -139,7 +139,7 @@ std::map<int, double> resumed_on_two_hosts(const std::string& name, const std::s
   for (int i = 0; i < 2; ++i)
     agents.push_back(start_agent(i, p.dir / "spec.yaml", sets,
                                  p.dir / (name + "_node" + std::to_string(i) + ".log"), tag,
-                                 {"--resume-from", from}, port));
+                                 {"--resume-from", from}));
   for (auto& a : agents) {
     INFO(name << ":\n" << a->output());
     REQUIRE(a->wait(120));
@@ -229,11 +229,11 @@ TEST_CASE("elastic 2:3: a cut host is named; the survivors re-form on 2, same gl
   const std::string from = run_dir + "/ckpt/step_" + std::to_string(resumed);
 
   hosts.heal(2);
-  const auto ref = resumed_on_two_hosts("elastic_ref", from, {}, kRdzvPort + 1);
+  const auto ref = resumed_on_two_hosts("elastic_ref", from, {});
   // Negative control: the same resume without grad_accum auto (grad_accum
   // stays 2), so the global batch shrinks to 8 with the world.
   const auto control = resumed_on_two_hosts("elastic_control", from,
-                                            {"train.global_batch=0", "train.grad_accum=2"}, kRdzvPort + 2);
+                                            {"train.global_batch=0", "train.grad_accum=2"});
   std::vector<double> ref_losses, control_losses;
   for (int step = resumed + 1; step <= parity::kSteps; ++step) {
     REQUIRE(ref.count(step));
