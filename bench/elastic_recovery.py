@@ -3,14 +3,18 @@
 
 An elastic job (cluster.nodes "2:3", one worker per host, parallel.dp auto,
 train.grad_accum auto with a fixed train.global_batch, a checkpoint every 4
-steps) trains; host 2's link is cut mid-run. On this machine's clock, from the
+steps, steps paced to >= 40 ms by fault.kind slow, which changes no number)
+trains; host 2's link is cut mid-run. On this machine's clock, from the
 moment the link goes down:
   named    the rendezvous names the lost node (node 0's log: "declared dead")
   formed   the survivors' round 2 closed (workers stopped, re-joined, last call)
   training the first step of round 2 on the 2 survivors (metrics.jsonl)
+Then host 2 comes back (link up, a new agent there); from its start:
+  grown    round 3 closed on 3 nodes (the survivors' workers saved on SIGTERM)
+  training the first step of round 3 on all 3
 The peer, in the same run: a fresh 2-host launch of the same spec, from its
 start to its first step (what a restart from scratch pays for worker start-up,
-Gloo set-up and one step); round 2's "formed -> training" is the same work
+Gloo set-up and one step); a round's "formed -> training" is the same work
 plus the checkpoint load. Prints every run, the medians and the ratios.
 
 Usage: sudo bench/elastic_recovery.py [RUNS]   (DTRAIN_BUILD_DIR, default build/;
@@ -67,7 +71,8 @@ cluster: {{nodes: "{nodes}", procs_per_node: 1, device: cpu, backend: gloo, grac
           rendezvous: {{heartbeat_s: {HEARTBEAT_S}, last_call_s: {LAST_CALL_S}, join_timeout_s: 30}}}}
 parallel: {{dp: auto}}
 model: {{kind: gpt, vocab: 256, layers: 2, d_model: 32, heads: 2, seq_len: 32, dropout: 0.0}}
-train: {{steps: 40, micro_batch: 2, global_batch: 12, grad_accum: auto, lr: 3.0e-3, warmup_steps: 3}}
+fault: {{kind: slow, rank: 0, step: 1, ms: 40}}
+train: {{steps: 60, micro_batch: 2, global_batch: 12, grad_accum: auto, lr: 3.0e-3, warmup_steps: 3}}
 data: {{path: {work}/text.txt, format: bytes}}
 checkpoint: {{dir: {run}/ckpt, every: 4, keep: 20}}
 log: {{dir: {run}, every: 1}}
@@ -79,16 +84,19 @@ class Agents:
     """One `dtrain launch` per host: node 0 first, the others once it listens."""
 
     def __init__(self, spec, n, logs):
-        self.procs, self.logs = [], logs
-        env = dict(os.environ, DTRAIN_TOKEN="elastic-bench", DTRAIN_NO_REBUILD="1")
+        self.procs, self.logs, self.spec = [], [], spec
+        self.env = dict(os.environ, DTRAIN_TOKEN="elastic-bench", DTRAIN_NO_REBUILD="1")
         for i in range(n):
-            log = open(logs[i], "w")
-            self.procs.append(subprocess.Popen(
-                ["nsenter", "--net=/run/netns/dtrain-h%d" % i, "--", DTRAIN, "launch", spec,
-                 "--node-rank", str(i), "--rdzv", addr(0) + ":29400"],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+            self.add(i, logs[i])
             if i == 0:
                 wait_for(lambda: "listening on port" in read(logs[0]), 30, "node 0's rendezvous")
+
+    def add(self, i, log):
+        self.logs.append(log)
+        self.procs.append(subprocess.Popen(
+            ["nsenter", "--net=/run/netns/dtrain-h%d" % i, "--", DTRAIN, "launch", self.spec,
+             "--node-rank", str(i), "--rdzv", addr(0) + ":29400"],
+            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
 
     def wait(self, timeout):
         return [p.wait(timeout) for p in self.procs]
@@ -122,6 +130,27 @@ def wait_for(pred, timeout, what):
     raise RuntimeError("timed out waiting for " + what)
 
 
+# Times (s) from `t0` until node 0's log shows `closed` and then until
+# metrics.jsonl has a line more than it had then (the round's first step).
+def round_times(log0, metrics, t0, named=None):
+    t = {"named": None, "formed": None, "training": None}
+    lines_at_formed = 0  # the last round's workers are gone before a round closes
+
+    def progress():
+        nonlocal lines_at_formed
+        text, now = read(log0), time.monotonic()
+        if named and t["named"] is None and named in text:
+            t["named"] = now
+        if t["formed"] is None and t["closed_marker"] in text:
+            t["formed"] = now
+            lines_at_formed = len(steps_of(metrics))
+        elif t["formed"] is not None and t["training"] is None and len(steps_of(metrics)) > lines_at_formed:
+            t["training"] = now
+        return all(t[key] is not None for key in ("formed", "training")) and (not named or t["named"])
+
+    return t, progress
+
+
 def one_cut(work, k):
     run = os.path.join(work, "cut%d" % k)
     logs = [os.path.join(work, "cut%d_node%d.log" % (k, i)) for i in range(3)]
@@ -132,30 +161,25 @@ def one_cut(work, k):
         wait_for(lambda: len(steps_of(metrics)) >= 8, 180, "step 8")
         t_cut = time.monotonic()
         testhosts("cut", "2")
-        t = {"named": None, "formed": None, "training": None}
-        lines_at_formed = 0  # round 1's workers are gone before round 2 closes
-
-        def progress():
-            nonlocal lines_at_formed
-            log0 = read(logs[0])
-            now = time.monotonic()
-            if t["named"] is None and "declared dead" in log0:
-                t["named"] = now
-            if t["formed"] is None and "rendezvous round 2 closed" in log0:
-                t["formed"] = now
-                lines_at_formed = len(steps_of(metrics))
-            elif t["formed"] is not None and t["training"] is None and len(steps_of(metrics)) > lines_at_formed:
-                t["training"] = now
-            return all(v is not None for v in t.values())
-
+        cut, progress = round_times(logs[0], metrics, t_cut, named="declared dead")
+        cut["closed_marker"] = "rendezvous round 2 closed"
         wait_for(progress, 120, "round 2's first step")
+        if len(steps_of(metrics)) >= 50:
+            raise RuntimeError("round 2 ended too soon to add host 2 back; see " + logs[0])
+        testhosts("heal", "2")
+        t_back = time.monotonic()
+        agents.add(2, os.path.join(work, "cut%d_node2_back.log" % k))
+        back, progress = round_times(logs[0], metrics, t_back)
+        back["closed_marker"] = "rendezvous round 3 closed (restart 0): 3 nodes"
+        wait_for(progress, 120, "round 3's first step")
         codes = agents.wait(300)
-        if codes[0] != 0 or codes[1] != 0:
-            raise RuntimeError("survivors exited %s; see %s" % (codes, logs))
+        if codes[0] != 0 or codes[1] != 0 or codes[3] != 0:
+            raise RuntimeError("agents exited %s; see %s" % (codes, agents.logs))
         if "round 1 closed (restart 0): 3 nodes" not in read(logs[0]):
             raise RuntimeError("round 1 did not start on 3 nodes; see " + logs[0])
-        resumed = int(read(logs[0]).split("resuming from step ")[1].split()[0])
-        return {k: v - t_cut for k, v in t.items()}, resumed
+        resumed = [int(x.split()[0]) for x in read(logs[0]).split("resuming from step ")[1:]]
+        return ({key: cut[key] - t_cut for key in ("named", "formed", "training")},
+                {key: back[key] - t_back for key in ("formed", "training")}, resumed)
     finally:
         agents.kill()
 
@@ -188,16 +212,19 @@ def main():
     try:
         with open(os.path.join(work, "text.txt"), "w") as f:
             f.write(word_salad(64 * 1024))
-        rows, fresh = [], []
+        rows, grows, fresh = [], [], []
         for k in range(runs):  # interleaved: cut, then fresh
-            times, resumed = one_cut(work, k)
+            times, grow, resumed = one_cut(work, k)
             rows.append(times)
+            grows.append(grow)
             fresh.append(one_fresh(work, k))
             print("run %d: cut at step >= 8 -> named %.2f s, round 2 formed %.2f s, training again "
-                  "%.2f s (resumed from step %d); fresh 2-host start -> first step %.2f s"
-                  % (k + 1, times["named"], times["formed"], times["training"], resumed, fresh[-1]),
-                  flush=True)
+                  "%.2f s (from step %d); host 2 back -> round 3 formed %.2f s, training on 3 %.2f s "
+                  "(from step %d); fresh 2-host start -> first step %.2f s"
+                  % (k + 1, times["named"], times["formed"], times["training"], resumed[0],
+                     grow["formed"], grow["training"], resumed[1], fresh[-1]), flush=True)
         med = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+        g_med = {key: statistics.median(r[key] for r in grows) for key in grows[0]}
         f_med = statistics.median(fresh)
         restart = statistics.median(r["training"] - r["formed"] for r in rows)
         print("\n3 test hosts x 1 worker, elastic 2:3, heartbeat %.1f s (dead after 3 missed), "
@@ -206,6 +233,9 @@ def main():
         print("  partition -> round 2 formed   %.2f s  (named -> formed %.2f s: stop, re-join, last call)"
               % (med["formed"], med["formed"] - med["named"]))
         print("  partition -> training again   %.2f s  (formed -> first step %.2f s)" % (med["training"], restart))
+        print("  node back -> round 3 formed   %.2f s  (survivors save on SIGTERM, re-join; max nodes: no last call)"
+              % g_med["formed"])
+        print("  node back -> training on 3    %.2f s" % g_med["training"])
         print("  peer: fresh 2-host launch -> first step %.2f s" % f_med)
         print("  ratios: recovery (partition -> training) / fresh start = %.2fx; "
               "formed -> first step / fresh start = %.2fx" % (med["training"] / f_med, restart / f_med))
