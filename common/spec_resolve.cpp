@@ -76,86 +76,110 @@ std::string auto_sizes_text(const JobSpec& spec, const JobSpec& r) {
 
 namespace detail {
 
-void resolve_auto_fields(SpecOrigin& origin, JobSpec& s, Problems& problems) {
+namespace {
+
+bool cluster_known(const SpecOrigin& origin, const JobSpec& s) {
+  const ClusterSpec& c = s.cluster;
+  return !origin.any_bad({"cluster.nodes", "cluster.procs_per_node", "parallel.tp", "parallel.pp"}) &&
+         c.nodes_min >= 1 && c.nodes_max >= c.nodes_min && c.procs_per_node >= 1 &&
+         s.parallel.tp >= 1 && s.parallel.pp >= 1;
+}
+
+// parallel.dp: auto from the largest round (cluster.nodes' max).
+void resolve_dp(SpecOrigin& origin, JobSpec& s, Problems& problems) {
   const ClusterSpec& c = s.cluster;
   ParallelSpec& p = s.parallel;
+  p.dp = dp_of(c.nodes_max, c.procs_per_node, p.tp, p.pp);
+  if (p.dp > 0) return;
+  const int per = p.tp * p.pp;
+  const long long slots = 1LL * c.nodes_max * c.procs_per_node;
+  problems.error(origin.where("parallel.dp"),
+                 "parallel.dp = auto: tp(" + str(p.tp) + ") x pp(" + str(p.pp) + ") = " + str(per) +
+                     " does not divide the world cluster.nodes(" +
+                     (c.nodes_min < c.nodes_max ? "max " : "") + str(c.nodes_max) +
+                     ") x cluster.procs_per_node(" + str(c.procs_per_node) + ") = " + str(slots) +
+                     "; use cluster.procs_per_node " + str(per / std::gcd(c.nodes_max, per)) +
+                     " (or a multiple), or tp and pp whose product divides " + str(slots));
+  origin.bad_fields.insert("parallel.dp");
+}
+
+// train.global_batch and train.grad_accum: auto at the resolved dp; false
+// when a problem was reported.
+bool resolve_grad_accum(SpecOrigin& origin, JobSpec& s, Problems& problems) {
   TrainSpec& t = s.train;
-  const bool cluster_ok = !origin.any_bad({"cluster.nodes", "cluster.procs_per_node", "parallel.tp",
-                                           "parallel.pp"}) &&
-                          c.nodes_min >= 1 && c.nodes_max >= c.nodes_min &&
-                          c.procs_per_node >= 1 && p.tp >= 1 && p.pp >= 1;
-  const bool elastic = c.nodes_min < c.nodes_max;
-  if (p.dp_auto && cluster_ok) {
-    const int per = p.tp * p.pp;
-    p.dp = dp_of(c.nodes_max, c.procs_per_node, p.tp, p.pp);
-    if (p.dp == 0) {
-      const long long slots = 1LL * c.nodes_max * c.procs_per_node;
-      const int ppn_step = per / std::gcd(c.nodes_max, per);
-      problems.error(origin.where("parallel.dp"),
-                     "parallel.dp = auto: tp(" + str(p.tp) + ") x pp(" + str(p.pp) + ") = " +
-                         str(per) + " does not divide the world cluster.nodes(" +
-                         (elastic ? "max " : "") + str(c.nodes_max) + ") x cluster.procs_per_node(" +
-                         str(c.procs_per_node) + ") = " + str(slots) +
-                         "; use cluster.procs_per_node " + str(ppn_step) + " (or a multiple), or tp "
-                         "and pp whose product divides " + str(slots));
-      origin.bad_fields.insert("parallel.dp");
-    }
-  }
-  if (origin.any_bad({"train.global_batch", "train.grad_accum", "train.micro_batch", "parallel.dp"}))
-    return;
+  const int dp = s.parallel.dp;
   if (t.global_batch < 0) {
     problems.error(origin.where("train.global_batch"),
                    "train.global_batch = " + str(t.global_batch) + ": must be >= 0; it counts "
                    "sequences per step (0 = micro_batch x grad_accum x dp)");
     origin.bad_fields.insert("train.global_batch");
-    return;
+    return false;
   }
-  if (t.micro_batch < 1 || p.dp < 1) return;  // reported by validate_spec
+  if (t.micro_batch < 1 || dp < 1) return false;  // reported by validate_spec
   if (t.grad_accum_auto && t.global_batch == 0) {
     problems.error(origin.where("train.grad_accum"),
                    "train.grad_accum = auto needs train.global_batch (sequences per step) to "
                    "derive it from; set train.global_batch, e.g. " +
-                       str(1LL * t.micro_batch * p.dp) + ", or give grad_accum a number");
+                       str(1LL * t.micro_batch * dp) + ", or give grad_accum a number");
     origin.bad_fields.insert("train.grad_accum");
-    return;
+    return false;
   }
   if (t.grad_accum_auto) {
     std::string why;
-    t.grad_accum = auto_grad_accum(t.global_batch, t.micro_batch, p.dp, &why);
-    if (t.grad_accum == 0) {
-      problems.error(origin.where("train.global_batch"), why);
-      origin.bad_fields.insert("train.grad_accum");
-      return;
-    }
-  } else if (t.global_batch > 0 && s.global_batch() != t.global_batch) {
-    problems.error(origin.where("train.global_batch"),
-                   "train.global_batch = " + str(t.global_batch) + " but train.micro_batch(" +
-                       str(t.micro_batch) + ") x train.grad_accum(" + str(t.grad_accum) +
-                       ") x parallel.dp(" + str(p.dp) + ") = " + str(s.global_batch()) +
-                       "; set train.grad_accum: auto to derive it, or drop train.global_batch");
-    return;
+    t.grad_accum = auto_grad_accum(t.global_batch, t.micro_batch, dp, &why);
+    if (t.grad_accum > 0) return true;
+    problems.error(origin.where("train.global_batch"), why);
+    origin.bad_fields.insert("train.grad_accum");
+    return false;
   }
-  if (!elastic || !cluster_ok) return;
-  // Smaller rounds of an elastic range: the sizes the rendezvous would refuse.
+  if (t.global_batch == 0 || s.global_batch() == t.global_batch) return true;
+  problems.error(origin.where("train.global_batch"),
+                 "train.global_batch = " + str(t.global_batch) + " but train.micro_batch(" +
+                     str(t.micro_batch) + ") x train.grad_accum(" + str(t.grad_accum) +
+                     ") x parallel.dp(" + str(dp) + ") = " + str(s.global_batch()) +
+                     "; set train.grad_accum: auto to derive it, or drop train.global_batch");
+  return false;
+}
+
+// The smaller rounds of an elastic range: the sizes the rendezvous would
+// refuse, and a global batch that follows the nodes.
+void warn_elastic_sizes(const JobSpec& s, Problems& problems) {
+  const ClusterSpec& c = s.cluster;
+  const TrainSpec& t = s.train;
+  const std::string range = "cluster.nodes = " + str(c.nodes_min) + ":" + str(c.nodes_max);
   std::string refused;
+  int listed = 0;
   for (int n = c.nodes_min; n < c.nodes_max; ++n) {
-    const int dp = dp_of(n, c.procs_per_node, p.tp, p.pp);
+    const int dp = dp_of(n, c.procs_per_node, s.parallel.tp, s.parallel.pp);
     if (dp > 0 && (!t.grad_accum_auto || auto_grad_accum(t.global_batch, t.micro_batch, dp, nullptr) > 0))
       continue;
+    if (++listed > 8) {
+      refused += ", ...";
+      break;
+    }
     refused += (refused.empty() ? "" : ", ") + str(n) +
                (dp == 0 ? " (world not a multiple of tp x pp)" : " (dp " + str(dp) + ")");
   }
   if (!refused.empty())
-    problems.warn("cluster.nodes = " + str(c.nodes_min) + ":" + str(c.nodes_max) +
-                  ": a round of " + refused + " node(s) cannot keep this mesh" +
+    problems.warn(range + ": a round of " + refused + " node(s) cannot keep this mesh" +
                   (t.grad_accum_auto ? " and train.global_batch = " + str(t.global_batch) : "") +
                   " and would be refused when it forms");
   if (!t.grad_accum_auto)
-    problems.warn("cluster.nodes = " + str(c.nodes_min) + ":" + str(c.nodes_max) +
-                  " with train.grad_accum = " + str(t.grad_accum) +
+    problems.warn(range + " with train.grad_accum = " + str(t.grad_accum) +
                   ": dp follows the nodes of each round, and so does the global batch "
                   "(micro_batch x grad_accum x dp); set train.global_batch and "
                   "train.grad_accum: auto to keep it, and the loss curve, across rounds");
+}
+
+}  // namespace
+
+void resolve_auto_fields(SpecOrigin& origin, JobSpec& s, Problems& problems) {
+  const bool cluster_ok = cluster_known(origin, s);
+  if (s.parallel.dp_auto && cluster_ok) resolve_dp(origin, s, problems);
+  if (origin.any_bad({"train.global_batch", "train.grad_accum", "train.micro_batch", "parallel.dp"}) ||
+      !resolve_grad_accum(origin, s, problems))
+    return;
+  if (cluster_ok && s.cluster.nodes_min < s.cluster.nodes_max) warn_elastic_sizes(s, problems);
 }
 
 }  // namespace detail
