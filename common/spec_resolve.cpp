@@ -151,8 +151,10 @@ void warn_elastic_sizes(const JobSpec& s, Problems& problems) {
   int listed = 0;
   for (int n = c.nodes_min; n < c.nodes_max; ++n) {
     const int dp = dp_of(n, c.procs_per_node, s.parallel.tp, s.parallel.pp);
-    if (dp > 0 && (!t.grad_accum_auto || auto_grad_accum(t.global_batch, t.micro_batch, dp, nullptr) > 0))
-      continue;
+    const bool keeps = t.global_batch == 0 ||
+                       (t.grad_accum_auto ? auto_grad_accum(t.global_batch, t.micro_batch, dp, nullptr) > 0
+                                          : 1LL * t.micro_batch * t.grad_accum * dp == t.global_batch);
+    if (dp > 0 && keeps) continue;
     if (++listed > 8) {
       refused += ", ...";
       break;
@@ -162,9 +164,9 @@ void warn_elastic_sizes(const JobSpec& s, Problems& problems) {
   }
   if (!refused.empty())
     problems.warn(range + ": a round of " + refused + " node(s) cannot keep this mesh" +
-                  (t.grad_accum_auto ? " and train.global_batch = " + str(t.global_batch) : "") +
+                  (t.global_batch > 0 ? " and train.global_batch = " + str(t.global_batch) : "") +
                   " and would be refused when it forms");
-  if (!t.grad_accum_auto)
+  if (!t.grad_accum_auto && t.global_batch == 0)
     problems.warn(range + " with train.grad_accum = " + str(t.grad_accum) +
                   ": dp follows the nodes of each round, and so does the global batch "
                   "(micro_batch x grad_accum x dp); set train.global_batch and "

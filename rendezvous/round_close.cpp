@@ -92,12 +92,21 @@ Mesh RoundState::mesh_for(const Cluster& cluster) const {
   return checked_global_batch(mesh);
 }
 
-// grad_accum: auto keeps the global batch at every round's dp, or refuses the round.
+// train.global_batch holds at every round's dp (grad_accum auto re-derives
+// it), or the round is refused.
 Mesh RoundState::checked_global_batch(const Mesh& mesh) const {
+  const int gbs = options_.global_batch;
+  if (gbs <= 0) return mesh;
   std::string why;
-  if (options_.grad_accum_auto &&
-      auto_grad_accum(options_.global_batch, options_.micro_batch, mesh.dp, &why) == 0)
+  if (options_.grad_accum_auto && auto_grad_accum(gbs, options_.micro_batch, mesh.dp, &why) == 0)
     throw Error(ErrorCode::config, why, "choose a train.global_batch that every round's dp divides");
+  const long long fixed = 1LL * options_.micro_batch * options_.grad_accum * mesh.dp;
+  if (!options_.grad_accum_auto && fixed != gbs)
+    throw Error(ErrorCode::config,
+                "train.micro_batch(" + std::to_string(options_.micro_batch) + ") x train.grad_accum(" +
+                    std::to_string(options_.grad_accum) + ") x dp(" + std::to_string(mesh.dp) + ") = " +
+                    std::to_string(fixed) + " != train.global_batch(" + std::to_string(gbs) + ")",
+                "set train.grad_accum: auto so that every round keeps the global batch");
   return mesh;
 }
 

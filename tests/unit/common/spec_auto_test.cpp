@@ -130,6 +130,11 @@ TEST_CASE("spec auto: elastic sizes that cannot keep the global batch are warned
                            "parallel.dp(2) = 4"));
   }
   CHECK(threw);
+  // A fixed grad_accum with train.global_batch: smaller rounds would change it.
+  warnings.clear();
+  parse_job_spec(kElastic, "t.yaml", {"train.grad_accum=2"}, &warnings);
+  REQUIRE(warnings.size() == 1);
+  CHECK(has(warnings[0], "a round of 2 (dp 2) node(s) cannot keep this mesh and train.global_batch = 12"));
   // Elastic with a fixed grad_accum: the global batch follows the nodes (warned).
   warnings.clear();
   parse_job_spec("cluster: {nodes: \"1:2\"}\nparallel: {dp: 2}\n", "t.yaml", {}, &warnings);

@@ -104,3 +104,19 @@ TEST_CASE("elastic round: grad_accum auto refuses a round whose dp does not divi
   REQUIRE(out[0].closed);
   CHECK(out[0].closed->placement.mesh.dp == 2);
 }
+
+TEST_CASE("elastic round: a fixed grad_accum with train.global_batch refuses a round that changes it") {
+  ServerOptions o = elastic_options(12);
+  o.grad_accum_auto = false;
+  o.grad_accum = 2;  // 2 x 2 x 3 = 12 on 3 nodes; 8 on 2
+  RoundState s(o);
+  TimePoint t{};
+  CHECK_FALSE(s.join(node("n0", 0), 1, t, TimePoint::max()));
+  CHECK_FALSE(s.join(node("n1", 1), 2, t, TimePoint::max()));
+  auto out = s.poll(t + milliseconds(1000));
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].refusal.kind == RefusalKind::precondition);
+  CHECK(out[0].refusal.message.find("train.micro_batch(2) x train.grad_accum(2) x dp(2) = 8 != "
+                                    "train.global_batch(12) (fix: set train.grad_accum: auto") !=
+        std::string::npos);
+}
