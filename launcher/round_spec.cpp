@@ -1,4 +1,5 @@
-// write_round_spec (see round_spec.h).
+// write_round_spec (see round_spec.h): the round's spec from spec_for_round,
+// written and announced; deciding the round's mesh is the rendezvous' job.
 #include "launcher/round_spec.h"
 
 #include "common/log.h"

@@ -1,9 +1,8 @@
-// Elastic shrink on test hosts (scripts/testhosts): cluster.nodes "2:3",
-// parallel.dp auto and train.grad_accum auto with a fixed train.global_batch.
-// A host's link is cut mid-run; the survivors name it, re-form on 2 nodes and
-// finish from the last checkpoint with the same global batch, which a plain
-// 2-host run resumed from that checkpoint must match. A node that comes back
-// is admitted at the next round. Cases skip, saying why, without namespaces.
+// Elastic shrink on test hosts (scripts/testhosts): nodes "2:3", dp and
+// grad_accum auto with a fixed train.global_batch. A cut host is named, the
+// survivors re-form on 2 and finish from the last checkpoint, matching a plain
+// 2-host run resumed from it; a node that comes back joins the next round.
+// Cases skip, saying why, without namespaces; no process outlives a case.
 #include <doctest/doctest.h>
 
 #include <chrono>
