@@ -10,10 +10,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -333,18 +331,6 @@ int Agent::restart_or_fail(int restart) {
   leave(false);
   int code = first.exit.shell_code();
   return code != 0 ? code : 1;
-}
-
-std::string Agent::settled_failure() const {
-  // The failures of one round reach the rendezvous within moments of each
-  // other, not always in the order they happened: give the others a moment.
-  const double settle = std::clamp(spec_.cluster.rendezvous.heartbeat_s, 0.5, 2.0);
-  std::this_thread::sleep_for(std::chrono::duration<double>(settle));
-  try {
-    return client_.status().failure;
-  } catch (const Error&) {
-    return "";
-  }
 }
 
 void Agent::print_remote_root_cause(int restart) const {
