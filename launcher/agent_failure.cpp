@@ -13,7 +13,7 @@ namespace dtrain::launcher {
 std::string Agent::settled_failure() const {
   // The failures of one round reach the rendezvous within moments of each
   // other, not always in the order they happened: give the others a moment.
-  const double settle = std::clamp(spec_.cluster.rendezvous.heartbeat_s, 0.5, 2.0);
+  const double settle = std::clamp(spec_.cluster.rendezvous.heartbeat_s, 1.0, 2.0);
   std::this_thread::sleep_for(std::chrono::duration<double>(settle));
   try {
     return client_.status().failure;
