@@ -147,6 +147,8 @@ struct CheckpointSpec {
 //                      until the launcher is told to stop
 //   slow               rank `rank` sleeps `ms` milliseconds inside every step
 //                      from step `step` on (a straggler)
+//   raise              rank `rank` throws an exception inside step `step`: the
+//                      worker's error file and the root-cause block name it
 //   crash_during_save  rank `rank` SIGKILLs itself halfway through writing its
 //                      shard of the checkpoint of step `step` (0: the first save)
 //   no_grad_sync       every DDP rank trains on its own gradient (the

@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/collective_trace.h"
+#include "launcher/failure_origin.h"
 #include "launcher/root_cause.h"
 #include "launcher/round_spec.h"
 #include "launcher/worker_env.h"
@@ -70,6 +71,7 @@ Agent::Agent(const JobSpec& spec, AgentConfig config, rendezvous::RendezvousClie
 Agent::~Agent() {
   heartbeat_.reset();
   procs_.reset();  // SIGKILLs and reaps anything left (only on an exception path)
+  watch_.reset();  // after procs_: tells the watcher to quit
   relay_.reset();
 }
 
@@ -179,7 +181,8 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   group_.world = a.world;
   first_failure_.reset();
   relay_ = std::make_unique<SignalRelay>();
-  procs_ = std::make_unique<ProcessGroup>(relay_->fd());
+  if (!watch_) watch_ = WorkerWatch::start(spec_.cluster.grace_s);
+  procs_ = std::make_unique<ProcessGroup>(relay_->fd(), watch_.get());
 
   WorkerEnvInputs in;
   in.base = current_environment();
@@ -257,11 +260,20 @@ void Agent::record_exit(const ExitEvent& event, bool stopping) {
   Worker& w = group_.workers[event.index];
   w.exit = event.status;
   w.ended = event.when;
-  if (stopping) {
+  if (stopping && !event.status.success()) w.error_file_text = read_error_file(w.spec.error_file);
+  if (stopping && !(first_failure_ && !w.error_file_text.empty() &&
+                    failure_time(w) < failure_time(*first_failure_))) {
     w.state = WorkerState::STOPPED;
     // Says whether it ended on its own (exit code) or by SIGKILL after grace_s.
     DTRAIN_INFO("rank {} (local rank {}, pid {}) stopped: {}", w.rank, w.local_rank, w.pid,
                 w.exit.describe());
+  } else if (stopping) {
+    // It had failed before the failure that made the agent stop it (which
+    // was that failure's consequence): it is the root cause.
+    w.state = WorkerState::FAILED;
+    DTRAIN_ERROR("rank {} (local rank {}, pid {}) had failed first: {}", w.rank, w.local_rank,
+                 w.pid, w.exit.describe());
+    first_failure_ = w;
   } else if (event.status.success()) {
     w.state = WorkerState::SUCCEEDED;
   } else {
@@ -269,7 +281,7 @@ void Agent::record_exit(const ExitEvent& event, bool stopping) {
     w.error_file_text = read_error_file(w.spec.error_file);
     DTRAIN_ERROR("rank {} (local rank {}, pid {}) failed: {}", w.rank, w.local_rank, w.pid,
                  w.exit.describe());
-    if (!first_failure_) first_failure_ = w;
+    if (!first_failure_ || failure_time(w) < failure_time(*first_failure_)) first_failure_ = w;
   }
 }
 
@@ -331,15 +343,28 @@ int Agent::restart_or_fail(int restart) {
   cause.restarts_used = restart;
   cause.max_restarts = spec_.cluster.max_restarts;
   cause.worker = first;
-  std::cerr << cause.to_text() << std::flush;
+  // Another node's failure may have come first (and broken this node's
+  // collectives): the rendezvous keeps the earliest, and every node prints it.
+  const std::string earlier = settled_failure();
+  if (!earlier.empty() && !failure_is_ours(earlier, config_.node_id, first.rank)) {
+    print_remote_root_cause(restart + 1, earlier);
+    DTRAIN_ERROR("this node's rank {} failed after it: {}", first.rank, first.exit.describe());
+  } else {
+    std::cerr << cause.to_text() << std::flush;
+  }
   leave(false);
   int code = first.exit.shell_code();
   return code != 0 ? code : 1;
 }
 
 void Agent::print_remote_root_cause(int restart) const {
+  const std::string settled = settled_failure();
+  print_remote_root_cause(restart, settled.empty() ? remote_failure_ : settled);
+}
+
+void Agent::print_remote_root_cause(int restart, const std::string& failure) const {
   const std::string rule(72, '=');
-  std::string text = remote_failure_.empty() ? "the job failed on another node" : remote_failure_;
+  std::string text = failure.empty() ? "the job failed on another node" : failure;
   std::string indented;
   size_t from = 0;
   while (from <= text.size()) {
@@ -367,7 +392,8 @@ void Agent::report_failure(const Worker& worker) {
   report.local_rank = worker.local_rank;
   report.exit_code = worker.exit.exit_code;
   report.signal = worker.exit.signal;
-  if (!worker.error_file_text.empty()) report.message = error_file_message(worker.error_file_text);
+  report.failed_at = failure_time(worker);
+  if (!worker.error_file_text.empty()) report.message = error_file_report(worker.error_file_text);
   try {
     client_.report_failure(report);
   } catch (const Error& e) {

@@ -68,11 +68,15 @@ class Agent {
   // Restarts used up after another node's (or a hang's) failure: the root
   // cause the rendezvous gave, printed on this node too.
   void print_remote_root_cause(int restart) const;
+  void print_remote_root_cause(int restart, const std::string& failure) const;
+  // The rendezvous' root cause of the round, after a short settling pause.
+  std::string settled_failure() const;
 
   const JobSpec& spec_;
   AgentConfig config_;
   rendezvous::RendezvousClient& client_;
   std::unique_ptr<SignalRelay> relay_;
+  std::unique_ptr<WorkerWatch> watch_;  // stops the workers if this agent dies; outlives procs_
   std::unique_ptr<ProcessGroup> procs_;
   std::unique_ptr<Heartbeat> heartbeat_;
   WorkerGroup group_;

@@ -103,6 +103,11 @@ class RoundState {
   // slow rank's set-up) is never taken for a hang.
   bool all_started_ = false;
   std::string failure_;  // why the last failed round ended
+  // The worker failure failure_ reports: its round and time. A later report
+  // of the same round with an earlier time replaces it (a peer that broke on
+  // the first failure often reports first).
+  uint64_t failure_round_ = 0;
+  double failure_at_ = 0;
 
   ServerOptions options_;
   uint64_t round_ = 1;
