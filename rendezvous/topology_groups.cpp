@@ -91,7 +91,8 @@ LinkTier group_tier(const std::vector<int>& ranks, const std::vector<Slot>& slot
 //       combine, forward and backward) of micro_batch * seq_len / tp * top_k
 //       rows (the rank's token share) of d_model elements, (n-1)/n of them
 //       to other ranks when the routing is uniform, plus the forward's count
-//       exchange of (E - E/n) * 8 bytes.
+//       exchange of (E - E/n) * 8 bytes; once a step, the experts' fp64
+//       squared grad norm (8 bytes) all-reduced for clipping.
 //       The engine's ep_bytes_sent follows the actual routing.
 uint64_t group_bytes(const std::string& axis, int n, int stage, const Mesh& m, const TrafficModel& t) {
   auto all_reduce = [n](uint64_t x) { return x * 2 * static_cast<uint64_t>(n - 1) / n; };
@@ -125,7 +126,7 @@ uint64_t group_bytes(const std::string& axis, int n, int stage, const Mesh& m, c
     const uint64_t share = act / static_cast<uint64_t>(m.tp);  // this rank's tokens under TP
     const uint64_t rows = share * static_cast<uint64_t>(t.top_k) * static_cast<uint64_t>(n - 1) / n;
     const uint64_t counts = static_cast<uint64_t>(t.experts - t.experts / n) * 8;
-    return micro * static_cast<uint64_t>(t.moe_layers) * (4 * rows + counts);
+    return micro * static_cast<uint64_t>(t.moe_layers) * (4 * rows + counts) + all_reduce(8);
   }
   return 0;
 }

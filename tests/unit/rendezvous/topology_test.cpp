@@ -392,8 +392,9 @@ TEST_CASE("traffic: MoE blocks under tp all-gather the token shares; ep sends th
   }
   const uint64_t act = 8 * 32 * 32 * 4, share = act / 2;
   CHECK(tp == (2 * 2 + 2 + 2) * act + (2 * share + share) + 3 * 1024 + 8);
-  // ep: 4 all-to-alls of the share's top_k rows, half of them to the other rank, and the counts.
-  CHECK(ep == 4 * share * 2 / 2 + (4 - 2) * 8);
+  // ep: 4 all-to-alls of the share's top_k rows, half of them to the other
+  // rank, the counts, and the experts' norm all-reduce for clipping.
+  CHECK(ep == 4 * share * 2 / 2 + (4 - 2) * 8 + 8);
 }
 
 TEST_CASE("renderings: JSON schema, text table, SVG") {
