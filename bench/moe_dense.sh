@@ -7,13 +7,16 @@
 # matmul FLOPs (and hold its weights); MoE adds the router (E * d_model) and
 # k - 1 output biases. Reported: the LM loss at the last step and averaged
 # over the last 10% of steps (the logged loss minus moe_aux_loss), the steady
-# tokens/s (mean after the first 10% of steps) and both as ratios to dense,
-# measured in the same session, with the load average beside them.
-#   [STEPS=300] [D_MODEL=64 LAYERS=2 SEQ=64 MB=16] bench/moe_dense.sh -> bench/results/moe_dense.txt
+# tokens/s (the median over the steps after the first 10%) and both as
+# ratios to dense. The machine is shared: ROUNDS rounds run the five models
+# in turn, each round's ratios against that round's dense run, reported as
+# their median and range, with the load average beside them (the losses are
+# deterministic: every round must repeat them exactly).
+#   [STEPS=300] [ROUNDS=2] [D_MODEL=64 LAYERS=2 SEQ=64 MB=16] bench/moe_dense.sh -> bench/results/moe_dense.txt
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
-STEPS="${STEPS:-300}" D_MODEL="${D_MODEL:-64}" LAYERS="${LAYERS:-2}" SEQ="${SEQ:-64}" MB="${MB:-16}"
+STEPS="${STEPS:-300}" ROUNDS="${ROUNDS:-2}" D_MODEL="${D_MODEL:-64}" LAYERS="${LAYERS:-2}" SEQ="${SEQ:-64}" MB="${MB:-16}"
 OUT="${OUT:-$ROOT/bench/results/moe_dense.txt}"
 PY="${DTRAIN_VENV:-$HOME/.cache/dtrain/torch-2.15.0}/bin/python"
 cd "$ROOT"
@@ -31,34 +34,38 @@ run() {  # $1 = name, then --set pairs
     --set train.micro_batch="$MB" --set train.steps="$STEPS" --set log.every=1 --set log.dir="$tmp/$name" \
     --set checkpoint.dir='""' "$@" >"$tmp/$name.log" 2>&1 ||
     { cat "$tmp/$name.log" >&2; echo "moe_dense: $name failed" >&2; exit 1; }
-  echo "$name done ($(cut -d' ' -f1 /proc/loadavg))" >&2
+  cut -d' ' -f1 /proc/loadavg >"$tmp/$name.load"  # the 1-minute load as the run ends
+  echo "$name done (load $(cat "$tmp/$name.load"))" >&2
 }
 moe() {  # $1 = experts, $2 = top_k
-  run "moe_e$1_k$2" --set model.moe.experts="$1" --set model.moe.top_k="$2" --set model.moe.every=1 \
+  run "${R}_moe_e$1_k$2" --set model.moe.experts="$1" --set model.moe.top_k="$2" --set model.moe.every=1 \
     --set model.moe.d_ff=$((4 * D_MODEL / $2))
 }
 LOAD0="$(cut -d' ' -f1-3 /proc/loadavg)"
-run dense --set model.moe.experts=0
-moe 4 1
-moe 4 2
-moe 8 1
-moe 8 2
-CMD="STEPS=$STEPS D_MODEL=$D_MODEL LAYERS=$LAYERS SEQ=$SEQ MB=$MB bench/moe_dense.sh"
-"$PY" - "$tmp" "$OUT" "$CMD" "$LOAD0" "$D_MODEL $LAYERS $SEQ $MB $STEPS" <<'PYEOF'
-import json, os, sys, time
+for round in $(seq 1 "$ROUNDS"); do
+  R="r$round"
+  run "${R}_dense" --set model.moe.experts=0
+  moe 4 1
+  moe 4 2
+  moe 8 1
+  moe 8 2
+done
+CMD="STEPS=$STEPS ROUNDS=$ROUNDS D_MODEL=$D_MODEL LAYERS=$LAYERS SEQ=$SEQ MB=$MB bench/moe_dense.sh"
+"$PY" - "$tmp" "$OUT" "$CMD" "$LOAD0" "$D_MODEL $LAYERS $SEQ $MB $STEPS $ROUNDS" <<'PYEOF'
+import json, os, statistics, sys, time
 tmp, out_path, cmd, load0 = sys.argv[1:5]
-C, L, T, mb, steps = (int(x) for x in sys.argv[5].split())
+C, L, T, mb, steps, rounds = (int(x) for x in sys.argv[5].split())
 def load(name):
     return [json.loads(l) for l in open(os.path.join(tmp, name, "metrics.jsonl")) if l.strip()]
 names = ["dense", "moe_e4_k1", "moe_e4_k2", "moe_e8_k1", "moe_e8_k2"]
-runs = {n: load(n) for n in names}
+R = [f"r{i}" for i in range(1, rounds + 1)]
+runs = {(r, n): load(f"{r}_{n}") for r in R for n in names}
 def lm(r):  # the logged loss includes the MoE aux loss
     return r["loss"] - r.get("moe_aux_loss", 0.0)
 def tail(recs):
     return recs[-max(1, len(recs) // 10):]
 def steady_tps(recs):
-    xs = [r["tokens_per_s"] for r in recs[max(1, len(recs) // 10):] if "tokens_per_s" in r]
-    return sum(xs) / len(xs)
+    return statistics.median(r["tokens_per_s"] for r in recs[max(1, len(recs) // 10):] if "tokens_per_s" in r)
 def active(E, k):  # per token, per block: the MLP (or k experts and the router), the rest equal
     dense = 8 * C * C + 5 * C
     if E == 0: return dense
@@ -69,24 +76,32 @@ say = lambda x="": (lines.append(x), print(x))
 say(f"# bench/moe_dense.sh: dense vs MoE at matched active parameters, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}")
 say(f"# GPT layers {L} (every block MoE) d_model {C} heads 4 seq_len {T}, micro_batch {mb}, {steps} steps, lr 1e-3, "
     f"fp32, data/corpus.txt; 1 worker (dp 1, ep 1), {os.cpu_count()} cores shared with other jobs")
-say(f"# expert d_ff = 4 * d_model / top_k: top-1 {4 * C}, top-2 {4 * C // 2}; capacity_factor 1.25, aux_loss_coef 0.01")
-say(f"# lm_loss = loss - moe_aux_loss; last10% = mean over the last {len(tail(runs['dense']))} steps; "
-    f"tok/s = mean after the first 10% of steps")
+say(f"# expert d_ff = 4 * d_model / top_k: top-1 {4 * C}, top-2 {4 * C // 2}; capacity_factor 1.25, aux_loss_coef 0.01; "
+    f"active/blk = one block's MLP (or router + k experts) parameters a token uses")
+say(f"# lm_loss = loss - moe_aux_loss at step {steps}; last10% = its mean over the last {len(tail(runs[(R[0], 'dense')]))} "
+    f"steps; dropped, max_load: means over the last 10%")
+say(f"# tok/s = median over the steps after the first 10%, per round; ratio = vs that round's dense; "
+    f"{rounds} round(s): median [min..max]; load_avg: 1-minute load average as each round's run ended")
 say(f"# load average at start: {load0}, at end: {' '.join(open('/proc/loadavg').read().split()[:3])}")
 say(f"# reproduce: {cmd}")
-base = runs["dense"]
-b_last = sum(lm(r) for r in tail(base)) / len(tail(base))
-say(f"{'run':<10} {'E':>2} {'k':>2} {'active/blk':>10} {'lm_loss':>8} {'last10%':>8} {'vs_dense':>8} "
-    f"{'tok/s':>8} {'tok/s_ratio':>11} {'dropped':>8} {'max_load':>8}")
+same = all([lm(x) for x in runs[(r, n)]] == [lm(x) for x in runs[(R[0], n)]] for r in R for n in names)
+say(f"# losses identical in every round: {'yes' if same else 'NO'}")
+b_last = sum(lm(x) for x in tail(runs[(R[0], 'dense')])) / len(tail(runs[(R[0], 'dense')]))
+say(f"{'run':<10} {'E':>2} {'k':>2} {'active/blk':>10} {'lm_loss':>8} {'last10%':>8} {'vs_dense':>8} {'dropped':>8} "
+    f"{'max_load':>8} {'tok/s':>8} {'tok/s_ratio [range]':>22} {'load_avg':>12}")
 for n in names:
-    recs = runs[n]
+    recs = runs[(R[0], n)]
     E = 0 if n == "dense" else int(n.split("_")[1][1:])
     k = 1 if n == "dense" else int(n.split("_")[2][1:])
-    last = sum(lm(r) for r in tail(recs)) / len(tail(recs))
-    drop = sum(r.get("moe_dropped", 0.0) for r in tail(recs)) / len(tail(recs))
-    ml = sum(r.get("moe_max_load", 0.0) for r in tail(recs)) / len(tail(recs))
+    last = sum(lm(x) for x in tail(recs)) / len(tail(recs))
+    drop = sum(x.get("moe_dropped", 0.0) for x in tail(recs)) / len(tail(recs))
+    ml = sum(x.get("moe_max_load", 0.0) for x in tail(recs)) / len(tail(recs))
+    tps = [steady_tps(runs[(r, n)]) for r in R]
+    ratios = [steady_tps(runs[(r, n)]) / steady_tps(runs[(r, "dense")]) for r in R]
+    loads = "/".join(open(os.path.join(tmp, f"{r}_{n}.load")).read().strip() for r in R)
+    rr = f"{statistics.median(ratios):.3f} [{min(ratios):.3f}..{max(ratios):.3f}]"
     say(f"{n:<10} {E:>2} {k:>2} {active(E, k):>10} {lm(recs[-1]):>8.4f} {last:>8.4f} {last / b_last:>8.4f} "
-        f"{steady_tps(recs):>8.0f} {steady_tps(recs) / steady_tps(base):>11.3f} {drop:>8.4f} {ml:>8.3f}")
+        f"{drop:>8.4f} {ml:>8.3f} {statistics.median(tps):>8.0f} {rr:>22} {loads:>12}")
 open(out_path, "w").write("\n".join(lines) + "\n")
 print(f"wrote {out_path}")
 PYEOF
