@@ -27,10 +27,9 @@ void check_supported(const JobSpec& spec) {
   if (spec.parallel.pp > 1 && spec.parallel.zero == 3)
     problems.push_back("parallel.zero = 3 with parallel.pp = " + std::to_string(spec.parallel.pp) +
                        " is not implemented yet; use zero 0, 1 or 2 with pp");
-  if (spec.model.moe.experts > 0 && (spec.parallel.pp > 1 || spec.parallel.zero == 3))
+  if (spec.model.moe.experts > 0 && spec.parallel.pp > 1)
     problems.push_back("model.moe.experts = " + std::to_string(spec.model.moe.experts) + " with parallel.pp = " +
-                       std::to_string(spec.parallel.pp) + ", zero = " + std::to_string(spec.parallel.zero) +
-                       ": mixture of experts runs with pp 1 and zero 0, 1 or 2 for now");
+                       std::to_string(spec.parallel.pp) + ": mixture of experts runs with pp 1 for now");
   // Under TP each rank of the tp group dispatches 1/tp of a micro-batch's
   // tokens (they are the same on every TP rank without sequence parallelism).
   if (spec.model.moe.experts > 0 && spec.parallel.tp > 1 && spec.parallel.sequence_parallel)

@@ -2,7 +2,7 @@
 // of the same MoE model (tests/support/parity.h: every step's loss and grad
 // norm within 1e-5 relative, the merged final parameters within 1e-5) for
 // ep 2 and ep 4 at dp 4 and ep 2 at dp 2 x tp 2, with a capacity that drops nothing and with
-// capacity 1.0 where tokens drop, under DDP and ZeRO-1; a negative control
+// capacity 1.0 where tokens drop, under DDP, ZeRO-1 and ZeRO-3; a negative control
 // (every rank on its own gradients, the experts' included); an ep 2
 // checkpoint resumed at ep 1 and ep 4; the MoE metrics; bad moe fields
 // refused before any worker.
@@ -64,7 +64,7 @@ TEST_CASE("moe parity: ep 2 and ep 4 at dp 4, no drops (capacity_factor 4)") {
   }
 }
 
-TEST_CASE("moe parity: capacity 1.0 drops tokens; ep 2 (with a negative control), ep 4, ep 2 with ZeRO-1") {
+TEST_CASE("moe parity: capacity 1.0 drops tokens; ep 2 (with a negative control), ep 4, ep 2 with ZeRO-1 and ZeRO-3") {
   const RunResult& ref = reference(1.0);
   const double dropped = max_of(read_metric(metrics("ref_cf1"), "moe_dropped"));
   MESSAGE("capacity_factor 1.0: up to " << dropped * 100 << "% of the assignments of a step dropped");
@@ -81,6 +81,9 @@ TEST_CASE("moe parity: capacity 1.0 drops tokens; ep 2 (with a negative control)
           &control, ref);
   compare("ep4_cf1 vs 1 process", cached("ep4_cf1", layout(4, 1.0)), nullptr, ref);
   compare("ep2_cf1_zero1 vs 1 process", cached("ep2_cf1_zero1", with(layout(2, 1.0), {"parallel.zero=1"})), nullptr,
+          ref);
+  // ZeRO-3 shards and gathers the dense units; the experts stay whole on their ep rank.
+  compare("ep2_cf1_zero3 vs 1 process", cached("ep2_cf1_zero3", with(layout(2, 1.0), {"parallel.zero=3"})), nullptr,
           ref);
   // The step's figures, over the global batch, the same in every layout.
   for (const char* key : {"moe_aux_loss", "moe_max_load", "moe_dropped"}) {
