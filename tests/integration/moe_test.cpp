@@ -170,7 +170,7 @@ TEST_CASE("moe checkpoint: an ep 2 checkpoint resumes at ep 1 and at ep 4 within
   }
 }
 
-TEST_CASE("bad moe: ep with a dense model, experts % ep, top_k > experts exit 2 naming the field") {
+TEST_CASE("bad moe: ep with a dense model, experts % ep, top_k > experts, tp with sp exit 2 naming the field") {
   auto [code, output] = launch_raw("ep2_dense", with(layout(2, 1.0), {"model.moe.experts=0"}));
   INFO(output);
   CHECK(code == 2);
@@ -183,4 +183,17 @@ TEST_CASE("bad moe: ep with a dense model, experts % ep, top_k > experts exit 2 
   INFO(output3);
   CHECK(code3 == 2);
   CHECK(output3.find("model.moe.top_k = 5: must be in [1, model.moe.experts = 4]") != std::string::npos);
+  // Under tp: sequence parallelism, and a micro-batch whose tokens do not split over tp.
+  auto [code4, output4] =
+      launch_raw("tp2_sp", with(kMoe, {"cluster.procs_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true"}));
+  INFO(output4);
+  CHECK(code4 == 2);
+  CHECK(output4.find("with parallel.sequence_parallel is not implemented yet") != std::string::npos);
+  auto [code5, output5] =
+      launch_raw("tp2_33", with(kMoe, {"cluster.procs_per_node=2", "parallel.tp=2", "train.micro_batch=1",
+                                       "model.seq_len=33"}));
+  INFO(output5);
+  CHECK(code5 == 2);
+  CHECK(output5.find("train.micro_batch * model.seq_len = 33 tokens do not split over parallel.tp = 2") !=
+        std::string::npos);
 }
