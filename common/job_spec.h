@@ -85,6 +85,7 @@ struct MoeSpec {
   int every = 1;
   std::string balance = "aux";  // aux | bias
   double bias_rate = 0.001;     // balance bias: the step of the bias per optimizer step
+  int d_ff = 0;                 // an expert MLP's hidden width; 0 = 4 * d_model (the dense MLP's)
 };
 
 struct ModelSpec {

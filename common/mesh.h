@@ -2,7 +2,10 @@
 // The one definition shared by placement (rendezvous/), which maps ranks to
 // devices, and the engine, which builds one process group per axis from it.
 // Order, innermost first: TP, then DP, then PP (Megatron's order). EP groups
-// are consecutive runs of `ep` ranks among the dp*tp ranks of one stage.
+// are consecutive runs of `ep` ranks among the dp*tp ranks of one stage
+// (Megatron-Core's expert layout with expert TP 1): with tp > 1 a group holds
+// TP ranks, which hold the same tokens and each dispatch their share of them
+// (engine/model/moe.h), so every group's ranks send different tokens.
 #pragma once
 
 #include <string>

@@ -65,6 +65,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("model.moe.every", model.moe.every),
       DTRAIN_FIELD("model.moe.balance", model.moe.balance),
       DTRAIN_FIELD("model.moe.bias_rate", model.moe.bias_rate),
+      DTRAIN_FIELD("model.moe.d_ff", model.moe.d_ff),
       DTRAIN_FIELD("model.attention", model.attention),
       DTRAIN_FIELD("train.steps", train.steps),
       DTRAIN_FIELD("train.micro_batch", train.micro_batch),

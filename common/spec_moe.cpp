@@ -1,5 +1,6 @@
 // The job spec's mixture-of-experts rules (model.moe and its relations to
-// parallel.ep): ranges, the balance enum, experts % ep, top_k <= experts.
+// parallel.ep): ranges, the balance enum, experts % ep, top_k <= experts,
+// the experts' hidden width.
 // Problems are collected like the rest of validate_spec; nothing throws.
 // What the engine can run with MoE (tp, pp) is the engine's check.
 #include <string>
@@ -44,6 +45,9 @@ void validate_moe(const JobSpec& s, const SpecOrigin& origin, Problems& problems
   if (!bad({"model.moe.balance"}) && m.balance != "aux" && m.balance != "bias")
     error("model.moe.balance", "model.moe.balance = " + (m.balance.empty() ? std::string("\"\"") : m.balance) +
                                    ": must be aux or bias" + did_you_mean(m.balance, {"aux", "bias"}));
+  if (!bad({"model.moe.d_ff"}) && m.d_ff < 0)
+    error("model.moe.d_ff", "model.moe.d_ff = " + std::to_string(m.d_ff) + ": must be >= 0 (0: 4 * model.d_model = " +
+                                std::to_string(4 * s.model.d_model) + ", the dense MLP's width)");
   if (!bad({"model.moe.bias_rate"}) && !(m.bias_rate >= 0.0))
     error("model.moe.bias_rate", "model.moe.bias_rate = " + format_double(m.bias_rate) +
                                      ": must be >= 0; e.g. 0.001 (DeepSeek-V3's gamma)");

@@ -80,12 +80,19 @@ LinkTier group_tier(const std::vector<int>& ranks, const std::vector<Slot>& slot
 //       grad_accum * ((layers/pp * 4 + a + h) * AR(A) + h * 3 * AR(E)) + AR(8),
 //       AR(x) = 2(n-1)/n * x rounded down per call, as comm counts it.
 //       pp = 1 is the engine's tp_bytes_sent per step exactly.
+//       An MoE block has no MLP all-reduces; instead each TP rank routes the
+//       same tokens, sends its 1/n share to the experts, and all-gathers the
+//       shares' expert outputs, [top_k, tokens / n, d_model], forward and
+//       the share's input gradient, [tokens / n, d_model], backward: each
+//       (n-1) times its own part (MoE runs with pp = 1 only).
 //   pp: per micro-batch, each of the n-1 stage boundaries carries one
 //       activation forward and one gradient backward: grad_accum * 2(n-1) * A.
 //   ep: per micro-batch and MoE layer, four all-to-alls (dispatch and
-//       combine, forward and backward) of micro_batch * seq_len * top_k rows
-//       of d_model elements, (n-1)/n of them to other ranks when the routing
-//       is uniform, plus the forward's count exchange of (E - E/n) * 8 bytes.
+//       combine, forward and backward) of micro_batch * seq_len / tp * top_k
+//       rows (the rank's token share) of d_model elements, (n-1)/n of them
+//       to other ranks when the routing is uniform, plus the forward's count
+//       exchange of (E - E/n) * 8 bytes; once a step, the experts' fp64
+//       squared grad norm (8 bytes) all-reduced for clipping.
 //       The engine's ep_bytes_sent follows the actual routing.
 uint64_t group_bytes(const std::string& axis, int n, int stage, const Mesh& m, const TrafficModel& t) {
   auto all_reduce = [n](uint64_t x) { return x * 2 * static_cast<uint64_t>(n - 1) / n; };
@@ -107,14 +114,19 @@ uint64_t group_bytes(const std::string& axis, int n, int stage, const Mesh& m, c
     }
     uint64_t first = stage == 0 ? 1 : 0, last = stage == m.pp - 1 ? 1 : 0;
     uint64_t ce = static_cast<uint64_t>(t.micro_batch) * t.seq_len * 4;  // [micro_batch * seq_len] fp32
-    return micro * ((layers * 4 + first + last) * all_reduce(act) + last * 3 * all_reduce(ce)) +
+    const uint64_t moe = m.pp == 1 ? static_cast<uint64_t>(t.moe_layers) : 0;
+    const uint64_t share = act / static_cast<uint64_t>(n), k = static_cast<uint64_t>(t.top_k);
+    const uint64_t moe_gathers = moe * static_cast<uint64_t>(n - 1) * (k * share + share);
+    return micro * ((layers * 4 - moe * 2 + first + last) * all_reduce(act) + moe_gathers +
+                    last * 3 * all_reduce(ce)) +
            all_reduce(8);
   }
   if (axis == "pp") return micro * 2 * static_cast<uint64_t>(n - 1) * act;
   if (axis == "ep" && t.moe_layers > 0) {
-    const uint64_t rows = act * static_cast<uint64_t>(t.top_k) * static_cast<uint64_t>(n - 1) / n;
+    const uint64_t share = act / static_cast<uint64_t>(m.tp);  // this rank's tokens under TP
+    const uint64_t rows = share * static_cast<uint64_t>(t.top_k) * static_cast<uint64_t>(n - 1) / n;
     const uint64_t counts = static_cast<uint64_t>(t.experts - t.experts / n) * 8;
-    return micro * static_cast<uint64_t>(t.moe_layers) * (4 * rows + counts);
+    return micro * static_cast<uint64_t>(t.moe_layers) * (4 * rows + counts) + all_reduce(8);
   }
   return 0;
 }

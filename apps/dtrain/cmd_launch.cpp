@@ -37,6 +37,23 @@ std::string endpoint_port(const std::string& endpoint) {
   return colon == std::string::npos ? "29400" : endpoint.substr(colon + 1);
 }
 
+// --memory-report's second table: the bytes each rank sent through its dp,
+// tp and ep groups in the last step (<log.dir>/comm.tsv; ep: the MoE
+// all-to-alls); empty when the file is absent.
+std::string print_comm_bytes(const std::string& run_dir) {
+  std::ifstream in((std::filesystem::absolute(run_dir) / "comm.tsv").string());
+  std::string line;
+  if (!in || !std::getline(in, line)) return "";
+  std::string table = "bytes sent per step (the last step, as each rank's groups counted them)\n";
+  table += fmt::format("{:>5} {:>12} {:>12} {:>12}\n", "rank", "dp", "tp", "ep");
+  while (std::getline(in, line)) {
+    std::istringstream row(line);
+    long long rank = 0, dp = 0, tp = 0, ep = 0;
+    if (row >> rank >> dp >> tp >> ep) table += fmt::format("{:>5} {:>12} {:>12} {:>12}\n", rank, dp, tp, ep);
+  }
+  return table;
+}
+
 // --memory-report: the per-rank table of <log.dir>/memory.tsv, which rank 0
 // of the engine writes at the end of training (engine/trainer/memory_report.h).
 void print_memory_report(const std::string& run_dir) {
@@ -61,7 +78,7 @@ void print_memory_report(const std::string& run_dir) {
     table += fmt::format("{:>5} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}\n", rank, mib(p), mib(g),
                          mib(o), mib(p + g + o), mib(peak), mib(rss));
   }
-  std::cout << table << std::flush;
+  std::cout << table << print_comm_bytes(run_dir) << std::flush;
 }
 
 int run_launch(const LaunchArgs& args) {

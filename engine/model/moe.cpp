@@ -4,7 +4,8 @@
 // gradient synchronisation of experts (parallel/expert/ owns that).
 //
 // Shape legend: N = tokens of the micro-batch (B * T), C = d_model, E =
-// experts, K = top_k, M = kept assignments, R = rows this rank's experts get.
+// experts, K = top_k, M = kept assignments, R = rows this rank's experts get,
+// S = TP ranks sharing the tokens, Ns = N / S tokens of this rank's share.
 #include "engine/model/moe.h"
 
 #include "engine/model/gpt.h"
@@ -59,6 +60,43 @@ struct AllToAll : public torch::autograd::Function<AllToAll> {
   }
 };
 
+// Under TP (Megatron's scatter / gather over the model-parallel region):
+// the TP ranks hold the same tokens and the same gradients of them, so this
+// rank's share is a slice forward, and the share's gradient is all-gathered
+// back to the full [N, C] backward.
+struct SplitShare : public torch::autograd::Function<SplitShare> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const TpGroup* tp) {  // [N, C] -> [Ns, C]
+    ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
+    const int64_t ns = x.size(0) / tp->size;
+    return x.narrow(0, tp->rank * ns, ns).clone();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* tp = reinterpret_cast<const TpGroup*>(ctx->saved_data["tp"].toInt());
+    at::Tensor g = grads[0].contiguous();                                          // [Ns, C]
+    at::Tensor full = at::empty({g.size(0) * tp->size, g.size(1)}, g.options());  // [N, C]
+    tp->all_gather(g, full);
+    return {full, at::Tensor()};
+  }
+};
+
+// The expert outputs of every share, all-gathered: [K, Ns, C] -> [K, N, C];
+// backward keeps this rank's share of the (replicated) gradient.
+struct GatherShares : public torch::autograd::Function<GatherShares> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& s, const TpGroup* tp) {
+    ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
+    const int64_t K = s.size(0), ns = s.size(1), C = s.size(2), S = tp->size;
+    at::Tensor all = at::empty({S * K, ns, C}, s.options());  // [S * K, Ns, C]
+    tp->all_gather(s.contiguous(), all);
+    return all.view({S, K, ns, C}).permute({1, 0, 2, 3}).reshape({K, S * ns, C});
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* tp = reinterpret_cast<const TpGroup*>(ctx->saved_data["tp"].toInt());
+    const at::Tensor& g = grads[0];  // [K, N, C]
+    const int64_t K = g.size(0), S = tp->size, ns = g.size(1) / S, C = g.size(2);
+    return {g.reshape({K, S, ns, C}).select(1, tp->rank).contiguous(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 int64_t moe_capacity(int64_t tokens, const MoeConfig& cfg) {
@@ -102,8 +140,9 @@ MoeImpl::MoeImpl(const MoeConfig& cfg, int d_model) : cfg_(cfg) {
     throw Error(ErrorCode::config, "model.moe: experts " + std::to_string(cfg.experts) + ", top_k " +
                                        std::to_string(cfg.top_k) + ": need 1 <= top_k <= experts and capacity_factor > 0");
   router = register_module("router", torch::nn::Linear(torch::nn::LinearOptions(d_model, cfg.experts).bias(false)));
-  fc = register_module("fc", ExpertLinear(cfg.experts, d_model, 4 * d_model));
-  proj = register_module("proj", ExpertLinear(cfg.experts, 4 * d_model, d_model));
+  const int d_ff = cfg.d_ff > 0 ? cfg.d_ff : 4 * d_model;
+  fc = register_module("fc", ExpertLinear(cfg.experts, d_model, d_ff));
+  proj = register_module("proj", ExpertLinear(cfg.experts, d_ff, d_model));
   selection_bias = at::zeros({cfg.experts});
   counters.reset(cfg.experts);
 }
@@ -115,7 +154,7 @@ at::Tensor MoeImpl::run_experts(const at::Tensor& rows, const std::vector<int64_
     if (counts[j] == 0) continue;
     at::Tensor x = rows.narrow(0, off, counts[j]);  // [n, C]
     const int64_t e = int64_t(j);  // local index into this rank's slice
-    at::Tensor h = at::gelu(at::linear(x, fc->weight[e], fc->bias[e]));  // [n, 4C]
+    at::Tensor h = at::gelu(at::linear(x, fc->weight[e], fc->bias[e]));  // [n, F]
     outs.push_back(at::linear(h, proj->weight[e], proj->bias[e]));      // [n, C]
     off += counts[j];
   }
@@ -129,23 +168,36 @@ at::Tensor MoeImpl::forward(const at::Tensor& x) {
   const int64_t E = cfg_.experts, K = cfg_.top_k;
   at::Tensor xf = x.reshape({N, C});                                 // [N, C]
   if (selection_bias.device() != x.device()) selection_bias = selection_bias.to(x.device());
+  // The routing of all N tokens (the same on every TP rank: the same tokens).
   Routing r = moe_route(router->forward(xf), cfg_, selection_bias);
   last_aux = r.aux;
+  const bool shared = tp && tp->active();
+  const int64_t S = shared ? tp->size : 1, Ns = N / S, t0 = shared ? tp->rank * Ns : 0;
+  if (N % S != 0)
+    throw Error(ErrorCode::internal, "MoE under tensor parallelism: " + std::to_string(N) +
+                                         " tokens of a micro-batch do not split over tp = " + std::to_string(S));
 
-  // Kept assignments sorted by (expert, priority): a = j * N + n.
+  // This rank's kept assignments (of its share's tokens) sorted by
+  // (expert, priority): a = j * N + n.
   at::Tensor flat = r.experts.t().reshape({-1});                     // [K*N]
-  at::Tensor kept = r.keep.nonzero().squeeze(1);                     // [M] ascending a
+  at::Tensor mine = r.keep;                                          // [K*N]
+  if (shared) {
+    at::Tensor n = at::remainder(at::arange(K * N, flat.options()), N);  // [K*N] token of each assignment
+    mine = mine.logical_and(n >= t0).logical_and(n < t0 + Ns);
+  }
+  at::Tensor kept = mine.nonzero().squeeze(1);                       // [M] ascending a
   at::Tensor kept_e = flat.index_select(0, kept);                    // [M]
   at::Tensor order = std::get<1>(at::sort(kept_e * (K * N) + kept)); // unique keys: a deterministic order
   at::Tensor sorted_a = kept.index_select(0, order);                 // [M]
   at::Tensor sorted_e = kept_e.index_select(0, order);               // [M]
-  at::Tensor send = xf.index_select(0, at::remainder(sorted_a, N));  // [M, C]
+  at::Tensor xs = shared ? SplitShare::apply(xf, tp) : xf;           // [Ns, C]
+  at::Tensor send = xs.index_select(0, at::remainder(sorted_a, N) - t0);  // [M, C]
   std::vector<int64_t> counts = to_vector(at::bincount(sorted_e, {}, E));  // [E]
   {
     std::vector<int64_t> load = to_vector(r.load);
     for (size_t e = 0; e < load.size(); ++e) counters.load[e] += double(load[e]);
     counters.assigned += double(K * N);
-    counters.dropped += double(K * N - sum(counts));
+    counters.dropped += double(K * N - r.keep.sum().item<int64_t>());
     counters.aux_sum += r.aux.item<double>();
     counters.forwards += 1;
   }
@@ -183,9 +235,12 @@ at::Tensor MoeImpl::forward(const at::Tensor& x) {
     at::Tensor inverse = at::empty_like(perm_t).scatter_(0, perm_t, at::arange(perm_t.numel(), perm_t.options()));
     back = AllToAll::apply(out_grouped.index_select(0, inverse), ep, in_splits, out_splits);  // [M, C]
   }
-  // Combine: each assignment's output in its slot, then the gated sum over
-  // the k choices in a fixed order (the same whatever ep).
-  at::Tensor slots = at::zeros({K * N, C}, back.options()).index_copy(0, sorted_a, back);  // [K*N, C]
+  // Combine: each assignment's output in its slot (of the share: j * Ns +
+  // n - t0), the shares gathered, then the gated sum over the k choices in
+  // a fixed order (the same whatever ep and tp).
+  at::Tensor local_a = at::div(sorted_a, N, "floor") * Ns + at::remainder(sorted_a, N) - t0;  // [M]
+  at::Tensor slots = at::zeros({K * Ns, C}, back.options()).index_copy(0, local_a, back);    // [K*Ns, C]
+  if (shared) slots = GatherShares::apply(slots.view({K, Ns, C}), tp);                      // [K, N, C]
   at::Tensor y = (slots.view({K, N, C}) * r.gates.t().unsqueeze(-1).to(slots.scalar_type())).sum(0);  // [N, C]
   return y.view({B, T, C});
 }
@@ -218,7 +273,7 @@ at::Tensor GptImpl::moe_aux_loss() const {
 
 void GptImpl::set_expert_parallel(EpGroup ep) {
   ep_ = std::move(ep);
-  for (auto& m : moe_layers()) m->ep = &ep_;
+  for (auto& m : moe_layers()) m->ep = &ep_, m->tp = &tp_;
 }
 
 }  // namespace dtrain::engine::model

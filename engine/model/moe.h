@@ -14,6 +14,8 @@
 #include <functional>
 #include <vector>
 
+#include "engine/model/tp_ops.h"
+
 namespace dtrain::engine::model {
 
 struct MoeConfig {
@@ -23,6 +25,7 @@ struct MoeConfig {
   double aux_loss_coef = 0.01;
   int every = 1;              // blocks 0, every, 2 * every, ... are MoE (Megatron's moe_layer_freq)
   bool bias_balance = false;  // DeepSeek-V3's selection bias (balance: bias)
+  int d_ff = 0;               // an expert's hidden width; 0 = 4 * d_model
   bool is_moe_block(int layer) const { return experts > 0 && layer % every == 0; }
 };
 
@@ -68,14 +71,19 @@ class MoeImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
 
   torch::nn::Linear router{nullptr};  // C -> E, no bias
-  ExpertLinear fc{nullptr};           // per expert C -> 4C
-  ExpertLinear proj{nullptr};         // per expert 4C -> C
+  ExpertLinear fc{nullptr};           // per expert C -> F (F = d_ff, default 4C)
+  ExpertLinear proj{nullptr};         // per expert F -> C
   // balance bias: added to the router probabilities for choosing only (not
   // for the gates), moved by the caller after each step; [E], no gradient.
   at::Tensor selection_bias;
   at::Tensor last_aux;  // the last forward's aux loss (with its graph), [] fp32
   MoeCounters counters;
   const EpGroup* ep = nullptr;  // nullptr or size 1: every expert is local
+  // Tensor parallelism: every rank of the TP group holds the same N tokens
+  // (no sequence parallelism), routes all of them (the same routing), and
+  // dispatches its N / tp share only; the expert outputs of the shares are
+  // all-gathered over tp before the combine.
+  const TpGroup* tp = nullptr;
   const MoeConfig& config() const { return cfg_; }
   // DeepSeek-V3's aux-loss-free balancing, after a step: b_i += rate *
   // sign(mean load - load_i), `load` counted over the whole global batch.

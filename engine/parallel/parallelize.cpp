@@ -92,7 +92,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   }
   if (moe)  // the experts' gradients over edp, wrapped around the dense sync
     out.grad_sync = make_moe_sync(std::move(out.grad_sync), std::move(split.experts), *out.parts.model,
-                                  comm.axis("dp"), comm.axis("ep"), comm.axis("edp"),
+                                  comm.axis("dp"), tp, comm.axis("ep"), comm.axis("edp"),
                                   {spec.model.moe.balance == "bias", spec.model.moe.bias_rate, no_grad_sync});
   return out;
 }

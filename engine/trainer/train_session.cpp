@@ -27,11 +27,21 @@ void check_supported(const JobSpec& spec) {
   if (spec.parallel.pp > 1 && spec.parallel.zero == 3)
     problems.push_back("parallel.zero = 3 with parallel.pp = " + std::to_string(spec.parallel.pp) +
                        " is not implemented yet; use zero 0, 1 or 2 with pp");
-  if (spec.model.moe.experts > 0 && (spec.parallel.tp > 1 || spec.parallel.pp > 1 || spec.parallel.zero == 3))
-    problems.push_back("model.moe.experts = " + std::to_string(spec.model.moe.experts) + " with parallel.tp = " +
-                       std::to_string(spec.parallel.tp) + ", pp = " + std::to_string(spec.parallel.pp) +
-                       ", zero = " + std::to_string(spec.parallel.zero) +
-                       ": mixture of experts runs with tp 1, pp 1 and zero 0, 1 or 2 for now");
+  if (spec.model.moe.experts > 0 && spec.parallel.pp > 1)
+    problems.push_back("model.moe.experts = " + std::to_string(spec.model.moe.experts) + " with parallel.pp = " +
+                       std::to_string(spec.parallel.pp) + ": mixture of experts runs with pp 1 for now");
+  // Under TP each rank of the tp group dispatches 1/tp of a micro-batch's
+  // tokens (they are the same on every TP rank without sequence parallelism).
+  if (spec.model.moe.experts > 0 && spec.parallel.tp > 1 && spec.parallel.sequence_parallel)
+    problems.push_back("model.moe.experts = " + std::to_string(spec.model.moe.experts) +
+                       " with parallel.sequence_parallel is not implemented yet; use sequence_parallel false");
+  if (spec.model.moe.experts > 0 && spec.parallel.tp > 1 &&
+      (int64_t(spec.train.micro_batch) * spec.model.seq_len) % spec.parallel.tp != 0)
+    problems.push_back("train.micro_batch * model.seq_len = " +
+                       std::to_string(int64_t(spec.train.micro_batch) * spec.model.seq_len) +
+                       " tokens do not split over parallel.tp = " + std::to_string(spec.parallel.tp) +
+                       " (each TP rank dispatches its share to the experts); use a micro_batch or seq_len "
+                       "making them a multiple of tp");
   if (spec.train.precision != "fp32" && spec.train.precision != "bf16")
     problems.push_back("train.precision = " + spec.train.precision +
                        " is not implemented yet; use precision fp32 or bf16");
@@ -67,6 +77,7 @@ model::GptConfig gpt_config(const ModelSpec& m) {
   c.moe.capacity_factor = m.moe.capacity_factor;
   c.moe.aux_loss_coef = m.moe.aux_loss_coef;
   c.moe.every = m.moe.every;
+  c.moe.d_ff = m.moe.d_ff;
   c.moe.bias_balance = m.moe.balance == "bias";
   c.attention = m.attention;
   return c;

@@ -31,7 +31,7 @@ struct StepResult {
   double lr = 0;
   double step_s = 0;
   double blocked_s = 0;  // of step_s, blocked in collectives
-  int64_t dp_bytes_sent = 0, tp_bytes_sent = 0;
+  int64_t dp_bytes_sent = 0, tp_bytes_sent = 0, ep_bytes_sent = 0;
   parallel::SyncStats sync;
 };
 
@@ -67,6 +67,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   device::reset_cpu_peak();  // the step's peak, reported with its metrics
   s.dp->reset_bytes_sent();
   s.comm->axis("tp").reset_bytes_sent();
+  s.comm->axis("ep").reset_bytes_sent();
   timer.start();
   const int64_t blocked_ns = comm::trace_blocked_ns();
   comm::trace_step(step + 1);
@@ -96,6 +97,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   r.blocked_s = double(comm::trace_blocked_ns() - blocked_ns) * 1e-9;
   r.dp_bytes_sent = int64_t(s.dp->bytes_sent());
   r.tp_bytes_sent = int64_t(s.comm->axis("tp").bytes_sent());
+  r.ep_bytes_sent = int64_t(s.comm->axis("ep").bytes_sent());
   return r;
 }
 
@@ -149,10 +151,12 @@ int run_training() {
   MetricsLogger metrics(metrics_options(s, step));
   device::StepTimer timer(s.device);
   int64_t run_peak = 0;  // the largest step peak, for the memory report
+  StepBytes last_bytes;  // the last step's, for the memory report
   const MemoryCheck memory_check(s.spec, s.info.rank, s.device.is_cpu());  // the planner vs this rank
   for (; step < s.spec.train.steps; ++step) {
     StepResult r = train_step(s, step, timer);
     run_peak = std::max(run_peak, device::cpu_peak_bytes());
+    last_bytes = {r.dp_bytes_sent, r.tp_bytes_sent, r.ep_bytes_sent};
     StepReport report{step + 1, 0.0, r.lr, r.grad_norm, r.step_s, r.sync.wait_s,
                       r.sync.launched_in_backward, r.dp_bytes_sent, r.tp_bytes_sent};
     report.extra = s.par.grad_sync->step_metrics();
@@ -174,7 +178,7 @@ int run_training() {
   }
   if (const std::string what = s.par.schedule->summary(); !what.empty()) DTRAIN_INFO("{}", what);
   comm::trace_phase(trace::Phase::done);
-  write_memory_report(s, run_peak);
+  write_memory_report(s, run_peak, last_bytes);
   if (s.is_log_rank()) DTRAIN_INFO("training done: {} steps", s.spec.train.steps);
   return 0;
 }

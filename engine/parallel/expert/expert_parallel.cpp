@@ -21,11 +21,17 @@ void apply_expert_parallel(model::GptImpl& model, const std::vector<std::pair<st
                                        " is not divisible by parallel.ep = " + std::to_string(n),
                 "use a multiple of ep experts");
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < named_params.size() && n > 1; ++i) {
+  for (size_t i = 0; i < named_params.size(); ++i) {
     const auto& [name, p] = named_params[i];
     if (!is_expert_param(name)) continue;
-    const int64_t mine = experts / n;
     ParamLayout& l = layouts[i];
+    // Under TP the experts are not split over tp: each TP rank runs its
+    // share of the tokens through them, so their gradients are summed over
+    // edp (which then holds the tp ranks too) and edp rank 0 writes them.
+    l.tp_owner = true;
+    l.sum_grad_over_tp = false;
+    if (n == 1) continue;
+    const int64_t mine = experts / n;
     l.dim = 0;
     l.segments = {{0, mine, r * mine}};
     at::Tensor param = p;

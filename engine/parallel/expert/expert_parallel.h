@@ -57,7 +57,10 @@ struct MoeSyncOptions {
 // tensors dense first then experts, checkpoints with each expert slice
 // written by edp rank 0, and per step the routing counters summed over dp
 // (moe_aux_loss, moe_max_load, moe_dropped; the DeepSeek-V3 bias update).
+// `tp`: only its rank 0 (with dp and ep rank 0) writes the replicated
+// selection biases.
 std::unique_ptr<GradSync> make_moe_sync(std::unique_ptr<GradSync> dense, ExpertParams experts, model::GptImpl& model,
-                                        comm::Group& dp, comm::Group& ep, comm::Group& edp, MoeSyncOptions options);
+                                        comm::Group& dp, comm::Group& tp, comm::Group& ep, comm::Group& edp,
+                                        MoeSyncOptions options);
 
 }  // namespace dtrain::engine::parallel

@@ -77,8 +77,8 @@ class MoeState : public StateProvider {
 class MoeSync : public GradSync {
  public:
   MoeSync(std::unique_ptr<GradSync> dense, ExpertParams experts, model::GptImpl& model, comm::Group& dp,
-          comm::Group& ep, comm::Group& edp, MoeSyncOptions options)
-      : dense_(std::move(dense)), experts_(std::move(experts)), layers_(model.moe_layers()), dp_(dp), ep_(ep),
+          comm::Group& tp, comm::Group& ep, comm::Group& edp, MoeSyncOptions options)
+      : dense_(std::move(dense)), experts_(std::move(experts)), layers_(model.moe_layers()), dp_(dp), tp_(tp), ep_(ep),
         edp_(edp), options_(options) {
     at::NoGradGuard no_grad;
     // Gradients exist from the start, so autograd accumulates into them in
@@ -172,7 +172,8 @@ class MoeSync : public GradSync {
     std::vector<at::Tensor> biases;
     for (auto& m : layers_) biases.push_back(m->selection_bias);
     return std::make_unique<MoeState>(dense_->state(optimizer), experts_, bias_names_, std::move(biases), optimizer,
-                                      first, edp_.rank() == 0, dp_.rank() == 0 && ep_.rank() == 0);
+                                      first, edp_.rank() == 0,
+                                      dp_.rank() == 0 && tp_.rank() == 0 && ep_.rank() == 0);
   }
 
   std::vector<std::pair<std::string, double>> step_metrics() const override { return metrics_; }
@@ -195,6 +196,7 @@ class MoeSync : public GradSync {
   std::vector<model::Moe> layers_;
   std::vector<std::string> bias_names_;
   comm::Group& dp_;
+  comm::Group& tp_;
   comm::Group& ep_;
   comm::Group& edp_;
   MoeSyncOptions options_;
@@ -238,8 +240,9 @@ void MoeSync::reduce_counters() {
 }  // namespace
 
 std::unique_ptr<GradSync> make_moe_sync(std::unique_ptr<GradSync> dense, ExpertParams experts, model::GptImpl& model,
-                                        comm::Group& dp, comm::Group& ep, comm::Group& edp, MoeSyncOptions options) {
-  return std::make_unique<MoeSync>(std::move(dense), std::move(experts), model, dp, ep, edp, options);
+                                        comm::Group& dp, comm::Group& tp, comm::Group& ep, comm::Group& edp,
+                                        MoeSyncOptions options) {
+  return std::make_unique<MoeSync>(std::move(dense), std::move(experts), model, dp, tp, ep, edp, options);
 }
 
 }  // namespace dtrain::engine::parallel

@@ -73,6 +73,7 @@ TEST_CASE("moe spec: top_k, capacity_factor, aux_loss_coef, every, balance, bias
   CHECK(has(e, "model.moe.balance = bais: must be aux or bias"));
   CHECK(has(e, "did you mean"));
   CHECK(has(error_of(kMoe, {"model.moe.bias_rate=-1"}), "model.moe.bias_rate = -1"));
+  CHECK(has(error_of(kMoe, {"model.moe.d_ff=-1"}), "model.moe.d_ff = -1: must be >= 0"));
   CHECK(has(error_of(kMoe, {"model.moe.experts=-2", "parallel.ep=1"}), "model.moe.experts = -2: must be >= 0"));
 }
 

@@ -2,7 +2,8 @@
 // gates, capacity drops in priority order, the Switch aux loss), the layer
 // against a per-token reference, expert parallelism over 2 and 4 ranks
 // (threads with real Gloo groups) against one process, including a rank whose
-// experts get no token and one that gets them all, and the bias balance.
+// experts get no token and one that gets them all, tensor parallelism's token
+// shares (tp 2) against one process, and the bias balance.
 // Prints the max difference seen next to the tolerance.
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -206,6 +207,72 @@ TEST_CASE("moe: expert parallelism over 2 and 4 ranks equals one process") {
   // All tokens to expert 0: rank 0 receives every row, the others none.
   check_expert_parallel(4, 1, 8.0, true);
   check_expert_parallel(2, 1, 8.0, true);
+}
+
+// Under TP every rank of the tp group holds the same tokens and dispatches
+// its share: at tp 2 with ep 2 (the ep group is the tp group) and ep 1
+// (every expert on both ranks, their gradients summed over edp), every rank's
+// output, input gradient and router gradient equal one process's, and the
+// expert gradients after the edp sum do too. Top-2, capacity 1.0 (drops).
+void check_tp_shares(int ep_size) {
+  MoeConfig cfg;
+  cfg.experts = 4;
+  cfg.top_k = 2;
+  cfg.capacity_factor = 1.0;
+  const int C = 6;
+  const at::Tensor x0 = at::randn({2, 4, C}, at::detail::createCPUGenerator(300));
+  const at::Tensor w = at::randn({2, 4, C}, at::detail::createCPUGenerator(301));
+  Moe ref = make_layer(cfg, C, 7);
+  at::Tensor rx = x0.clone().requires_grad_(true);
+  at::Tensor ry = ref->forward(rx);
+  (ry * w).sum().backward();
+  std::mutex mu;
+  double worst = 0;
+  dtrain::testing::run_world(dtrain::mesh::Shape{1, 2, 1, ep_size}, [&](comm::Comm& c, int rank) {
+    comm::Group &t = c.axis("tp"), &g = c.axis("ep"), &edp = c.axis("edp");
+    Moe m = make_layer(cfg, C, 7);
+    const int64_t L = cfg.experts / g.size(), first = g.rank() * L;
+    {
+      at::NoGradGuard no_grad;
+      for (auto* lin : {m->fc.get(), m->proj.get()}) {
+        lin->weight.set_data(lin->weight.narrow(0, first, L).contiguous());
+        lin->bias.set_data(lin->bias.narrow(0, first, L).contiguous());
+      }
+    }
+    EpGroup ep;
+    ep.rank = g.rank();
+    ep.size = g.size();
+    ep.all_to_all = [&g](const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& os,
+                         const std::vector<int64_t>& is) { g.all_to_all(in, out, os, is); };
+    dtrain::engine::model::TpGroup tp;
+    tp.rank = t.rank();
+    tp.size = t.size();
+    tp.all_gather = [&t](const at::Tensor& in, at::Tensor& out) { t.all_gather(in, out); };
+    m->ep = &ep;
+    m->tp = &tp;
+    at::Tensor x = x0.clone().requires_grad_(true);
+    at::Tensor y = m->forward(x);
+    (y * w).sum().backward();
+    double d = std::max({max_diff(y, ry), max_diff(x.grad(), rx.grad()),
+                         max_diff(m->router->weight.grad(), ref->router->weight.grad())});
+    for (auto [mine, full] : {std::pair{m->fc.get(), ref->fc.get()}, {m->proj.get(), ref->proj.get()}})
+      for (auto [a, b] : {std::pair{mine->weight, full->weight}, {mine->bias, full->bias}}) {
+        at::Tensor ga = a.grad().defined() ? a.grad().clone() : at::zeros_like(a);
+        edp.all_reduce(ga);
+        d = std::max(d, max_diff(ga, b.grad().narrow(0, first, L)));
+      }
+    std::lock_guard<std::mutex> lock(mu);
+    worst = std::max(worst, d);
+  });
+  std::printf("moe tp 2 token shares, ep %d (top_k 2, cf 1.0) vs one process: max diff %.3g (outputs, input, router "
+              "and edp-summed expert grads), tolerance 1e-5\n",
+              ep_size, worst);
+  CHECK(worst < 1e-5);
+}
+
+TEST_CASE("moe: tensor parallelism's token shares (tp 2, ep 2 and ep 1) equal one process") {
+  check_tp_shares(2);
+  check_tp_shares(1);
 }
 
 TEST_CASE("moe: the selection bias (balance bias) evens a skewed router's load") {

@@ -367,6 +367,36 @@ TEST_CASE("traffic: tp bytes per step equal the engine's tp_bytes_sent (pp = 1)"
   CHECK(tp_bytes(4) == 3 * (10 * 32768 * 3 / 2 + 3 * 1024 * 3 / 2) + 12);
 }
 
+TEST_CASE("traffic: MoE blocks under tp all-gather the token shares; ep sends the rank's share") {
+  // Per micro-batch: 2 attention all-reduces per block, 2 MLP ones per dense
+  // block, embedding and head; per MoE block, all-gathers of this rank's
+  // [top_k, tokens / tp, C] expert outputs and [tokens / tp, C] input grads.
+  dtrain::JobSpec spec;
+  spec.model.vocab = 256;
+  spec.model.seq_len = 32;
+  spec.model.d_model = 32;
+  spec.model.layers = 2;
+  spec.model.heads = 4;
+  spec.model.moe.experts = 4;
+  spec.model.moe.top_k = 2;
+  spec.model.moe.every = 2;  // block 0 MoE, block 1 dense
+  spec.train.micro_batch = 8;
+  spec.parallel.dp = 2;
+  spec.parallel.tp = 2;
+  spec.parallel.ep = 2;
+  Placement p = place_ranks(make_cluster(1, 4, 0, false), mesh_from_spec(spec), traffic_model_from_spec(spec));
+  uint64_t tp = 0, ep = 0;
+  for (const auto& g : p.groups) {
+    if (g.axis == "tp") tp = g.bytes_per_step;
+    if (g.axis == "ep") ep = g.bytes_per_step;
+  }
+  const uint64_t act = 8 * 32 * 32 * 4, share = act / 2;
+  CHECK(tp == (2 * 2 + 2 + 2) * act + (2 * share + share) + 3 * 1024 + 8);
+  // ep: 4 all-to-alls of the share's top_k rows, half of them to the other
+  // rank, the counts, and the experts' norm all-reduce for clipping.
+  CHECK(ep == 4 * share * 2 / 2 + (4 - 2) * 8 + 8);
+}
+
 TEST_CASE("renderings: JSON schema, text table, SVG") {
   Cluster c = make_cluster(2, 4, 0, true);
   Placement p = place_ranks(c, {2, 2, 2, 1}, TrafficModel{});
