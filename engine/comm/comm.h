@@ -147,6 +147,10 @@ struct CommOptions {
   // NCCL: this rank's GPU (the current device). Ignored by Gloo.
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   double timeout_s = 300;
+  // Gloo groups whose members share this machine's /dev/shm all-reduce
+  // through a shared segment (shm_group.h); false: Gloo's TCP for everything.
+  bool shm = true;
+  int64_t shm_slot_bytes = int64_t{1} << 20;  // staged per rank per chunk (ShmOptions)
 };
 
 // True when this build has the NCCL backend (LibTorch with CUDA).
