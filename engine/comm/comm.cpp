@@ -108,6 +108,7 @@ const c10::intrusive_ptr<c10d::Backend>& CommImpl::world_pg(const std::string& b
 void CommImpl::add_shm_all_reduce(int64_t slot_bytes) {
   detail::ShmOptions so;
   so.slot_bytes = slot_bytes;
+  so.node = info_.node_rank;
   so.timeout_s = ctx_.timeout_s;
   // More ranks here than cores: never spin, the core is a peer's.
   if (info_.local_world > static_cast<int>(std::thread::hardware_concurrency())) so.spin_us = 0;

@@ -43,7 +43,10 @@ namespace dtrain::engine::comm::detail {
 namespace {
 
 constexpr uint64_t kMagic = 0x3268735f6e696172;  // "rain_sh2"
-constexpr int kSets = 4;                         // chunks in flight before a set is reused
+// Chunks in flight before a set is reused: a rank may run this many chunks
+// (kSets x slot_bytes, 4 MiB by default) ahead of the slowest before its
+// next launch waits. DDP's buckets of one step fit at the default sizes.
+constexpr int kSets = 8;
 static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4,
               "the futex waits on the atomic's own 4 bytes");
 
@@ -346,10 +349,14 @@ std::unique_ptr<Segment> open_shared(const Group& g, c10d::Store& store, const s
       h.magic = kMagic;
     }
     store.set(key + "/name", bytes_of(seg ? name + " " + std::to_string(nonce) : std::string("-")));
+    store.set(key + "/node", bytes_of(std::to_string(options.node)));
   } else {
     const std::string published = text_of(store.get(key + "/name"));
+    const std::string node0 = text_of(store.get(key + "/node"));
     const auto space = published.find(' ');
-    if (space == std::string::npos) {
+    if (node0 != std::to_string(options.node)) {
+      why = "its ranks are on nodes " + node0 + " and " + std::to_string(options.node);
+    } else if (space == std::string::npos) {
       why = "rank 0 of the group could not create a segment";
     } else {
       name = published.substr(0, space);

@@ -20,11 +20,15 @@ namespace dtrain::engine::comm::detail {
 
 struct ShmOptions {
   // Bytes each rank stages per chunk; larger tensors go in chunks of this.
-  int64_t slot_bytes = int64_t{1} << 20;
+  int64_t slot_bytes = int64_t{512} << 10;
   double timeout_s = 300;  // a peer that never arrives: dtrain::Error(timeout)
   // Spin this long before sleeping on the futex (0 when the machine has
   // fewer cores than ranks: a spinning rank would hold the core its peer needs).
   int spin_us = 20;
+  // This rank's node (GROUP_RANK): members on different nodes never share
+  // a segment, even where they could map one (test hosts in network
+  // namespaces of one kernel are separate machines).
+  int node = 0;
 };
 
 // `inner` with all_reduce through a segment shared by its members, set up
