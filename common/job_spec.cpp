@@ -100,6 +100,7 @@ JobSpec parse_job_spec(const std::string& yaml_text, const std::string& source,
   spec.source = source;
   if (!origin.root.IsDefined() || origin.root.IsNull() || origin.root.IsMap())
     detail::convert_fields(origin, spec, problems);
+  detail::resolve_auto_fields(origin, spec, problems);
   detail::validate_spec(spec, origin, problems);
   finish(problems, source, warnings);
   return spec;

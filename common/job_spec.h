@@ -49,6 +49,9 @@ struct ClusterSpec {
 
 struct ParallelSpec {
   int dp = 1;
+  // dp: auto = world / (tp x pp): from cluster.nodes x procs_per_node when the
+  // spec loads, and again from the nodes of each rendezvous round.
+  bool dp_auto = false;
   int tp = 1;
   int pp = 1;
   int ep = 1;
@@ -108,6 +111,9 @@ struct TrainSpec {
   int steps = 100;
   int micro_batch = 8;
   int grad_accum = 1;
+  // grad_accum: auto = global_batch / (micro_batch x dp), resolved like dp.
+  bool grad_accum_auto = false;
+  int global_batch = 0;  // sequences per step; 0 = whatever micro_batch x grad_accum x dp give
   double lr = 3.0e-4;
   double min_lr = 0.0;     // cosine decays to this
   int warmup_steps = 10;
@@ -144,6 +150,8 @@ struct CheckpointSpec {
 //                      until the launcher is told to stop
 //   slow               rank `rank` sleeps `ms` milliseconds inside every step
 //                      from step `step` on (a straggler)
+//   raise              rank `rank` throws an exception inside step `step`: the
+//                      worker's error file and the root-cause block name it
 //   crash_during_save  rank `rank` SIGKILLs itself halfway through writing its
 //                      shard of the checkpoint of step `step` (0: the first save)
 //   no_grad_sync       every DDP rank trains on its own gradient (the

@@ -105,6 +105,15 @@ struct Reader {
     *ref.max = static_cast<int>(hi);
     return "";
   }
+  std::string operator()(AutoIntRef ref) const {
+    if (node.IsScalar() && node.Scalar() == "auto") {
+      *ref.is_auto = true;
+      return "";
+    }
+    std::string expected = (*this)(ref.value);
+    if (expected.empty()) *ref.is_auto = false;
+    return expected;
+  }
   std::string operator()(std::vector<std::string>* out) const {
     const char* expected = "builtin, a command string, or a list of strings";
     if (node.IsScalar()) {
@@ -158,7 +167,10 @@ void convert_fields(SpecOrigin& origin, JobSpec& spec, Problems& problems) {
     JobSpec defaults;
     problems.error(origin.where(path), path + ": expected " + expected + ", got " + shown(node) +
                                            "; write it like " + leaf + ": " +
-                                           field_text(field.bind(defaults)) + " (the default)");
+                                           field_text(field.bind(defaults)) + " (the default)" +
+                                           (std::holds_alternative<AutoIntRef>(field.bind(defaults))
+                                                ? ", or " + leaf + ": auto"
+                                                : ""));
   }
 }
 

@@ -23,9 +23,15 @@ struct NodesRef {
   int* max;
 };
 
+// parallel.dp, train.grad_accum: an integer or `auto` (derived; see spec_resolve.h).
+struct AutoIntRef {
+  int* value;
+  bool* is_auto;
+};
+
 // What a field binds to; the alternative decides how its YAML value is read.
 using FieldRef = std::variant<int*, uint64_t*, double*, bool*, std::string*, NodesRef,
-                              std::vector<std::string>*, std::vector<int>*>;
+                              std::vector<std::string>*, std::vector<int>*, AutoIntRef>;
 
 struct Field {
   const char* path;  // "parallel.tp"
@@ -71,6 +77,10 @@ void convert_fields(SpecOrigin& origin, JobSpec& spec, Problems& problems);
 
 // spec_print.cpp: a field's value as YAML text ("2", "1:4", "[python3, train.py]").
 std::string field_text(const FieldRef& ref);
+
+// spec_resolve.cpp: parallel.dp and train.grad_accum `auto` settled from the
+// spec's cluster (before validate_spec, which checks the results).
+void resolve_auto_fields(SpecOrigin& origin, JobSpec& spec, Problems& problems);
 
 // spec_validate.cpp
 void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);

@@ -36,7 +36,8 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("cluster.rendezvous.advertise_addr", cluster.rendezvous.advertise_addr),
       DTRAIN_FIELD("cluster.topology.nvlink_domain", cluster.topology.nvlink_domain),
       DTRAIN_FIELD("cluster.topology.allow_slow", cluster.topology.allow_slow),
-      DTRAIN_FIELD("parallel.dp", parallel.dp),
+      Field{"parallel.dp",
+            [](JobSpec& s) -> FieldRef { return AutoIntRef{&s.parallel.dp, &s.parallel.dp_auto}; }},
       DTRAIN_FIELD("parallel.tp", parallel.tp),
       DTRAIN_FIELD("parallel.pp", parallel.pp),
       DTRAIN_FIELD("parallel.ep", parallel.ep),
@@ -68,7 +69,11 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("model.attention", model.attention),
       DTRAIN_FIELD("train.steps", train.steps),
       DTRAIN_FIELD("train.micro_batch", train.micro_batch),
-      DTRAIN_FIELD("train.grad_accum", train.grad_accum),
+      Field{"train.grad_accum",
+            [](JobSpec& s) -> FieldRef {
+              return AutoIntRef{&s.train.grad_accum, &s.train.grad_accum_auto};
+            }},
+      DTRAIN_FIELD("train.global_batch", train.global_batch),
       DTRAIN_FIELD("train.lr", train.lr),
       DTRAIN_FIELD("train.min_lr", train.min_lr),
       DTRAIN_FIELD("train.warmup_steps", train.warmup_steps),

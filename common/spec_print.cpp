@@ -39,6 +39,7 @@ struct TextOf {
     e << YAML::EndSeq;
     return e.c_str();
   }
+  std::string operator()(AutoIntRef r) const { return *r.is_auto ? "auto" : std::to_string(*r.value); }
   std::string operator()(std::vector<int>* v) const {
     std::string out = "[";
     for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + std::to_string((*v)[i]);
@@ -62,6 +63,10 @@ struct JsonOf {
     return *v;
   }
   json operator()(std::vector<int>* v) const { return *v; }
+  json operator()(AutoIntRef r) const {
+    if (*r.is_auto) return "auto";
+    return *r.value;
+  }
 };
 
 std::vector<std::string> split(const std::string& path) {
@@ -115,12 +120,14 @@ std::string job_spec_summary(const JobSpec& spec) {
                           ? s(spec.cluster.nodes_max)
                           : s(spec.cluster.nodes_min) + ":" + s(spec.cluster.nodes_max);
   std::string out;
-  out += "world = dp(" + s(p.dp) + ") x tp(" + s(p.tp) + ") x pp(" + s(p.pp) + ") = " +
+  out += "world = dp(" + s(p.dp) + (p.dp_auto ? ", auto" : "") + ") x tp(" + s(p.tp) + ") x pp(" + s(p.pp) + ") = " +
          s(spec.world()) + " ranks (ep " + s(p.ep) + ", zero " + s(p.zero) + ")\n";
   out += "ranks per node = " + s(spec.ranks_per_node()) + " on " + nodes + " node(s), device " +
          spec.cluster.device + "\n";
   out += "GBS = micro_batch(" + s(t.micro_batch) + ") x grad_accum(" + s(t.grad_accum) +
-         ") x dp(" + s(p.dp) + ") = " + s(spec.global_batch()) + " sequences\n";
+         (t.grad_accum_auto ? ", auto" : "") + ") x dp(" + s(p.dp) + ") = " +
+         s(spec.global_batch()) + " sequences" + (t.global_batch > 0 ? " (train.global_batch)" : "") +
+         "\n";
   out += "tokens per step = GBS(" + s(spec.global_batch()) + ") x seq_len(" +
          s(spec.model.seq_len) + ") = " + s(spec.tokens_per_step()) + "\n";
   return out;

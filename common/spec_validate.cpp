@@ -117,7 +117,7 @@ void check_enums(const Checker& c) {
   c.one_of("cluster.backend", s.cluster.backend, {"auto", "gloo", "nccl"});
   c.one_of("fault.kind", s.fault.kind,
            {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync",
-            "recompute_redraw"});
+            "recompute_redraw", "raise"});
   c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"});
   c.at_least("parallel.pipeline.virtual_stages", s.parallel.pipeline_virtual_stages, 1,
              "use 1, or 2+ with schedule interleaved_1f1b");
@@ -332,11 +332,11 @@ void check_sizes(const Checker& c) {
 void check_fault(const Checker& c) {
   const FaultSpec& f = c.spec.fault;
   if (c.bad({"fault.kind", "fault.step", "fault.ms"})) return;
-  const bool after_step = f.kind == "kill_after_step" || f.kind == "hang";
+  const bool after_step = f.kind == "kill_after_step" || f.kind == "hang" || f.kind == "raise";
   if (after_step && f.step == 0)
     c.error("fault.step", "fault.step = 0: fault.kind = " + f.kind +
-                              " strikes after step fault.step, and steps count from 1; "
-                              "use fault.step >= 1");
+                              (f.kind == "raise" ? " strikes in" : " strikes after") +
+                              " step fault.step, and steps count from 1; use fault.step >= 1");
   if (f.kind == "slow" && f.ms == 0)
     c.error("fault.ms", "fault.ms = 0: fault.kind = slow adds fault.ms milliseconds to every "
                         "step; set fault.ms > 0, e.g. 200");

@@ -16,7 +16,9 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/collective_trace.h"
+#include "launcher/failure_origin.h"
 #include "launcher/root_cause.h"
+#include "launcher/round_spec.h"
 #include "launcher/worker_env.h"
 
 extern char** environ;
@@ -69,6 +71,7 @@ Agent::Agent(const JobSpec& spec, AgentConfig config, rendezvous::RendezvousClie
 Agent::~Agent() {
   heartbeat_.reset();
   procs_.reset();  // SIGKILLs and reaps anything left (only on an exception path)
+  watch_.reset();  // after procs_: tells the watcher to quit
   relay_.reset();
 }
 
@@ -76,8 +79,10 @@ int Agent::run() {
   try {
     for (;;) {
       rendezvous::Assignment a = rendezvous_step();
+      round_restart_ = a.restart;
       int restart = std::max(a.restart, failures_);
       check_restarts_left(restart);
+      round_gbs_ = write_round_spec(spec_, a, config_.spec_path, round_gbs_);
       start_step(a, restart);
       Outcome outcome = monitor_step();
       if (outcome == Outcome::succeeded) {
@@ -88,6 +93,7 @@ int Agent::run() {
       }
       stop_step(outcome == Outcome::signaled ? stop_signal_ : SIGTERM);
       if (stop_signal_ != 0) break;
+      if (outcome == Outcome::failed && round_moved_on()) outcome = Outcome::round_changed;
       if (outcome == Outcome::unreachable)
         throw Error(ErrorCode::rendezvous,
                     "lost the rendezvous server at " + config_.endpoint + ": " + heartbeat_detail_,
@@ -119,6 +125,26 @@ void Agent::check_restarts_left(int restart) const {
                   std::to_string(restart) + " > cluster.max_restarts " +
                   std::to_string(spec_.cluster.max_restarts) + ")",
               "see the root-cause block printed by the node that failed");
+}
+
+// A worker that failed after the rendezvous opened a new round for a
+// membership change (a dead node, a node joining; the restart count is
+// unchanged) is a consequence of that change: its peers were stopped under
+// it. Re-join instead of failing. A round ended by another node's failure
+// report is not this: the local failure is then reported as usual.
+bool Agent::round_moved_on() {
+  rendezvous::ServerStatus status;
+  try {
+    status = client_.status();
+  } catch (const Error&) {
+    return false;
+  }
+  if (status.round == group_.round || status.restart != round_restart_) return false;
+  heartbeat_detail_ = "round " + std::to_string(group_.round) + " -> " + std::to_string(status.round) +
+                      " (rank " + std::to_string(first_failure_ ? first_failure_->rank : -1) +
+                      " failed after the round ended)";
+  remote_failure_ = status.failure;
+  return true;
 }
 
 int Agent::server_restart() {
@@ -155,7 +181,8 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   group_.world = a.world;
   first_failure_.reset();
   relay_ = std::make_unique<SignalRelay>();
-  procs_ = std::make_unique<ProcessGroup>(relay_->fd());
+  if (!watch_) watch_ = WorkerWatch::start(spec_.cluster.grace_s);
+  procs_ = std::make_unique<ProcessGroup>(relay_->fd(), watch_.get());
 
   WorkerEnvInputs in;
   in.base = current_environment();
@@ -233,11 +260,20 @@ void Agent::record_exit(const ExitEvent& event, bool stopping) {
   Worker& w = group_.workers[event.index];
   w.exit = event.status;
   w.ended = event.when;
-  if (stopping) {
+  if (stopping && !event.status.success()) w.error_file_text = read_error_file(w.spec.error_file);
+  if (stopping && !(first_failure_ && !w.error_file_text.empty() &&
+                    failure_time(w) < failure_time(*first_failure_))) {
     w.state = WorkerState::STOPPED;
     // Says whether it ended on its own (exit code) or by SIGKILL after grace_s.
     DTRAIN_INFO("rank {} (local rank {}, pid {}) stopped: {}", w.rank, w.local_rank, w.pid,
                 w.exit.describe());
+  } else if (stopping) {
+    // It had failed before the failure that made the agent stop it (which
+    // was that failure's consequence): it is the root cause.
+    w.state = WorkerState::FAILED;
+    DTRAIN_ERROR("rank {} (local rank {}, pid {}) had failed first: {}", w.rank, w.local_rank,
+                 w.pid, w.exit.describe());
+    first_failure_ = w;
   } else if (event.status.success()) {
     w.state = WorkerState::SUCCEEDED;
   } else {
@@ -245,7 +281,7 @@ void Agent::record_exit(const ExitEvent& event, bool stopping) {
     w.error_file_text = read_error_file(w.spec.error_file);
     DTRAIN_ERROR("rank {} (local rank {}, pid {}) failed: {}", w.rank, w.local_rank, w.pid,
                  w.exit.describe());
-    if (!first_failure_) first_failure_ = w;
+    if (!first_failure_ || failure_time(w) < failure_time(*first_failure_)) first_failure_ = w;
   }
 }
 
@@ -307,15 +343,28 @@ int Agent::restart_or_fail(int restart) {
   cause.restarts_used = restart;
   cause.max_restarts = spec_.cluster.max_restarts;
   cause.worker = first;
-  std::cerr << cause.to_text() << std::flush;
+  // Another node's failure may have come first (and broken this node's
+  // collectives): the rendezvous keeps the earliest, and every node prints it.
+  const std::string earlier = settled_failure();
+  if (!earlier.empty() && !failure_is_ours(earlier, config_.node_id, first.rank)) {
+    print_remote_root_cause(restart + 1, earlier);
+    DTRAIN_ERROR("this node's rank {} failed after it: {}", first.rank, first.exit.describe());
+  } else {
+    std::cerr << cause.to_text() << std::flush;
+  }
   leave(false);
   int code = first.exit.shell_code();
   return code != 0 ? code : 1;
 }
 
 void Agent::print_remote_root_cause(int restart) const {
+  const std::string settled = settled_failure();
+  print_remote_root_cause(restart, settled.empty() ? remote_failure_ : settled);
+}
+
+void Agent::print_remote_root_cause(int restart, const std::string& failure) const {
   const std::string rule(72, '=');
-  std::string text = remote_failure_.empty() ? "the job failed on another node" : remote_failure_;
+  std::string text = failure.empty() ? "the job failed on another node" : failure;
   std::string indented;
   size_t from = 0;
   while (from <= text.size()) {
@@ -343,7 +392,8 @@ void Agent::report_failure(const Worker& worker) {
   report.local_rank = worker.local_rank;
   report.exit_code = worker.exit.exit_code;
   report.signal = worker.exit.signal;
-  if (!worker.error_file_text.empty()) report.message = error_file_message(worker.error_file_text);
+  report.failed_at = failure_time(worker);
+  if (!worker.error_file_text.empty()) report.message = error_file_report(worker.error_file_text);
   try {
     client_.report_failure(report);
   } catch (const Error& e) {

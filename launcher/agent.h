@@ -58,6 +58,7 @@ class Agent {
   int restart_or_fail(int restart);  // after a local failure: -1 = restart
   void check_restarts_left(int restart) const;  // throws when restart > max_restarts
   int server_restart();                         // the server's restart count (0 = unknown)
+  bool round_moved_on();  // after a local failure: the server is past this round
 
   void record_exit(const ExitEvent& event, bool stopping);
   std::optional<Outcome> group_outcome() const;
@@ -67,11 +68,15 @@ class Agent {
   // Restarts used up after another node's (or a hang's) failure: the root
   // cause the rendezvous gave, printed on this node too.
   void print_remote_root_cause(int restart) const;
+  void print_remote_root_cause(int restart, const std::string& failure) const;
+  // The rendezvous' root cause of the round, after a short settling pause.
+  std::string settled_failure() const;
 
   const JobSpec& spec_;
   AgentConfig config_;
   rendezvous::RendezvousClient& client_;
   std::unique_ptr<SignalRelay> relay_;
+  std::unique_ptr<WorkerWatch> watch_;  // stops the workers if this agent dies; outlives procs_
   std::unique_ptr<ProcessGroup> procs_;
   std::unique_ptr<Heartbeat> heartbeat_;
   WorkerGroup group_;
@@ -79,6 +84,8 @@ class Agent {
   int failures_ = 0;                     // restarts this agent asked for
   int stop_signal_ = 0;                  // SIGINT/SIGTERM dtrain received
   int num_nodes_ = 1;
+  int round_gbs_ = 0;                    // global batch of the last round (0 = none yet)
+  int round_restart_ = 0;                // the server's restart count when this round closed
   std::string heartbeat_detail_;         // why the heartbeat ended the round
   std::string remote_failure_;           // the rendezvous' reason for ending it
 };

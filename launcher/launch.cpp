@@ -54,10 +54,15 @@ bool is_loopback(const std::string& host) {
 }
 
 // True when a plain listener (no SO_REUSEPORT) cannot take the port: some
-// server (a standalone `dtrain rendezvous`) already listens there.
+// server (a standalone `dtrain rendezvous`) already listens there. With
+// SO_REUSEADDR, as the server binds: connections of a job that just ended
+// linger in TIME_WAIT on its port, and must not make node 0 join a server
+// that is gone instead of serving.
 bool port_taken(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);

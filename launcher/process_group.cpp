@@ -8,13 +8,29 @@
 #include <cerrno>
 #include <cmath>
 
+#include "launcher/session_signal.h"
+
 namespace dtrain::launcher {
 
-ProcessGroup::ProcessGroup(int wake_fd) : wake_fd_(wake_fd) {}
+ProcessGroup::ProcessGroup(int wake_fd, WorkerWatch* watch) : wake_fd_(wake_fd), watch_(watch) {}
 
 ProcessGroup::~ProcessGroup() {
   for (auto& e : entries_) e.process->signal_group(SIGKILL);
+  kill_sessions();
   entries_.clear();  // ~Process reaps
+}
+
+std::vector<pid_t> ProcessGroup::sessions() const {
+  std::vector<pid_t> out;
+  for (const auto& e : entries_) out.push_back(e.process->pid());
+  return out;
+}
+
+void ProcessGroup::kill_sessions() {
+  const auto sids = sessions();
+  signal_sessions(sids, SIGKILL);
+  if (watch_)
+    for (pid_t sid : sids) watch_->forget(sid);
 }
 
 pid_t ProcessGroup::spawn(int rank, const WorkerSpec& spec, const std::string& log_header) {
@@ -22,6 +38,7 @@ pid_t ProcessGroup::spawn(int rank, const WorkerSpec& spec, const std::string& l
   entry.output = std::make_unique<RankOutput>(rank, spec.log_path, spec.console, log_header);
   entry.process = std::make_unique<Process>(spec);
   pid_t pid = entry.process->pid();
+  if (watch_) watch_->watch(pid);  // its session id: it is the session's leader
   entries_.push_back(std::move(entry));
   return pid;
 }
@@ -81,14 +98,17 @@ std::vector<ExitEvent> ProcessGroup::close(int first_signal, double grace_s,
     auto got = poll(std::min(left, 0.05));
     events.insert(events.end(), got.begin(), got.end());
   }
-  // SIGKILL the groups even when every leader is gone: grandchildren may be left.
+  // SIGKILL the groups even when every leader is gone: grandchildren may be
+  // left, in the leader's group or in others of its session.
   for (auto& e : entries_) e.process->signal_group(SIGKILL);
+  signal_sessions(sessions(), SIGKILL);
   while (running() > 0) {
     if (hurry) hurry();  // drains the wake pipe, so this poll does not spin
     auto got = poll(0.02);
     events.insert(events.end(), got.begin(), got.end());
   }
   for (size_t i = 0; i < entries_.size(); ++i) pump(i);
+  kill_sessions();  // what was still starting up when the first SIGKILL went out
   entries_.clear();
   return events;
 }

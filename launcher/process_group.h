@@ -12,6 +12,7 @@
 #include "launcher/process.h"
 #include "launcher/rank_output.h"
 #include "launcher/worker.h"
+#include "launcher/worker_watch.h"
 
 namespace dtrain::launcher {
 
@@ -24,7 +25,9 @@ struct ExitEvent {
 class ProcessGroup {
  public:
   // wake_fd: also polled (the SignalRelay's pipe), so signals interrupt waits.
-  explicit ProcessGroup(int wake_fd);
+  // watch: told each worker session (null: none), so the workers do not
+  // outlive a killed agent.
+  explicit ProcessGroup(int wake_fd, WorkerWatch* watch = nullptr);
   // Whatever still runs is SIGKILLed and reaped.
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
@@ -40,7 +43,8 @@ class ProcessGroup {
   size_t running() const;
 
   // Send first_signal to every group, keep pumping and reaping for grace_s
-  // (or until hurry() says so), then SIGKILL what is left and reap it.
+  // (or until hurry() says so), then SIGKILL what is left of the workers'
+  // sessions (also processes they moved to other groups) and reap it.
   // Returns the exits seen meanwhile. Returns only when no worker is left.
   std::vector<ExitEvent> close(int first_signal, double grace_s,
                                const std::function<bool()>& hurry);
@@ -53,7 +57,11 @@ class ProcessGroup {
   void pump(size_t index);
   void reap(std::vector<ExitEvent>* events);
 
+  std::vector<pid_t> sessions() const;  // every worker's session id (= its pid)
+  void kill_sessions();                 // SIGKILL every process of them, then forget them
+
   int wake_fd_;
+  WorkerWatch* watch_;
   std::vector<Entry> entries_;
 };
 

@@ -5,8 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
+#include "common/error_file.h"
 #include "launcher/rank_output.h"
 
 namespace dtrain::launcher {
@@ -39,18 +38,22 @@ std::string indent(const std::string& text, const std::string& pad) {
 }  // namespace
 
 std::string error_file_message(const std::string& text) {
-  std::string message = text;
-  auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (json.is_object() && json.contains("message")) {
-    const auto& m = json["message"];
-    if (m.is_string()) {
-      message = m.get<std::string>();
-    } else if (m.is_object() && m.contains("message") && m["message"].is_string()) {
-      message = m["message"].get<std::string>();
-    }
-  }
+  std::string message = parse_error_file(text).message;
   if (message.size() > kMaxMessage) message = message.substr(0, kMaxMessage) + " [...]";
   return message;
+}
+
+std::string error_file_report(const std::string& text) {
+  const int64_t step = parse_error_file(text).step;
+  return (step > 0 ? "in step " + std::to_string(step) + ": " : "") + error_file_message(text);
+}
+
+double failure_time(const Worker& worker) {
+  if (!worker.error_file_text.empty()) {
+    const int64_t ms = parse_error_file(worker.error_file_text).time_ms;
+    if (ms > 0) return double(ms) / 1000.0;
+  }
+  return std::chrono::duration<double>(worker.ended.time_since_epoch()).count();
 }
 
 std::string read_error_file(const std::string& path) {
@@ -72,9 +75,12 @@ std::string RootCause::to_text() const {
       << "  rank       : " << worker.rank << " (local rank " << worker.local_rank << ")\n"
       << "  exit       : " << worker.exit.describe() << "\n"
       << "  restarts   : " << restarts_used << " of " << max_restarts << " used\n";
-  if (!worker.error_file_text.empty())
+  if (!worker.error_file_text.empty()) {
+    const int64_t step = parse_error_file(worker.error_file_text).step;
+    if (step > 0) out << "  step       : " << step << " (the step it failed in)\n";
     out << "  error file : " << worker.spec.error_file << "\n"
         << indent(error_file_message(worker.error_file_text), "    ");
+  }
   auto lines = tail_lines(worker.spec.log_path, kLogLines);
   out << "  log        : " << worker.spec.log_path;
   if (lines.empty()) {

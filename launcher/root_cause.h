@@ -25,8 +25,19 @@ struct RootCause {
 };
 
 // The message in a worker's error file: torchelastic's {"message": {"message":
-// ...}} or {"message": "..."} JSON, else the text itself (both truncated).
+// ...}} or {"message": "..."} JSON (common/error_file.h), else the text
+// itself (both truncated).
 std::string error_file_message(const std::string& text);
+
+// What the rendezvous tells the other nodes: "in step S: " (when the file
+// gives the step) and the message.
+std::string error_file_report(const std::string& text);
+
+// When a failed worker failed, in seconds since the epoch: the time of its
+// error file when it wrote one (the exception, often well before the exit:
+// tearing down LibTorch and Gloo takes a while, and the peers it leaves
+// fail meanwhile), else when the agent saw it exit. The earliest is the root cause.
+double failure_time(const Worker& worker);
 
 // Read a worker's error file ("" when it wrote none).
 std::string read_error_file(const std::string& path);

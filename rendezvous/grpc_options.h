@@ -3,6 +3,7 @@
 // server permits gets GOAWAY "too_many_pings"). Internal: included by .cpp only.
 #pragma once
 
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 
 namespace dtrain::rendezvous::detail {
@@ -20,6 +21,16 @@ constexpr int kMaxMessageBytes = 64 << 20;
 // Join: the server answers a timed-out join itself ("joined K of M") at
 // timeout_s; the client's gRPC deadline is this much later.
 constexpr double kJoinDeadlineGraceS = 2.0;
+
+// Abseil built without NDEBUG (Debian's, which gRPC uses here) records the
+// order of every Mutex acquisition in one global graph to detect possible
+// deadlocks; gRPC holds several mutexes per call and per connection, so the
+// graph and its cost grow with the number of agents (half of the time of
+// 4096 joins in bench/rendezvous_scale_bench). A debugging aid, off in
+// release builds of Abseil: turned off for the whole process (idempotent).
+inline void disable_mutex_deadlock_detection() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
 
 inline grpc::ChannelArguments client_channel_args() {
   grpc::ChannelArguments args;

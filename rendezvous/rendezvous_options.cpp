@@ -18,6 +18,10 @@ ServerOptions server_options_from_spec(const JobSpec& spec, std::string token, b
   o.traffic = traffic_model_from_spec(spec);
   o.nvlink_domain = spec.cluster.topology.nvlink_domain;
   o.allow_slow = allow_slow;
+  o.grad_accum_auto = spec.train.grad_accum_auto;
+  o.global_batch = spec.train.global_batch;
+  o.micro_batch = spec.train.micro_batch;
+  o.grad_accum = spec.train.grad_accum;
   return o;
 }
 

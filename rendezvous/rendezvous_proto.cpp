@@ -263,6 +263,7 @@ void to_proto(const FailureReport& r, pb::FailureRequest* out) {
   out->set_exit_code(r.exit_code);
   out->set_signal(r.signal);
   out->set_message(r.message);
+  out->set_failed_at(r.failed_at);
 }
 
 FailureReport from_proto(const pb::FailureRequest& req) {
@@ -274,6 +275,7 @@ FailureReport from_proto(const pb::FailureRequest& req) {
   r.exit_code = req.exit_code();
   r.signal = req.signal();
   r.message = req.message();
+  r.failed_at = req.failed_at();
   return r;
 }
 

@@ -22,6 +22,13 @@ struct ServerOptions {
   TrafficModel traffic;
   int nvlink_domain = 0;          // for islands when agents report none
   bool allow_slow = false;
+  // train.global_batch > 0: a round whose dp cannot keep it is refused when
+  // it forms (with grad_accum auto: global_batch / (micro_batch x dp) does
+  // not divide; else micro_batch x grad_accum x dp differs).
+  bool grad_accum_auto = false;
+  int global_batch = 0;
+  int micro_batch = 1;
+  int grad_accum = 1;
 };
 
 // Added: the options a spec implies (job name, nodes min:max, last call,

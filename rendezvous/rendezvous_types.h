@@ -56,6 +56,7 @@ struct FailureReport {
   int exit_code = 0;   // valid when signal == 0
   int signal = 0;
   std::string message;
+  double failed_at = 0;  // seconds since the epoch; 0 = unknown
 };
 
 struct NodeStatus {

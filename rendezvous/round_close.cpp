@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/spec_resolve.h"
 #include "rendezvous/round_state.h"
 
 namespace dtrain::rendezvous {
@@ -78,7 +79,7 @@ Cluster RoundState::cluster_of(const std::vector<Member>& members) const {
 // joined (dp = devices / (tp * pp)); tp, pp and ep stay as the spec says.
 Mesh RoundState::mesh_for(const Cluster& cluster) const {
   Mesh mesh = options_.mesh;
-  if (!elastic()) return mesh;
+  if (!elastic()) return checked_global_batch(mesh);
   int devices = cluster.total_devices();
   int per_replica = mesh.tp * mesh.pp;
   if (devices % per_replica != 0)
@@ -88,6 +89,24 @@ Mesh RoundState::mesh_for(const Cluster& cluster) const {
                 std::to_string(per_replica),
                 "give every node a multiple of tp * pp slots");
   mesh.dp = devices / per_replica;
+  return checked_global_batch(mesh);
+}
+
+// train.global_batch holds at every round's dp (grad_accum auto re-derives
+// it), or the round is refused.
+Mesh RoundState::checked_global_batch(const Mesh& mesh) const {
+  const int gbs = options_.global_batch;
+  if (gbs <= 0) return mesh;
+  std::string why;
+  if (options_.grad_accum_auto && auto_grad_accum(gbs, options_.micro_batch, mesh.dp, &why) == 0)
+    throw Error(ErrorCode::config, why, "choose a train.global_batch that every round's dp divides");
+  const long long fixed = 1LL * options_.micro_batch * options_.grad_accum * mesh.dp;
+  if (!options_.grad_accum_auto && fixed != gbs)
+    throw Error(ErrorCode::config,
+                "train.micro_batch(" + std::to_string(options_.micro_batch) + ") x train.grad_accum(" +
+                    std::to_string(options_.grad_accum) + ") x dp(" + std::to_string(mesh.dp) + ") = " +
+                    std::to_string(fixed) + " != train.global_batch(" + std::to_string(gbs) + ")",
+                "set train.grad_accum: auto so that every round keeps the global batch");
   return mesh;
 }
 

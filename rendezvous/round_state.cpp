@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "common/log.h"
+#include "common/signal_name.h"
 #include "rendezvous/hang_attribution.h"
 #include "rendezvous/token.h"
 
@@ -206,15 +207,29 @@ HeartbeatReply RoundState::heartbeat(const std::string& node_id, uint64_t round,
 }
 
 void RoundState::report_failure(const FailureReport& r) {
-  std::string what = r.signal ? "signal " + std::to_string(r.signal)
+  std::string what = r.signal ? "signal " + std::to_string(r.signal) + " (" + signal_name(r.signal) + ")"
                               : "exit code " + std::to_string(r.exit_code);
   DTRAIN_WARN("rendezvous: node '{}' reports a failure in round {}: rank {} (local {}) {}{}{}",
               r.node_id, r.round, r.rank, r.local_rank, what, r.message.empty() ? "" : ": ",
               r.message);
-  if (r.round != round_ || open_) return;  // this round was already restarted
+  const bool earlier = r.round == failure_round_ && !failure_.empty() && r.failed_at > 0 &&
+                       r.failed_at < failure_at_;
+  if ((r.round != round_ || open_) && !earlier) return;  // this round was already restarted
+  std::string node = "'" + r.node_id + "'";  // with its rank, address and hostname when known
+  for (const Member& m : active_)
+    if (m.info.node_id == r.node_id)
+      node = std::to_string(m.info.node_rank) + " (" + m.info.host +
+             (m.info.hostname.empty() ? "" : ", hostname " + m.info.hostname) + ", id '" +
+             r.node_id + "')";
   failure_ = "rank " + std::to_string(r.rank) + " (local rank " + std::to_string(r.local_rank) +
-             ") on node '" + r.node_id + "' failed: " + what +
+             ") on node " + node + " failed: " + what +
              (r.message.empty() ? "" : ": " + r.message);
+  failure_round_ = r.round;
+  failure_at_ = r.failed_at > 0 ? r.failed_at : 1e300;
+  if (earlier) {
+    DTRAIN_WARN("rendezvous: that failure came first in round {}; it is the root cause", r.round);
+    return;
+  }
   ++restart_;
   open_next_round("worker failure on node '" + r.node_id + "'");
 }

@@ -90,6 +90,7 @@ class RoundState {
   std::vector<JoinOutcome> close_round(TimePoint now);
   std::vector<Member> ordered_waiting() const;
   Mesh mesh_for(const Cluster& cluster) const;
+  Mesh checked_global_batch(const Mesh& mesh) const;
   Cluster cluster_of(const std::vector<Member>& members) const;
   void log_summary(const ClosedRound& closed, const std::vector<Member>& members);
   void check_hang(TimePoint now);  // poll(): a stalled closed round is a failure
@@ -102,6 +103,11 @@ class RoundState {
   // slow rank's set-up) is never taken for a hang.
   bool all_started_ = false;
   std::string failure_;  // why the last failed round ended
+  // The worker failure failure_ reports: its round and time. A later report
+  // of the same round with an earlier time replaces it (a peer that broke on
+  // the first failure often reports first).
+  uint64_t failure_round_ = 0;
+  double failure_at_ = 0;
 
   ServerOptions options_;
   uint64_t round_ = 1;

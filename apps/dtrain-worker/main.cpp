@@ -8,19 +8,23 @@
 #include <malloc.h>
 #include <sys/prctl.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <exception>
 #include <iostream>
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 
 #include "common/error.h"
+#include "common/error_file.h"
 #include "common/log.h"
 #include "engine/comm/comm_bench.h"
 #include "engine/doctor/engine_facts.h"
 #include "engine/device/matmul_probe.h"
 #include "engine/model/attention_bench.h"
+#include "engine/trainer/current_step.h"
 #include "engine/trainer/trainer.h"
 
 namespace {
@@ -49,12 +53,51 @@ void keep_freed_memory_in_heap() {
   if (!std::getenv("MALLOC_TRIM_THRESHOLD_")) mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+// What the agent shows as the root cause: the message, this rank and the
+// step it failed in, in DTRAIN_ERROR_FILE (TORCHELASTIC_ERROR_FILE when only
+// that is set, as under torchrun). Nothing when neither is set.
+void write_error_file(const std::string& message) {
+  const char* path = std::getenv("DTRAIN_ERROR_FILE");
+  if (!path || !*path) path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (!path || !*path) return;
+  dtrain::ErrorFileRecord record;
+  record.message = message;
+  const char* rank = std::getenv("RANK");
+  record.rank = rank ? std::atoi(rank) : -1;
+  const int64_t step = dtrain::engine::trainer::current_step();
+  record.step = step > 0 ? step : -1;
+  record.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+  if (!dtrain::write_error_file(path, record))
+    std::cerr << "dtrain-worker: could not write the error file " << path << "\n";
+}
+
+// An exception that escapes a thread other than main's ends in
+// std::terminate: record it too, then abort as the default handler does.
+[[noreturn]] void terminate_with_error_file() {
+  std::string message = "std::terminate called without an active exception";
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      message = std::string("uncaught exception: ") + ex.what();
+    } catch (...) {
+      message = "uncaught exception of an unknown type";
+    }
+  }
+  std::cerr << "dtrain-worker: " << message << "\n";
+  write_error_file(message);
+  std::abort();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // If the agent dies (even by SIGKILL), take the worker down with it.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   keep_freed_memory_in_heap();
+  std::set_terminate(terminate_with_error_file);
   const char* rank = std::getenv("RANK");
   const char* world = std::getenv("WORLD_SIZE");
   dtrain::log::init("worker", rank ? std::atoi(rank) : 0, world ? std::atoi(world) : 1);
@@ -104,9 +147,11 @@ int main(int argc, char** argv) {
   } catch (const dtrain::Error& e) {
     std::cerr << "dtrain-worker: error: " << e.message() << "\n";
     if (!e.hint().empty()) std::cerr << "  fix: " << e.hint() << "\n";
+    write_error_file(e.message() + (e.hint().empty() ? "" : "\nfix: " + e.hint()));
     return e.exit_code();
   } catch (const std::exception& e) {
     std::cerr << "dtrain-worker: error: " << e.what() << "\n";
+    write_error_file(e.what());
     return 1;
   }
 }

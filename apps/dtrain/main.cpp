@@ -2,11 +2,14 @@
 // into CLI11, catches dtrain::Error and maps it to an exit code. The only
 // place in the project that exits.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include "apps/dtrain/command.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "launcher/worker_watch.h"
 
 namespace dtrain::app {
 std::vector<CommandEntry>& command_registry() {
@@ -18,6 +21,9 @@ std::vector<CommandEntry>& command_registry() {
 
 int main(int argc, char** argv) {
   dtrain::log::init("dtrain");
+  // The agent's worker watch (launcher/worker_watch.h): not a user command.
+  if (argc == 4 && std::strcmp(argv[1], dtrain::launcher::kWatchWorkersCommand) == 0)
+    return dtrain::launcher::run_worker_watch(0, std::atof(argv[2]), std::atoi(argv[3]));
   CLI::App app{"dtrain: launcher, orchestrator and training engine for distributed deep learning"};
   app.require_subcommand(1);
   int exit_code = 0;

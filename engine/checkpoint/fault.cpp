@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <csignal>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "common/log.h"
@@ -21,6 +23,13 @@ bool is_target(const FaultSpec& f, const comm::WorldInfo& info) {
 void fault_in_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step) {
   if (f.kind == "slow" && is_target(f, info) && step >= f.step)
     std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
+  if (f.kind == "raise" && is_target(f, info) && step == f.step) {
+    DTRAIN_WARN("fault.kind = raise: rank {} throws an exception in step {} on purpose", info.rank,
+                step);
+    throw std::runtime_error("fault.kind = raise: rank " + std::to_string(info.rank) +
+                             " throws in step " + std::to_string(step) +
+                             " on purpose (chaos testing)");
+  }
 }
 
 void fault_after_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step) {

@@ -15,6 +15,7 @@ namespace dtrain::engine::checkpoint {
 // fault.kind slow: sleeps fault.ms milliseconds in every step from step
 // fault.step on. Called inside the timed part of step `step`, so step_s
 // shows it (and the other ranks wait for it at the step's collectives).
+// fault.kind raise: throws std::runtime_error in step fault.step.
 void fault_in_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step);
 
 // After step `step` and its checkpoint, if one was due: kill_after_step

@@ -16,6 +16,7 @@
 #include "engine/comm/traced_group.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
+#include "engine/trainer/current_step.h"
 #include "engine/trainer/memory_check.h"
 #include "engine/trainer/memory_report.h"
 #include "engine/trainer/straggler.h"
@@ -69,6 +70,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   timer.start();
   const int64_t blocked_ns = comm::trace_blocked_ns();
   comm::trace_step(step + 1);
+  set_current_step(step + 1);  // for the error file, should this step throw
   checkpoint::fault_in_step(s.spec.fault, s.info, step + 1);  // fault.kind slow: inside the timed step
   parallel::StepOptions opt;
   opt.grad_accum = s.spec.train.grad_accum;

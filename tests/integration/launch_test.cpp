@@ -338,8 +338,8 @@ TEST_CASE("SIGTERM to dtrain: every worker is gone within the grace period") {
   for (pid_t pid : pids) CHECK_FALSE(dtrain::testing::pid_alive(pid));
 }
 
-// The killed agent's workers are orphans (their agent could not stop them);
-// the TagGuard reaps them. What matters here is the survivor.
+// The survivor stops its workers and gives up; the killed agent's workers
+// are stopped by its worker watch (launcher/worker_watch.h).
 static void check_survivor_after_kill(bool kill_node0_with_server) {
   Job job;
   const double heartbeat = 0.5;
@@ -357,10 +357,12 @@ static void check_survivor_after_kill(bool kill_node0_with_server) {
   Child& victim = kill_node0_with_server ? a0 : a1;
   Child& survivor = kill_node0_with_server ? a1 : a0;
   int survivor_node = kill_node0_with_server ? 1 : 0;
-  std::vector<pid_t> survivor_pids;
+  std::vector<pid_t> survivor_pids, victim_pids;
   for (const auto& r : job.reports())
-    if (as_int(r, "GROUP_RANK") == survivor_node) survivor_pids.push_back(r["pid"].get<int>());
+    (as_int(r, "GROUP_RANK") == survivor_node ? survivor_pids : victim_pids)
+        .push_back(r["pid"].get<int>());
   REQUIRE(survivor_pids.size() == 2);
+  REQUIRE(victim_pids.size() == 2);
   auto killed = Clock::now();
   victim.signal(SIGKILL);
   bool stopped = wait_until([&] {
@@ -374,6 +376,14 @@ static void check_survivor_after_kill(bool kill_node0_with_server) {
   CHECK(took < 3 * heartbeat + heartbeat + 2.5);
   REQUIRE_MESSAGE(survivor.wait(15), survivor.output());  // re-join times out: no hang
   CHECK(survivor.exit_code() != 0);
+  // Orphans are reaped by init: a zombie is gone too.
+  auto running = [](pid_t pid) {
+    const std::string stat = dtrain::testing::read_file("/proc/" + std::to_string(pid) + "/stat");
+    const size_t paren = stat.rfind(')');
+    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+  };
+  CHECK_MESSAGE(wait_until([&] { return std::none_of(victim_pids.begin(), victim_pids.end(), running); }, 5),
+                victim.output());
 }
 
 TEST_CASE("2 agents, one agent SIGKILLed: the other stops its workers and does not hang") {

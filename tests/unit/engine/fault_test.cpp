@@ -1,6 +1,6 @@
 // engine/checkpoint/fault.h: which rank a fault of the spec strikes, from
 // which step, and on which launch. In-process, so only the kinds that return
-// (slow, and every kind where it must not strike) are run here; the killing
+// (slow, raise, and every kind where it must not strike) are run here; the killing
 // and hanging ones run in tests/integration (checkpoint_test, safety_test).
 #include <chrono>
 #include <functional>
@@ -71,4 +71,25 @@ TEST_CASE("fault: crash_during_save strikes the save of fault.step (0: the first
   info.restart = 0;
   f.kind = "slow";
   CHECK_FALSE(checkpoint::crash_during_save(f, info, 10));
+}
+
+TEST_CASE("fault: raise throws in step fault.step on fault.rank only, first launch only") {
+  dtrain::FaultSpec f;
+  f.kind = "raise";
+  f.rank = 1;
+  f.step = 3;
+  comm::WorldInfo info;
+  info.rank = 1;
+  info.world = 2;
+  CHECK_THROWS_WITH_AS(checkpoint::fault_in_step(f, info, 3),
+                       "fault.kind = raise: rank 1 throws in step 3 on purpose (chaos testing)",
+                       std::runtime_error);
+  CHECK_NOTHROW(checkpoint::fault_in_step(f, info, 2));
+  CHECK_NOTHROW(checkpoint::fault_in_step(f, info, 4));
+  CHECK_NOTHROW(checkpoint::fault_after_step(f, info, 3));  // in the step, not after it
+  info.restart = 1;
+  CHECK_NOTHROW(checkpoint::fault_in_step(f, info, 3));
+  info.restart = 0;
+  info.rank = 0;
+  CHECK_NOTHROW(checkpoint::fault_in_step(f, info, 3));
 }

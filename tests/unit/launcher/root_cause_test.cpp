@@ -1,4 +1,5 @@
-// Unit tests: the root-cause block and error files (launcher/root_cause.h),
+// Unit tests: the root-cause block and error files (launcher/root_cause.h,
+// common/error_file.h), which failure is the job's (launcher/failure_origin.h),
 // and log tails (launcher/rank_output.h).
 #include <doctest/doctest.h>
 #include <signal.h>
@@ -7,6 +8,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "common/error_file.h"
+#include "launcher/failure_origin.h"
 #include "launcher/rank_output.h"
 #include "launcher/root_cause.h"
 
@@ -66,4 +69,37 @@ TEST_CASE("RankOutput: log gets raw bytes, tail_lines the last lines") {
   CHECK(text.find("segfault in kernel") != std::string::npos);
   CHECK(text.find("    | more") != std::string::npos);
   std::system(("rm -rf '" + dir + "'").c_str());
+}
+
+TEST_CASE("error files from dtrain-worker: the step in the block and in the report; which failure is ours") {
+  dtrain::ErrorFileRecord r;
+  r.message = "fault.kind = raise: boom";
+  r.rank = 3;
+  r.step = 7;
+  r.time_ms = 1700000000000;
+  const std::string json = dtrain::error_file_json(r);
+  CHECK(error_file_message(json) == "fault.kind = raise: boom");
+  CHECK(error_file_report(json) == "in step 7: fault.kind = raise: boom");
+  CHECK(error_file_report(R"({"message": "no step"})") == "no step");
+
+  RootCause cause;
+  cause.worker.rank = 3;
+  cause.worker.spec.log_path = "/nonexistent/rank_3.log";
+  cause.worker.spec.error_file = "/r/error_rank_3.json";
+  cause.worker.error_file_text = json;
+  const std::string text = cause.to_text();
+  CHECK(text.find("step       : 7 (the step it failed in)") != std::string::npos);
+  CHECK(text.find("    fault.kind = raise: boom") != std::string::npos);
+  cause.worker.error_file_text = R"({"message": "no step"})";
+  CHECK(cause.to_text().find("step       :") == std::string::npos);
+
+  const std::string failure =
+      "rank 3 (local rank 1) on node 1 (10.0.0.2, hostname vm, id '10.0.0.2:77') failed: exit code 1";
+  CHECK(failure_is_ours(failure, "10.0.0.2:77", 3));
+  CHECK_FALSE(failure_is_ours(failure, "10.0.0.2:78", 3));  // another agent
+  CHECK_FALSE(failure_is_ours(failure, "10.0.0.2:77", 1));  // another rank of ours
+  CHECK_FALSE(failure_is_ours("node '10.0.0.2:77' missed 3 heartbeats", "10.0.0.2:77", 3));
+  CHECK_FALSE(failure_is_ours("rank 3 (local rank 1) on node 0 (10.0.0.1, id 'a:1') failed\n"
+                              "  lost node 1: id '10.0.0.2:77'",
+                              "10.0.0.2:77", 3));  // only the first line names the node
 }

@@ -88,3 +88,40 @@ TEST_CASE("round: an expired join is answered with K of M and leaves the round")
         std::string::npos);
   CHECK(s.status(t0).nodes.empty());
 }
+
+TEST_CASE("round: the earliest failure of a round is its root cause, whatever order the reports arrive in") {
+  RoundState s(round_options(2, 2));
+  TimePoint t0{};
+  JoinInfo a = node(0), b = node(1);
+  a.hostname = "vm-a";
+  b.hostname = "vm-b";
+  CHECK_FALSE(s.join(a, 1, t0, TimePoint::max()));
+  CHECK_FALSE(s.join(b, 2, t0, TimePoint::max()));
+  REQUIRE(s.poll(t0).size() == 2);
+  FailureReport peer;  // n0's rank broke on n1's failure, and said so first
+  peer.node_id = "n0";
+  peer.round = 1;
+  peer.rank = 0;
+  peer.local_rank = 0;
+  peer.exit_code = 1;
+  peer.message = "in step 3: Connection closed by peer";
+  peer.failed_at = 1000.4;
+  s.report_failure(peer);
+  CHECK(s.status(t0).failure.find("rank 0 (local rank 0) on node 0 (h0, hostname vm-a, id 'n0')") == 0);
+  FailureReport cause;
+  cause.node_id = "n1";
+  cause.round = 1;
+  cause.rank = 1;
+  cause.local_rank = 0;
+  cause.signal = 6;
+  cause.message = "in step 3: boom";
+  cause.failed_at = 1000.1;
+  s.report_failure(cause);
+  const std::string failure = s.status(t0).failure;
+  CHECK(failure == "rank 1 (local rank 0) on node 1 (h1, hostname vm-b, id 'n1') failed: signal 6 (SIGABRT): in step 3: boom");
+  CHECK(s.status(t0).restart == 1);  // one failure of one round: one restart
+  CHECK(s.round() == 2);
+  peer.failed_at = 1000.2;  // later than the kept one: ignored
+  s.report_failure(peer);
+  CHECK(s.status(t0).failure == failure);
+}

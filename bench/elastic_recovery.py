@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Failure detection and recovery on 3 test hosts (scripts/testhosts; root).
+
+An elastic job (cluster.nodes "2:3", one worker per host, parallel.dp auto,
+train.grad_accum auto with a fixed train.global_batch, a checkpoint every 4
+steps, steps paced to >= 40 ms by fault.kind slow, which changes no number)
+trains; host 2's link is cut mid-run. On this machine's clock, from the
+moment the link goes down:
+  named    the rendezvous names the lost node (node 0's log: "declared dead")
+  formed   the survivors' round 2 closed (workers stopped, re-joined, last call)
+  training the first step of round 2 on the 2 survivors (metrics.jsonl)
+Then host 2 comes back (link up, a new agent there); from its start:
+  grown    round 3 closed on 3 nodes (the survivors' workers saved on SIGTERM)
+  training the first step of round 3 on all 3
+The peer, in the same run: a fresh 2-host launch of the same spec, from its
+start to its first step (what a restart from scratch pays for worker start-up,
+Gloo set-up and one step); a round's "formed -> training" is the same work
+plus the checkpoint load. Prints every run, the medians and the ratios.
+
+Usage: sudo bench/elastic_recovery.py [RUNS]   (DTRAIN_BUILD_DIR, default build/;
+DTRAIN_BENCH_KEEP=1 keeps the agents' logs)
+"""
+import fcntl
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("DTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
+DTRAIN = os.path.join(BUILD, "apps", "dtrain", "dtrain")
+TESTHOSTS = os.path.join(ROOT, "scripts", "testhosts")
+HEARTBEAT_S, LAST_CALL_S, GRACE_S = 0.5, 1.0, 1.0
+POLL_S = 0.01
+
+
+def addr(i):
+    return "10.251.77.%d" % (10 + i)
+
+
+def testhosts(*args):
+    subprocess.run([TESTHOSTS, *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def fresh_hosts():
+    # New namespaces for every run: nothing of the last one (links cut,
+    # sockets in TIME_WAIT) carries over.
+    testhosts("down")
+    testhosts("up", "3")
+
+
+def word_salad(n):
+    words = ["the ", "model ", "learns ", "a ", "distributed ", "gradient ", "bucket ", "of ",
+             "bytes ", "and ", "every ", "rank ", "sums ", "its ", "share\n", "while ",
+             "backward ", "runs. "]
+    out, x = [], 12345
+    while sum(map(len, out)) < n:
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        out.append(words[x % len(words)])
+    return "".join(out)[:n]
+
+
+def write_spec(work, run, nodes):
+    path = os.path.join(work, "spec_%s.yaml" % os.path.basename(run))
+    with open(path, "w") as f:
+        f.write(f"""job: {{name: elastic-bench, seed: 1234}}
+cluster: {{nodes: "{nodes}", procs_per_node: 1, device: cpu, backend: gloo, grace_s: {GRACE_S},
+          rendezvous: {{heartbeat_s: {HEARTBEAT_S}, last_call_s: {LAST_CALL_S}, join_timeout_s: 30}}}}
+parallel: {{dp: auto}}
+model: {{kind: gpt, vocab: 256, layers: 2, d_model: 32, heads: 2, seq_len: 32, dropout: 0.0}}
+fault: {{kind: slow, rank: 0, step: 1, ms: 40}}
+train: {{steps: 60, micro_batch: 2, global_batch: 12, grad_accum: auto, lr: 3.0e-3, warmup_steps: 3}}
+data: {{path: {work}/text.txt, format: bytes}}
+checkpoint: {{dir: {run}/ckpt, every: 4, keep: 20}}
+log: {{dir: {run}, every: 1}}
+""")
+    return path
+
+
+class Agents:
+    """One `dtrain launch` per host: node 0 first, the others once it listens."""
+
+    def __init__(self, spec, n, logs):
+        self.procs, self.logs, self.spec = [], [], spec
+        self.env = dict(os.environ, DTRAIN_TOKEN="elastic-bench", DTRAIN_NO_REBUILD="1")
+        for i in range(n):
+            self.add(i, logs[i])
+            if i == 0:
+                wait_for(lambda: "listening on port" in read(logs[0]), 30, "node 0's rendezvous")
+
+    def add(self, i, log):
+        self.logs.append(log)
+        self.procs.append(subprocess.Popen(
+            ["nsenter", "--net=/run/netns/dtrain-h%d" % i, "--", DTRAIN, "launch", self.spec,
+             "--node-rank", str(i), "--rdzv", addr(0) + ":29400"],
+            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
+
+    def wait(self, timeout):
+        return [p.wait(timeout) for p in self.procs]
+
+    def kill(self):
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+
+
+def read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def steps_of(metrics):
+    return [int(line.split('"step": ')[1].split(",")[0]) for line in read(metrics).splitlines()
+            if '"step": ' in line]
+
+
+def wait_for(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return time.monotonic()
+        time.sleep(POLL_S)
+    raise RuntimeError("timed out waiting for " + what)
+
+
+# Times (s) from `t0` until node 0's log shows `closed` and then until
+# metrics.jsonl has a line more than it had then (the round's first step).
+def round_times(log0, metrics, t0, named=None):
+    t = {"named": None, "formed": None, "training": None}
+    lines_at_formed = 0  # the last round's workers are gone before a round closes
+
+    def progress():
+        nonlocal lines_at_formed
+        text, now = read(log0), time.monotonic()
+        if named and t["named"] is None and named in text:
+            t["named"] = now
+        if t["formed"] is None and t["closed_marker"] in text:
+            t["formed"] = now
+            lines_at_formed = len(steps_of(metrics))
+        elif t["formed"] is not None and t["training"] is None and len(steps_of(metrics)) > lines_at_formed:
+            t["training"] = now
+        return all(t[key] is not None for key in ("formed", "training")) and (not named or t["named"])
+
+    return t, progress
+
+
+def one_cut(work, k):
+    run = os.path.join(work, "cut%d" % k)
+    logs = [os.path.join(work, "cut%d_node%d.log" % (k, i)) for i in range(3)]
+    metrics = os.path.join(run, "metrics.jsonl")
+    fresh_hosts()
+    agents = Agents(write_spec(work, run, "2:3"), 3, logs)
+    try:
+        wait_for(lambda: len(steps_of(metrics)) >= 8, 180, "step 8")
+        t_cut = time.monotonic()
+        testhosts("cut", "2")
+        cut, progress = round_times(logs[0], metrics, t_cut, named="declared dead")
+        cut["closed_marker"] = "rendezvous round 2 closed"
+        wait_for(progress, 120, "round 2's first step")
+        if len(steps_of(metrics)) >= 50:
+            raise RuntimeError("round 2 ended too soon to add host 2 back; see " + logs[0])
+        testhosts("heal", "2")
+        t_back = time.monotonic()
+        agents.add(2, os.path.join(work, "cut%d_node2_back.log" % k))
+        back, progress = round_times(logs[0], metrics, t_back)
+        back["closed_marker"] = "rendezvous round 3 closed (restart 0): 3 nodes"
+        wait_for(progress, 120, "round 3's first step")
+        codes = agents.wait(300)
+        if codes[0] != 0 or codes[1] != 0 or codes[3] != 0:
+            raise RuntimeError("agents exited %s; see %s" % (codes, agents.logs))
+        if "round 1 closed (restart 0): 3 nodes" not in read(logs[0]):
+            raise RuntimeError("round 1 did not start on 3 nodes; see " + logs[0])
+        resumed = [int(x.split()[0]) for x in read(logs[0]).split("resuming from step ")[1:]]
+        return ({key: cut[key] - t_cut for key in ("named", "formed", "training")},
+                {key: back[key] - t_back for key in ("formed", "training")}, resumed)
+    finally:
+        agents.kill()
+
+
+def one_fresh(work, k):
+    run = os.path.join(work, "fresh%d" % k)
+    logs = [os.path.join(work, "fresh%d_node%d.log" % (k, i)) for i in range(2)]
+    fresh_hosts()
+    t0 = time.monotonic()
+    agents = Agents(write_spec(work, run, "2"), 2, logs)
+    try:
+        t1 = wait_for(lambda: len(steps_of(os.path.join(run, "metrics.jsonl"))) >= 1, 180, "step 1")
+        if agents.wait(300) != [0, 0]:
+            raise RuntimeError("fresh run failed; see %s" % logs)
+        return t1 - t0
+    finally:
+        agents.kill()
+
+
+def main():
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    if os.geteuid() != 0:
+        sys.exit("needs root (network namespaces): sudo %s" % sys.argv[0])
+    if not os.access(DTRAIN, os.X_OK):
+        sys.exit("no %s: build first (scripts/build)" % DTRAIN)
+    # The integration tests' lock on the test hosts (tests/support/test_hosts.h).
+    lock = open("/run/dtrain-testhosts-test.lock", "a")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    work = tempfile.mkdtemp(prefix="dtrain-bench-elastic-")
+    try:
+        with open(os.path.join(work, "text.txt"), "w") as f:
+            f.write(word_salad(64 * 1024))
+        rows, grows, fresh = [], [], []
+        for k in range(runs):  # interleaved: cut, then fresh
+            times, grow, resumed = one_cut(work, k)
+            rows.append(times)
+            grows.append(grow)
+            fresh.append(one_fresh(work, k))
+            print("run %d: cut at step >= 8 -> named %.2f s, round 2 formed %.2f s, training again "
+                  "%.2f s (from step %d); host 2 back -> round 3 formed %.2f s, training on 3 %.2f s "
+                  "(from step %d); fresh 2-host start -> first step %.2f s"
+                  % (k + 1, times["named"], times["formed"], times["training"], resumed[0],
+                     grow["formed"], grow["training"], resumed[1], fresh[-1]), flush=True)
+        med = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+        g_med = {key: statistics.median(r[key] for r in grows) for key in grows[0]}
+        f_med = statistics.median(fresh)
+        restart = statistics.median(r["training"] - r["formed"] for r in rows)
+        print("\n3 test hosts x 1 worker, elastic 2:3, heartbeat %.1f s (dead after 3 missed), "
+              "grace %.1f s, last call %.1f s; %d runs, medians:" % (HEARTBEAT_S, GRACE_S, LAST_CALL_S, runs))
+        print("  partition -> named            %.2f s  (%.1f heartbeats)" % (med["named"], med["named"] / HEARTBEAT_S))
+        print("  partition -> round 2 formed   %.2f s  (named -> formed %.2f s: stop, re-join, last call)"
+              % (med["formed"], med["formed"] - med["named"]))
+        print("  partition -> training again   %.2f s  (formed -> first step %.2f s)" % (med["training"], restart))
+        print("  node back -> round 3 formed   %.2f s  (survivors save on SIGTERM, re-join; max nodes: no last call)"
+              % g_med["formed"])
+        print("  node back -> training on 3    %.2f s" % g_med["training"])
+        print("  peer: fresh 2-host launch -> first step %.2f s" % f_med)
+        print("  ratios: recovery (partition -> training) / fresh start = %.2fx; "
+              "formed -> first step / fresh start = %.2fx" % (med["training"] / f_med, restart / f_med))
+    finally:
+        subprocess.run([TESTHOSTS, "down"], stdout=subprocess.DEVNULL)
+        if os.environ.get("DTRAIN_BENCH_KEEP"):
+            print("logs kept in " + work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

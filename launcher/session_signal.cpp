@@ -1,0 +1,70 @@
+// signal_sessions / session_members (session_signal.h): one pass over
+// /proc/<pid>/stat, whose fields after the command name are state, ppid,
+// pgrp and session.
+#include "launcher/session_signal.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace dtrain::launcher {
+namespace {
+
+// Session id of `pid` (-1 when it is gone or a zombie).
+pid_t live_session_of(pid_t pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buf[512];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  // The command name is in parentheses and may hold spaces or ')'.
+  const char* close_paren = std::strrchr(buf, ')');
+  if (!close_paren) return -1;
+  char state = 0;
+  int ppid = 0, pgrp = 0, session = 0;
+  if (std::sscanf(close_paren + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) != 4) return -1;
+  if (state == 'Z' || state == 'X') return -1;
+  return static_cast<pid_t>(session);
+}
+
+}  // namespace
+
+std::vector<pid_t> session_members(const std::vector<pid_t>& all) {
+  std::vector<pid_t> out;
+  std::vector<pid_t> sids;  // never session 0 or init's
+  for (pid_t sid : all)
+    if (sid > 1) sids.push_back(sid);
+  if (sids.empty()) return out;
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return out;
+  const pid_t self = ::getpid();
+  while (dirent* e = ::readdir(proc)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 1 || *end != '\0' || pid == self) continue;
+    pid_t sid = live_session_of(static_cast<pid_t>(pid));
+    if (sid > 0 && std::find(sids.begin(), sids.end(), sid) != sids.end())
+      out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(proc);
+  return out;
+}
+
+int signal_sessions(const std::vector<pid_t>& sids, int sig) {
+  for (pid_t sid : sids)
+    if (sid > 1) ::kill(-sid, sig);
+  int n = 0;
+  for (pid_t pid : session_members(sids)) n += ::kill(pid, sig) == 0 ? 1 : 0;
+  return n;
+}
+
+}  // namespace dtrain::launcher

@@ -1,0 +1,22 @@
+// Signalling whole sessions: every process whose session id is one of a
+// worker's (workers are session leaders, sid = their pid), found in /proc.
+// Reaches what a worker spawned even in other process groups (a shell with
+// job control puts each background job in its own group). A process that
+// starts a session of its own has left the worker's; only a cgroup holds it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <vector>
+
+namespace dtrain::launcher {
+
+// Sends `sig` to every live (not zombie) process in the sessions `sids`, and
+// to each process group `sid` (its leader's). Returns how many processes of
+// the sessions were signalled.
+int signal_sessions(const std::vector<pid_t>& sids, int sig);
+
+// The live (not zombie) processes of the sessions `sids`.
+std::vector<pid_t> session_members(const std::vector<pid_t>& sids);
+
+}  // namespace dtrain::launcher
