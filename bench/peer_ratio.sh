@@ -10,7 +10,10 @@
 # both sides unchanged (the header says which were set). With several rank
 # counts the last table is the scaling: tokens/s and efficiency vs 1 rank
 # (tok/s at n / (n x tok/s at 1), from the medians).
-#   [RANKS="2 4"] [ROUNDS=3] [STEPS=150] [DTRAIN_VENV=...] bench/peer_ratio.sh   -> bench/results/peer_ratio.txt
+# GLOO_TOO=1 adds a third side: dtrain with cluster.shm false (every
+# all-reduce over Gloo's TCP, as the peer's), to show what the shared-memory
+# all-reduce is worth.
+#   [RANKS="2 4"] [ROUNDS=3] [STEPS=150] [GLOO_TOO=1] [DTRAIN_VENV=...] bench/peer_ratio.sh   -> bench/results/peer_ratio.txt
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
@@ -39,9 +42,9 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 tmp="$(mktemp -d /tmp/dtrain-peer-XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
 
-dtrain_run() {  # $1 = round, $2 = ranks; prints tokens/s
-  local n="$2" dir="$tmp/dtrain$1_$2"
-  "$BUILD/apps/dtrain/dtrain" launch configs/quickstart.yaml \
+dtrain_run() {  # $1 = round, $2 = ranks, $3 = cluster.shm; prints tokens/s
+  local n="$2" dir="$tmp/dtrain$1_$2_$3"
+  "$BUILD/apps/dtrain/dtrain" launch configs/quickstart.yaml --set cluster.shm="$3" \
     --set train.steps="$STEPS" --set log.every="$EVERY" --set log.dir="$dir" \
     --set checkpoint.dir='""' --set model.layers="$LAYERS" --set model.d_model="$D_MODEL" \
     --set model.heads="$HEADS" --set model.seq_len="$SEQ" --set train.micro_batch="$MB" \
@@ -73,12 +76,14 @@ peer_run() {  # $1 = round, $2 = ranks; prints tokens/s
 }
 
 LOAD0="$(cut -d' ' -f1-3 /proc/loadavg)"
-declare -A D P
+declare -A D P G
 for r in $(seq "$ROUNDS"); do
   for n in $RANKS; do
-    D[$r,$n]="$(dtrain_run "$r" "$n")"
+    D[$r,$n]="$(dtrain_run "$r" "$n" true)"
     P[$r,$n]="$(peer_run "$r" "$n")"
-    echo "round $r, $n ranks: dtrain ${D[$r,$n]} tok/s, peer ${P[$r,$n]} tok/s" >&2
+    G[$r,$n]="-"
+    [ "${GLOO_TOO:-0}" = 1 ] && G[$r,$n]="$(dtrain_run "$r" "$n" false)"
+    echo "round $r, $n ranks: dtrain ${D[$r,$n]} tok/s, peer ${P[$r,$n]} tok/s, dtrain over gloo ${G[$r,$n]}" >&2
   done
 done
 OVERRIDES="$(env | grep -E '^(OPENBLAS_CORETYPE|MKL_CBWR|MKL_ENABLE_INSTRUCTIONS|ATEN_CPU_CAPABILITY)=' | tr '\n' ' ' || true)"
@@ -93,25 +98,31 @@ OVERRIDES="$(env | grep -E '^(OPENBLAS_CORETYPE|MKL_CBWR|MKL_ENABLE_INSTRUCTIONS
   ROWS=""
   for n in $RANKS; do
     echo "## $n ranks (GBS $((MB * n)))"
-    printf "%-6s %14s %14s %8s\n" round dtrain_tok_s peer_tok_s ratio
-    ds="" ps=""
+    printf "%-6s %14s %14s %8s %16s %10s\n" round dtrain_tok_s peer_tok_s ratio dtrain_gloo_tok_s gloo_ratio
+    ds="" ps="" gs=""
     for r in $(seq "$ROUNDS"); do
-      printf "%-6s %14s %14s %8.3f\n" "$r" "${D[$r,$n]}" "${P[$r,$n]}" "$(echo "${D[$r,$n]} / ${P[$r,$n]}" | bc -l)"
-      ds="$ds ${D[$r,$n]}" ps="$ps ${P[$r,$n]}"
+      gr="-"
+      [ "${G[$r,$n]}" != "-" ] && gr="$(printf "%.3f" "$(echo "${G[$r,$n]} / ${P[$r,$n]}" | bc -l)")"
+      printf "%-6s %14s %14s %8.3f %16s %10s\n" "$r" "${D[$r,$n]}" "${P[$r,$n]}" "$(echo "${D[$r,$n]} / ${P[$r,$n]}" | bc -l)" "${G[$r,$n]}" "$gr"
+      ds="$ds ${D[$r,$n]}" ps="$ps ${P[$r,$n]}" gs="$gs ${G[$r,$n]}"
     done
-    ROWS="$ROWS$n:$ds:$ps;"
+    ROWS="$ROWS$n:$ds:$ps:$gs;"
   done
   "$PY" - "$ROWS" <<'EOF'
 import statistics, sys
 rows = []
 for chunk in sys.argv[1].strip(";").split(";"):
-    n, d, p = chunk.split(":")
+    n, d, p, g = chunk.split(":")
     d, p = [float(x) for x in d.split()], [float(x) for x in p.split()]
     md, mp = statistics.median(d), statistics.median(p)
     mr = statistics.median(a / b for a, b in zip(d, p))
     rows.append((int(n), md, mp))
     print(f"{n} ranks: median dtrain {md:.1f} tok/s, peer {mp:.1f} tok/s, ratio of medians {md / mp:.3f}, "
           f"median of round ratios {mr:.3f} (goal >= 1.2)")
+    if "-" not in g.split():
+        g = [float(x) for x in g.split()]
+        print(f"{n} ranks, dtrain with cluster.shm false: median {statistics.median(g):.1f} tok/s, "
+              f"median of round ratios vs the peer {statistics.median(a / b for a, b in zip(g, p)):.3f}")
 base = next((r for r in rows if r[0] == 1), None)
 if base and len(rows) > 1:
     print("## scaling (medians; efficiency = tok/s at n / (n x tok/s at 1 rank))")

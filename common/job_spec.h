@@ -34,6 +34,9 @@ struct ClusterSpec {
   int procs_per_node = 1;
   std::string device = "cpu";    // cpu | cuda
   std::string backend = "auto";  // auto | gloo | nccl
+  // Gloo groups whose ranks share a machine all-reduce through shared
+  // memory (false: over Gloo's TCP, as PyTorch does).
+  bool shm = true;
   int max_restarts = 0;
   double grace_s = 5.0;          // SIGTERM -> SIGKILL grace period when stopping workers
   double hang_timeout_s = 0;     // no rank completes a collective this long: a hang (0 = off)

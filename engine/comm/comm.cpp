@@ -16,10 +16,12 @@
 #include <chrono>
 #include <iterator>
 #include <map>
+#include <thread>
 
 #include "common/error.h"
 #include "engine/comm/gloo_group.h"
 #include "engine/comm/group_factory.h"
+#include "engine/comm/shm_group.h"
 #include "engine/comm/traced_group.h"
 
 namespace dtrain::engine::comm {
@@ -81,6 +83,9 @@ class CommImpl : public Comm {
   // The pg over every rank in rank order for `backend`, made on first use:
   // groups with the world's members share it instead of connecting again.
   const c10::intrusive_ptr<c10d::Backend>& world_pg(const std::string& backend);
+  // Every Gloo group (world, axes) all-reduces through shared memory where
+  // its members share a machine; set up collectively, in build's order.
+  void add_shm_all_reduce(int64_t slot_bytes);
 
   WorldInfo info_;
   c10::intrusive_ptr<c10d::Store> store_;  // outlives the groups below
@@ -98,6 +103,24 @@ const c10::intrusive_ptr<c10d::Backend>& CommImpl::world_pg(const std::string& b
     it = world_pgs_.emplace(backend, detail::make_pg(backend, "world", info_.rank, info_.world, ctx_))
              .first;
   return it->second;
+}
+
+void CommImpl::add_shm_all_reduce(int64_t slot_bytes) {
+  detail::ShmOptions so;
+  so.slot_bytes = slot_bytes;
+  so.node = info_.node_rank;
+  so.timeout_s = ctx_.timeout_s;
+  // More ranks here than cores: never spin, the core is a peer's.
+  if (info_.local_world > static_cast<int>(std::thread::hardware_concurrency())) so.spin_us = 0;
+  auto wrap = [&](std::unique_ptr<Group>& g) {
+    if (!g || g->backend() != "gloo") return;
+    std::string key = "shm/" + g->name() + "/";  // one key per group: its name and members
+    for (int r : g->global_ranks()) key += std::to_string(r) + ",";
+    g = detail::with_shm_all_reduce(std::move(g), store_, key, so);
+  };
+  wrap(world_);
+  wrap(control_);
+  for (auto& entry : axes_) wrap(entry.second);
 }
 
 // Every rank walks every group of every axis in the same order and joins
@@ -148,6 +171,7 @@ void CommImpl::build(const CommOptions& options) {
     }
     axes_[axis] = detail::make_group(backend, axis, g, rank, pg, group_slot, ctx_);
   });
+  if (options.shm) add_shm_all_reduce(options.shm_slot_bytes);
   // Under a launcher (a run dir): every op of every group goes into this
   // rank's collective trace, which the agent reads to attribute hangs.
   if (!info_.run_dir.empty()) {

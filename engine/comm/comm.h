@@ -27,7 +27,7 @@ class Store;  // torch/csrc/distributed/c10d/Store.hpp (only comm/*.cpp include 
 namespace dtrain::engine::comm {
 
 // Who this worker is: read from RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, DTRAIN_MESH, DTRAIN_RESTART,
+// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, DTRAIN_MESH, DTRAIN_RESTART,
 // DTRAIN_SPEC, DTRAIN_RUN_DIR, DTRAIN_RESUME_FROM, GLOO_SOCKET_IFNAME and
 // DTRAIN_GLOO_REDUCE_SCATTER. Missing DTRAIN_MESH = pure data parallel.
 // from_env is the engine's only reader of the environment: code below it
@@ -37,6 +37,7 @@ struct WorldInfo {
   int world = 1;
   int local_rank = 0;
   int local_world = 1;
+  int node_rank = 0;  // GROUP_RANK: which node agent started this rank
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   mesh::Shape shape;  // dp*tp*pp == world
@@ -147,6 +148,11 @@ struct CommOptions {
   // NCCL: this rank's GPU (the current device). Ignored by Gloo.
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   double timeout_s = 300;
+  // Gloo groups whose members are all on one node (WorldInfo::node_rank)
+  // and can map one /dev/shm segment all-reduce through it (shm_group.h);
+  // false: Gloo's TCP for everything.
+  bool shm = true;
+  int64_t shm_slot_bytes = int64_t{512} << 10;  // staged per rank per chunk (ShmOptions)
 };
 
 // True when this build has the NCCL backend (LibTorch with CUDA).

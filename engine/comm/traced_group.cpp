@@ -109,6 +109,12 @@ uint64_t CollectiveTrace::enter(const std::string& group, const char* op, uint64
 
 void CollectiveTrace::block(uint64_t n) { store(f_->blocked, n); }
 
+void CollectiveTrace::unblock(uint64_t n, int64_t blocked_ns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  blocked_ns_ += blocked_ns;
+  if (f_->blocked == n) store(f_->blocked, 0);
+}
+
 void CollectiveTrace::leave(uint64_t n, int64_t blocked_ns) {
   std::lock_guard<std::mutex> lock(mu_);
   blocked_ns_ += blocked_ns;
@@ -224,7 +230,9 @@ class TracedGroup : public Group {
   WorkPtr run(const char* op, uint64_t bytes, bool async, bool counted, Op&& call) {
     const uint64_t n = trace_->enter(name(), op, bytes, counted);
     const int64_t start = mono_ns();
-    if (!async) trace_->block(n);  // a blocking call waits from the start
+    // A blocking call waits from the start; so may an async one's launch
+    // (a shared-memory all-reduce whose staging set is still being read).
+    trace_->block(n);
     WorkPtr work;
     try {
       work = call();
@@ -232,7 +240,10 @@ class TracedGroup : public Group {
       trace_->leave(n, mono_ns() - start);
       throw;
     }
-    if (async) return std::make_shared<TracedWork>(std::move(work), trace_, n);
+    if (async) {
+      trace_->unblock(n, mono_ns() - start);
+      return std::make_shared<TracedWork>(std::move(work), trace_, n);
+    }
     trace_->leave(n, mono_ns() - start);
     return work;
   }

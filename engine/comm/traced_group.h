@@ -28,6 +28,8 @@ class CollectiveTrace {
   // Returns the collective's number (for leave). seq_counted: bump the group's sequence.
   uint64_t enter(const std::string& group, const char* op, uint64_t bytes, bool seq_counted);
   void block(uint64_t number);  // the rank now waits for collective `number`
+  // An async op's launch returned: no longer waiting (its blocked time counts).
+  void unblock(uint64_t number, int64_t blocked_ns);
   void leave(uint64_t number, int64_t blocked_ns);
   void set_step(int64_t step);
   void set_phase(trace::Phase phase);

@@ -101,6 +101,7 @@ WorldInfo WorldInfo::from_env() {
   w.local_world = w.world;
   read_int("LOCAL_RANK", false, 0, &w.local_rank, errors);
   read_int("LOCAL_WORLD_SIZE", false, 1, &w.local_world, errors);
+  read_int("GROUP_RANK", false, 0, &w.node_rank, errors);
   read_int("MASTER_PORT", true, 1, &w.master_port, errors);
   read_int("DTRAIN_RESTART", false, 0, &w.restart, errors);
   if (w.master_port > 65535) errors.add("MASTER_PORT=" + std::to_string(w.master_port) + ": not a port");

@@ -126,6 +126,7 @@ std::unique_ptr<TrainSession> make_train_session() {
                  : s->device.is_cpu()           ? "gloo"
                                                 : "nccl";
   copt.device = s->device;
+  copt.shm = spec.cluster.shm;
   s->comm = comm::init_comm(s->info, copt);
   s->dp = &s->comm->axis("dp");
   // Every rank, into its own log: the coordinates `dtrain topo` shows for it.

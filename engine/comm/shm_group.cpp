@@ -1,0 +1,411 @@
+// The shared-memory all-reduce (shm_group.h). The segment has kSets sets,
+// each with one staging slot per rank and one result slot; chunk c of the
+// group's all-reduces (in call order, the same on every rank) uses set
+// c % kSets:
+//   1. every rank copies its chunk into its slot and arrives;
+//   2. the last to arrive (already running: no one waits to be scheduled)
+//      reduces slots 0..n-1 in rank order into the result slot (the same
+//      addition order whatever the arrival order, the chunking or the
+//      machine) and marks the set done;
+//   3. each rank copies the result out when it waits for the op (or needs
+//      the set again) and counts itself consumed.
+// A set is staged again (chunk c + kSets) only once every rank consumed it.
+// Waits spin briefly, then sleep on a futex in the segment, so a machine
+// with more ranks than cores gives its cores to the ranks that compute.
+#include "engine/comm/shm_group.h"
+
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "engine/comm/c10d_work.h"
+#include "engine/comm/gloo_group.h"
+
+namespace dtrain::engine::comm::detail {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x3268735f6e696172;  // "rain_sh2"
+// Chunks in flight before a set is reused: a rank may run this many chunks
+// (kSets x slot_bytes, 4 MiB by default) ahead of the slowest before its
+// next launch waits. DDP's buckets of one step fit at the default sizes.
+constexpr int kSets = 8;
+static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4,
+              "the futex waits on the atomic's own 4 bytes");
+
+struct alignas(64) Counter {
+  std::atomic<uint32_t> value{0};
+};
+
+// Per set, for its k-th use (chunk k * kSets + set): staged reaches n (k+1)
+// when every rank staged, done becomes k+1 when the result is in, consumed
+// reaches n (k+1) when every rank copied it out.
+struct SetState {
+  Counter staged, done, consumed;
+};
+
+struct Header {
+  uint64_t magic;
+  uint64_t nonce;
+  uint64_t slot_bytes;
+  uint32_t members;
+  SetState sets[kSets];
+};
+
+constexpr size_t kDataOffset = 4096;  // the slots start page-aligned
+static_assert(sizeof(Header) <= kDataOffset, "header fits its page");
+
+size_t segment_bytes(int members, int64_t slot_bytes) {
+  return kDataOffset + size_t{kSets} * (static_cast<size_t>(members) + 1) * static_cast<size_t>(slot_bytes);
+}
+
+// A mapped segment; unmapped on destruction (the name is unlinked as soon
+// as every member mapped it, so nothing stays in /dev/shm after a crash).
+class Segment {
+ public:
+  Segment(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
+  ~Segment() { munmap(base_, bytes_); }
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  Header& header() const { return *static_cast<Header*>(base_); }
+  // Slot `index` of set `set`: 0..n-1 the ranks' staging slots, n the result.
+  char* slot(int set, int index) const {
+    const auto& h = header();
+    return static_cast<char*>(base_) + kDataOffset +
+           (static_cast<size_t>(set) * (h.members + 1) + static_cast<size_t>(index)) * h.slot_bytes;
+  }
+
+ private:
+  void* base_;
+  size_t bytes_;
+};
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
+
+void wake_all(Counter& c) { futex(&c.value, FUTEX_WAKE, INT_MAX, nullptr); }
+
+bool shm_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kInt || t == at::kLong;
+}
+
+// The group's side of the segment: stages chunks, reduces as the last
+// arriver, copies results out. Shared by the group and its works.
+class ShmChannel {
+ public:
+  ShmChannel(std::unique_ptr<Segment> seg, std::string group, int members, int rank, ShmOptions options)
+      : seg_(std::move(seg)), group_(std::move(group)), n_(members), me_(rank), options_(options) {}
+
+  struct Chunk {
+    uint64_t index;
+    char* dst;  // where the result goes (the caller's tensor)
+    int64_t bytes;
+    bool consumed = false;
+  };
+  using ChunkPtr = std::shared_ptr<Chunk>;
+
+  // Stages every chunk of t (contiguous, CPU); returns them for wait().
+  std::vector<ChunkPtr> stage(const at::Tensor& t, ReduceOp op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t es = static_cast<int64_t>(t.element_size());
+    const int64_t per_chunk = static_cast<int64_t>(seg_->header().slot_bytes) / es;
+    char* data = static_cast<char*>(t.data_ptr());
+    std::vector<ChunkPtr> chunks;
+    for (int64_t off = 0; off < t.numel(); off += per_chunk)
+      chunks.push_back(stage_chunk(data + off * es, std::min(per_chunk, t.numel() - off), t.scalar_type(), op));
+    return chunks;
+  }
+
+  // Copies each chunk's result out (waiting for it), in any order.
+  void finish(const std::vector<ChunkPtr>& chunks) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& c : chunks) consume(*c);
+    while (!pending_.empty() && pending_.front()->consumed) pending_.pop_front();
+  }
+
+ private:
+  ChunkPtr stage_chunk(char* src, int64_t elems, at::ScalarType dtype, ReduceOp op);
+  void consume(Chunk& c);
+  void reduce_into_result(int set, int64_t elems, at::ScalarType dtype, ReduceOp op);
+  void wait_until(Counter& c, uint32_t target, const char* what);
+
+  std::unique_ptr<Segment> seg_;
+  std::string group_;
+  int n_, me_;
+  ShmOptions options_;
+  std::mutex mu_;
+  uint64_t next_ = 0;               // the next chunk's index
+  std::deque<ChunkPtr> pending_;    // staged and not yet consumed, in index order
+};
+
+void ShmChannel::wait_until(Counter& c, uint32_t target, const char* what) {
+  using Clock = std::chrono::steady_clock;
+  if (reached(c.value.load(std::memory_order_acquire), target)) return;
+  const auto start = Clock::now();
+  const auto spin_until = start + std::chrono::microseconds(options_.spin_us);
+  while (Clock::now() < spin_until)
+    if (reached(c.value.load(std::memory_order_acquire), target)) return;
+  const auto deadline = start + std::chrono::duration<double>(options_.timeout_s);
+  for (;;) {
+    const uint32_t seen = c.value.load(std::memory_order_acquire);
+    if (reached(seen, target)) return;
+    if (Clock::now() >= deadline)
+      throw Error(ErrorCode::timeout,
+                  fmt::format("all_reduce on group {} (shared memory) waited {:g} s for the other "
+                              "ranks ({})",
+                              group_, options_.timeout_s, what),
+                  "a peer did not reach the same collective in time (options.timeout_s); see its log");
+    const timespec slice{1, 0};  // wake up to check the deadline
+    futex(&c.value, FUTEX_WAIT, seen, &slice);
+  }
+}
+
+void ShmChannel::reduce_into_result(int set, int64_t elems, at::ScalarType dtype, ReduceOp op) {
+  auto opts = at::TensorOptions().dtype(dtype);
+  auto view = [&](int index) { return at::from_blob(seg_->slot(set, index), {elems}, opts); };
+  at::Tensor acc = view(n_);  // [elems]
+  acc.copy_(view(0));
+  for (int j = 1; j < n_; ++j) {
+    at::Tensor x = view(j);
+    if (op == ReduceOp::sum) acc.add_(x);
+    else if (op == ReduceOp::max) at::maximum_out(acc, acc, x);
+    else at::minimum_out(acc, acc, x);
+  }
+}
+
+ShmChannel::ChunkPtr ShmChannel::stage_chunk(char* src, int64_t elems, at::ScalarType dtype, ReduceOp op) {
+  const uint64_t index = next_++;
+  const int set = static_cast<int>(index % kSets);
+  const uint32_t use = static_cast<uint32_t>(index / kSets);  // this set's use number k
+  SetState& st = seg_->header().sets[set];
+  if (use > 0) {
+    // The set's previous chunk: ours copied out first, then everyone's.
+    while (!pending_.empty() && pending_.front()->index + kSets <= index) {
+      consume(*pending_.front());
+      pending_.pop_front();
+    }
+    wait_until(st.consumed, static_cast<uint32_t>(n_) * use, "reusing a staging set");
+  }
+  const int64_t bytes = elems * static_cast<int64_t>(c10::elementSize(dtype));
+  std::memcpy(seg_->slot(set, me_), src, static_cast<size_t>(bytes));
+  const uint32_t all = static_cast<uint32_t>(n_) * (use + 1);
+  if (st.staged.value.fetch_add(1, std::memory_order_acq_rel) + 1 == all) {
+    reduce_into_result(set, elems, dtype, op);
+    st.done.value.store(use + 1, std::memory_order_release);
+    wake_all(st.done);
+  }
+  auto chunk = std::make_shared<Chunk>(Chunk{index, src, bytes});
+  pending_.push_back(chunk);
+  return chunk;
+}
+
+void ShmChannel::consume(Chunk& c) {
+  if (c.consumed) return;
+  const int set = static_cast<int>(c.index % kSets);
+  const uint32_t use = static_cast<uint32_t>(c.index / kSets);
+  SetState& st = seg_->header().sets[set];
+  wait_until(st.done, use + 1, "the last rank's reduction");
+  std::memcpy(c.dst, seg_->slot(set, n_), static_cast<size_t>(c.bytes));
+  c.consumed = true;
+  if (st.consumed.value.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n_) * (use + 1))
+    wake_all(st.consumed);
+}
+
+class ShmWork : public Work {
+ public:
+  ShmWork(std::shared_ptr<ShmChannel> channel, at::Tensor t, std::vector<ShmChannel::ChunkPtr> chunks)
+      : channel_(std::move(channel)), t_(std::move(t)), chunks_(std::move(chunks)) {}
+  void wait() override { channel_->finish(chunks_); }
+
+ private:
+  std::shared_ptr<ShmChannel> channel_;
+  at::Tensor t_;  // keeps the result's memory alive until wait()
+  std::vector<ShmChannel::ChunkPtr> chunks_;
+};
+
+class ShmGroup : public Group {
+ public:
+  ShmGroup(std::unique_ptr<Group> inner, std::shared_ptr<ShmChannel> channel)
+      : inner_(std::move(inner)), channel_(std::move(channel)) {}
+
+  const std::string& name() const override { return inner_->name(); }
+  const std::string& backend() const override { return inner_->backend(); }
+  c10::Device device() const override { return inner_->device(); }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::vector<int>& global_ranks() const override { return inner_->global_ranks(); }
+
+  WorkPtr all_reduce(at::Tensor& t, bool async, ReduceOp op) override {
+    if (!shm_dtype(t.scalar_type()) || !t.device().is_cpu() || !t.is_contiguous())
+      return inner_->all_reduce(t, async, op);
+    const int n = size();
+    bytes_ += static_cast<uint64_t>(2 * (n - 1) * static_cast<int64_t>(t.nbytes()) / n);
+    auto work = std::make_shared<ShmWork>(channel_, t, channel_->stage(t, op));
+    if (!async) work->wait();
+    return work;
+  }
+  WorkPtr all_gather(const at::Tensor& in, at::Tensor& out, bool async) override {
+    return inner_->all_gather(in, out, async);
+  }
+  WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, bool async) override {
+    return inner_->reduce_scatter(in, out, async);
+  }
+  WorkPtr broadcast(at::Tensor& t, int root, bool async) override { return inner_->broadcast(t, root, async); }
+  WorkPtr all_to_all(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& out_splits,
+                     const std::vector<int64_t>& in_splits, bool async) override {
+    return inner_->all_to_all(in, out, out_splits, in_splits, async);
+  }
+  WorkPtr send(const at::Tensor& t, int peer, int tag) override { return inner_->send(t, peer, tag); }
+  WorkPtr recv(at::Tensor& t, int peer, int tag) override { return inner_->recv(t, peer, tag); }
+  void barrier() override { inner_->barrier(); }
+  uint64_t bytes_sent() const override { return inner_->bytes_sent() + bytes_.load(); }
+  void reset_bytes_sent() override {
+    inner_->reset_bytes_sent();
+    bytes_.store(0);
+  }
+
+ private:
+  std::unique_ptr<Group> inner_;
+  std::shared_ptr<ShmChannel> channel_;
+  std::atomic<uint64_t> bytes_{0};
+};
+
+// Maps an existing segment (flags O_RDWR) or a new one (O_CREAT | O_EXCL);
+// null with `why` set when it cannot.
+std::unique_ptr<Segment> map_segment(const std::string& name, int flags, size_t bytes, std::string& why) {
+  int fd = shm_open(name.c_str(), flags, 0600);
+  if (fd < 0) {
+    why = "shm_open " + name + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  if (flags & O_CREAT) {
+    // Reserve every page now: tmpfs that runs out later would SIGBUS a rank
+    // mid-collective; here it is an error we fall back from.
+    int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (rc != 0) {
+      why = "posix_fallocate " + std::to_string(bytes) + " bytes in /dev/shm: " + std::strerror(rc);
+      close(fd);
+      return nullptr;
+    }
+  } else {
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+      why = "segment " + name + " has another size";
+      close(fd);
+      return nullptr;
+    }
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    why = "mmap " + name + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  return std::make_unique<Segment>(base, bytes);
+}
+
+std::string text_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Rank 0 creates the segment and publishes its name and a nonce; every
+// member maps it and says whether it could; all use it only if all could.
+std::unique_ptr<Segment> open_shared(const Group& g, c10d::Store& store, const std::string& key,
+                                     const ShmOptions& options, std::string& why) {
+  const int n = g.size(), me = g.rank();
+  const size_t bytes = segment_bytes(n, options.slot_bytes);
+  std::unique_ptr<Segment> seg;
+  std::string name;
+  uint64_t nonce = 0;
+  if (me == 0) {
+    std::random_device rd;
+    nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    name = "/dtrain-" + std::to_string(getpid()) + "-" + std::to_string(nonce);
+    seg = map_segment(name, O_CREAT | O_EXCL | O_RDWR, bytes, why);
+    if (seg) {
+      Header& h = seg->header();
+      h.nonce = nonce;
+      h.slot_bytes = static_cast<uint64_t>(options.slot_bytes);
+      h.members = static_cast<uint32_t>(n);
+      h.magic = kMagic;
+    }
+    store.set(key + "/name", bytes_of(seg ? name + " " + std::to_string(nonce) : std::string("-")));
+    store.set(key + "/node", bytes_of(std::to_string(options.node)));
+  } else {
+    const std::string published = text_of(store.get(key + "/name"));
+    const std::string node0 = text_of(store.get(key + "/node"));
+    const auto space = published.find(' ');
+    if (node0 != std::to_string(options.node)) {
+      why = "its ranks are on nodes " + node0 + " and " + std::to_string(options.node);
+    } else if (space == std::string::npos) {
+      why = "rank 0 of the group could not create a segment";
+    } else {
+      name = published.substr(0, space);
+      nonce = std::stoull(published.substr(space + 1));
+      seg = map_segment(name, O_RDWR, bytes, why);
+      // Same name on another machine's /dev/shm would be another segment.
+      if (seg && (seg->header().magic != kMagic || seg->header().nonce != nonce)) {
+        why = "segment " + name + " is not the group's (another machine)";
+        seg.reset();
+      }
+    }
+  }
+  store.set(key + "/ok/" + std::to_string(me), bytes_of(seg ? "1" : why));
+  bool all = true;
+  for (int r = 0; r < n; ++r) {
+    const std::string ok = text_of(store.get(key + "/ok/" + std::to_string(r)));
+    if (ok != "1") {
+      all = false;
+      if (why.empty()) why = "rank " + std::to_string(r) + " of the group: " + ok;
+    }
+  }
+  if (me == 0 && !name.empty()) shm_unlink(name.c_str());  // every member has mapped it or given up
+  return all ? std::move(seg) : nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<Group> with_shm_all_reduce(std::unique_ptr<Group> inner,
+                                           const c10::intrusive_ptr<c10d::Store>& store,
+                                           const std::string& key, const ShmOptions& options) {
+  if (inner->size() == 1) return inner;
+  std::string why;
+  std::unique_ptr<Segment> seg;
+  try {
+    seg = open_shared(*inner, *store, key, options, why);
+  } catch (...) {
+    rethrow_comm_error(inner->name(), "setting up the shared-memory all-reduce");
+  }
+  // One line per group, from its first member: which path its all-reduces take.
+  if (inner->rank() == 0) {
+    if (seg)
+      DTRAIN_DEBUG("group {} ({} ranks): all_reduce through shared memory", inner->name(), inner->size());
+    else
+      DTRAIN_INFO("group {} ({} ranks): all_reduce over {}: {}", inner->name(), inner->size(),
+                  inner->backend(), why);
+  }
+  if (!seg) return inner;
+  auto channel = std::make_shared<ShmChannel>(std::move(seg), inner->name(), inner->size(), inner->rank(), options);
+  return std::make_unique<ShmGroup>(std::move(inner), std::move(channel));
+}
+
+}  // namespace dtrain::engine::comm::detail
