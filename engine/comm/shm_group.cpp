@@ -35,7 +35,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "engine/comm/c10d_work.h"
+#include "engine/comm/forwarding_group.h"
 #include "engine/comm/gloo_group.h"
 
 namespace dtrain::engine::comm::detail {
@@ -243,17 +243,10 @@ class ShmWork : public Work {
   std::vector<ShmChannel::ChunkPtr> chunks_;
 };
 
-class ShmGroup : public Group {
+class ShmGroup : public ForwardingGroup {
  public:
   ShmGroup(std::unique_ptr<Group> inner, std::shared_ptr<ShmChannel> channel)
-      : inner_(std::move(inner)), channel_(std::move(channel)) {}
-
-  const std::string& name() const override { return inner_->name(); }
-  const std::string& backend() const override { return inner_->backend(); }
-  c10::Device device() const override { return inner_->device(); }
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  const std::vector<int>& global_ranks() const override { return inner_->global_ranks(); }
+      : ForwardingGroup(std::move(inner)), channel_(std::move(channel)) {}
 
   WorkPtr all_reduce(at::Tensor& t, bool async, ReduceOp op) override {
     if (!shm_dtype(t.scalar_type()) || !t.device().is_cpu() || !t.is_contiguous())
@@ -264,20 +257,6 @@ class ShmGroup : public Group {
     if (!async) work->wait();
     return work;
   }
-  WorkPtr all_gather(const at::Tensor& in, at::Tensor& out, bool async) override {
-    return inner_->all_gather(in, out, async);
-  }
-  WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, bool async) override {
-    return inner_->reduce_scatter(in, out, async);
-  }
-  WorkPtr broadcast(at::Tensor& t, int root, bool async) override { return inner_->broadcast(t, root, async); }
-  WorkPtr all_to_all(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& out_splits,
-                     const std::vector<int64_t>& in_splits, bool async) override {
-    return inner_->all_to_all(in, out, out_splits, in_splits, async);
-  }
-  WorkPtr send(const at::Tensor& t, int peer, int tag) override { return inner_->send(t, peer, tag); }
-  WorkPtr recv(at::Tensor& t, int peer, int tag) override { return inner_->recv(t, peer, tag); }
-  void barrier() override { inner_->barrier(); }
   uint64_t bytes_sent() const override { return inner_->bytes_sent() + bytes_.load(); }
   void reset_bytes_sent() override {
     inner_->reset_bytes_sent();
@@ -285,7 +264,6 @@ class ShmGroup : public Group {
   }
 
  private:
-  std::unique_ptr<Group> inner_;
   std::shared_ptr<ShmChannel> channel_;
   std::atomic<uint64_t> bytes_{0};
 };

@@ -2,8 +2,10 @@
 // share one machine (NCCL's SHM transport and DeepSpeed's CPU shm all-reduce
 // do the same): a Group decorator whose all_reduce (sum, max, min on fp32,
 // fp64, int32, int64) copies into a /dev/shm segment and reduces there, with
-// no socket, no Gloo thread and no kernel copy. Every other op and dtype goes
-// to the inner group unchanged. It does not decide which groups get it
+// no socket, no Gloo thread and no kernel copy: the call stages the tensor
+// (async too: it waits only when every staging set is still being read), and
+// wait() copies the result into it. Every other op and dtype goes to the
+// inner group unchanged. It does not decide which groups get it
 // (init_comm does) and falls back to the inner group, on every member alike,
 // where the members cannot map one segment (different machines).
 // Internal to engine/comm.

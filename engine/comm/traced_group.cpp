@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "common/log.h"
+#include "engine/comm/forwarding_group.h"
 
 namespace dtrain::engine::comm {
 namespace {
@@ -180,17 +181,10 @@ class TracedWork : public Work {
   bool left_ = false;
 };
 
-class TracedGroup : public Group {
+class TracedGroup : public detail::ForwardingGroup {
  public:
   TracedGroup(std::unique_ptr<Group> inner, std::shared_ptr<CollectiveTrace> trace)
-      : inner_(std::move(inner)), trace_(std::move(trace)) {}
-
-  const std::string& name() const override { return inner_->name(); }
-  const std::string& backend() const override { return inner_->backend(); }
-  c10::Device device() const override { return inner_->device(); }
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  const std::vector<int>& global_ranks() const override { return inner_->global_ranks(); }
+      : ForwardingGroup(std::move(inner)), trace_(std::move(trace)) {}
 
   WorkPtr all_reduce(at::Tensor& t, bool async, ReduceOp op) override {
     return run("all_reduce", nbytes(t), async, true, [&] { return inner_->all_reduce(t, async, op); });
@@ -222,9 +216,6 @@ class TracedGroup : public Group {
       return WorkPtr();
     });
   }
-  uint64_t bytes_sent() const override { return inner_->bytes_sent(); }
-  void reset_bytes_sent() override { inner_->reset_bytes_sent(); }
-
  private:
   template <class Op>
   WorkPtr run(const char* op, uint64_t bytes, bool async, bool counted, Op&& call) {
@@ -248,7 +239,6 @@ class TracedGroup : public Group {
     return work;
   }
 
-  std::unique_ptr<Group> inner_;
   std::shared_ptr<CollectiveTrace> trace_;
 };
 
