@@ -34,6 +34,18 @@ inline SpecError parse_error(const std::string& text, const std::string& source,
   return out;
 }
 
+// The message of a spec error from parsing `text` ("" when it loads),
+// checking that it is a config error with exit code 2.
+inline std::string config_error_of(const std::string& text, const std::string& source,
+                                   const std::vector<std::string>& overrides = {}) {
+  const SpecError e = parse_error(text, source, overrides);
+  if (e.thrown) {
+    CHECK(e.code == ErrorCode::config);
+    CHECK(e.exit_code == 2);
+  }
+  return e.message;
+}
+
 // Whether `part` is in `text`; prints both when it is not.
 inline bool has(const std::string& text, const std::string& part) {
   if (text.find(part) != std::string::npos) return true;

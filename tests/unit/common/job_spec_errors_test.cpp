@@ -14,14 +14,8 @@ using dtrain::parse_job_spec;
 
 namespace {
 
-// The error message of parsing `text` with `overrides` ("" if it loads).
 std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
-  const auto e = dtrain::testing::parse_error(text, "t.yaml", overrides);
-  if (e.thrown) {
-    CHECK(e.code == dtrain::ErrorCode::config);
-    CHECK(e.exit_code == 2);
-  }
-  return e.message;
+  return dtrain::testing::config_error_of(text, "t.yaml", overrides);
 }
 
 std::vector<std::string> warnings_of(const std::string& text,

@@ -14,12 +14,7 @@ using dtrain::parse_job_spec;
 namespace {
 
 std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
-  const auto e = dtrain::testing::parse_error(text, "m.yaml", overrides);
-  if (e.thrown) {
-    CHECK(e.code == dtrain::ErrorCode::config);
-    CHECK(e.exit_code == 2);
-  }
-  return e.message;
+  return dtrain::testing::config_error_of(text, "m.yaml", overrides);
 }
 
 using dtrain::testing::has;

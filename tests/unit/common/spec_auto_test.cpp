@@ -18,12 +18,7 @@ using dtrain::testing::has;
 namespace {
 
 std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
-  const auto e = dtrain::testing::parse_error(text, "t.yaml", overrides);
-  if (e.thrown) {
-    CHECK(e.code == dtrain::ErrorCode::config);
-    CHECK(e.exit_code == 2);
-  }
-  return e.message;
+  return dtrain::testing::config_error_of(text, "t.yaml", overrides);
 }
 
 const std::string kElastic =
