@@ -4,9 +4,12 @@
 # gloo, launched by the venv's torchrun), one thread per rank. Both sides run
 # the same PyTorch wheel (the venv's LibTorch for the engine, its Python for
 # the peer), so the same kernels and BLAS (the wheel's MKL).
-# Runs are interleaved (dtrain, peer, dtrain, peer, ...; every rank count in
-# every round) so drift hits both. Both time from the end of the first logged
-# step (10) to the last step. OPENBLAS_CORETYPE, MKL_CBWR and the like reach
+# Runs are interleaved (every rank count in every round; dtrain first in odd
+# rounds, the peer first in even ones) so drift hits both. Both time from the
+# end of the first logged step (10) to the last step. Beside tokens/s, each
+# side's rank 0 reports its process CPU time per step over the same window
+# (all its threads: the peer's Gloo threads too): on a shared machine it
+# moves far less than wall time, so its ratio says what the work costs. OPENBLAS_CORETYPE, MKL_CBWR and the like reach
 # both sides unchanged (the header says which were set). With several rank
 # counts the last table is the scaling: tokens/s and efficiency vs 1 rank
 # (tok/s at n / (n x tok/s at 1), from the medians).
@@ -42,7 +45,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 tmp="$(mktemp -d /tmp/dtrain-peer-XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
 
-dtrain_run() {  # $1 = round, $2 = ranks, $3 = cluster.shm; prints tokens/s
+dtrain_run() {  # $1 = round, $2 = ranks, $3 = cluster.shm; prints "tokens/s cpu_ms_per_step"
   local n="$2" dir="$tmp/dtrain$1_$2_$3"
   "$BUILD/apps/dtrain/dtrain" launch configs/quickstart.yaml --set cluster.shm="$3" \
     --set train.steps="$STEPS" --set log.every="$EVERY" --set log.dir="$dir" \
@@ -57,11 +60,13 @@ import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 first = next(r for r in recs if r['step'] >= int(sys.argv[3]))
 last = recs[-1]
-print(f"{(last['step'] - first['step']) * int(sys.argv[2]) / (last['elapsed_s'] - first['elapsed_s']):.1f}")
+steps = last['step'] - first['step']
+print(f"{steps * int(sys.argv[2]) / (last['elapsed_s'] - first['elapsed_s']):.1f} "
+      f"{1e3 * (last['cpu_s'] - first['cpu_s']) / steps:.2f}")
 EOF
 }
 
-peer_run() {  # $1 = round, $2 = ranks; prints tokens/s
+peer_run() {  # $1 = round, $2 = ranks; prints "tokens/s cpu_ms_per_step"
   local log="$tmp/peer$1_$2.log"
   set +e
   "$PY" -m torch.distributed.run --standalone --nproc-per-node "$2" \
@@ -72,18 +77,25 @@ peer_run() {  # $1 = round, $2 = ranks; prints tokens/s
   local rc=$?
   set -e
   if [ $rc -ne 0 ]; then cat "$log" >&2; echo "peer_ratio: peer exited $rc" >&2; exit 1; fi
-  grep 'PEER kind=' "$log" | tail -1 | grep -o 'tokens_per_s=[0-9.]*' | cut -d= -f2
+  local line; line="$(grep 'PEER kind=' "$log" | tail -1)"
+  echo "$(grep -o 'tokens_per_s=[0-9.]*' <<<"$line" | cut -d= -f2) $(grep -o 'rank0_cpu_ms_per_step=[0-9.]*' <<<"$line" | cut -d= -f2)"
 }
 
 LOAD0="$(cut -d' ' -f1-3 /proc/loadavg)"
-declare -A D P G
+declare -A D P G DC PC
 for r in $(seq "$ROUNDS"); do
   for n in $RANKS; do
-    D[$r,$n]="$(dtrain_run "$r" "$n" true)"
-    P[$r,$n]="$(peer_run "$r" "$n")"
+    # (assigned first: a failing run's exit status stops the script under set -e)
+    if [ $((r % 2)) = 1 ]; then
+      d="$(dtrain_run "$r" "$n" true)"; p="$(peer_run "$r" "$n")"
+    else
+      p="$(peer_run "$r" "$n")"; d="$(dtrain_run "$r" "$n" true)"
+    fi
+    read -r "D[$r,$n]" "DC[$r,$n]" <<<"$d"
+    read -r "P[$r,$n]" "PC[$r,$n]" <<<"$p"
     G[$r,$n]="-"
-    [ "${GLOO_TOO:-0}" = 1 ] && G[$r,$n]="$(dtrain_run "$r" "$n" false)"
-    echo "round $r, $n ranks: dtrain ${D[$r,$n]} tok/s, peer ${P[$r,$n]} tok/s, dtrain over gloo ${G[$r,$n]}" >&2
+    [ "${GLOO_TOO:-0}" = 1 ] && G[$r,$n]="$(dtrain_run "$r" "$n" false | cut -d' ' -f1)"
+    echo "round $r, $n ranks: dtrain ${D[$r,$n]} tok/s (${DC[$r,$n]} CPU ms/step), peer ${P[$r,$n]} tok/s (${PC[$r,$n]}), dtrain over gloo ${G[$r,$n]}" >&2
   done
 done
 OVERRIDES="$(env | grep -E '^(OPENBLAS_CORETYPE|MKL_CBWR|MKL_ENABLE_INSTRUCTIONS|ATEN_CPU_CAPABILITY)=' | tr '\n' ' ' || true)"
@@ -98,27 +110,34 @@ OVERRIDES="$(env | grep -E '^(OPENBLAS_CORETYPE|MKL_CBWR|MKL_ENABLE_INSTRUCTIONS
   ROWS=""
   for n in $RANKS; do
     echo "## $n ranks (GBS $((MB * n)))"
-    printf "%-6s %14s %14s %8s %16s %10s\n" round dtrain_tok_s peer_tok_s ratio dtrain_gloo_tok_s gloo_ratio
-    ds="" ps="" gs=""
+    printf "%-6s %14s %14s %8s %12s %12s %9s %16s %10s\n" round dtrain_tok_s peer_tok_s ratio \
+      dtrain_cpu_ms peer_cpu_ms cpu_ratio dtrain_gloo_tok_s gloo_ratio
+    ds="" ps="" gs="" dcs="" pcs=""
     for r in $(seq "$ROUNDS"); do
       gr="-"
       [ "${G[$r,$n]}" != "-" ] && gr="$(printf "%.3f" "$(echo "${G[$r,$n]} / ${P[$r,$n]}" | bc -l)")"
-      printf "%-6s %14s %14s %8.3f %16s %10s\n" "$r" "${D[$r,$n]}" "${P[$r,$n]}" "$(echo "${D[$r,$n]} / ${P[$r,$n]}" | bc -l)" "${G[$r,$n]}" "$gr"
-      ds="$ds ${D[$r,$n]}" ps="$ps ${P[$r,$n]}" gs="$gs ${G[$r,$n]}"
+      printf "%-6s %14s %14s %8.3f %12s %12s %9.3f %16s %10s\n" "$r" "${D[$r,$n]}" "${P[$r,$n]}" \
+        "$(echo "${D[$r,$n]} / ${P[$r,$n]}" | bc -l)" "${DC[$r,$n]}" "${PC[$r,$n]}" \
+        "$(echo "${PC[$r,$n]} / ${DC[$r,$n]}" | bc -l)" "${G[$r,$n]}" "$gr"
+      ds="$ds ${D[$r,$n]}" ps="$ps ${P[$r,$n]}" gs="$gs ${G[$r,$n]}" dcs="$dcs ${DC[$r,$n]}" pcs="$pcs ${PC[$r,$n]}"
     done
-    ROWS="$ROWS$n:$ds:$ps:$gs;"
+    ROWS="$ROWS$n:$ds:$ps:$gs:$dcs:$pcs;"
   done
   "$PY" - "$ROWS" <<'EOF'
 import statistics, sys
 rows = []
 for chunk in sys.argv[1].strip(";").split(";"):
-    n, d, p, g = chunk.split(":")
+    n, d, p, g, dc, pc = chunk.split(":")
     d, p = [float(x) for x in d.split()], [float(x) for x in p.split()]
+    dc, pc = [float(x) for x in dc.split()], [float(x) for x in pc.split()]
     md, mp = statistics.median(d), statistics.median(p)
     mr = statistics.median(a / b for a, b in zip(d, p))
     rows.append((int(n), md, mp))
     print(f"{n} ranks: median dtrain {md:.1f} tok/s, peer {mp:.1f} tok/s, ratio of medians {md / mp:.3f}, "
-          f"median of round ratios {mr:.3f} (goal >= 1.2)")
+          f"median of round ratios {mr:.3f} (goal >= 1.2); dtrain won {sum(a > b for a, b in zip(d, p))} "
+          f"of {len(d)} rounds")
+    print(f"{n} ranks: rank 0's CPU per step, medians: dtrain {statistics.median(dc):.2f} ms, peer "
+          f"{statistics.median(pc):.2f} ms, peer / dtrain {statistics.median(pc) / statistics.median(dc):.3f}")
     if "-" not in g.split():
         g = [float(x) for x in g.split()]
         print(f"{n} ranks, dtrain with cluster.shm false: median {statistics.median(g):.1f} tok/s, "

@@ -37,6 +37,9 @@ struct ClusterSpec {
   // Gloo groups whose ranks share a machine all-reduce through shared
   // memory (false: over Gloo's TCP, as PyTorch does).
   bool shm = true;
+  // Gloo's reduce-scatter (ZeRO, sequence parallelism): ring = dtrain's
+  // ring over Gloo send/recv; native = Gloo's own (PyTorch's).
+  std::string gloo_reduce_scatter = "ring";
   int max_restarts = 0;
   double grace_s = 5.0;          // SIGTERM -> SIGKILL grace period when stopping workers
   double hang_timeout_s = 0;     // no rank completes a collective this long: a hang (0 = off)

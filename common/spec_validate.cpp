@@ -115,6 +115,7 @@ void check_enums(const Checker& c) {
   const JobSpec& s = c.spec;
   c.one_of("cluster.device", s.cluster.device, {"cpu", "cuda"});
   c.one_of("cluster.backend", s.cluster.backend, {"auto", "gloo", "nccl"});
+  c.one_of("cluster.gloo_reduce_scatter", s.cluster.gloo_reduce_scatter, {"ring", "native"});
   c.one_of("fault.kind", s.fault.kind,
            {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync",
             "recompute_redraw", "raise"});

@@ -27,11 +27,13 @@ struct BenchCommArgs {
   int n = 4;
   int iters = 5;
   std::string dtype = "fp32";
+  std::string reduce_scatter = "ring";
 };
 
 const char* const kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                            "broadcast"};
 const char* const kDtypes[] = {"fp32", "fp16", "bf16"};
+const char* const kReduceScatter[] = {"ring", "native"};
 constexpr double kMaxBenchBytes = 64.0 * (1ULL << 30);  // 64 GiB per buffer
 constexpr int kMaxBenchProcs = 1024;
 
@@ -71,6 +73,10 @@ void check_bench_args(const BenchCommArgs& a) {
   if (std::find(std::begin(kDtypes), std::end(kDtypes), a.dtype) == std::end(kDtypes))
     throw Error(ErrorCode::config, "--dtype " + a.dtype + ": not a dtype dtrain can time",
                 "use " + joined(kDtypes, std::size(kDtypes)));
+  if (std::find(std::begin(kReduceScatter), std::end(kReduceScatter), a.reduce_scatter) ==
+      std::end(kReduceScatter))
+    throw Error(ErrorCode::config, "--reduce-scatter " + a.reduce_scatter + ": not a reduce-scatter path",
+                "use ring (dtrain's ring over Gloo send/recv, the default) or native (Gloo's own)");
   if (bench_size("--min", a.min) > bench_size("--max", a.max))
     throw Error(ErrorCode::config, "--min " + a.min + " is larger than --max " + a.max,
                 "sizes double from --min up to --max; give --min <= --max");
@@ -107,7 +113,7 @@ int run_bench_comm(const BenchCommArgs& a) {
   spec.parallel.dp = a.n;
   spec.entrypoint = {launcher::self_dir() + "/dtrain-worker", "bench-comm", "--op", a.op,
                      "--min", a.min, "--max", a.max, "--iters", std::to_string(a.iters),
-                     "--dtype", a.dtype};
+                     "--dtype", a.dtype, "--reduce-scatter", a.reduce_scatter};
   if (::access(spec.entrypoint[0].c_str(), X_OK) != 0)
     throw Error(ErrorCode::config, spec.entrypoint[0] + " does not exist",
                 "build the dtrain-worker target (the LibTorch engine) next to dtrain");
@@ -141,6 +147,9 @@ void add_bench(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   comm->add_option("--dtype", args->dtype, "fp32|fp16|bf16")->capture_default_str();
+  comm->add_option("--reduce-scatter", args->reduce_scatter,
+                   "ring (dtrain's, over Gloo send/recv) | native (Gloo's own); as cluster.gloo_reduce_scatter")
+      ->capture_default_str();
   comm->callback([args, &exit_code] { exit_code = run_bench_comm(*args); });
 }
 

@@ -144,7 +144,7 @@ void CommImpl::build(const CommOptions& options) {
   ctx_.store = store_;
   ctx_.device = options.device;
   ctx_.timeout_s = options.timeout_s;
-  ctx_.native_reduce_scatter = info_.gloo_reduce_scatter == "native";
+  ctx_.native_reduce_scatter = options.gloo_native_reduce_scatter;
   try {
     ctx_.gloo_device = detail::make_gloo_device(info_.master_addr, info_.gloo_socket_ifname);
   } catch (...) {

@@ -28,8 +28,8 @@ namespace dtrain::engine::comm {
 
 // Who this worker is: read from RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, DTRAIN_MESH, DTRAIN_RESTART,
-// DTRAIN_SPEC, DTRAIN_RUN_DIR, DTRAIN_RESUME_FROM, GLOO_SOCKET_IFNAME and
-// DTRAIN_GLOO_REDUCE_SCATTER. Missing DTRAIN_MESH = pure data parallel.
+// DTRAIN_SPEC, DTRAIN_RUN_DIR, DTRAIN_RESUME_FROM and GLOO_SOCKET_IFNAME.
+// Missing DTRAIN_MESH = pure data parallel.
 // from_env is the engine's only reader of the environment: code below it
 // takes these fields.
 struct WorldInfo {
@@ -50,9 +50,6 @@ struct WorldInfo {
   // Network interface for Gloo, as in PyTorch; "" = loopback when
   // MASTER_ADDR is 127.x or localhost, else the host's default.
   std::string gloo_socket_ifname;
-  // Which reduce-scatter Gloo groups run: "ring" (ours, the default) or
-  // "native" (Gloo's own, for comparison in `dtrain bench comm`).
-  std::string gloo_reduce_scatter = "ring";
 
   static WorldInfo from_env();  // throws dtrain::Error(config) naming the variable
 };
@@ -153,6 +150,9 @@ struct CommOptions {
   // false: Gloo's TCP for everything.
   bool shm = true;
   int64_t shm_slot_bytes = int64_t{512} << 10;  // staged per rank per chunk (ShmOptions)
+  // Gloo groups' reduce-scatter: false = dtrain's ring over send/recv,
+  // true = Gloo's own (cluster.gloo_reduce_scatter native).
+  bool gloo_native_reduce_scatter = false;
 };
 
 // True when this build has the NCCL backend (LibTorch with CUDA).

@@ -111,7 +111,12 @@ int run_comm_bench(const CommBenchOptions& options) {
                 "use 1 <= min <= max and iters >= 1");
   const at::ScalarType dt = parse_dtype(options.dtype);
   at::set_num_threads(1);  // one core per rank, as in training
-  auto comm = init_comm(WorldInfo::from_env());
+  if (options.reduce_scatter != "ring" && options.reduce_scatter != "native")
+    throw Error(ErrorCode::config, "--reduce-scatter " + options.reduce_scatter + ": not a reduce-scatter path",
+                "use ring (dtrain's, the default) or native (Gloo's own)");
+  CommOptions copt;
+  copt.gloo_native_reduce_scatter = options.reduce_scatter == "native";
+  auto comm = init_comm(WorldInfo::from_env(), copt);
   Group& g = comm->world();
   const int n = g.size(), r = g.rank();
   const int64_t esize = at::elementSize(dt);
@@ -119,9 +124,8 @@ int run_comm_bench(const CommBenchOptions& options) {
     std::printf("# dtrain bench comm: %s, %d ranks (gloo), %s, median of %d iters, %d warmup\n",
                 options.op.c_str(), n, options.dtype.c_str(), options.iters, options.warmup);
     if (options.op == "reduce_scatter")
-      std::printf("# reduce_scatter path: %s (DTRAIN_GLOO_REDUCE_SCATTER = ring | native)\n",
-                  comm->info().gloo_reduce_scatter == "native" ? "native, Gloo's own"
-                                                                : "ring, ours over Gloo send/recv");
+      std::printf("# reduce_scatter path: %s (--reduce-scatter ring | native)\n",
+                  copt.gloo_native_reduce_scatter ? "native, Gloo's own" : "ring, ours over Gloo send/recv");
     std::printf("# %12s %12s %6s %11s %11s %11s %6s\n", "size(B)", "count", "type", "time(us)",
                 "algbw(GB/s)", "busbw(GB/s)", "check");
   }

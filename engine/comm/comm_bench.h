@@ -14,6 +14,7 @@ struct CommBenchOptions {
   int iters = 5;    // timed repeats per size (median reported)
   int warmup = 1;
   std::string dtype = "fp32";
+  std::string reduce_scatter = "ring";  // ring (dtrain's) | native (Gloo's own)
 };
 
 // Rank 0 prints the table; every rank checks its results. Returns the exit

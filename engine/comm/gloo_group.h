@@ -50,7 +50,7 @@ class GlooGroup : public Group {
   // pg == nullptr only for a group of one rank (every op is then a local copy).
   // slot (0..7) separates the ring tags of groups that share one pg.
   // native_reduce_scatter: Gloo's own reduce-scatter instead of our ring
-  // (WorldInfo::gloo_reduce_scatter = native).
+  // (CommOptions::gloo_native_reduce_scatter).
   GlooGroup(std::string name, std::vector<int> global_ranks, int rank,
             c10::intrusive_ptr<c10d::Backend> pg, int slot, bool native_reduce_scatter = false);
   ~GlooGroup() override;

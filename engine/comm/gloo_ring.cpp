@@ -185,7 +185,7 @@ WorkPtr GlooGroup::reduce_scatter(const at::Tensor& in, at::Tensor& out, bool as
   at::Tensor out_w = bf16 ? at::empty({out.numel()}, in_w.options()) : out.view({-1});  // [m]
   if (native_reduce_scatter_) {
     // Gloo's own reduce-scatter (LibTorch 2.x), for comparison with the ring:
-    // DTRAIN_GLOO_REDUCE_SCATTER=native (WorldInfo::gloo_reduce_scatter).
+    // cluster.gloo_reduce_scatter native (CommOptions::gloo_native_reduce_scatter).
     bytes_ += static_cast<uint64_t>((n - 1) * in_w.nbytes() / n);
     std::function<void()> copy_back;
     if (bf16) copy_back = [out, out_w]() mutable { out.view({-1}).copy_(out_w); };

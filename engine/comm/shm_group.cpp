@@ -14,6 +14,7 @@
 // with more ranks than cores gives its cores to the ranks that compute.
 #include "engine/comm/shm_group.h"
 
+#include <ATen/ops/add.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
@@ -184,13 +185,19 @@ void ShmChannel::reduce_into_result(int set, int64_t elems, at::ScalarType dtype
   auto opts = at::TensorOptions().dtype(dtype);
   auto view = [&](int index) { return at::from_blob(seg_->slot(set, index), {elems}, opts); };
   at::Tensor acc = view(n_);  // [elems]
-  acc.copy_(view(0));
-  for (int j = 1; j < n_; ++j) {
-    at::Tensor x = view(j);
-    if (op == ReduceOp::sum) acc.add_(x);
-    else if (op == ReduceOp::max) at::maximum_out(acc, acc, x);
-    else at::minimum_out(acc, acc, x);
+  if (n_ == 1) {
+    acc.copy_(view(0));
+    return;
   }
+  // acc = slot 0 (op) slot 1, then (op) slot j in rank order: the first pair
+  // goes straight into the result, one pass fewer than copying slot 0 first.
+  auto combine = [&](const at::Tensor& a, const at::Tensor& b) {
+    if (op == ReduceOp::sum) at::add_out(acc, a, b);
+    else if (op == ReduceOp::max) at::maximum_out(acc, a, b);
+    else at::minimum_out(acc, a, b);
+  };
+  combine(view(0), view(1));
+  for (int j = 2; j < n_; ++j) combine(acc, view(j));
 }
 
 ShmChannel::ChunkPtr ShmChannel::stage_chunk(char* src, int64_t elems, at::ScalarType dtype, ReduceOp op) {

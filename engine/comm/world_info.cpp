@@ -113,11 +113,6 @@ WorldInfo WorldInfo::from_env() {
   if (const char* v = std::getenv("DTRAIN_RUN_DIR")) w.run_dir = v;
   if (const char* v = std::getenv("DTRAIN_RESUME_FROM")) w.resume_from = v;
   if (const char* v = std::getenv("GLOO_SOCKET_IFNAME")) w.gloo_socket_ifname = v;
-  if (const char* v = std::getenv("DTRAIN_GLOO_REDUCE_SCATTER"); v && *v) {
-    if (std::string(v) == "ring" || std::string(v) == "native") w.gloo_reduce_scatter = v;
-    else errors.add("DTRAIN_GLOO_REDUCE_SCATTER=" + std::string(v) +
-                    ": must be ring (the default) or native (Gloo's own reduce-scatter)");
-  }
 
   w.shape.dp = w.world;  // no DTRAIN_MESH: pure data parallel
   if (const char* m = std::getenv("DTRAIN_MESH"); m && *m) {

@@ -62,21 +62,32 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& cfg) : heads(c
 
 namespace {
 
+// x W^T (+ b) over the last dim of x as one 2-D GEMM. at::linear runs a
+// [B, T, K] input as matmul plus a separate bias add, one more pass over
+// the output in forward and its own reduction in backward; flattened to
+// [B*T, K], the bias rides in addmm's beta term.
+at::Tensor linear_nd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
+  if (x.dim() == 2) return at::linear(x, w, b);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = w.size(0);
+  return at::linear(x.reshape({-1, x.size(-1)}), w, b).view(sizes);
+}
+
 // x W^T + b with W this rank's rows (column-parallel: the input is copied
 // into the TP region, the output stays split).
 // With sequence parallelism the input holds this rank's positions and is
 // all-gathered along T first.
 at::Tensor column_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGroup* tp) {
-  if (!tp || !tp->active()) return l->forward(x);
-  return at::linear(tp->sp() ? gather_from_sp(x, *tp) : copy_to_tp(x, *tp), l->weight, l->bias);
+  if (!tp || !tp->active()) return linear_nd(x, l->weight, l->bias);
+  return linear_nd(tp->sp() ? gather_from_sp(x, *tp) : copy_to_tp(x, *tp), l->weight, l->bias);
 }
 
 // x W^T + b with W this rank's columns and x this rank's split input
 // (row-parallel: partial products summed over TP, then the bias once).
 // (with sequence parallelism: reduce-scattered along T instead).
 at::Tensor row_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGroup* tp) {
-  if (!tp || !tp->active()) return l->forward(x);
-  at::Tensor partial = at::linear(x, l->weight);
+  if (!tp || !tp->active()) return linear_nd(x, l->weight, l->bias);
+  at::Tensor partial = linear_nd(x, l->weight);
   at::Tensor out = tp->sp() ? scatter_to_sp(partial, *tp) : reduce_from_tp(partial, *tp);
   return l->bias.defined() ? out + l->bias : out;
 }
@@ -124,7 +135,10 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   auto qkv_out = column_parallel(qkv, x, tp);  // [B, T, 3C] (all T, also with sequence parallelism)
   const int64_t T = qkv_out.size(1);
   auto qkv_heads = qkv_out.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().view({3, B * H, T, D});
-  auto q = qkv_heads[0], k = qkv_heads[1], v = qkv_heads[2];  // [B*H, T, D] each
+  // unbind, not three selects: its backward stacks the three grads in one
+  // copy, where each select's backward would zero-fill all of [3, ...].
+  auto qkv3 = qkv_heads.unbind(0);
+  auto q = qkv3[0], k = qkv3[1], v = qkv3[2];  // [B*H, T, D] each
 
   const double p = attn_drop->options.p();
   auto resid = [&](const at::Tensor& y) {  // [B, T, C] (full width after the row-parallel sum)

@@ -116,12 +116,32 @@ double LrSchedule::at(int64_t step) const {
   return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (lr - min_lr);
 }
 
+namespace {
+
+// Sum of squares of n floats, accumulated in fp64 in one read of the data
+// (at::sum(g * g, kDouble) writes g * g and then an fp64 copy of it first).
+// Eight independent accumulators so the compiler can keep several in
+// flight; their order is fixed, so the result is the same on every call.
+double sq_sum_fp32(const float* p, int64_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += double(p[i + j]) * double(p[i + j]);
+  for (; i < n; ++i) acc[0] += double(p[i]) * double(p[i]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+}  // namespace
+
 double local_grad_sq_norm(const std::vector<at::Tensor>& grads) {
   at::NoGradGuard no_grad;
   double total = 0.0;
   for (const auto& g : grads) {
     if (!g.defined()) continue;
-    total += at::sum(g.mul(g), at::kDouble).item().toDouble();  // accumulate in fp64
+    if (g.is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous())
+      total += sq_sum_fp32(g.const_data_ptr<float>(), g.numel());
+    else
+      total += at::sum(g.mul(g), at::kDouble).item().toDouble();  // accumulate in fp64
   }
   return total;
 }

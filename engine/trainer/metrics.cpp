@@ -3,6 +3,7 @@
 // compare runs at full double precision.
 #include "engine/trainer/metrics.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,6 +16,14 @@
 
 namespace dtrain::engine::trainer {
 namespace {
+
+// This process's CPU time (user + system, every thread) in seconds: with
+// elapsed_s it says how much of a step was work and how much waiting.
+double process_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -88,13 +97,13 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
   if (jsonl_) {
     std::fprintf(jsonl_,
                  "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"tokens_per_s\": %.6g, "
-                 "\"elapsed_s\": %.6g, \"step_time_s\": %.6g, \"sync_wait_s\": %.6g, "
+                 "\"elapsed_s\": %.6g, \"cpu_s\": %.6g, \"step_time_s\": %.6g, \"sync_wait_s\": %.6g, "
                  "\"grad_norm\": %.9g, \"rss_bytes\": %lld, \"param_bytes\": %lld, "
                  "\"grad_bytes\": %lld, \"optimizer_bytes\": %lld, \"peak_bytes\": %lld, "
                  "\"buckets_in_backward\": %d, \"dp_bytes_sent\": %lld, \"tp_bytes_sent\": %lld, "
                  "\"slowest_rank\": %d, \"straggler_ratio\": %.6g, "
                  "\"mfu\": %.9g, \"flops_per_step\": %.17g, \"peak_flops\": %.17g",
-                 static_cast<long long>(r.step), r.loss, r.lr, tokens_per_s, elapsed, step_s, wait_s,
+                 static_cast<long long>(r.step), r.loss, r.lr, tokens_per_s, elapsed, process_cpu_s(), step_s, wait_s,
                  r.grad_norm, static_cast<long long>(mem.rss), static_cast<long long>(mem.params),
                  static_cast<long long>(mem.grads), static_cast<long long>(mem.optimizer),
                  static_cast<long long>(mem.peak), r.buckets_in_backward,

@@ -127,6 +127,7 @@ std::unique_ptr<TrainSession> make_train_session() {
                                                 : "nccl";
   copt.device = s->device;
   copt.shm = spec.cluster.shm;
+  copt.gloo_native_reduce_scatter = spec.cluster.gloo_reduce_scatter == "native";
   s->comm = comm::init_comm(s->info, copt);
   s->dp = &s->comm->axis("dp");
   // Every rank, into its own log: the coordinates `dtrain topo` shows for it.

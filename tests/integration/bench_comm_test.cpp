@@ -1,7 +1,7 @@
 // `dtrain bench comm` end to end: the real dtrain launching 2 dtrain-worker
 // ranks per collective over a few sizes. Checks the table (one verified row
 // per size, positive bandwidths), the exit codes, refusals of bad input, and
-// the reduce-scatter path chosen by DTRAIN_GLOO_REDUCE_SCATTER.
+// the reduce-scatter path chosen by --reduce-scatter (cluster.gloo_reduce_scatter).
 // Speeds are printed, never asserted (a loaded CI machine is slow).
 #include <doctest/doctest.h>
 
@@ -84,14 +84,15 @@ TEST_CASE("bench comm: every op at 2 ranks, one checked row per size, positive b
   CHECK(std::filesystem::is_empty(dir / "tmp"));
 }
 
-TEST_CASE("bench comm: DTRAIN_GLOO_REDUCE_SCATTER=native runs Gloo's own; a bad value is refused") {
+TEST_CASE("bench comm: --reduce-scatter native runs Gloo's own; a bad value is refused") {
   // The ring (the default) runs in the case above.
   TempDir dir;
   std::filesystem::create_directories(dir / "tmp");
-  const std::vector<std::string> args = {"--op", "reduce_scatter", "-n", "2", "--min", "64K",
-                                         "--max", "128K", "--iters", "1"};
+  std::vector<std::string> args = {"--op", "reduce_scatter", "-n", "2", "--min", "64K",
+                                   "--max", "128K", "--iters", "1", "--reduce-scatter"};
   {
-    auto [code, out] = bench(dir, "native", args, {"DTRAIN_GLOO_REDUCE_SCATTER=native"});
+    args.push_back("native");
+    auto [code, out] = bench(dir, "native", args);
     INFO(out);
     CHECK(code == 0);
     CHECK(out.find("reduce_scatter path: native") != std::string::npos);
@@ -99,11 +100,12 @@ TEST_CASE("bench comm: DTRAIN_GLOO_REDUCE_SCATTER=native runs Gloo's own; a bad 
     REQUIRE(rows.size() == 2);
     for (const auto& row : rows) CHECK(row.check == "ok");
   }
-  auto [code, out] = bench(dir, "bad", args, {"DTRAIN_GLOO_REDUCE_SCATTER=tree"});
+  args.back() = "tree";
+  auto [code, out] = bench(dir, "bad", args);
   INFO(out);
-  CHECK(code != 0);
-  CHECK(out.find("DTRAIN_GLOO_REDUCE_SCATTER=tree: must be ring (the default) or native") !=
-        std::string::npos);
+  CHECK(code == 2);
+  CHECK(out.find("--reduce-scatter tree: not a reduce-scatter path") != std::string::npos);
+  CHECK(out.find("[rank") == std::string::npos);  // refused before any worker started
 }
 
 TEST_CASE("bench comm: -n 0 and an unknown op exit 2 and say what is wrong") {

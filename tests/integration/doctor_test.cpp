@@ -115,9 +115,14 @@ TEST_CASE("launch: the doctor line at start, and mfu in metrics.jsonl is PaLM's 
   const double flops = 6 * params * tokens + 12.0 * L * C * T * tokens;
   std::ifstream in(dir / "run/metrics.jsonl");
   int lines = 0;
+  double last_cpu = 0;
   for (std::string line; std::getline(in, line); ++lines) {
     json m = json::parse(line);
     REQUIRE(m.contains("mfu"));
+    // The process's CPU seconds: positive and growing with every step.
+    REQUIRE(m.contains("cpu_s"));
+    CHECK(m["cpu_s"].get<double>() > last_cpu);
+    last_cpu = m["cpu_s"].get<double>();
     CHECK(m["flops_per_step"].get<double>() == doctest::Approx(flops).epsilon(1e-12));
     const double peak = m["peak_flops"];
     REQUIRE(peak > 0);

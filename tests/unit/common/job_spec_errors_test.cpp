@@ -189,6 +189,8 @@ TEST_CASE("spec errors: enums list the choices") {
   CHECK(has(error_of("cluster: {device: tpu}"), "cluster.device = tpu: must be cpu or cuda"));
   CHECK(has(error_of("cluster: {backend: mpi}"),
             "cluster.backend = mpi: must be auto, gloo or nccl"));
+  CHECK(has(error_of("cluster: {gloo_reduce_scatter: tree}"),
+            "cluster.gloo_reduce_scatter = tree: must be ring or native"));
   CHECK(has(error_of("parallel: {pipeline: {schedule: 1f1c}}"),
             "parallel.pipeline.schedule = 1f1c: must be gpipe, 1f1b, interleaved_1f1b or zb_h1 (did you mean 1f1b?)"));
   CHECK(has(error_of("data: {format: text}"),

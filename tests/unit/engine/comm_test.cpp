@@ -273,7 +273,7 @@ TEST_CASE("comm: WorldInfo::from_env names the missing or bad variable") {
 
 TEST_CASE("comm: WorldInfo::from_env reads the resume point and the Gloo settings") {
   const char* vars[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DTRAIN_RESUME_FROM",
-                        "GLOO_SOCKET_IFNAME", "DTRAIN_GLOO_REDUCE_SCATTER"};
+                        "GLOO_SOCKET_IFNAME"};
   for (auto v : vars) unsetenv(v);
   setenv("RANK", "0", 1);
   setenv("WORLD_SIZE", "1", 1);
@@ -282,30 +282,16 @@ TEST_CASE("comm: WorldInfo::from_env reads the resume point and the Gloo setting
   auto w = comm::WorldInfo::from_env();
   CHECK(w.resume_from.empty());
   CHECK(w.gloo_socket_ifname.empty());
-  CHECK(w.gloo_reduce_scatter == "ring");
 
   setenv("DTRAIN_RESUME_FROM", "/ckpt/step_20", 1);
   setenv("GLOO_SOCKET_IFNAME", "lo", 1);
-  setenv("DTRAIN_GLOO_REDUCE_SCATTER", "native", 1);
   w = comm::WorldInfo::from_env();
   CHECK(w.resume_from == "/ckpt/step_20");
   CHECK(w.gloo_socket_ifname == "lo");
-  CHECK(w.gloo_reduce_scatter == "native");
-
-  setenv("DTRAIN_GLOO_REDUCE_SCATTER", "tree", 1);
-  try {
-    comm::WorldInfo::from_env();
-    FAIL("DTRAIN_GLOO_REDUCE_SCATTER=tree was accepted");
-  } catch (const dtrain::Error& e) {
-    CHECK(e.code() == dtrain::ErrorCode::config);
-    CHECK_MESSAGE(e.message().find("DTRAIN_GLOO_REDUCE_SCATTER=tree: must be ring (the default) or "
-                                   "native") != std::string::npos,
-                  e.message());
-  }
   for (auto v : vars) unsetenv(v);
 }
 
-TEST_CASE("comm: WorldInfo::gloo_reduce_scatter native runs Gloo's reduce-scatter, same result") {
+TEST_CASE("comm: CommOptions::gloo_native_reduce_scatter runs Gloo's reduce-scatter, same result") {
   Diffs diffs;
   for (int n : {2, 3})
     run_world(
@@ -313,7 +299,7 @@ TEST_CASE("comm: WorldInfo::gloo_reduce_scatter native runs Gloo's reduce-scatte
         [&](comm::Comm& c, int) {
           for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) check_ops(c.world(), 7, dt, diffs);
         },
-        [](comm::WorldInfo& info, comm::CommOptions&) { info.gloo_reduce_scatter = "native"; });
+        [](comm::WorldInfo&, comm::CommOptions& o) { o.gloo_native_reduce_scatter = true; });
   report("comm: Gloo's native reduce-scatter (and the other ops beside it), world 2 and 3:", diffs);
 }
 

@@ -134,3 +134,24 @@ TEST_CASE("grad norm helpers: sum of squares and scaling") {
   CHECK(grads[0][0][0].item().toDouble() == doctest::Approx(1.5));
   CHECK(grads[1][2].item().toDouble() == doctest::Approx(-1.0));
 }
+
+TEST_CASE("grad norm: the one-pass fp32 loop agrees with an fp64 sum, for any length and layout") {
+  at::manual_seed(7);
+  // Lengths around the loop's 8-wide body, a large bucket, and a
+  // non-contiguous view (which takes ATen's path).
+  std::vector<at::Tensor> grads;
+  for (int64_t n : {1, 7, 8, 9, 1000003}) grads.push_back(at::randn({n}) * 3.0);
+  grads.push_back(at::randn({64, 48}).t());
+  double fast = dtrain::engine::optim::local_grad_sq_norm(grads);
+  double ref = 0;
+  for (const auto& g : grads) ref += g.to(at::kDouble).pow(2).sum().item().toDouble();
+  const double rel = std::abs(fast - ref) / ref;
+  MESSAGE("sum of squares " << fast << " vs fp64 reference " << ref << ": rel diff " << rel);
+  CHECK(rel < 1e-12);
+  // Not a no-op: one element changed moves it by exactly that element's square.
+  grads[1][3] = grads[1][3] + 1.0;
+  double ref2 = 0;
+  for (const auto& g : grads) ref2 += g.to(at::kDouble).pow(2).sum().item().toDouble();
+  CHECK(std::abs(dtrain::engine::optim::local_grad_sq_norm(grads) - ref2) / ref2 < 1e-12);
+  CHECK(std::abs(ref2 - ref) > 1e-3);
+}
