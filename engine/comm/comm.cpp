@@ -85,7 +85,7 @@ class CommImpl : public Comm {
   const c10::intrusive_ptr<c10d::Backend>& world_pg(const std::string& backend);
   // Every Gloo group (world, axes) all-reduces through shared memory where
   // its members share a machine; set up collectively, in build's order.
-  void add_shm_all_reduce(int64_t slot_bytes);
+  void add_shm_collectives(int64_t slot_bytes);
 
   WorldInfo info_;
   c10::intrusive_ptr<c10d::Store> store_;  // outlives the groups below
@@ -105,7 +105,7 @@ const c10::intrusive_ptr<c10d::Backend>& CommImpl::world_pg(const std::string& b
   return it->second;
 }
 
-void CommImpl::add_shm_all_reduce(int64_t slot_bytes) {
+void CommImpl::add_shm_collectives(int64_t slot_bytes) {
   detail::ShmOptions so;
   so.slot_bytes = slot_bytes;
   so.node = info_.node_rank;
@@ -116,7 +116,7 @@ void CommImpl::add_shm_all_reduce(int64_t slot_bytes) {
     if (!g || g->backend() != "gloo") return;
     std::string key = "shm/" + g->name() + "/";  // one key per group: its name and members
     for (int r : g->global_ranks()) key += std::to_string(r) + ",";
-    g = detail::with_shm_all_reduce(std::move(g), store_, key, so);
+    g = detail::with_shm_collectives(std::move(g), store_, key, so);
   };
   wrap(world_);
   wrap(control_);
@@ -171,7 +171,7 @@ void CommImpl::build(const CommOptions& options) {
     }
     axes_[axis] = detail::make_group(backend, axis, g, rank, pg, group_slot, ctx_);
   });
-  if (options.shm) add_shm_all_reduce(options.shm_slot_bytes);
+  if (options.shm) add_shm_collectives(options.shm_slot_bytes);
   // Under a launcher (a run dir): every op of every group goes into this
   // rank's collective trace, which the agent reads to attribute hangs.
   if (!info_.run_dir.empty()) {

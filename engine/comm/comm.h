@@ -146,7 +146,8 @@ struct CommOptions {
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   double timeout_s = 300;
   // Gloo groups whose members are all on one node (WorldInfo::node_rank)
-  // and can map one /dev/shm segment all-reduce through it (shm_group.h);
+  // and can map one /dev/shm segment all-reduce, all-gather and
+  // reduce-scatter through it (shm_group.h);
   // false: Gloo's TCP for everything.
   bool shm = true;
   int64_t shm_slot_bytes = int64_t{512} << 10;  // staged per rank per chunk (ShmOptions)

@@ -1,14 +1,18 @@
-// The shared-memory all-reduce (shm_group.h). The segment has kSets sets,
+// The shared-memory collectives (shm_group.h). The segment has kSets sets,
 // each with one staging slot per rank and one result slot; chunk c of the
-// group's all-reduces (in call order, the same on every rank) uses set
-// c % kSets:
-//   1. every rank copies its chunk into its slot and arrives;
+// group's shared-memory ops (in call order, the same on every rank) uses
+// set c % kSets:
+//   1. every rank copies its part of the chunk into its slot and arrives
+//      (all_reduce, all_gather: its piece; reduce_scatter: its n pieces,
+//      one for each rank's block);
 //   2. the last to arrive (already running: no one waits to be scheduled)
-//      reduces slots 0..n-1 in rank order into the result slot (the same
-//      addition order whatever the arrival order, the chunking or the
-//      machine) and marks the set done;
-//   3. each rank copies the result out when it waits for the op (or needs
-//      the set again) and counts itself consumed.
+//      marks the set done; for all_reduce it first reduces slots 0..n-1 in
+//      rank order into the result slot (the same addition order whatever the
+//      arrival order, the chunking or the machine);
+//   3. each rank takes its result when it waits for the op (or needs the set
+//      again) and counts itself consumed: all_reduce copies the result slot
+//      out, all_gather copies every rank's slot to its place, reduce_scatter
+//      reduces its own block from every slot, in rank order, into its output.
 // A set is staged again (chunk c + kSets) only once every rank consumed it.
 // Waits spin briefly, then sleep on a futex in the segment, so a machine
 // with more ranks than cores gives its cores to the ranks that compute.
@@ -31,6 +35,7 @@
 #include <climits>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <random>
 
@@ -110,8 +115,14 @@ bool shm_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kInt || t == at::kLong;
 }
 
+enum class ShmOp { all_reduce, all_gather, reduce_scatter };
+
+const char* op_name(ShmOp op) {
+  return op == ShmOp::all_reduce ? "all_reduce" : op == ShmOp::all_gather ? "all_gather" : "reduce_scatter";
+}
+
 // The group's side of the segment: stages chunks, reduces as the last
-// arriver, copies results out. Shared by the group and its works.
+// arriver, takes results out. Shared by the group and its works.
 class ShmChannel {
  public:
   ShmChannel(std::unique_ptr<Segment> seg, std::string group, int members, int rank, ShmOptions options)
@@ -119,36 +130,82 @@ class ShmChannel {
 
   struct Chunk {
     uint64_t index;
-    char* dst;  // where the result goes (the caller's tensor)
-    int64_t bytes;
+    ShmOp op;
+    char* dst;       // the result's place in the caller's output (all_gather: rank 0's piece)
+    int64_t elems;   // per rank piece
+    int64_t stride;  // all_gather: bytes between two ranks' pieces in the output
+    at::ScalarType dtype;
+    ReduceOp reduce;
     bool consumed = false;
   };
   using ChunkPtr = std::shared_ptr<Chunk>;
 
-  // Stages every chunk of t (contiguous, CPU); returns them for wait().
-  std::vector<ChunkPtr> stage(const at::Tensor& t, ReduceOp op) {
+  // all_reduce: stages every chunk of t (contiguous, CPU) in place.
+  std::vector<ChunkPtr> stage_all_reduce(const at::Tensor& t, ReduceOp op) {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t es = static_cast<int64_t>(t.element_size());
-    const int64_t per_chunk = static_cast<int64_t>(seg_->header().slot_bytes) / es;
+    const int64_t per_chunk = slot_bytes() / es;
     char* data = static_cast<char*>(t.data_ptr());
     std::vector<ChunkPtr> chunks;
-    for (int64_t off = 0; off < t.numel(); off += per_chunk)
-      chunks.push_back(stage_chunk(data + off * es, std::min(per_chunk, t.numel() - off), t.scalar_type(), op));
+    for (int64_t off = 0; off < t.numel(); off += per_chunk) {
+      const int64_t elems = std::min(per_chunk, t.numel() - off);
+      chunks.push_back(stage_chunk({0, ShmOp::all_reduce, data + off * es, elems, 0, t.scalar_type(), op},
+                                   [&](char* slot) { std::memcpy(slot, data + off * es, size_t(elems * es)); }));
+    }
     return chunks;
   }
 
-  // Copies each chunk's result out (waiting for it), in any order.
+  // all_gather: in [m] -> out [n m], rank j's piece at j m.
+  std::vector<ChunkPtr> stage_all_gather(const at::Tensor& in, const at::Tensor& out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t es = static_cast<int64_t>(in.element_size()), m = in.numel();
+    const int64_t per_chunk = slot_bytes() / es;
+    const char* src = static_cast<const char*>(in.data_ptr());
+    char* dst = static_cast<char*>(out.data_ptr());
+    std::vector<ChunkPtr> chunks;
+    for (int64_t off = 0; off < m; off += per_chunk) {
+      const int64_t elems = std::min(per_chunk, m - off);
+      chunks.push_back(
+          stage_chunk({0, ShmOp::all_gather, dst + off * es, elems, m * es, in.scalar_type(), ReduceOp::sum},
+                      [&](char* slot) { std::memcpy(slot, src + off * es, size_t(elems * es)); }));
+    }
+    return chunks;
+  }
+
+  // reduce_scatter (sum): in [n m] -> out [m] = sum over ranks of block rank.
+  std::vector<ChunkPtr> stage_reduce_scatter(const at::Tensor& in, const at::Tensor& out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t es = static_cast<int64_t>(in.element_size()), m = out.numel();
+    const int64_t per_chunk = slot_bytes() / (es * n_);  // one piece per rank's block in a slot
+    const char* src = static_cast<const char*>(in.data_ptr());
+    char* dst = static_cast<char*>(out.data_ptr());
+    std::vector<ChunkPtr> chunks;
+    for (int64_t off = 0; off < m; off += per_chunk) {
+      const int64_t elems = std::min(per_chunk, m - off);
+      chunks.push_back(stage_chunk(
+          {0, ShmOp::reduce_scatter, dst + off * es, elems, 0, in.scalar_type(), ReduceOp::sum},
+          [&](char* slot) {
+            for (int j = 0; j < n_; ++j)
+              std::memcpy(slot + j * elems * es, src + (j * m + off) * es, size_t(elems * es));
+          }));
+    }
+    return chunks;
+  }
+
+  // Takes each chunk's result (waiting for it), in any order.
   void finish(const std::vector<ChunkPtr>& chunks) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& c : chunks) consume(*c);
     while (!pending_.empty() && pending_.front()->consumed) pending_.pop_front();
   }
 
+  int64_t slot_bytes() const { return static_cast<int64_t>(seg_->header().slot_bytes); }
+
  private:
-  ChunkPtr stage_chunk(char* src, int64_t elems, at::ScalarType dtype, ReduceOp op);
+  ChunkPtr stage_chunk(Chunk chunk, const std::function<void(char*)>& fill);
   void consume(Chunk& c);
   void reduce_into_result(int set, int64_t elems, at::ScalarType dtype, ReduceOp op);
-  void wait_until(Counter& c, uint32_t target, const char* what);
+  void wait_until(Counter& c, uint32_t target, ShmOp op, const char* what);
 
   std::unique_ptr<Segment> seg_;
   std::string group_;
@@ -159,7 +216,7 @@ class ShmChannel {
   std::deque<ChunkPtr> pending_;    // staged and not yet consumed, in index order
 };
 
-void ShmChannel::wait_until(Counter& c, uint32_t target, const char* what) {
+void ShmChannel::wait_until(Counter& c, uint32_t target, ShmOp op, const char* what) {
   using Clock = std::chrono::steady_clock;
   if (reached(c.value.load(std::memory_order_acquire), target)) return;
   const auto start = Clock::now();
@@ -172,9 +229,9 @@ void ShmChannel::wait_until(Counter& c, uint32_t target, const char* what) {
     if (reached(seen, target)) return;
     if (Clock::now() >= deadline)
       throw Error(ErrorCode::timeout,
-                  fmt::format("all_reduce on group {} (shared memory) waited {:g} s for the other "
+                  fmt::format("{} on group {} (shared memory) waited {:g} s for the other "
                               "ranks ({})",
-                              group_, options_.timeout_s, what),
+                              op_name(op), group_, options_.timeout_s, what),
                   "a peer did not reach the same collective in time (options.timeout_s); see its log");
     const timespec slice{1, 0};  // wake up to check the deadline
     futex(&c.value, FUTEX_WAIT, seen, &slice);
@@ -200,7 +257,7 @@ void ShmChannel::reduce_into_result(int set, int64_t elems, at::ScalarType dtype
   for (int j = 2; j < n_; ++j) combine(acc, view(j));
 }
 
-ShmChannel::ChunkPtr ShmChannel::stage_chunk(char* src, int64_t elems, at::ScalarType dtype, ReduceOp op) {
+ShmChannel::ChunkPtr ShmChannel::stage_chunk(Chunk chunk, const std::function<void(char*)>& fill) {
   const uint64_t index = next_++;
   const int set = static_cast<int>(index % kSets);
   const uint32_t use = static_cast<uint32_t>(index / kSets);  // this set's use number k
@@ -211,19 +268,19 @@ ShmChannel::ChunkPtr ShmChannel::stage_chunk(char* src, int64_t elems, at::Scala
       consume(*pending_.front());
       pending_.pop_front();
     }
-    wait_until(st.consumed, static_cast<uint32_t>(n_) * use, "reusing a staging set");
+    wait_until(st.consumed, static_cast<uint32_t>(n_) * use, chunk.op, "reusing a staging set");
   }
-  const int64_t bytes = elems * static_cast<int64_t>(c10::elementSize(dtype));
-  std::memcpy(seg_->slot(set, me_), src, static_cast<size_t>(bytes));
+  fill(seg_->slot(set, me_));
   const uint32_t all = static_cast<uint32_t>(n_) * (use + 1);
   if (st.staged.value.fetch_add(1, std::memory_order_acq_rel) + 1 == all) {
-    reduce_into_result(set, elems, dtype, op);
+    if (chunk.op == ShmOp::all_reduce) reduce_into_result(set, chunk.elems, chunk.dtype, chunk.reduce);
     st.done.value.store(use + 1, std::memory_order_release);
     wake_all(st.done);
   }
-  auto chunk = std::make_shared<Chunk>(Chunk{index, src, bytes});
-  pending_.push_back(chunk);
-  return chunk;
+  chunk.index = index;
+  auto ptr = std::make_shared<Chunk>(chunk);
+  pending_.push_back(ptr);
+  return ptr;
 }
 
 void ShmChannel::consume(Chunk& c) {
@@ -231,8 +288,22 @@ void ShmChannel::consume(Chunk& c) {
   const int set = static_cast<int>(c.index % kSets);
   const uint32_t use = static_cast<uint32_t>(c.index / kSets);
   SetState& st = seg_->header().sets[set];
-  wait_until(st.done, use + 1, "the last rank's reduction");
-  std::memcpy(c.dst, seg_->slot(set, n_), static_cast<size_t>(c.bytes));
+  wait_until(st.done, use + 1, c.op, c.op == ShmOp::all_reduce ? "the last rank's reduction" : "every rank's part");
+  const int64_t es = static_cast<int64_t>(c10::elementSize(c.dtype));
+  const size_t bytes = static_cast<size_t>(c.elems * es);
+  if (c.op == ShmOp::all_reduce) {
+    std::memcpy(c.dst, seg_->slot(set, n_), bytes);
+  } else if (c.op == ShmOp::all_gather) {
+    for (int j = 0; j < n_; ++j) std::memcpy(c.dst + j * c.stride, seg_->slot(set, j), bytes);
+  } else {
+    // This rank's block from every slot, added in rank order straight into
+    // the output (the first pair without a copy).
+    auto opts = at::TensorOptions().dtype(c.dtype);
+    auto piece = [&](int j) { return at::from_blob(seg_->slot(set, j) + me_ * c.elems * es, {c.elems}, opts); };
+    at::Tensor out = at::from_blob(c.dst, {c.elems}, opts);
+    at::add_out(out, piece(0), piece(1));
+    for (int j = 2; j < n_; ++j) out.add_(piece(j));
+  }
   c.consumed = true;
   if (st.consumed.value.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n_) * (use + 1))
     wake_all(st.consumed);
@@ -260,7 +331,21 @@ class ShmGroup : public ForwardingGroup {
       return inner_->all_reduce(t, async, op);
     const int n = size();
     bytes_ += static_cast<uint64_t>(2 * (n - 1) * static_cast<int64_t>(t.nbytes()) / n);
-    auto work = std::make_shared<ShmWork>(channel_, t, channel_->stage(t, op));
+    auto work = std::make_shared<ShmWork>(channel_, t, channel_->stage_all_reduce(t, op));
+    if (!async) work->wait();
+    return work;
+  }
+  WorkPtr all_gather(const at::Tensor& in, at::Tensor& out, bool async) override {
+    if (!eligible(in, out) || out.numel() != size() * in.numel()) return inner_->all_gather(in, out, async);
+    bytes_ += static_cast<uint64_t>((size() - 1) * static_cast<int64_t>(in.nbytes()));
+    auto work = std::make_shared<ShmWork>(channel_, out, channel_->stage_all_gather(in, out));
+    if (!async) work->wait();
+    return work;
+  }
+  WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, bool async) override {
+    if (!eligible(in, out) || in.numel() != size() * out.numel()) return inner_->reduce_scatter(in, out, async);
+    bytes_ += static_cast<uint64_t>((size() - 1) * static_cast<int64_t>(in.nbytes()) / size());
+    auto work = std::make_shared<ShmWork>(channel_, out, channel_->stage_reduce_scatter(in, out));
     if (!async) work->wait();
     return work;
   }
@@ -271,6 +356,14 @@ class ShmGroup : public ForwardingGroup {
   }
 
  private:
+  // Both tensors non-empty, contiguous on the CPU, in one dtype the segment
+  // reduces (anything else, and wrong sizes: the inner group, which checks).
+  bool eligible(const at::Tensor& in, const at::Tensor& out) const {
+    return shm_dtype(in.scalar_type()) && in.scalar_type() == out.scalar_type() && in.device().is_cpu() &&
+           out.device().is_cpu() && in.is_contiguous() && out.is_contiguous() && in.numel() > 0 &&
+           out.numel() > 0;
+  }
+
   std::shared_ptr<ShmChannel> channel_;
   std::atomic<uint64_t> bytes_{0};
 };
@@ -369,7 +462,7 @@ std::unique_ptr<Segment> open_shared(const Group& g, c10d::Store& store, const s
 
 }  // namespace
 
-std::unique_ptr<Group> with_shm_all_reduce(std::unique_ptr<Group> inner,
+std::unique_ptr<Group> with_shm_collectives(std::unique_ptr<Group> inner,
                                            const c10::intrusive_ptr<c10d::Store>& store,
                                            const std::string& key, const ShmOptions& options) {
   if (inner->size() == 1) return inner;
@@ -378,14 +471,15 @@ std::unique_ptr<Group> with_shm_all_reduce(std::unique_ptr<Group> inner,
   try {
     seg = open_shared(*inner, *store, key, options, why);
   } catch (...) {
-    rethrow_comm_error(inner->name(), "setting up the shared-memory all-reduce");
+    rethrow_comm_error(inner->name(), "setting up the shared-memory collectives");
   }
   // One line per group, from its first member: which path its all-reduces take.
   if (inner->rank() == 0) {
     if (seg)
-      DTRAIN_DEBUG("group {} ({} ranks): all_reduce through shared memory", inner->name(), inner->size());
+      DTRAIN_DEBUG("group {} ({} ranks): all_reduce, all_gather and reduce_scatter through shared memory",
+                   inner->name(), inner->size());
     else
-      DTRAIN_INFO("group {} ({} ranks): all_reduce over {}: {}", inner->name(), inner->size(),
+      DTRAIN_INFO("group {} ({} ranks): collectives over {}: {}", inner->name(), inner->size(),
                   inner->backend(), why);
   }
   if (!seg) return inner;

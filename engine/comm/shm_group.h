@@ -1,11 +1,11 @@
-// All-reduce through shared memory for the members of a Gloo group that
+// Collectives through shared memory for the members of a Gloo group that
 // share one machine (NCCL's SHM transport and DeepSpeed's CPU shm all-reduce
-// do the same): a Group decorator whose all_reduce (sum, max, min on fp32,
-// fp64, int32, int64) copies into a /dev/shm segment and reduces there, with
-// no socket, no Gloo thread and no kernel copy: the call stages the tensor
-// (async too: it waits only when every staging set is still being read), and
-// wait() copies the result into it. Every other op and dtype goes to the
-// inner group unchanged. It does not decide which groups get it
+// do the same): a Group decorator whose all_reduce (sum, max, min),
+// all_gather and reduce_scatter (sum) on fp32, fp64, int32 and int64 copy
+// into a /dev/shm segment and reduce there, with no socket, no Gloo thread
+// and no kernel copy: the call stages the tensor (async too: it waits only
+// when every staging set is still being read), and wait() takes the result
+// into the output. Every other op and dtype goes to the inner group unchanged. It does not decide which groups get it
 // (init_comm does) and falls back to the inner group, on every member alike,
 // where the members cannot map one segment (different machines).
 // Internal to engine/comm.
@@ -33,12 +33,12 @@ struct ShmOptions {
   int node = 0;
 };
 
-// `inner` with all_reduce through a segment shared by its members, set up
+// `inner` with its collectives through a segment shared by its members, set up
 // collectively over `store` under `key` (every member must call this, in
 // the same order as its other groups). Returns `inner` itself (with a log
 // line saying why) where the members cannot share a segment. Size-1 groups
 // are returned unchanged.
-std::unique_ptr<Group> with_shm_all_reduce(std::unique_ptr<Group> inner,
+std::unique_ptr<Group> with_shm_collectives(std::unique_ptr<Group> inner,
                                            const c10::intrusive_ptr<c10d::Store>& store,
                                            const std::string& key, const ShmOptions& options);
 

@@ -146,19 +146,24 @@ void report(const char* title, Diffs& diffs) {
 }  // namespace
 
 TEST_CASE("comm: every operation matches its definition at world 2..5") {
+  // With shared memory on (the default) fp32 all_reduce, all_gather and
+  // reduce_scatter go through it and the rest over Gloo; off, everything
+  // takes Gloo (the ring reduce-scatter included).
   Diffs diffs;
-  for (int n : {2, 3, 4, 5}) {
-    dtrain::mesh::Shape shape;
-    shape.dp = n;
-    run_world(shape, [&](comm::Comm& c, int) {
-      for (at::ScalarType dt : {at::kFloat, at::kHalf, at::kBFloat16})
-        for (int64_t m : {1, 7, 4099, 20011}) {
-          check_ops(c.world(), m, dt, diffs);
-          if (m == 7) check_ops(c.axis("dp"), m, dt, diffs);  // shares the world's Gloo group
-        }
-    });
-  }
-  report("comm collectives, world 2..5, chunk 1..20011, vs a float64 reference:", diffs);
+  for (bool shm : {true, false})
+    for (int n : {2, 3, 4, 5}) {
+      dtrain::mesh::Shape shape;
+      shape.dp = n;
+      run_world(shape, [&](comm::Comm& c, int) {
+        for (at::ScalarType dt : {at::kFloat, at::kHalf, at::kBFloat16})
+          for (int64_t m : {1, 7, 4099, 20011}) {
+            check_ops(c.world(), m, dt, diffs);
+            if (m == 7) check_ops(c.axis("dp"), m, dt, diffs);  // shares the world's Gloo group
+          }
+      }, [shm](comm::WorldInfo&, comm::CommOptions& o) { o.shm = shm; });
+    }
+  report("comm collectives, world 2..5, chunk 1..20011, shared memory on and off, vs a float64 reference:",
+         diffs);
 }
 
 TEST_CASE("comm: empty chunks and world of one") {
@@ -196,7 +201,7 @@ TEST_CASE("comm: ring reduce_scatter with chunks of many pipelined segments") {
         diffs.add(std::string("reduce_scatter ") + dtype_name(dt),
                   max_diff(out, sum.narrow(0, r * m, m)));
       }
-    });
+    }, [](comm::WorldInfo&, comm::CommOptions& o) { o.shm = false; });  // the ring, not shared memory
   }
   report("comm: ring reduce_scatter, chunk 200003 (multi-segment), world 3 and 4:", diffs);
 }
@@ -299,7 +304,10 @@ TEST_CASE("comm: CommOptions::gloo_native_reduce_scatter runs Gloo's reduce-scat
         [&](comm::Comm& c, int) {
           for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) check_ops(c.world(), 7, dt, diffs);
         },
-        [](comm::WorldInfo&, comm::CommOptions& o) { o.gloo_native_reduce_scatter = true; });
+        [](comm::WorldInfo&, comm::CommOptions& o) {
+          o.gloo_native_reduce_scatter = true;
+          o.shm = false;  // fp32 would take shared memory
+        });
   report("comm: Gloo's native reduce-scatter (and the other ops beside it), world 2 and 3:", diffs);
 }
 

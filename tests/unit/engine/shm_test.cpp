@@ -1,14 +1,17 @@
-// engine/comm's shared-memory all-reduce (shm_group.h) on ranks as threads
+// engine/comm's shared-memory collectives (shm_group.h) on ranks as threads
 // of this process: chunked tensors (slots smaller than the tensor), sizes
-// that leave some ranks no part, sum/max/min on fp32, fp64, int32, int64,
-// async ops completing in call order beside sync ones, and a peer that never
-// arrives. The sum adds in rank order, so it equals that reference exactly;
-// Gloo's ring adds in another order (the negative control).
+// that leave some ranks no part, all_reduce sum/max/min, all_gather and
+// reduce_scatter on fp32, fp64, int32, int64, async ops of all three kinds
+// completing in call order beside sync ones, and a peer that never arrives.
+// Sums add in rank order, so they equal that reference exactly; Gloo's ring
+// adds in another order (the negative control).
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -92,7 +95,39 @@ TEST_CASE("shm all_reduce: chunked, every dtype and op, equal to the rank-order 
   CHECK(gloo_vs_order > 0);  // the check above could tell the two paths apart
 }
 
-TEST_CASE("shm all_reduce: async ops finish in call order beside sync ones; the world group too") {
+TEST_CASE("shm all_gather and reduce_scatter: chunked, every dtype, exact; Gloo's ring differs") {
+  if (!have_dev_shm()) return;
+  double worst = 0, gloo_vs_order = 0;
+  std::mutex mu;
+  for (int n : {2, 3, 4}) {
+    for (bool shm : {true, false}) {
+      run_world(comm::parse_mesh("dp=" + std::to_string(n)), [&](comm::Comm& c, int r) {
+        for (auto dt : {at::kFloat, at::kDouble, at::kInt, at::kLong})
+          for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{341}, int64_t{1025}, int64_t{10007}}) {
+            // reduce_scatter: rank q's input is input(q, n m); rank r gets
+            // block r of the rank-order sum.
+            at::Tensor out = at::empty({m}, at::TensorOptions().dtype(dt));
+            c.axis("dp").reduce_scatter(input(r, n * m, dt), out);
+            const double d_rs = max_diff(out, reference(n, n * m, dt, comm::ReduceOp::sum).narrow(0, r * m, m));
+            at::Tensor gathered = at::empty({n * m}, at::TensorOptions().dtype(dt));
+            c.axis("dp").all_gather(input(r, m, dt), gathered);
+            double d_ag = 0;
+            for (int q = 0; q < n; ++q) d_ag = std::max(d_ag, max_diff(gathered.narrow(0, q * m, m), input(q, m, dt)));
+            std::lock_guard<std::mutex> lock(mu);
+            if (shm) worst = std::max({worst, d_rs, d_ag});
+            else if (dt == at::kFloat) gloo_vs_order = std::max(gloo_vs_order, d_rs);
+          }
+      }, [&](comm::WorldInfo&, comm::CommOptions& o) { o = small_slots(shm); });
+    }
+  }
+  std::printf("shm all_gather and reduce_scatter vs concatenation / rank-order sum: max diff %.3g "
+              "(tolerance 0, exact); Gloo's ring fp32 reduce_scatter vs the same: %.3g (must differ)\n",
+              worst, gloo_vs_order);
+  CHECK(worst == 0);
+  CHECK(gloo_vs_order > 0);
+}
+
+TEST_CASE("shm: async ops of all three kinds finish beside sync ones; the world group too") {
   if (!have_dev_shm()) return;
   std::mutex mu;
   double worst = 0;
@@ -107,6 +142,13 @@ TEST_CASE("shm all_reduce: async ops finish in call order beside sync ones; the 
     c.axis("dp").all_reduce(s);  // waits behind the six
     at::Tensor w = input(r, 2049, at::kFloat);
     c.world().all_reduce(w, false, comm::ReduceOp::max);  // another group, another segment
+    // All three kinds in flight at once, more chunks than staging sets
+    // (4 KiB slots: 10 + 30 chunks), waited for in reverse order.
+    at::Tensor gathered = at::empty({3 * 10007}, at::kFloat), scattered = at::empty({10007}, at::kFloat);
+    auto ag = c.axis("dp").all_gather(input(r, 10007, at::kFloat), gathered, /*async=*/true);
+    auto rs = c.axis("dp").reduce_scatter(input(r, 3 * 10007, at::kFloat), scattered, /*async=*/true);
+    rs->wait();
+    ag->wait();
     for (auto& wk : works) wk->wait();
     std::lock_guard<std::mutex> lock(mu);
     for (int i = 0; i < 6; ++i) {
@@ -116,6 +158,10 @@ TEST_CASE("shm all_reduce: async ops finish in call order beside sync ones; the 
     }
     worst = std::max(worst, max_diff(s, reference(3, 50, at::kDouble, comm::ReduceOp::sum)));
     worst = std::max(worst, max_diff(w, reference(3, 2049, at::kFloat, comm::ReduceOp::max)));
+    for (int q = 0; q < 3; ++q)
+      worst = std::max(worst, max_diff(gathered.narrow(0, q * 10007, 10007), input(q, 10007, at::kFloat)));
+    worst = std::max(worst, max_diff(scattered, reference(3, 3 * 10007, at::kFloat, comm::ReduceOp::sum)
+                                                    .narrow(0, r * 10007, 10007)));
   }, [](comm::WorldInfo&, comm::CommOptions& o) { o = small_slots(true); });
   std::printf("shm async/sync mix: max diff %.3g (tolerance 0)\n", worst);
   CHECK(worst == 0);
