@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -67,28 +68,33 @@ comm::CommOptions small_slots(bool shm) {
   return o;
 }
 
+// body(comm, rank, n, shm) on dp=n for n = 2, 3, 4, with shared memory on
+// (the path under test) and off (Gloo: the negative control).
+void each_world(const std::function<void(comm::Comm&, int, int, bool)>& body) {
+  for (int n : {2, 3, 4})
+    for (bool shm : {true, false})
+      run_world(comm::parse_mesh("dp=" + std::to_string(n)), [&](comm::Comm& c, int r) { body(c, r, n, shm); },
+                [&](comm::WorldInfo&, comm::CommOptions& o) { o = small_slots(shm); });
+}
+
 }  // namespace
 
 TEST_CASE("shm all_reduce: chunked, every dtype and op, equal to the rank-order reduction") {
   if (!have_dev_shm()) return;
   double worst = 0, gloo_vs_order = 0;
   std::mutex mu;
-  for (int n : {2, 3, 4}) {
-    for (bool shm : {true, false}) {
-      run_world(comm::parse_mesh("dp=" + std::to_string(n)), [&](comm::Comm& c, int r) {
-        for (auto dt : {at::kFloat, at::kDouble, at::kInt, at::kLong})
-          for (auto op : {comm::ReduceOp::sum, comm::ReduceOp::max, comm::ReduceOp::min})
-            for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{1023}, int64_t{1025}, int64_t{10007}}) {
-              at::Tensor t = input(r, m, dt);
-              c.axis("dp").all_reduce(t, false, op);
-              const double d = max_diff(t, reference(n, m, dt, op));
-              std::lock_guard<std::mutex> lock(mu);
-              if (shm) worst = std::max(worst, d);
-              else if (dt == at::kFloat && op == comm::ReduceOp::sum) gloo_vs_order = std::max(gloo_vs_order, d);
-            }
-      }, [&](comm::WorldInfo&, comm::CommOptions& o) { o = small_slots(shm); });
-    }
-  }
+  each_world([&](comm::Comm& c, int r, int n, bool shm) {
+    for (auto dt : {at::kFloat, at::kDouble, at::kInt, at::kLong})
+      for (auto op : {comm::ReduceOp::sum, comm::ReduceOp::max, comm::ReduceOp::min})
+        for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{1023}, int64_t{1025}, int64_t{10007}}) {
+          at::Tensor t = input(r, m, dt);
+          c.axis("dp").all_reduce(t, false, op);
+          const double d = max_diff(t, reference(n, m, dt, op));
+          std::lock_guard<std::mutex> lock(mu);
+          if (shm) worst = std::max(worst, d);
+          else if (dt == at::kFloat && op == comm::ReduceOp::sum) gloo_vs_order = std::max(gloo_vs_order, d);
+        }
+  });
   std::printf("shm all_reduce vs the rank-order reduction: max diff %.3g (tolerance 0, exact); "
               "Gloo's ring fp32 sum vs the same: %.3g (must differ)\n", worst, gloo_vs_order);
   CHECK(worst == 0);
@@ -99,27 +105,23 @@ TEST_CASE("shm all_gather and reduce_scatter: chunked, every dtype, exact; Gloo'
   if (!have_dev_shm()) return;
   double worst = 0, gloo_vs_order = 0;
   std::mutex mu;
-  for (int n : {2, 3, 4}) {
-    for (bool shm : {true, false}) {
-      run_world(comm::parse_mesh("dp=" + std::to_string(n)), [&](comm::Comm& c, int r) {
-        for (auto dt : {at::kFloat, at::kDouble, at::kInt, at::kLong})
-          for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{341}, int64_t{1025}, int64_t{10007}}) {
-            // reduce_scatter: rank q's input is input(q, n m); rank r gets
-            // block r of the rank-order sum.
-            at::Tensor out = at::empty({m}, at::TensorOptions().dtype(dt));
-            c.axis("dp").reduce_scatter(input(r, n * m, dt), out);
-            const double d_rs = max_diff(out, reference(n, n * m, dt, comm::ReduceOp::sum).narrow(0, r * m, m));
-            at::Tensor gathered = at::empty({n * m}, at::TensorOptions().dtype(dt));
-            c.axis("dp").all_gather(input(r, m, dt), gathered);
-            double d_ag = 0;
-            for (int q = 0; q < n; ++q) d_ag = std::max(d_ag, max_diff(gathered.narrow(0, q * m, m), input(q, m, dt)));
-            std::lock_guard<std::mutex> lock(mu);
-            if (shm) worst = std::max({worst, d_rs, d_ag});
-            else if (dt == at::kFloat) gloo_vs_order = std::max(gloo_vs_order, d_rs);
-          }
-      }, [&](comm::WorldInfo&, comm::CommOptions& o) { o = small_slots(shm); });
-    }
-  }
+  each_world([&](comm::Comm& c, int r, int n, bool shm) {
+    for (auto dt : {at::kFloat, at::kDouble, at::kInt, at::kLong})
+      for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{341}, int64_t{1025}, int64_t{10007}}) {
+        // reduce_scatter: rank q's input is input(q, n m); rank r gets
+        // block r of the rank-order sum.
+        at::Tensor out = at::empty({m}, at::TensorOptions().dtype(dt));
+        c.axis("dp").reduce_scatter(input(r, n * m, dt), out);
+        const double d_rs = max_diff(out, reference(n, n * m, dt, comm::ReduceOp::sum).narrow(0, r * m, m));
+        at::Tensor gathered = at::empty({n * m}, at::TensorOptions().dtype(dt));
+        c.axis("dp").all_gather(input(r, m, dt), gathered);
+        double d_ag = 0;
+        for (int q = 0; q < n; ++q) d_ag = std::max(d_ag, max_diff(gathered.narrow(0, q * m, m), input(q, m, dt)));
+        std::lock_guard<std::mutex> lock(mu);
+        if (shm) worst = std::max({worst, d_rs, d_ag});
+        else if (dt == at::kFloat) gloo_vs_order = std::max(gloo_vs_order, d_rs);
+      }
+  });
   std::printf("shm all_gather and reduce_scatter vs concatenation / rank-order sum: max diff %.3g "
               "(tolerance 0, exact); Gloo's ring fp32 reduce_scatter vs the same: %.3g (must differ)\n",
               worst, gloo_vs_order);
