@@ -17,27 +17,23 @@
 // Waits spin briefly, then sleep on a futex in the segment, so a machine
 // with more ranks than cores gives its cores to the ranks that compute.
 #include "engine/comm/shm_group.h"
+#include "engine/comm/shm_segment.h"
 
 #include <ATen/ops/add.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
-#include <fcntl.h>
 #include <linux/futex.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
-#include <random>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -47,61 +43,6 @@
 namespace dtrain::engine::comm::detail {
 
 namespace {
-
-constexpr uint64_t kMagic = 0x3268735f6e696172;  // "rain_sh2"
-// Chunks in flight before a set is reused: a rank may run this many chunks
-// (kSets x slot_bytes, 4 MiB by default) ahead of the slowest before its
-// next launch waits. DDP's buckets of one step fit at the default sizes.
-constexpr int kSets = 8;
-static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4,
-              "the futex waits on the atomic's own 4 bytes");
-
-struct alignas(64) Counter {
-  std::atomic<uint32_t> value{0};
-};
-
-// Per set, for its k-th use (chunk k * kSets + set): staged reaches n (k+1)
-// when every rank staged, done becomes k+1 when the result is in, consumed
-// reaches n (k+1) when every rank copied it out.
-struct SetState {
-  Counter staged, done, consumed;
-};
-
-struct Header {
-  uint64_t magic;
-  uint64_t nonce;
-  uint64_t slot_bytes;
-  uint32_t members;
-  SetState sets[kSets];
-};
-
-constexpr size_t kDataOffset = 4096;  // the slots start page-aligned
-static_assert(sizeof(Header) <= kDataOffset, "header fits its page");
-
-size_t segment_bytes(int members, int64_t slot_bytes) {
-  return kDataOffset + size_t{kSets} * (static_cast<size_t>(members) + 1) * static_cast<size_t>(slot_bytes);
-}
-
-// A mapped segment; unmapped on destruction (the name is unlinked as soon
-// as every member mapped it, so nothing stays in /dev/shm after a crash).
-class Segment {
- public:
-  Segment(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
-  ~Segment() { munmap(base_, bytes_); }
-  Segment(const Segment&) = delete;
-  Segment& operator=(const Segment&) = delete;
-  Header& header() const { return *static_cast<Header*>(base_); }
-  // Slot `index` of set `set`: 0..n-1 the ranks' staging slots, n the result.
-  char* slot(int set, int index) const {
-    const auto& h = header();
-    return static_cast<char*>(base_) + kDataOffset +
-           (static_cast<size_t>(set) * (h.members + 1) + static_cast<size_t>(index)) * h.slot_bytes;
-  }
-
- private:
-  void* base_;
-  size_t bytes_;
-};
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
@@ -343,7 +284,10 @@ class ShmGroup : public ForwardingGroup {
     return work;
   }
   WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, bool async) override {
-    if (!eligible(in, out) || in.numel() != size() * out.numel()) return inner_->reduce_scatter(in, out, async);
+    // (a slot holds one piece per rank: too many ranks for the slot size, Gloo)
+    if (!eligible(in, out) || in.numel() != size() * out.numel() ||
+        channel_->slot_bytes() < static_cast<int64_t>(in.element_size()) * size())
+      return inner_->reduce_scatter(in, out, async);
     bytes_ += static_cast<uint64_t>((size() - 1) * static_cast<int64_t>(in.nbytes()) / size());
     auto work = std::make_shared<ShmWork>(channel_, out, channel_->stage_reduce_scatter(in, out));
     if (!async) work->wait();
@@ -367,98 +311,6 @@ class ShmGroup : public ForwardingGroup {
   std::shared_ptr<ShmChannel> channel_;
   std::atomic<uint64_t> bytes_{0};
 };
-
-// Maps an existing segment (flags O_RDWR) or a new one (O_CREAT | O_EXCL);
-// null with `why` set when it cannot.
-std::unique_ptr<Segment> map_segment(const std::string& name, int flags, size_t bytes, std::string& why) {
-  int fd = shm_open(name.c_str(), flags, 0600);
-  if (fd < 0) {
-    why = "shm_open " + name + ": " + std::strerror(errno);
-    return nullptr;
-  }
-  if (flags & O_CREAT) {
-    // Reserve every page now: tmpfs that runs out later would SIGBUS a rank
-    // mid-collective; here it is an error we fall back from.
-    int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    if (rc != 0) {
-      why = "posix_fallocate " + std::to_string(bytes) + " bytes in /dev/shm: " + std::strerror(rc);
-      close(fd);
-      return nullptr;
-    }
-  } else {
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
-      why = "segment " + name + " has another size";
-      close(fd);
-      return nullptr;
-    }
-  }
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) {
-    why = "mmap " + name + ": " + std::strerror(errno);
-    return nullptr;
-  }
-  return std::make_unique<Segment>(base, bytes);
-}
-
-std::string text_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
-std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
-
-// Rank 0 creates the segment and publishes its name and a nonce; every
-// member maps it and says whether it could; all use it only if all could.
-std::unique_ptr<Segment> open_shared(const Group& g, c10d::Store& store, const std::string& key,
-                                     const ShmOptions& options, std::string& why) {
-  const int n = g.size(), me = g.rank();
-  const size_t bytes = segment_bytes(n, options.slot_bytes);
-  std::unique_ptr<Segment> seg;
-  std::string name;
-  uint64_t nonce = 0;
-  if (me == 0) {
-    std::random_device rd;
-    nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    name = "/dtrain-" + std::to_string(getpid()) + "-" + std::to_string(nonce);
-    seg = map_segment(name, O_CREAT | O_EXCL | O_RDWR, bytes, why);
-    if (seg) {
-      Header& h = seg->header();
-      h.nonce = nonce;
-      h.slot_bytes = static_cast<uint64_t>(options.slot_bytes);
-      h.members = static_cast<uint32_t>(n);
-      h.magic = kMagic;
-    }
-    store.set(key + "/name", bytes_of(seg ? name + " " + std::to_string(nonce) : std::string("-")));
-    store.set(key + "/node", bytes_of(std::to_string(options.node)));
-  } else {
-    const std::string published = text_of(store.get(key + "/name"));
-    const std::string node0 = text_of(store.get(key + "/node"));
-    const auto space = published.find(' ');
-    if (node0 != std::to_string(options.node)) {
-      why = "its ranks are on nodes " + node0 + " and " + std::to_string(options.node);
-    } else if (space == std::string::npos) {
-      why = "rank 0 of the group could not create a segment";
-    } else {
-      name = published.substr(0, space);
-      nonce = std::stoull(published.substr(space + 1));
-      seg = map_segment(name, O_RDWR, bytes, why);
-      // Same name on another machine's /dev/shm would be another segment.
-      if (seg && (seg->header().magic != kMagic || seg->header().nonce != nonce)) {
-        why = "segment " + name + " is not the group's (another machine)";
-        seg.reset();
-      }
-    }
-  }
-  store.set(key + "/ok/" + std::to_string(me), bytes_of(seg ? "1" : why));
-  bool all = true;
-  for (int r = 0; r < n; ++r) {
-    const std::string ok = text_of(store.get(key + "/ok/" + std::to_string(r)));
-    if (ok != "1") {
-      all = false;
-      if (why.empty()) why = "rank " + std::to_string(r) + " of the group: " + ok;
-    }
-  }
-  if (me == 0 && !name.empty()) shm_unlink(name.c_str());  // every member has mapped it or given up
-  return all ? std::move(seg) : nullptr;
-}
 
 }  // namespace
 

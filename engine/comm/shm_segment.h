@@ -1,0 +1,84 @@
+// The /dev/shm segment behind shm_group.cpp's collectives: its layout (a
+// header page of per-set counters, then kSets sets of one staging slot per
+// rank plus one result slot), the mapping, and the collective set-up over the
+// store. The protocol that uses the counters lives in shm_group.cpp.
+// Internal to engine/comm.
+#pragma once
+
+#include <sys/mman.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/comm/comm.h"
+#include "engine/comm/shm_group.h"
+
+namespace dtrain::engine::comm::detail {
+
+constexpr uint64_t kMagic = 0x3268735f6e696172;  // "rain_sh2"
+// Chunks in flight before a set is reused: a rank may run this many chunks
+// (kSets x slot_bytes, 4 MiB by default) ahead of the slowest before its
+// next launch waits. DDP's buckets of one step fit at the default sizes.
+constexpr int kSets = 8;
+static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4,
+              "the futex waits on the atomic's own 4 bytes");
+
+struct alignas(64) Counter {
+  std::atomic<uint32_t> value{0};
+};
+
+// Per set, for its k-th use (chunk k * kSets + set): staged reaches n (k+1)
+// when every rank staged, done becomes k+1 when the result is in, consumed
+// reaches n (k+1) when every rank copied it out.
+struct SetState {
+  Counter staged, done, consumed;
+};
+
+struct Header {
+  uint64_t magic;
+  uint64_t nonce;
+  uint64_t slot_bytes;
+  uint32_t members;
+  SetState sets[kSets];
+};
+
+constexpr size_t kDataOffset = 4096;  // the slots start page-aligned
+static_assert(sizeof(Header) <= kDataOffset, "header fits its page");
+
+inline size_t segment_bytes(int members, int64_t slot_bytes) {
+  return kDataOffset + size_t{kSets} * (static_cast<size_t>(members) + 1) * static_cast<size_t>(slot_bytes);
+}
+
+// A mapped segment; unmapped on destruction (the name is unlinked as soon
+// as every member mapped it, so nothing stays in /dev/shm after a crash).
+class Segment {
+ public:
+  Segment(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
+  ~Segment() { munmap(base_, bytes_); }
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  Header& header() const { return *static_cast<Header*>(base_); }
+  // Slot `index` of set `set`: 0..n-1 the ranks' staging slots, n the result.
+  char* slot(int set, int index) const {
+    const auto& h = header();
+    return static_cast<char*>(base_) + kDataOffset +
+           (static_cast<size_t>(set) * (h.members + 1) + static_cast<size_t>(index)) * h.slot_bytes;
+  }
+
+ private:
+  void* base_;
+  size_t bytes_;
+};
+
+// Rank 0 of g creates the segment and publishes its name and a nonce under
+// `key`; every member maps it and says whether it could; all use it only if
+// all could (else null, with `why` set). The name is unlinked once every
+// member has mapped it or given up.
+std::unique_ptr<Segment> open_shared(const Group& g, c10d::Store& store, const std::string& key,
+                                     const ShmOptions& options, std::string& why);
+
+}  // namespace dtrain::engine::comm::detail
