@@ -73,7 +73,6 @@ bool port_taken(int port) {
 }
 
 std::string hostname() {
-  if (const char* h = std::getenv("DTRAIN_HOST"); h && *h) return h;
   char buf[HOST_NAME_MAX + 1] = {};
   if (::gethostname(buf, sizeof buf) != 0) return "localhost";
   return buf;
@@ -185,7 +184,7 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   config.console_ranks = options.console_ranks;
   config.extra_env = options.extra_env;
   config.node_rank = options.node_rank;
-  config.hostname = hostname();
+  config.hostname = options.hostname.empty() ? hostname() : options.hostname;
 
   const bool one_machine = spec.cluster.nodes_max == 1 && options.rdzv.empty();
   config.token = rendezvous::read_token(spec.cluster.rendezvous.token_file, !one_machine);

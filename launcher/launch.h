@@ -13,6 +13,7 @@ struct LaunchOptions {
   int node_rank = -1;                // -1: one machine, or from SLURM_NODEID
   std::string rdzv;                  // HOST:PORT of the rendezvous ("" = spec's endpoint)
   std::string advertise_addr;        // --advertise-addr ("" = spec's, else the route's source)
+  std::string hostname;              // --hostname: the name this node reports ("" = gethostname)
   std::vector<int> console_ranks;    // ranks whose output reaches the console (empty = all)
   bool allow_slow = false;
   std::vector<std::string> extra_env;  // "K=V" added to every worker's environment

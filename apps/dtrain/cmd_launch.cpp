@@ -24,6 +24,7 @@ struct LaunchArgs {
   int node_rank = -1;
   std::string rdzv;
   std::string advertise_addr;
+  std::string hostname;
   std::vector<int> ranks;
   bool allow_slow = false;
   std::string resume_from;
@@ -99,6 +100,7 @@ int run_launch(const LaunchArgs& args) {
   options.node_rank = args.node_rank >= 0 ? args.node_rank : slurm.node_rank;
   options.rdzv = args.rdzv;
   options.advertise_addr = args.advertise_addr;
+  options.hostname = args.hostname;
   if (options.rdzv.empty() && slurm.present && slurm.nodes > 1 && !slurm.first_host.empty())
     options.rdzv = slurm.first_host + ":" + endpoint_port(spec.cluster.rendezvous.endpoint);
   if (options.node_rank < 0 && spec.cluster.nodes_max == 1) options.node_rank = 0;
@@ -127,6 +129,9 @@ void add_launch(CLI::App& app, int& exit_code) {
   cmd->add_option("--advertise-addr", args->advertise_addr,
                   "this node's address for the other nodes (default: the local address of the "
                   "route to the rendezvous); must be an address of this host");
+  cmd->add_option("--hostname", args->hostname,
+                  "the name this node reports in logs and root-cause blocks (default: the "
+                  "machine's hostname; containers often have a meaningless one)");
   cmd->add_option("--ranks", args->ranks, "ranks whose output reaches the console, e.g. 0,3")
       ->delimiter(',');
   cmd->add_flag("--allow-slow", args->allow_slow, "accept a TP group that spans NVLink islands");

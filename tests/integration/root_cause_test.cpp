@@ -70,12 +70,12 @@ TEST_CASE("raise in step 3 on rank 1 of 2 nodes: its error file, and every node'
   std::vector<std::unique_ptr<Child>> agents;
   for (int node = 0; node < 2; ++node) {
     std::vector<std::string> argv = {dtrain::testing::dtrain_bin(), "launch", p.dir / "spec.yaml",
-                                     "--node-rank", std::to_string(node), "--rdzv", rdzv};
+                                     "--node-rank", std::to_string(node), "--rdzv", rdzv,
+                                     "--hostname", "host" + std::to_string(node)};
     for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
     agents.push_back(std::make_unique<Child>(
         argv, p.dir / ("raise_node" + std::to_string(node) + ".log"),
-        std::vector<std::string>{tag.env(), "DTRAIN_NO_REBUILD=1", "DTRAIN_TOKEN=root-cause-test",
-                                 "DTRAIN_HOST=host" + std::to_string(node)}));
+        std::vector<std::string>{tag.env(), "DTRAIN_NO_REBUILD=1", "DTRAIN_TOKEN=root-cause-test"}));
   }
   std::vector<std::string> out;
   for (auto& a : agents) {
