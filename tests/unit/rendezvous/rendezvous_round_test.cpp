@@ -29,6 +29,19 @@ JoinInfo node(int i, int node_rank = -1) {
   return j;
 }
 
+// Round 1's failure of `rank` (local rank 0) on node `node_id`; the caller
+// sets its exit code or signal.
+FailureReport failure(const std::string& node_id, int rank, const std::string& message, double at) {
+  FailureReport f;
+  f.node_id = node_id;
+  f.round = 1;
+  f.rank = rank;
+  f.local_rank = 0;
+  f.message = message;
+  f.failed_at = at;
+  return f;
+}
+
 }  // namespace
 
 TEST_CASE("round: requested node ranks first, then join order fills the gaps") {
@@ -98,24 +111,13 @@ TEST_CASE("round: the earliest failure of a round is its root cause, whatever or
   CHECK_FALSE(s.join(a, 1, t0, TimePoint::max()));
   CHECK_FALSE(s.join(b, 2, t0, TimePoint::max()));
   REQUIRE(s.poll(t0).size() == 2);
-  FailureReport peer;  // n0's rank broke on n1's failure, and said so first
-  peer.node_id = "n0";
-  peer.round = 1;
-  peer.rank = 0;
-  peer.local_rank = 0;
+  // n0's rank broke on n1's failure, and said so first.
+  FailureReport peer = failure("n0", 0, "in step 3: Connection closed by peer", 1000.4);
   peer.exit_code = 1;
-  peer.message = "in step 3: Connection closed by peer";
-  peer.failed_at = 1000.4;
   s.report_failure(peer);
   CHECK(s.status(t0).failure.find("rank 0 (local rank 0) on node 0 (h0, hostname vm-a, id 'n0')") == 0);
-  FailureReport cause;
-  cause.node_id = "n1";
-  cause.round = 1;
-  cause.rank = 1;
-  cause.local_rank = 0;
+  FailureReport cause = failure("n1", 1, "in step 3: boom", 1000.1);
   cause.signal = 6;
-  cause.message = "in step 3: boom";
-  cause.failed_at = 1000.1;
   s.report_failure(cause);
   const std::string failure = s.status(t0).failure;
   CHECK(failure == "rank 1 (local rank 0) on node 1 (h1, hostname vm-b, id 'n1') failed: signal 6 (SIGABRT): in step 3: boom");
