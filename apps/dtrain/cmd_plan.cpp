@@ -218,7 +218,7 @@ void run_plan(const PlanOptions& o) {
                       parse_byte_size(spec.cluster.memory_per_rank)), gflops);
     return;
   }
-  check_memory_budget(spec, budget);
+  check_memory_budget(spec, {budget, false});
 }
 
 void add_plan(CLI::App& app, int& exit_code) {
