@@ -395,6 +395,7 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
   check_sizes(c);
   check_warnings(c);
   validate_moe(spec, origin, problems);
+  validate_job_name(spec, origin, problems);
 }
 
 }  // namespace dtrain::detail
