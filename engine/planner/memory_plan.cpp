@@ -247,6 +247,9 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
 
   double transient = backward_transient_elems(d, last);
   if (moe_blocks > 0) transient = std::max(transient, moe_route_transient_elems(d));
+  // The expert sync all-reduces one flat copy of the experts' gradients
+  // over the ranks holding the same experts (dp x tp / ep of them).
+  if (experts > 0 && spec.parallel.dp * spec.parallel.tp / d.ep > 1) transient += double(experts);
   if (spec.parallel.zero == 3 && spec.parallel.dp > 1) {
     // Gathered units: the running one and the prefetched one in forward;
     // in backward the unit's full gradient too.
