@@ -20,6 +20,9 @@ namespace {
 
 namespace pl = engine::planner;
 
+std::string fmt_value(int v) { return std::to_string(v); }
+std::string fmt_value(const std::string& v) { return v; }
+
 int64_t need_of(const JobSpec& spec) {
   try {
     return pl::plan_memory(spec).max_need_bytes();
@@ -90,22 +93,37 @@ std::vector<std::pair<std::string, JobSpec>> cheaper_layouts(const JobSpec& spec
   return out;
 }
 
-// "activations 39.8 GiB": the largest part of the rank with the largest need.
-std::string largest_part(const pl::MemoryPlan& plan) {
+// The spec fields a part of the need grows with, as "field = value, ...".
+std::string fields_of(const JobSpec& spec, const std::string& part) {
+  const ModelSpec& m = spec.model;
+  auto f = [](const std::string& name, auto v) { return name + " = " + fmt_value(v); };
+  const std::string moe = m.moe.experts > 0 ? ", " + f("model.moe.experts", m.moe.experts) : "";
+  if (part == "params + grads + optimizer" || part == "the build")
+    return f("model.d_model", m.d_model) + ", " + f("model.layers", m.layers) + ", " + f("model.vocab", m.vocab) + moe;
+  if (part == "cache") return f("model.seq_len", m.seq_len) + ", " + f("model.attention", m.attention);
+  if (part == "data") return f("data.path", spec.data.path);
+  return f("train.micro_batch", spec.train.micro_batch) + ", " + f("model.seq_len", m.seq_len) + ", " +
+         f("model.d_model", m.d_model) + moe;
+}
+
+// "activations 39.8 GiB on rank 0 (train.micro_batch = ...)": the largest
+// part of the rank with the largest need, and the fields it grows with.
+std::string largest_part(const JobSpec& spec, const pl::MemoryPlan& plan) {
   const pl::RankMemory* worst = &plan.ranks.front();
   for (const auto& r : plan.ranks)
     if (r.need_bytes() > worst->need_bytes()) worst = &r;
   const pl::RankMemory& r = *worst;
   const std::vector<std::pair<std::string, int64_t>> parts = {
       {"params + grads + optimizer", r.static_bytes()},
-      {"cache (causal masks)", r.cache_bytes},
+      {"cache", r.cache_bytes},  // the naive attention's causal masks
       {"activations", r.activation_bytes},
       {"transient", r.transient_bytes},
-      {"the build (every expert before sharding)", r.build_bytes > r.peak_bytes ? r.build_bytes : 0},
-      {"data (the bytes file's copy)", r.data_bytes}};
+      {"the build", r.build_bytes > r.peak_bytes ? r.build_bytes : 0},  // every expert, before sharding
+      {"data", r.data_bytes}};                                          // the bytes file's copy
   const auto it = std::max_element(parts.begin(), parts.end(),
                                    [](const auto& a, const auto& b) { return a.second < b.second; });
-  return it->first + " " + pl::format_bytes(double(it->second)) + " on rank " + std::to_string(r.rank);
+  return it->first + " " + pl::format_bytes(double(it->second)) + " on rank " + std::to_string(r.rank) + " (" +
+         fields_of(spec, it->first) + ")";
 }
 
 }  // namespace
@@ -143,7 +161,7 @@ void check_memory_budget(const JobSpec& spec, BudgetSources sources) {
   if (machine > 0) fix += "; --allow-large starts it anyway";
   throw Error(ErrorCode::config,
               what + " is below the predicted peak " + pl::format_bytes(double(plan.max_need_bytes())) +
-                  " per rank (dtrain plan; largest part: " + largest_part(plan) + "):\n" +
+                  " per rank (dtrain plan; largest part: " + largest_part(spec, plan) + "):\n" +
                   pl::plan_to_text(spec, plan),
               fix);
 }

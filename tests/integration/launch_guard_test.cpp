@@ -54,14 +54,14 @@ TEST_CASE("launch: a job over this machine's memory exits 2 before any worker, n
   TempDir dir;
   write_file(dir / "spec.yaml", guard_spec(dir));
   struct Case {
-    std::string set, part;
+    std::string set, part, field;
   };
   // The figures are hundreds of GB to TB per rank (the plan prints them):
   // more than any machine's memory over 4 ranks.
   const std::vector<Case> cases = {
-      {"train.micro_batch=100000", "activations"},
-      {"model.moe.experts=100000", "params + grads + optimizer"},
-      {"model.seq_len=100000", "activations"},
+      {"train.micro_batch=100000", "activations", "train.micro_batch = 100000"},
+      {"model.moe.experts=100000", "params + grads + optimizer", "model.moe.experts = 100000"},
+      {"model.seq_len=100000", "activations", "model.seq_len = 100000"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.set);
@@ -72,6 +72,7 @@ TEST_CASE("launch: a job over this machine's memory exits 2 before any worker, n
     CHECK(has(out, "for cluster.procs_per_node = 4 rank(s)"));
     CHECK(has(out, "is below the predicted peak"));
     CHECK(has(out, "largest part: " + c.part));
+    CHECK(has(out, c.field));
     CHECK(has(out, "activations"));  // the plan's table
     CHECK((has(out, "the cheapest change that fits: --set ") || has(out, "add ranks")));
     CHECK(has(out, "--allow-large"));
