@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -126,6 +127,36 @@ TEST_CASE("plan and validate count MoE experts: E / ep per rank, param + grad + 
   INFO(out);
   CHECK(code == 2);
   CHECK(has(out, "is below the predicted peak"));
+}
+
+TEST_CASE("plan counts the bytes dataset's host copy (about twice the file) in the need it checks") {
+  TempDir dir;
+  write_file(dir / "text.txt", std::string(1 << 20, 'x'));  // 1 MiB of tokens
+  write_file(dir / "spec.yaml", guard_spec(dir));
+  const std::vector<std::string> data = {"--set", "data.format=bytes", "--set", "data.path=" + (dir / "text.txt"),
+                                         "--set", "entrypoint=builtin"};
+  auto plan = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> args = {"plan", dir / "spec.yaml", "--format", "json", "--no-probe"};
+    args.insert(args.end(), data.begin(), data.end());
+    args.insert(args.end(), more.begin(), more.end());
+    return dtrain_cmd(dir, "plan_data", args);
+  };
+  auto [code, out] = plan({});
+  INFO(out);
+  REQUIRE(code == 0);
+  const auto rank0 = nlohmann::json::parse(out.substr(out.find('{')))["ranks"][0];
+  REQUIRE(rank0.contains("data_bytes"));
+  CHECK(rank0["data_bytes"] == 2 << 20);
+  const int64_t peak = rank0["peak_bytes"], need = rank0["need_bytes"];
+  CHECK(need == std::max<int64_t>(peak, rank0["build_bytes"]) + (2 << 20));
+  // A budget between the tensor peak and the need is refused; the need itself fits.
+  auto [over, over_out] = plan({"--memory-per-rank", std::to_string(need - (1 << 20))});
+  INFO(over_out);
+  CHECK(over == 2);
+  CHECK(has(over_out, "is below the predicted peak"));
+  auto [fits, fits_out] = plan({"--memory-per-rank", std::to_string(need)});
+  INFO(fits_out);
+  CHECK(fits == 0);
 }
 
 TEST_CASE("launch: a 3 MB, non-UTF-8 or multi-line job.name exits 2 at spec load naming the field and the fix") {
