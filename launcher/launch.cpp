@@ -4,6 +4,7 @@
 // The run directories are locked for the whole call.
 #include "launcher/launch.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -125,7 +126,8 @@ RunDirLocks lock_run_dirs(const JobSpec& spec, const LockOwner& me) {
 // A run that starts from scratch starts a new metrics.jsonl (the trainer
 // truncates it): an earlier run's file is moved to metrics.before_<time>.jsonl
 // (_2, _3, ... when runs start within one second), never over another one:
-// link(2) refuses an existing name. When it cannot be moved the launch
+// renameat2's RENAME_NOREPLACE refuses an existing name (a file system
+// without it: rename after a check). When it cannot be moved the launch
 // stops rather than let the trainer truncate it.
 void keep_earlier_metrics(const std::string& run_dir, const LockOwner& me) {
   const std::string path = run_dir + "/metrics.jsonl";
@@ -136,11 +138,12 @@ void keep_earlier_metrics(const std::string& run_dir, const LockOwner& me) {
   for (int i = 1; i < 1000; ++i) {
     const std::string kept =
         run_dir + "/metrics.before_" + stamp + (i > 1 ? "_" + std::to_string(i) : std::string()) + ".jsonl";
-    if (::link(path.c_str(), kept.c_str()) != 0) {
+    if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, kept.c_str(), RENAME_NOREPLACE) != 0) {
       if (errno == EEXIST) continue;
-      break;
+      if (errno != EINVAL && errno != ENOSYS) break;
+      if (fs::exists(fs::symlink_status(kept))) continue;
+      if (::rename(path.c_str(), kept.c_str()) != 0) break;
     }
-    ::unlink(path.c_str());
     DTRAIN_INFO("log.dir = {}: this run starts from scratch; the earlier metrics.jsonl is now {}",
                 run_dir, kept);
     return;
