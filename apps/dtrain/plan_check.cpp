@@ -31,8 +31,8 @@ int64_t need_of(const JobSpec& spec) {
   }
 }
 
-// The largest value in (0, from) of `field` whose spec fits, by bisection
-// (memory grows with it); 0 when none does.
+// The largest value v in [1, from) for which set(spec, v) fits, by
+// bisection (memory grows with v; `from` itself does not fit); 0 when none does.
 template <typename Set>
 int largest_fitting(const JobSpec& spec, int from, int64_t budget, Set set) {
   auto fits = [&](int v) {
@@ -41,9 +41,8 @@ int largest_fitting(const JobSpec& spec, int from, int64_t budget, Set set) {
     const int64_t need = need_of(s);
     return need >= 0 && need <= budget;
   };
-  int lo = 0, hi = from;  // fits(lo) (or lo == 0), !fits(hi)
-  if (!fits(1)) return 0;
-  lo = 1;
+  if (from <= 1 || !fits(1)) return 0;
+  int lo = 1, hi = from;  // fits(lo), !fits(hi)
   while (hi - lo > 1) {
     const int mid = lo + (hi - lo) / 2;
     (fits(mid) ? lo : hi) = mid;
@@ -74,7 +73,7 @@ std::vector<std::pair<std::string, JobSpec>> cheaper_layouts(const JobSpec& spec
     s.train.micro_batch = m, s.train.grad_accum *= mb / m;
     const int64_t need = need_of(s);
     if (need < 0 || need > budget) continue;
-    out.emplace_back("train.micro_batch=" + std::to_string(m) + " train.grad_accum=" +
+    out.emplace_back("train.micro_batch=" + std::to_string(m) + " --set train.grad_accum=" +
                          std::to_string(s.train.grad_accum), s);
     break;
   }
