@@ -1,11 +1,14 @@
 // model_size and check_fits_memory (model_size.h). The parameter count
 // follows engine/model/gpt.cpp: untied embedding and head, wpe of seq_len
-// rows, per block 12 d^2 + 13 d (qkv, proj, fc, proj with biases, two norms).
+// rows, per block 12 d^2 + 13 d (qkv, proj, fc, proj with biases, two norms);
+// a MoE block (engine/model/moe.h) trades the MLP (8 d^2 + 5 d) for a router
+// (d E) and E experts of 2 d F + F + d, of which a rank holds E / ep.
 #include "common/model_size.h"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -17,16 +20,24 @@ ModelSize model_size(const JobSpec& spec) {
   const ModelSpec& m = spec.model;
   const double d = m.d_model, v = m.vocab, t = m.seq_len, l = m.layers;
   ModelSize s;
-  s.params = 2 * v * d + t * d + l * (12 * d * d + 13 * d) + 2 * d;
+  const MoeSpec& moe = m.moe;
+  const double experts = std::max(0, moe.experts), f = moe.d_ff > 0 ? moe.d_ff : 4 * d;
+  const double moe_blocks = experts > 0 ? std::ceil(l / std::max(1, moe.every)) : 0;
+  const double expert_params = moe_blocks * experts * (2 * d * f + f + d);
+  const double dense = 2 * v * d + t * d + l * (12 * d * d + 13 * d) + 2 * d +
+                       moe_blocks * (d * experts - (8 * d * d + 5 * d));
+  s.params = dense + expert_params;
   s.state_bytes = s.params * kStateBytesPerParam;
   const ParallelSpec& p = spec.parallel;
   const double split = double(std::max(1, p.tp)) * double(std::max(1, p.pp));
   const double dp = std::max(1, p.dp);
   // Per parameter: 4 B weights, 4 B grads, 8 B AdamW; ZeRO-1 shards the
   // optimizer over dp, ZeRO-2 also the grads, ZeRO-3 also the weights.
+  // Experts: E / ep per rank, never ZeRO-sharded.
   const double weights = 4 / (p.zero >= 3 ? dp : 1), grads = 4 / (p.zero >= 2 ? dp : 1),
                optim = 8 / (p.zero >= 1 ? dp : 1);
-  s.rank_bytes = s.params / split * (weights + grads + optim);
+  s.rank_bytes = dense / split * (weights + grads + optim) +
+                 expert_params / std::max(1, p.ep) * kStateBytesPerParam;
   s.node_bytes = s.rank_bytes * std::max(1, spec.cluster.procs_per_node);
   return s;
 }

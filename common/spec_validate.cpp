@@ -320,12 +320,15 @@ void check_sizes(const Checker& c) {
   if (params > kMaxParams) {
     char text[32];
     std::snprintf(text, sizeof text, "%.3g", params);
+    const bool moe = m.moe.experts > 0;
     c.problems.error(c.origin.where_any({"model.d_model", "model.layers", "model.vocab",
-                                         "model.seq_len"}),
+                                         "model.seq_len", "model.moe.experts"}),
                      "model.d_model = " + str(m.d_model) + ", model.layers = " + str(m.layers) +
-                         ", model.vocab = " + str(m.vocab) + ": " + text +
-                         " parameters, more than the maximum 1e12 (16 TB of fp32 training "
-                         "state); use a smaller model.d_model or model.layers");
+                         ", model.vocab = " + str(m.vocab) +
+                         (moe ? ", model.moe.experts = " + str(m.moe.experts) : std::string()) + ": " +
+                         text + " parameters, more than the maximum 1e12 (16 TB of fp32 training "
+                         "state); use a smaller model.d_model or model.layers" +
+                         (moe ? " or fewer model.moe.experts" : ""));
   }
 }
 
@@ -395,6 +398,7 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
   check_sizes(c);
   check_warnings(c);
   validate_moe(spec, origin, problems);
+  validate_job_name(spec, origin, problems);
 }
 
 }  // namespace dtrain::detail

@@ -4,11 +4,14 @@
 // The run directories are locked for the whole call.
 #include "launcher/launch.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <chrono>
 #include <climits>
@@ -121,17 +124,34 @@ RunDirLocks lock_run_dirs(const JobSpec& spec, const LockOwner& me) {
 }
 
 // A run that starts from scratch starts a new metrics.jsonl (the trainer
-// truncates it): an earlier run's file is renamed, not lost.
+// truncates it): an earlier run's file is moved to metrics.before_<time>.jsonl
+// (_2, _3, ... when runs start within one second), never over another one:
+// renameat2's RENAME_NOREPLACE refuses an existing name (a file system
+// without it: rename after a check). When it cannot be moved the launch
+// stops rather than let the trainer truncate it.
 void keep_earlier_metrics(const std::string& run_dir, const LockOwner& me) {
   const std::string path = run_dir + "/metrics.jsonl";
   std::error_code ec;
   if (!fs::is_regular_file(fs::symlink_status(path)) || fs::file_size(path, ec) == 0) return;
   std::string stamp = me.started;
   stamp.erase(std::remove(stamp.begin(), stamp.end(), ':'), stamp.end());
-  const std::string kept = run_dir + "/metrics.before_" + stamp + ".jsonl";
-  if (fs::exists(kept) || ::rename(path.c_str(), kept.c_str()) != 0) return;
-  DTRAIN_INFO("log.dir = {}: this run starts from scratch; the earlier metrics.jsonl is now {}",
-              run_dir, kept);
+  for (int i = 1; i < 1000; ++i) {
+    const std::string kept =
+        run_dir + "/metrics.before_" + stamp + (i > 1 ? "_" + std::to_string(i) : std::string()) + ".jsonl";
+    if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, kept.c_str(), RENAME_NOREPLACE) != 0) {
+      if (errno == EEXIST) continue;
+      if (errno != EINVAL && errno != ENOSYS) break;
+      if (fs::exists(fs::symlink_status(kept))) continue;
+      if (::rename(path.c_str(), kept.c_str()) != 0) break;
+    }
+    DTRAIN_INFO("log.dir = {}: this run starts from scratch; the earlier metrics.jsonl is now {}",
+                run_dir, kept);
+    return;
+  }
+  throw Error(ErrorCode::config,
+              "log.dir = " + run_dir + ": the earlier run's metrics.jsonl cannot be moved aside (" +
+                  std::strerror(errno) + "), and this run would overwrite it",
+              "move " + path + " away yourself, or give this job another log.dir");
 }
 
 // Write the resolved spec (DTRAIN_SPEC) into the locked log.dir: a new file
@@ -194,9 +214,12 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   // settles its old steps before any worker of the job can start (workers
   // start only after every agent has joined the round).
   // A one-machine job is this process alone; agents of a multi-node job
-  // share its token, so they share its directories.
+  // share its token and its rendezvous, so they share its directories (and
+  // two jobs of one name and token at different rendezvous do not).
+  const std::string rdzv = one_machine ? "" : options.rdzv.empty() ? spec.cluster.rendezvous.endpoint : options.rdzv;
   const std::string job_key = one_machine ? config.token + ":" + std::to_string(::getpid()) : config.token;
-  const LockOwner me = this_agent(spec.job.name, job_id_of(spec.job.name, job_key), config.hostname);
+  const LockOwner me =
+      this_agent(spec.job.name, job_id_of(spec.job.name, job_key, rdzv), config.hostname, rdzv);
   RunDirLocks locks = lock_run_dirs(spec, me);
   if (locks.owns_checkpoints()) {
     const std::string from = prepare_checkpoint_start(

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -57,7 +58,7 @@ bool pid_alive(long pid) { return pid > 0 && (::kill(pid_t(pid), 0) == 0 || errn
 
 std::string LockOwner::to_text() const {
   return "pid=" + std::to_string(pid) + "\nhost=" + host + "\nstarted=" + started +
-         "\njob=" + job + "\njob_id=" + job_id + "\n";
+         "\njob=" + job + "\njob_id=" + job_id + "\nrdzv=" + rdzv + "\n";
 }
 
 LockOwner LockOwner::from_text(const std::string& text) {
@@ -72,6 +73,7 @@ LockOwner LockOwner::from_text(const std::string& text) {
     else if (k == "started") o.started = v;
     else if (k == "job") o.job = v;
     else if (k == "job_id") o.job_id = v;
+    else if (k == "rdzv") o.rdzv = v;
   }
   return o;
 }
@@ -81,16 +83,20 @@ std::string LockOwner::describe() const {
          started + ")";
 }
 
-std::string job_id_of(const std::string& job, const std::string& token) {
+std::string job_id_of(const std::string& job, const std::string& token, const std::string& rdzv) {
+  std::string endpoint = rdzv;
+  for (auto& c : endpoint) c = char(std::tolower(static_cast<unsigned char>(c)));
   uint64_t h = 1469598103934665603ULL;  // FNV-1a 64: identity, not secrecy
-  for (unsigned char c : job + '\n' + token) h = (h ^ c) * 1099511628211ULL;
+  for (unsigned char c : job + '\n' + token + '\n' + endpoint) h = (h ^ c) * 1099511628211ULL;
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
 
-LockOwner this_agent(const std::string& job, const std::string& job_id, const std::string& host) {
+LockOwner this_agent(const std::string& job, const std::string& job_id, const std::string& host,
+                     const std::string& rdzv) {
   LockOwner me;
+  me.rdzv = rdzv;
   me.pid = ::getpid();
   me.host = host;
   me.started = utc_now();
@@ -136,12 +142,21 @@ RunDirLock::RunDirLock(const std::string& dir, const std::string& field, const L
       holder_ = holder;
       return;
     }
+    // The same name at another rendezvous: another job, or this job's
+    // server named another way on this node.
+    const bool other_rdzv = holder.job == me.job && !holder.rdzv.empty() && holder.rdzv != me.rdzv;
     refuse(field, dir,
            "is in use by " + (holder.job_id.empty() ? std::string("another process") : holder.describe()) +
+               (other_rdzv ? " at rendezvous " + holder.rdzv + " (this agent's: " +
+                                 (me.rdzv.empty() ? std::string("its own, one machine") : me.rdzv) + ")"
+                           : std::string()) +
                "; one job per run directory",
            "wait for that job to end (or stop it" +
                (holder.pid > 0 ? ": kill " + std::to_string(holder.pid) : std::string()) +
-               "), or give this job another " + field);
+               "), or give this job another " + field +
+               (other_rdzv ? "; if both name the same rendezvous server, spell its endpoint the same way on "
+                             "every node (--rdzv or cluster.rendezvous.endpoint)"
+                           : std::string()));
   }
   const LockOwner old = LockOwner::from_text(read_all(fd_));
   if (old.pid > 0 && !(old.pid == me.pid && old.host == me.host)) {

@@ -1,8 +1,8 @@
 // RunDirLock: a run directory (checkpoint.dir, log.dir) belongs to one job.
 // An advisory flock on <dir>/.dtrain.lock, whose text names the holder (pid,
-// host, start time, job, job id). The lock belongs to the job, not to a
-// process: an agent of the same job (same job id) shares the directory
-// instead of refusing, and workers never take it. It does not decide what
+// host, start time, job, job id, rendezvous). The lock belongs to the job,
+// not to a process: an agent of the same job (same job id) shares the
+// directory instead of refusing, and workers never take it. It does not decide what
 // happens to the directory's contents (checkpoint_start.h does).
 #pragma once
 
@@ -20,6 +20,7 @@ struct LockOwner {
   std::string started;  // UTC, ISO 8601
   std::string job;
   std::string job_id;   // same for every agent of one job (job_id_of)
+  std::string rdzv;     // the rendezvous endpoint the agent joins ("" for a one-machine job)
 
   std::string to_text() const;
   static LockOwner from_text(const std::string& text);
@@ -27,12 +28,15 @@ struct LockOwner {
   std::string describe() const;
 };
 
-// The job id of a job: a hash of its name and its rendezvous token, so every
-// agent of one job computes the same id and another job (another token) never does.
-std::string job_id_of(const std::string& job, const std::string& token);
+// The job id of a job: a hash of its name, its rendezvous token and its
+// rendezvous endpoint, so every agent of one job computes the same id and
+// another job (another token, or the same name and token at another
+// rendezvous) never does. The endpoint's host is compared case-blind.
+std::string job_id_of(const std::string& job, const std::string& token, const std::string& rdzv);
 
 // This agent as a lock holder: pid, host, now.
-LockOwner this_agent(const std::string& job, const std::string& job_id, const std::string& host);
+LockOwner this_agent(const std::string& job, const std::string& job_id, const std::string& host,
+                     const std::string& rdzv = "");
 
 class RunDirLock {
  public:

@@ -94,7 +94,9 @@ int run_launch(const LaunchArgs& args) {
 
   check_node_and_ranks(spec, args.node_rank, args.ranks);
   if (spec.parallel.pp > 1 && spec.builtin_entrypoint()) checked_pipeline_plan(spec);
-  check_memory_budget(spec);  // cluster.memory_per_rank against `dtrain plan`'s peak
+  // `dtrain plan`'s need per rank against cluster.memory_per_rank and this
+  // machine's memory, before anything starts.
+  check_memory_budget(spec, {0, !args.allow_large});
 
   launcher::LaunchOptions options;
   options.node_rank = args.node_rank >= 0 ? args.node_rank : slurm.node_rank;
@@ -139,7 +141,8 @@ void add_launch(CLI::App& app, int& exit_code) {
                   "load this checkpoint first (a step_<N> dir or a checkpoint.dir); steps of "
                   "checkpoint.dir newer than it are moved aside into previous_<time>/");
   cmd->add_flag("--allow-large", args->allow_large,
-                "start even when the training state looks larger than this machine's memory");
+                "start even when the predicted memory per rank (dtrain plan) is more than this machine's "
+                "memory over cluster.procs_per_node");
   cmd->add_flag("--fresh", args->fresh,
                 "start from scratch: checkpoint.dir's old steps are moved aside into "
                 "previous_<time>/ (never overwritten)");

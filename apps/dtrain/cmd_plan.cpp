@@ -94,11 +94,13 @@ std::string plan_json(const JobSpec& spec, const pl::MemoryPlan& plan, const ren
     out += fmt::format(
         "    {{\"rank\": {}, \"dp\": {}, \"tp\": {}, \"pp\": {}, \"param_bytes\": {}, \"grad_bytes\": {}, "
         "\"optimizer_bytes\": {}, \"cache_bytes\": {}, \"activation_bytes\": {}, \"transient_bytes\": {}, "
-        "\"peak_bytes\": {}, \"in_flight\": {}}}{}\n",
+        "\"peak_bytes\": {}, \"in_flight\": {}, \"build_bytes\": {}, \"data_bytes\": {}, \"need_bytes\": {}}}{}\n",
         r.rank, r.dp, r.tp, r.pp, r.param_bytes, r.grad_bytes, r.optimizer_bytes, r.cache_bytes, r.activation_bytes,
-        r.transient_bytes, r.peak_bytes, r.in_flight, i + 1 < plan.ranks.size() ? "," : "");
+        r.transient_bytes, r.peak_bytes, r.in_flight, r.build_bytes, r.data_bytes, r.need_bytes(),
+        i + 1 < plan.ranks.size() ? "," : "");
   }
   out += "  ],\n  \"max_peak_bytes\": " + std::to_string(plan.max_peak_bytes()) + ",\n";
+  out += "  \"max_need_bytes\": " + std::to_string(plan.max_need_bytes()) + ",\n";
   out += fmt::format("  \"flops_per_step\": {:.6g},\n  \"matmul_gflops\": {:.4g},\n  \"step_time_s\": {:.6g},\n"
                      "  \"groups\": [\n",
                      plan.flops_per_step, gflops, step_time_s(spec, plan, gflops));
@@ -136,7 +138,8 @@ std::string plan_text(const JobSpec& spec, const pl::MemoryPlan& plan, const ren
                        pl::format_bytes(double(g.bytes_per_step)));
   }
   out += "\nfp32 figures (bf16 autocast keeps some activations in 2 bytes: an upper bound); activations "
-         "are autograd's saved tensors, transient backward's largest temporaries.\n";
+         "are autograd's saved tensors, transient backward's largest temporaries; data the bytes dataset's "
+         "host copy; need = the peak (or the stage as built, when larger) + data, what `launch` checks.\n";
   return out;
 }
 
@@ -218,7 +221,7 @@ void run_plan(const PlanOptions& o) {
                       parse_byte_size(spec.cluster.memory_per_rank)), gflops);
     return;
   }
-  check_memory_budget(spec, budget);
+  check_memory_budget(spec, {budget, false});
 }
 
 void add_plan(CLI::App& app, int& exit_code) {

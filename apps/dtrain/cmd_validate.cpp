@@ -2,9 +2,9 @@
 // job spec, print it resolved (every field, defaults filled in), then the
 // derived values and warnings. Only CLI wiring: the rules are common/job_spec.
 // stdout stays machine-readable: text is YAML (derived values as # comments)
-// that load_job_spec reads back; json is one JSON object. The training
-// state must fit this machine's memory (common/model_size.h) unless
-// --allow-large.
+// that load_job_spec reads back; json is one JSON object. The predicted
+// memory per rank (`dtrain plan`'s, apps/dtrain/plan_check.h) must fit
+// this machine's memory unless --allow-large.
 #include <nlohmann/json.hpp>
 
 #include <iostream>
@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "apps/dtrain/command.h"
+#include "apps/dtrain/plan_check.h"
 #include "common/error.h"
 #include "common/job_spec.h"
 #include "common/model_size.h"
+#include "engine/planner/memory_plan.h"
 
 namespace dtrain::app {
 namespace {
@@ -40,6 +42,11 @@ nlohmann::ordered_json derived_json(const JobSpec& s) {
   const ModelSize size = model_size(s);
   d["params"] = size.params;
   d["train_state_bytes_per_rank"] = size.rank_bytes;
+  try {
+    d["predicted_peak_bytes_per_rank"] = engine::planner::plan_memory(s).max_need_bytes();
+  } catch (const Error&) {
+    d["predicted_peak_bytes_per_rank"] = nullptr;  // a layout only the engine refuses
+  }
   return d;
 }
 
@@ -65,7 +72,7 @@ void print_text(const JobSpec& spec, const std::vector<std::string>& warnings) {
 void run_validate(const ValidateOptions& o) {
   std::vector<std::string> warnings;
   JobSpec spec = load_job_spec(o.spec, o.sets, &warnings);
-  check_fits_memory(spec, o.allow_large);
+  check_memory_budget(spec, {0, !o.allow_large});
   if (o.format == "json")
     print_json(spec, warnings);
   else
@@ -82,7 +89,8 @@ void add_validate(CLI::App& app, int& exit_code) {
   cmd->add_option("--format", opts->format, "Output format")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_flag("--allow-large", opts->allow_large,
-                "Accept a model whose training state looks larger than this machine's memory");
+                "Accept a spec whose predicted memory per rank (dtrain plan) is more than this "
+                "machine's memory over cluster.procs_per_node");
   cmd->callback([opts, &exit_code] {
     run_validate(*opts);
     exit_code = 0;

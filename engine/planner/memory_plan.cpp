@@ -4,10 +4,13 @@
 // engine/parallel/zero/flat_layout.h (units padded to a multiple of dp, rank
 // r's shard). Activations count, per micro-batch, the fp32 tensors autograd
 // saves in this GPT's forward (see activation_elems); the pipeline's
-// in-flight count comes from simulating its plan.
+// in-flight count comes from simulating its plan. MoE blocks: the router
+// joins the dense units, the experts (E / ep on a rank, engine/model/moe.h)
+// are kept apart like the engine's expert sync keeps them (never ZeRO-sharded).
 //
 // Legend: b = micro_batch, s = seq_len, h = d_model, a = heads, V = vocab,
-// t = tp, tsp = t with sequence parallelism (else 1), L = layers.
+// t = tp, tsp = t with sequence parallelism (else 1), L = layers,
+// E = experts, K = top_k, F = an expert's hidden width, N = bs tokens.
 #include "engine/planner/memory_plan.h"
 
 #include <algorithm>
@@ -15,6 +18,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+
+#include <sys/stat.h>
 
 #include "common/error.h"
 #include "common/mesh.h"
@@ -29,6 +34,8 @@ struct Dims {
   int64_t b, s, h, a, V, L, t, tsp, vt;  // vt: the vocab split (t when vocab-parallel, else 1)
   bool drop, tiled;
   std::string recompute;
+  int64_t E = 0, K = 1, F = 0, every = 1, ep = 1;  // MoE (E = 0: dense)
+  bool moe_block(int64_t layer) const { return E > 0 && layer % every == 0; }
 };
 
 Dims dims_of(const JobSpec& spec) {
@@ -45,6 +52,12 @@ Dims dims_of(const JobSpec& spec) {
   d.drop = spec.model.dropout > 0.0;
   d.tiled = spec.model.attention == "tiled";
   d.recompute = spec.train.recompute;
+  const MoeSpec& m = spec.model.moe;
+  if (m.experts > 0) {
+    d.E = m.experts, d.K = std::max(1, m.top_k), d.every = std::max(1, m.every);
+    d.F = m.d_ff > 0 ? m.d_ff : 4 * d.h;
+    d.ep = std::max(1, spec.parallel.ep);
+  }
   return d;
 }
 
@@ -53,10 +66,15 @@ Dims dims_of(const JobSpec& spec) {
 // attn.proj and mlp.proj columns split; LayerNorms and row-parallel biases
 // whole), the head (ln_f whole, head rows split when vocab-parallel).
 int64_t embedding_numel(const Dims& d) { return d.V * d.h / d.vt + d.s * d.h; }
-int64_t block_numel(const Dims& d) {
+// A MoE block holds the router (h x E, whole) in place of the MLP; its
+// experts are expert_numel.
+int64_t block_numel(const Dims& d, int64_t layer) {
   const int64_t h = d.h;
-  return 2 * h + (3 * h * h + 3 * h) / d.t + h * h / d.t + h + 2 * h + (4 * h * h + 4 * h) / d.t + 4 * h * h / d.t + h;
+  const int64_t mlp = d.moe_block(layer) ? h * d.E : (4 * h * h + 4 * h) / d.t + 4 * h * h / d.t + h;
+  return 2 * h + (3 * h * h + 3 * h) / d.t + h * h / d.t + h + 2 * h + mlp;
 }
+// One rank's experts of one MoE block: E / ep of them, fc (F x h + F) and proj (h x F + h).
+int64_t expert_numel(const Dims& d) { return d.E / d.ep * (2 * d.h * d.F + d.F + d.h); }
 int64_t head_numel(const Dims& d) { return 2 * d.h + d.V * d.h / d.vt; }
 
 // The units (numel each) a pipeline rank holds, in order.
@@ -69,7 +87,7 @@ std::vector<int64_t> units_of_stage(const JobSpec& spec, const Dims& d, int pp_r
   std::vector<int64_t> units;
   if (pp_rank == 0) units.push_back(embedding_numel(d));
   for (int c = 0; c < v; ++c)
-    for (int64_t i = 0; i < per; ++i) units.push_back(block_numel(d));
+    for (int64_t i = 0; i < per; ++i) units.push_back(block_numel(d, (int64_t(c) * p + pp_rank) * per + i));
   if (pp_rank == p - 1) units.push_back(head_numel(d));
   return units;
 }
@@ -111,6 +129,34 @@ double block_activation_elems(const Dims& d) {
   if (d.recompute == "selective") return e;
   if (d.tiled) return e + sbh / d.t + double(d.a) * d.s * d.b / d.t;
   return e + (d.drop ? 3.0 : 1.0) * d.a * d.s * d.s * d.b / d.t;
+}
+
+// A MoE block saves, instead of the MLP's 8sbh/t: the router's softmax
+// output (N x E), each kept assignment's expert input and its fc and GELU
+// outputs (KN/t x (h + 2F): at most K choices of this tp rank's share of
+// the N tokens), the gathered slots the gates multiply (KNh) and the gates.
+double moe_block_activation_elems(const Dims& d) {
+  const double sbh = double(d.s) * d.b * d.h, N = double(d.b) * d.s;
+  if (d.recompute == "full") return block_activation_elems(d);
+  return block_activation_elems(d) - 8 * sbh / d.t + N * d.E + d.K * N * (d.h + 2.0 * d.F) / d.t +
+         d.K * N * d.h + 2.0 * d.K * N;
+}
+
+// Routing's int64 temporaries of a MoE forward, in fp32 elements: the
+// one-hot of the KN assignments over E experts, its cumulative sum and
+// their product ([KN, E] each, 2 elements per int64), alive at once.
+double moe_route_transient_elems(const Dims& d) { return 3.0 * 2.0 * d.K * double(d.b) * d.s * d.E; }
+
+// The host memory of the builtin dataset (engine/data/dataset.cpp): bytes
+// reads the file into a vector through stream iterators, whose capacity
+// doubles as it grows (about twice the file at its end and while it
+// reallocates); tokens-u16 maps the file (page cache, shared by the ranks);
+// synthetic is a small table.
+int64_t data_buffer_bytes(const JobSpec& spec) {
+  if (!spec.builtin_entrypoint() || spec.data.format != "bytes") return 0;
+  struct stat st {};
+  if (::stat(spec.data.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  return 2 * int64_t(st.st_size);
 }
 
 // Outside the blocks: the embedding's dropout mask (first stage); ln_f's
@@ -167,6 +213,21 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   r.dp = c.dp, r.tp = c.tp, r.pp = c.pp;
   const std::vector<int64_t> units = units_of_stage(spec, d, c.pp);
   model_states(spec, units, c.dp, r);
+  int64_t moe_blocks = 0, unit_numel = 0;
+  const int64_t per_stage = d.L / (int64_t(spec.parallel.pp) * spec.parallel.pipeline_virtual_stages);
+  for (int64_t l = 0; l < d.L; ++l)
+    if (d.moe_block(l) && (l / per_stage) % spec.parallel.pp == c.pp) ++moe_blocks;
+  for (int64_t u : units) unit_numel += u;
+  // Experts: whole param, grad and AdamW state per rank (the expert sync
+  // reduces them over the ranks holding the same experts; ZeRO leaves them).
+  const int64_t experts = moe_blocks * expert_numel(d);
+  r.param_bytes += kFloat * experts;
+  r.grad_bytes += kFloat * experts;
+  r.optimizer_bytes += 2 * kFloat * experts;
+  // The engine builds the whole stage (every expert, nothing sharded yet)
+  // before expert parallelism and ZeRO cut it down.
+  r.build_bytes = kFloat * (unit_numel + moe_blocks * d.ep * expert_numel(d));
+  r.data_bytes = data_buffer_bytes(spec);
 
   const int p = spec.parallel.pp, v = spec.parallel.pipeline_virtual_stages;
   const int64_t blocks = d.L / p;  // this rank's blocks (all chunks)
@@ -176,13 +237,19 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   // A micro-batch in flight on an interleaved rank holds one chunk's blocks;
   // otherwise all of the rank's blocks. The first and last stages' extras
   // belong to one chunk each.
-  const double per_micro = double(p > 1 ? blocks / v : blocks) * block_activation_elems(d);
+  const double chunk = p > 1 ? 1.0 / v : 1.0;
+  const double per_micro = chunk * (double(blocks - moe_blocks) * block_activation_elems(d) +
+                                    double(moe_blocks) * moe_block_activation_elems(d));
   double act = r.in_flight * per_micro;
   if (first) act += r.in_flight * embedding_activation_elems(d);
   if (last) act += head_activation_elems(d);  // the last stage runs each micro-batch's backward at once
   r.activation_bytes = int64_t(kFloat * act);
 
   double transient = backward_transient_elems(d, last);
+  if (moe_blocks > 0) transient = std::max(transient, moe_route_transient_elems(d));
+  // The expert sync all-reduces one flat copy of the experts' gradients
+  // over the ranks holding the same experts (dp x tp / ep of them).
+  if (experts > 0 && spec.parallel.dp * spec.parallel.tp / d.ep > 1) transient += double(experts);
   if (spec.parallel.zero == 3 && spec.parallel.dp > 1) {
     // Gathered units: the running one and the prefetched one in forward;
     // in backward the unit's full gradient too.
@@ -220,6 +287,12 @@ int64_t MemoryPlan::max_peak_bytes() const {
   return m;
 }
 
+int64_t MemoryPlan::max_need_bytes() const {
+  int64_t m = 0;
+  for (const auto& r : ranks) m = std::max(m, r.need_bytes());
+  return m;
+}
+
 std::string format_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -232,16 +305,19 @@ std::string format_bytes(double bytes) {
 std::string plan_to_text(const JobSpec& spec, const MemoryPlan& plan) {
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof line, "%-5s %-14s %12s %12s %12s %12s %12s %12s %12s %9s\n", "rank", "coord", "params",
-                "grads", "optimizer", "cache", "activations", "transient", "peak", "in_flight");
+  std::snprintf(line, sizeof line, "%-5s %-14s %12s %12s %12s %12s %12s %12s %12s %9s %12s %12s\n", "rank", "coord",
+                "params", "grads", "optimizer", "cache", "activations", "transient", "peak", "in_flight", "data",
+                "need");
   out += line;
   for (const auto& r : plan.ranks) {
     const std::string coord = "dp" + std::to_string(r.dp) + " tp" + std::to_string(r.tp) + " pp" + std::to_string(r.pp);
-    std::snprintf(line, sizeof line, "%-5d %-14s %12s %12s %12s %12s %12s %12s %12s %9d\n", r.rank, coord.c_str(),
+    std::snprintf(line, sizeof line, "%-5d %-14s %12s %12s %12s %12s %12s %12s %12s %9d %12s %12s\n", r.rank,
+                  coord.c_str(),
                   format_bytes(double(r.param_bytes)).c_str(), format_bytes(double(r.grad_bytes)).c_str(),
                   format_bytes(double(r.optimizer_bytes)).c_str(), format_bytes(double(r.cache_bytes)).c_str(),
                   format_bytes(double(r.activation_bytes)).c_str(), format_bytes(double(r.transient_bytes)).c_str(),
-                  format_bytes(double(r.peak_bytes)).c_str(), r.in_flight);
+                  format_bytes(double(r.peak_bytes)).c_str(), r.in_flight, format_bytes(double(r.data_bytes)).c_str(),
+                  format_bytes(double(r.need_bytes())).c_str());
     out += line;
   }
   (void)spec;

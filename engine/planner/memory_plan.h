@@ -4,11 +4,12 @@
 // units), activation bytes per micro-batch from the tensors autograd saves
 // in this GPT (Korthikanti et al. 2022, adapted: recompute, sequence
 // parallelism, tiled attention, dropout masks) times the micro-batches the
-// pipeline schedule keeps in flight, backward's largest temporaries, and
-// FLOPs per step. Pure C++ (no LibTorch): `dtrain plan` and the trainer's
+// pipeline schedule keeps in flight, backward's largest temporaries, MoE
+// experts, the dataset's host copy and FLOPs per step. Pure C++ (no LibTorch): `dtrain plan` and the trainer's
 // predicted-vs-measured check share it. Communication is topology's business.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,13 +29,19 @@ struct RankMemory {
   int64_t transient_bytes = 0;  // the largest temporaries on top (backward's, ZeRO-3's gathered units)
   int64_t peak_bytes = 0;       // static + cache + activation + transient (a steady step's peak)
   int in_flight = 1;            // micro-batches (x chunks) whose activations are alive at once
+  int64_t build_bytes = 0;      // the stage's parameters as built, before expert parallelism and ZeRO cut them
+  int64_t data_bytes = 0;       // the dataset's host copy (format bytes: about twice the file)
   int64_t static_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
+  // What the rank's process needs at least: its tensor peak (or the build,
+  // when larger) plus the data outside the allocator.
+  int64_t need_bytes() const { return std::max(peak_bytes, build_bytes) + data_bytes; }
 };
 
 struct MemoryPlan {
   std::vector<RankMemory> ranks;  // by global rank
   double flops_per_step = 0;      // whole job, forward + backward (+ recompute), 2 per multiply-add
   int64_t max_peak_bytes() const;
+  int64_t max_need_bytes() const;
 };
 
 // Every rank of the spec's mesh. Throws dtrain::Error(config) for a spec the

@@ -1,6 +1,6 @@
-// `dtrain plan` against the engine's own measurements: for 10 layouts (dp 1
+// `dtrain plan` against the engine's own measurements: for 11 layouts (dp 1
 // and 2, ZeRO 0-3, recompute none/full, seq_len 32 and 512,
-// attention naive and tiled, tp 2, pp 2) the real run's memory.tsv (every
+// attention naive and tiled, tp 2, pp 2, MoE over ep 2) the real run's memory.tsv (every
 // rank's param, grad and AdamW bytes from GradSync::memory and the optimizer,
 // and its largest step peak from the counting allocator) next to the plan's
 // prediction for that rank: static bytes within 5%, peak within 20%; the
@@ -68,7 +68,7 @@ std::vector<Bytes> measured(const std::vector<std::string>& sets, const std::str
 
 }  // namespace
 
-TEST_CASE("dtrain plan predicts the engine's measured bytes: static within 5%, peak within 20%, 10 layouts") {
+TEST_CASE("dtrain plan predicts the engine's measured bytes: static within 5%, peak within 20%, 11 layouts") {
   const std::vector<std::string> common = {"model.dropout=0.1", "train.steps=3", "train.warmup_steps=1",
                                            "log.every=1"};
   const std::vector<std::string> seq512 = {"model.seq_len=512", "train.micro_batch=2"};
@@ -83,6 +83,7 @@ TEST_CASE("dtrain plan predicts the engine's measured bytes: static within 5%, p
       {"seq512_tiled", with(seq512, {"model.attention=tiled"})},
       {"tp2_sp", {"cluster.procs_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true"}},
       {"pp2_1f1b", {"cluster.procs_per_node=2", "parallel.pp=2", "train.micro_batch=2", "train.grad_accum=4"}},
+      {"dp2_moe_ep2", with(ranks(2, 4), {"model.moe.experts=16", "model.moe.top_k=2", "parallel.ep=2"})},
   };
   double worst_static = 0, worst_peak = 0;
   std::string table = "layout               rank  static_pred  static_meas   diff   peak_pred  peak_meas   diff\n";

@@ -72,22 +72,22 @@ std::vector<std::string> previous_dirs(const std::string& root) {
 TEST_CASE("run dir lock: a second job is refused with the holder, the same job shares") {
   Tmp t;
   const std::string dir = t / "run";
-  LockOwner a = this_agent("job-a", job_id_of("job-a", "token-a"), "host-a");
+  LockOwner a = this_agent("job-a", job_id_of("job-a", "token-a", "n0:29400"), "host-a");
   auto first = std::make_unique<RunDirLock>(dir, "log.dir", a);
   CHECK(first->holds());
   CHECK(has(read_file(dir + "/" + kLockFile), "job=job-a"));
 
-  LockOwner b = this_agent("job-b", job_id_of("job-b", "token-b"), "host-a");
+  LockOwner b = this_agent("job-b", job_id_of("job-b", "token-b", "n0:29400"), "host-a");
   std::string e = config_error([&] { RunDirLock second(dir, "log.dir", b); });
   CHECK(has(e, "log.dir = " + dir + ": is in use by job 'job-a' (pid " + std::to_string(getpid())));
   CHECK(has(e, "one job per run directory"));
 
   // Same name, another token: another job.
-  LockOwner a2 = this_agent("job-a", job_id_of("job-a", "token-other"), "host-b");
+  LockOwner a2 = this_agent("job-a", job_id_of("job-a", "token-other", "n0:29400"), "host-b");
   CHECK(has(config_error([&] { RunDirLock other(dir, "log.dir", a2); }), "is in use"));
 
   // Same job (name and token): shared, not held.
-  LockOwner a3 = this_agent("job-a", job_id_of("job-a", "token-a"), "host-b");
+  LockOwner a3 = this_agent("job-a", job_id_of("job-a", "token-a", "n0:29400"), "host-b");
   RunDirLock shared(dir, "checkpoint.dir", a3);
   CHECK_FALSE(shared.holds());
   CHECK(shared.holder().pid == getpid());
@@ -95,6 +95,23 @@ TEST_CASE("run dir lock: a second job is refused with the holder, the same job s
   first.reset();  // released: the next job takes it
   RunDirLock next(dir, "log.dir", b);
   CHECK(next.holds());
+}
+
+TEST_CASE("run dir lock: the same name and token at another rendezvous is another job") {
+  Tmp t;
+  const std::string dir = t / "run";
+  LockOwner a = this_agent("job-a", job_id_of("job-a", "tok", "node0:29400"), "host-a", "node0:29400");
+  RunDirLock first(dir, "log.dir", a);
+  REQUIRE(first.holds());
+  LockOwner b = this_agent("job-a", job_id_of("job-a", "tok", "node7:29400"), "host-b", "node7:29400");
+  const std::string e = config_error([&] { RunDirLock second(dir, "log.dir", b); });
+  CHECK(has(e, "is in use by job 'job-a'"));
+  CHECK(has(e, "at rendezvous node0:29400 (this agent's: node7:29400)"));
+  CHECK(has(e, "spell its endpoint the same way on every node"));
+  // The same rendezvous, its host spelled in another case: the same job.
+  LockOwner c = this_agent("job-a", job_id_of("job-a", "tok", "NODE0:29400"), "host-c", "NODE0:29400");
+  RunDirLock shared(dir, "log.dir", c);
+  CHECK_FALSE(shared.holds());
 }
 
 TEST_CASE("run dir lock: a lock left by a dead process is taken over") {
