@@ -74,10 +74,15 @@ struct Fixture {
                "log: {every: 1}\n");
   }
 
-  // `dtrain launch` of the spec with `sets`, cached by name: run dir
-  // <dir>/<name>, its checkpoint (after the last step) in <name>/ckpt.
+  // `dtrain launch` of the spec with `sets`, cached by name and sets (a name
+  // asked for with other sets is a bug here): run dir <dir>/<name>, its
+  // checkpoint (after the last step) in <name>/ckpt.
   const Run& run(const std::string& name, std::vector<std::string> sets) {
-    if (runs.count(name)) return runs.at(name);
+    std::string key = name + " |";
+    for (const auto& s : sets) key += " --set " + s;
+    if (runs.count(key)) return runs.at(key);
+    for (const auto& kv : runs)
+      REQUIRE_MESSAGE(kv.first.rfind(name + " |", 0) != 0, "run " << name << " asked for with other sets");
     TagGuard tag;
     const std::string run_dir = dir / name;
     sets.insert(sets.begin(), {"log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt"});
@@ -95,13 +100,14 @@ struct Fixture {
     REQUIRE(r.lrs.size() == size_t(kSteps));
     const std::string latest = read_latest(run_dir + "/ckpt");
     if (!latest.empty()) r.ckpt = run_dir + "/ckpt/" + latest;
-    return runs[name] = r;
+    return runs[key] = r;
   }
   const Run& all_fields() { return run("fields", {}); }
 };
 
 // Tensor `name` of a checkpoint as floats (F32 only).
 std::vector<float> tensor(const std::string& ckpt, const std::string& name) {
+  REQUIRE_MESSAGE(!ckpt.empty(), "the run saved no checkpoint after its last step");
   dtrain::checkpoint::CheckpointReader reader(ckpt);
   REQUIRE_MESSAGE(reader.at(name).dtype == "F32", name);
   std::vector<uint8_t> bytes = reader.read_full(name);

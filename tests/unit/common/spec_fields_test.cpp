@@ -234,10 +234,13 @@ TEST_CASE("spec fields: every field of the table has a non-default example") {
                                                    << "\", \"VALUE\"} to kExamples in "
                                                       "tests/unit/common/spec_fields_test.cpp");
   }
-  for (const auto& e : kExamples)
+  std::set<std::string> seen;
+  for (const auto& e : kExamples) {
     CHECK_MESSAGE(table.count(e.path), "kExamples names " << std::string(e.path)
                                                           << ", which is not a field of spec_fields(): "
                                                              "the parser and printer no longer know it");
+    CHECK_MESSAGE(seen.insert(e.path).second, "kExamples has two rows for " << std::string(e.path));
+  }
 }
 
 TEST_CASE("spec fields: each set through YAML and --set holds its value, prints and reads back") {
