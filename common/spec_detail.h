@@ -39,7 +39,8 @@ struct Field {
 };
 
 // Every field of the spec in print order (the one list parse, print and
-// did-you-mean use, so they cannot disagree).
+// did-you-mean use, so they cannot disagree). A new row also needs a
+// non-default example in tests/unit/common/spec_fields_test.cpp.
 const std::vector<Field>& spec_fields();
 // Section paths ("cluster", "cluster.rendezvous", ...).
 const std::set<std::string>& spec_sections();
