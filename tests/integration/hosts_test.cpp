@@ -13,6 +13,7 @@
 
 #include "tests/support/child.h"
 #include "tests/support/parity.h"
+#include "tests/support/skip.h"
 #include "tests/support/test_hosts.h"
 
 using dtrain::testing::Child;
@@ -28,7 +29,7 @@ constexpr int kRdzvPort = 29400;  // inside host 0's fresh namespace: free
 bool skip_without_hosts() {
   static const std::string why = TestHosts::unavailable_reason();
   if (why.empty()) return false;
-  MESSAGE("skipped: test hosts unavailable: " << why);
+  dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
   return true;
 }
 
@@ -164,8 +165,7 @@ struct SlurmCluster {
 TEST_CASE("SLURM: sbatch examples/slurm/train.sbatch trains on 2 test hosts x 2 workers") {
   if (skip_without_hosts()) return;
   if (const std::string why = SlurmCluster::check(); !why.empty()) {
-    MESSAGE("skipped: no SLURM here: " << why);
-    return;
+    DTRAIN_SKIP(slurm, "no SLURM here: " << why);
   }
   auto& p = parity::Parity::get();
   TestHosts hosts(2);
