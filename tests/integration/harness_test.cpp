@@ -92,8 +92,9 @@ TEST_CASE("skips: run_without_leftovers.cmake turns exit 77 into the line ctest 
   ::chmod((dir / "exit1.sh").c_str(), 0755);
   const auto wrap = [&](const std::string& prog) {
     return dtrain::testing::run_command(
-        {DTRAIN_CMAKE_COMMAND, "-DTEST=" + (dir / prog), "-DBUILD_DIR=" + (dir / "none"), "-DWORK_DIR=" + (dir / "none"),
-         "-P", dtrain::testing::source_dir() + "/tests/cmake/run_without_leftovers.cmake"},
+        {DTRAIN_CMAKE_COMMAND, "-DTEST=" + (dir / prog), "-DBUILD_DIR=" + (dir / "none"),
+         "-DWORK_DIR=" + (dir / "none"), "-P",
+         dtrain::testing::source_dir() + "/tests/cmake/run_without_leftovers.cmake"},
         dir / (prog + ".log"), 60);
   };
   auto [code, out] = wrap("exit77.sh");
