@@ -180,6 +180,7 @@ TEST_CASE("fault.kind slow: the slow rank's steps from fault.step on take fault.
 
 TEST_CASE("fault.kind hang: the run stops after fault.step, SIGTERM ends it with no process left") {
   Trainer t;
+  const auto launched = std::chrono::steady_clock::now();
   Child dtrain(t.launch_args({"--set", "cluster.procs_per_node=2", "--set", "parallel.dp=2",
                               "--set", "cluster.grace_s=1", "--set", "cluster.max_restarts=0",
                               "--set", "train.steps=20", "--set", "fault.kind=hang", "--set",
@@ -187,13 +188,16 @@ TEST_CASE("fault.kind hang: the run stops after fault.step, SIGTERM ends it with
                t.dir / "hang.out", t.env());
   const std::string metrics = t.dir / "run/metrics.jsonl";
   REQUIRE_MESSAGE(wait_until([&] { return step_times(metrics).count(2) == 1; }, 60), dtrain.output());
-  // Unhung, the 18 steps left would take about 18 x step 2's time; hung,
-  // nothing moves. Watch 10x that long (the run's own pace, not a fixed
-  // bound) for a step 3, failing as soon as one is logged.
+  // Unhung, the 18 steps left take about 18 x step 2's time; hung, nothing
+  // moves. Watch for a step 3 as long as this run took to reach step 2
+  // (start-up included: its own pace, not a fixed bound), and at least
+  // 10 x those 18 steps, failing as soon as one is logged.
+  const double to_step2_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - launched).count();
   const double step_s = step_times(metrics).at(2);
-  const double window_s = 10 * 18 * step_s;
+  const double window_s = std::max(to_step2_s, 10 * 18 * step_s);
   const bool moved = wait_until([&] { return step_times(metrics).size() > 2 || !dtrain.running(); }, window_s);
-  MESSAGE("step 2 took " << step_s << " s; watched " << window_s << " s for a step 3");
+  MESSAGE("step 2 took " << step_s << " s, " << to_step2_s << " s from the launch; watched " << window_s
+                         << " s for a step 3");
   CHECK_FALSE(moved);
   CHECK(dtrain.running());
   CHECK(step_times(metrics).size() == 2);
