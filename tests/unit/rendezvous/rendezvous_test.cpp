@@ -208,10 +208,10 @@ TEST_CASE("rendezvous: wrong token, wrong job, duplicate node, too many nodes") 
 
 TEST_CASE("rendezvous: join timeout says how many nodes joined") {
   TestServer s(server_options(2, 2, {2, 1, 1, 1}));
-  // Two joins with a short and a 4x longer timeout: the join returns when
-  // its own timeout ends (compared with each other, not with a fixed bound).
+  // Two joins with a short and a 10x longer timeout: each returns when its
+  // own timeout ends (compared with each other, not with a fixed bound).
   double took[2];
-  const double timeout_s[2] = {0.2, 0.8};
+  const double timeout_s[2] = {0.2, 2.0};
   for (int i = 0; i < 2; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     Error e = join_error(s, agent(0, 1), kToken, "job-a", timeout_s[i]);
@@ -220,10 +220,10 @@ TEST_CASE("rendezvous: join timeout says how many nodes joined") {
     CHECK(e.message().find("joined 1 of 2") != std::string::npos);
     CHECK(s.client().status().nodes.empty());  // the timed-out agent left the round
   }
-  MESSAGE("join timed out after " << took[0] << " s (timeout 0.2 s) and " << took[1] << " s (0.8 s)");
+  MESSAGE("join timed out after " << took[0] << " s (timeout 0.2 s) and " << took[1] << " s (2 s)");
   CHECK(took[0] >= timeout_s[0]);
   CHECK(took[1] >= timeout_s[1]);
-  CHECK(took[0] < took[1]);
+  CHECK(took[0] < took[1] / 2);  // 10x expected: a timeout not passed through makes them alike
 }
 
 TEST_CASE("rendezvous: elastic min:max closes at min after the last call") {
