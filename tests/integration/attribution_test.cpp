@@ -30,7 +30,7 @@ std::vector<std::string> hang_sets(int max_restarts) {
 
 }  // namespace
 
-TEST_CASE("hang at dp 3: rank 2 and the collective are named within hang_timeout + 3 heartbeats") {
+TEST_CASE("hang at dp 3: rank 2 and the collective are named once hang_timeout passes without progress") {
   auto [code, out] = parity::launch_raw("hang_stop", hang_sets(0));
   INFO(out);
   CHECK(code != 0);
@@ -49,8 +49,10 @@ TEST_CASE("hang at dp 3: rank 2 and the collective are named within hang_timeout
   const double took = std::stod(m[1]);
   MESSAGE("hang declared after " << took << " s without progress (hang_timeout_s " << kHangTimeout
                                  << ", heartbeat " << kHeartbeat << " s)");
+  // Not before the timeout; how soon after it is the rendezvous's logic,
+  // checked on an injected clock (hang_attribution_test.cpp), not here
+  // where a loaded machine delays the heartbeats.
   CHECK(took >= kHangTimeout);
-  CHECK(took <= kHangTimeout + 3 * kHeartbeat);
 }
 
 TEST_CASE("hang with max_restarts 1: the job restarts from its checkpoint and finishes") {

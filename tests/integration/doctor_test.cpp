@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/support/child.h"
+#include "tests/support/skip.h"
 #include "tests/support/train_run.h"
 
 namespace {
@@ -74,8 +75,7 @@ TEST_CASE("doctor: MKL forced onto its compatible code path is warned about") {
   TempDir dir;
   json plain = doctor_json(dir, "plain", {});
   if (plain["engine"]["blas"]["name"] != "mkl") {
-    MESSAGE("skipped: LibTorch's BLAS here is " << plain["engine"]["blas"]["name"] << ", not MKL");
-    return;
+    DTRAIN_SKIP(blas, "LibTorch's BLAS here is " << plain["engine"]["blas"]["name"] << ", not MKL");
   }
   CHECK_FALSE(has_warning(plain, "blas_code_path"));
   json forced = doctor_json(dir, "forced", {}, {"MKL_CBWR=COMPATIBLE"});

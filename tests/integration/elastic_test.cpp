@@ -15,6 +15,7 @@
 
 #include "tests/support/child.h"
 #include "tests/support/parity.h"
+#include "tests/support/skip.h"
 #include "tests/support/test_hosts.h"
 
 using dtrain::testing::Child;
@@ -33,7 +34,7 @@ constexpr int kGlobalBatch = 12;  // dp 3: grad_accum 2; dp 2: grad_accum 3
 bool skip_without_hosts() {
   static const std::string why = TestHosts::unavailable_reason();
   if (why.empty()) return false;
-  MESSAGE("skipped: test hosts unavailable: " << why);
+  dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
   return true;
 }
 

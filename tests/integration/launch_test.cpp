@@ -318,7 +318,7 @@ TEST_CASE("SIGKILL one worker: the others are stopped, root cause says SIGKILL")
   CHECK(out.find("rank       : 1 (local rank 1)") != std::string::npos);
 }
 
-TEST_CASE("SIGTERM to dtrain: every worker is gone within the grace period") {
+TEST_CASE("SIGTERM to dtrain: every worker is gone, by SIGTERM or by SIGKILL after the grace period") {
   Job job;
   const double grace = 2.0;
   std::string spec = job.spec("nodes: 1, procs_per_node: 4, grace_s: 2", "dp: 4",
@@ -330,10 +330,21 @@ TEST_CASE("SIGTERM to dtrain: every worker is gone within the grace period") {
   for (const auto& r : job.reports()) pids.push_back(r["pid"].get<int>());
   auto sent = Clock::now();
   dtrain.signal(SIGTERM);
-  REQUIRE_MESSAGE(dtrain.wait(grace + 5), dtrain.output());
+  REQUIRE_MESSAGE(dtrain.wait(60), dtrain.output());  // a hang guard, no claim on speed
   double took = seconds_since(sent);
   MESSAGE("dtrain exited ", took, " s after SIGTERM (grace ", grace, " s)");
-  CHECK(took < grace + 1.5);
+  // The order of events, not a time bound: ranks 0-2 stopped at the SIGTERM,
+  // rank 3 (ignoring it) was SIGKILLed once the grace period was over.
+  CHECK(took >= grace);
+  const std::string out = dtrain.output();
+  for (int r = 0; r < 4; ++r) {
+    const std::string rank = "rank " + std::to_string(r) + " (local rank " + std::to_string(r) + ", pid ";
+    const auto at = out.find(rank);
+    REQUIRE_MESSAGE(at != std::string::npos, out);
+    const std::string line = out.substr(at, out.find('\n', at) - at);
+    const char* want = r == 3 ? "stopped: signal 9 (SIGKILL)" : "stopped: signal 15 (SIGTERM)";
+    CHECK_MESSAGE(line.find(want) != std::string::npos, line);
+  }
   CHECK(dtrain.exit_code() == 128 + SIGTERM);
   for (pid_t pid : pids) CHECK_FALSE(dtrain::testing::pid_alive(pid));
 }
@@ -371,9 +382,9 @@ static void check_survivor_after_kill(bool kill_node0_with_server) {
   double took = seconds_since(killed);
   MESSAGE("survivor stopped its workers ", took, " s after the kill (heartbeat ", heartbeat,
           " s, grace 1 s)");
+  // The 15 s is a hang guard: how soon a silent node counts as dead is
+  // checked on an injected clock (rendezvous_round_test.cpp).
   CHECK_MESSAGE(stopped, survivor.output());
-  // 3 missed beats (1.5 s) + one beat of the survivor + SIGTERM handling, with slack for load.
-  CHECK(took < 3 * heartbeat + heartbeat + 2.5);
   REQUIRE_MESSAGE(survivor.wait(15), survivor.output());  // re-join times out: no hang
   CHECK(survivor.exit_code() != 0);
   // Orphans are reaped by init: a zombie is gone too.
@@ -405,8 +416,10 @@ TEST_CASE("SLURM: two agents with SLURM_NODEID/NNODES/JOB_NODELIST and no --node
                                     "SLURM_NNODES=2", "SLURM_JOB_NODELIST=localhost,localhost"};
   };
   // Node 1 first: it waits for node 0's rendezvous, and must still be node 1.
+  // Node 0 starts once node 1 has logged its start-up summary (the line
+  // before it joins): an event, not a sleep.
   Child& a1 = job.start({"launch", spec}, "agent1", slurm(1));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE_MESSAGE(wait_until([&] { return a1.output().find("doctor: ") != std::string::npos; }, 30), a1.output());
   Child& a0 = job.start({"launch", spec}, "agent0", slurm(0));
   REQUIRE_MESSAGE(a0.wait(60), a0.output());
   REQUIRE_MESSAGE(a1.wait(60), a1.output());

@@ -24,9 +24,7 @@ constexpr double kRecomputeTol = 1e-6;
 const std::vector<std::string> kDropout = {"model.dropout=0.1", "train.adam_eps=1e-6"};
 
 const RunResult& cached(const std::string& name, const std::vector<std::string>& sets) {
-  static std::map<std::string, RunResult> runs;
-  if (!runs.count(name)) runs[name] = launch(Parity::get().dir, name, with(kDropout, sets));
-  return runs.at(name);
+  return Parity::get().cached(name, with(kDropout, sets));
 }
 
 double peak(const std::string& name) {

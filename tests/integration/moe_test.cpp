@@ -27,9 +27,7 @@ using namespace dtrain::testing::parity;
 const std::vector<std::string> kMoe = {"model.moe.experts=4", "model.moe.top_k=2", "train.adam_eps=1e-6"};
 
 const RunResult& cached(const std::string& name, const std::vector<std::string>& sets) {
-  static std::map<std::string, RunResult> runs;
-  if (!runs.count(name)) runs[name] = launch(Parity::get().dir, name, with(kMoe, sets));
-  return runs.at(name);
+  return Parity::get().cached(name, with(kMoe, sets));
 }
 
 std::vector<std::string> capacity(double cf) { return {"model.moe.capacity_factor=" + std::to_string(cf)}; }

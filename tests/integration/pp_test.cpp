@@ -29,9 +29,7 @@ using namespace dtrain::testing::parity;
 const std::vector<std::string> kCommon = {"train.adam_eps=1e-6", "model.dropout=0.1", "model.layers=4"};
 
 const RunResult& cached(const std::string& name, const std::vector<std::string>& sets) {
-  static std::map<std::string, RunResult> runs;
-  if (!runs.count(name)) runs[name] = launch(Parity::get().dir, name, with(kCommon, sets));
-  return runs.at(name);
+  return Parity::get().cached(name, with(kCommon, sets));
 }
 
 const RunResult& reference() { return cached("pp_ref", {"train.micro_batch=8"}); }

@@ -30,11 +30,9 @@ using namespace dtrain::testing::parity;
 
 const std::vector<std::string> kCommon = {"train.adam_eps=1e-6"};
 
-// Runs cached by name within this program.
+// Runs cached within this program (Parity::cached: by name, spec and overrides).
 const RunResult& cached(const std::string& name, const std::vector<std::string>& sets) {
-  static std::map<std::string, RunResult> runs;
-  if (!runs.count(name)) runs[name] = launch(Parity::get().dir, name, with(kCommon, sets));
-  return runs.at(name);
+  return Parity::get().cached(name, with(kCommon, sets));
 }
 
 // One process, micro_batch 8 (the global batch of every layout here).

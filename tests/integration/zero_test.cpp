@@ -25,10 +25,7 @@ std::string stage_set(int zero) { return "parallel.zero=" + std::to_string(zero)
 
 // Runs shared by several cases (the parity runs feed the memory check).
 const RunResult& cached(const std::string& name, const std::vector<std::string>& sets) {
-  static std::map<std::string, RunResult> runs;
-  auto& p = Parity::get();
-  if (!runs.count(name)) runs[name] = launch(p.dir, name, sets);
-  return runs.at(name);
+  return Parity::get().cached(name, sets);
 }
 
 // The elements of padding the start-up line reports ("(N + K padding elements)").

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tests/support/child.h"
+#include "tests/support/run_cache.h"
 #include "tests/support/train_run.h"
 
 namespace dtrain::testing::parity {
@@ -105,25 +106,27 @@ inline RunResult launch(const TempDir& dir, const std::string& name, std::vector
   return r;
 }
 
-// The fixture: one temp dir, the text, the spec, and reference runs cached
-// across cases (one 1-process run per global batch size).
+// The fixture: one temp dir, the text, the spec, and runs cached across
+// cases by name, spec text and overrides (run_cache.h).
 struct Parity {
   static Parity& get() {
     static Parity p;
     return p;
   }
   TempDir dir;
-  std::map<std::string, RunResult> refs;
+  RunCache<RunResult> runs;
 
   Parity() {
     write_file(dir / "text.txt", make_text());
     write_file(dir / "spec.yaml", base_spec(dir));
   }
+  // launch(dir, name, sets) once; again with other sets or spec is a test bug.
+  const RunResult& cached(const std::string& name, const std::vector<std::string>& sets) {
+    return runs.get(name, read_file(dir / "spec.yaml"), sets, [&] { return launch(dir, name, sets); });
+  }
   // The 1-process run with micro_batch = gbs (grad_accum 1).
   const RunResult& reference(int gbs) {
-    const std::string name = "ref_gbs" + std::to_string(gbs);
-    if (!refs.count(name)) refs[name] = launch(dir, name, {"train.micro_batch=" + std::to_string(gbs)});
-    return refs[name];
+    return cached("ref_gbs" + std::to_string(gbs), {"train.micro_batch=" + std::to_string(gbs)});
   }
 };
 

@@ -14,6 +14,7 @@
 
 #include "common/machine_facts.h"
 #include "engine/doctor/blas_check.h"
+#include "tests/support/skip.h"
 
 using dtrain::engine::doctor::check_gemm;
 using dtrain::engine::doctor::GemmCheck;
@@ -70,8 +71,7 @@ TEST_CASE("blas check: OPENBLAS_CORETYPE=SkylakeX on a CPU without AVX-512 is ca
   text << in.rdbuf();
   const char* lib = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0";
   if (dtrain::cpu_flags_from_cpuinfo(text.str()).avx512f) {
-    MESSAGE("skipped: this CPU has AVX-512, so SkylakeX kernels run here");
-    return;
+    DTRAIN_SKIP(cpu, "this CPU has AVX-512, so SkylakeX kernels run here");
   }
   // OpenBLAS reads its variables when it loads: set them first. One thread,
   // so the kernel runs on this (guarded) thread.
@@ -80,8 +80,7 @@ TEST_CASE("blas check: OPENBLAS_CORETYPE=SkylakeX on a CPU without AVX-512 is ca
   void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   unsetenv("OPENBLAS_CORETYPE");
   if (!h) {
-    MESSAGE("skipped: " << lib << " is not installed (Debian's libopenblas0-pthread)");
-    return;
+    DTRAIN_SKIP(blas, lib << " is not installed (Debian's libopenblas0-pthread)");
   }
   using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int,
                          float, float*, int);

@@ -48,8 +48,8 @@ TEST_CASE("fault: slow sleeps fault.ms on fault.rank from fault.step on, first l
     others += seconds_of([&] { checkpoint::fault_in_step(f, info, 4); });
     others += seconds_of([&] { checkpoint::fault_after_step(f, info, 2); });  // not fault.step
   }
-  MESSAGE("seven calls that must not sleep: " << others << " s together");
-  CHECK(others < 0.150);
+  MESSAGE("seven calls that must not sleep: " << others << " s together, the struck one " << slept << " s");
+  CHECK(others < slept / 2);  // each would have slept as long as the struck one
 }
 
 TEST_CASE("fault: crash_during_save strikes the save of fault.step (0: the first) on fault.rank") {

@@ -13,6 +13,8 @@
 #include "engine/device/device.h"
 
 #include "tests/support/torch_doctest.h"
+// After torch_doctest.h: doctest's CHECK, not glog's.
+#include "tests/support/skip.h"
 
 namespace comm = dtrain::engine::comm;
 namespace device = dtrain::engine::device;
@@ -21,11 +23,13 @@ namespace {
 
 bool have_gpu() {
   if (!comm::nccl_available()) {
-    MESSAGE("skipped: this LibTorch has no CUDA, so dtrain has no NCCL backend");
+    dtrain::testing::skip_case(dtrain::testing::SkipKind::cuda_libtorch,
+                               "this LibTorch has no CUDA, so dtrain has no NCCL backend");
     return false;
   }
   if (device::cuda_device_count() == 0) {
-    MESSAGE("skipped: no GPU visible (NCCL cases run on a machine with one: scripts/gpu-check)");
+    dtrain::testing::skip_case(dtrain::testing::SkipKind::gpu,
+                               "no GPU visible (NCCL cases run on a machine with one: scripts/gpu-check)");
     return false;
   }
   return true;

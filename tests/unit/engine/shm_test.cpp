@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -25,6 +26,8 @@
 
 #include "tests/support/thread_world.h"
 #include "tests/support/torch_doctest.h"
+// After torch_doctest.h: doctest's CHECK, not glog's.
+#include "tests/support/skip.h"
 
 namespace comm = dtrain::engine::comm;
 using dtrain::testing::run_world;
@@ -56,7 +59,8 @@ double max_diff(const at::Tensor& a, const at::Tensor& b) {
 // container has one unless it was taken away); without it the tests say so.
 bool have_dev_shm() {
   if (access("/dev/shm", W_OK) == 0) return true;
-  MESSAGE("skipped: /dev/shm is not writable here, so every all-reduce takes Gloo's TCP");
+  dtrain::testing::skip_case(dtrain::testing::SkipKind::dev_shm,
+                             "/dev/shm is not writable here, so every all-reduce takes Gloo's TCP");
   return false;
 }
 
@@ -172,9 +176,22 @@ TEST_CASE("shm: async ops of all three kinds finish beside sync ones; the world 
 TEST_CASE("shm all_reduce: a peer that never arrives is a timeout naming the group") {
   if (!have_dev_shm()) return;
   std::string message;
+  // Rank 1 stays out of the all-reduce until rank 0's call has returned (an
+  // event, not a sleep). Should rank 0's call never time out, rank 1 joins
+  // it after kHangGuard (a hang guard, no claim on speed) so the test ends
+  // with a failure instead of hanging.
+  constexpr auto kHangGuard = std::chrono::seconds(60);
+  std::promise<void> rank0_returned;
+  std::future<void> returned = rank0_returned.get_future();
+  bool rescued = false;
+  double waited_s = 0;
   run_world(comm::parse_mesh("dp=2"), [&](comm::Comm& c, int r) {
-    if (r == 1) {  // never calls the all-reduce; meets rank 0 again in run_world's barrier
-      std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+    if (r == 1) {  // meets rank 0 again in run_world's barrier
+      if (returned.wait_for(kHangGuard) == std::future_status::timeout) {
+        rescued = true;
+        at::Tensor t = input(1, 10, at::kFloat);
+        c.axis("dp").all_reduce(t);
+      }
       return;
     }
     at::Tensor t = input(0, 10, at::kFloat);
@@ -185,12 +202,15 @@ TEST_CASE("shm all_reduce: a peer that never arrives is a timeout naming the gro
       message = e.what();
       CHECK(e.code() == dtrain::ErrorCode::timeout);
     }
-    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+    waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rank0_returned.set_value();
   }, [](comm::WorldInfo&, comm::CommOptions& o) {
     o = small_slots(true);
     o.timeout_s = 3;
   });
-  std::printf("shm timeout: %s\n", message.c_str());
+  CHECK_MESSAGE(!rescued, "rank 0's all-reduce did not time out (timeout_s 3) within the hang guard");
+  std::printf("shm timeout after %.2f s (timeout_s 3): %s\n", waited_s, message.c_str());
+  CHECK(waited_s >= 3.0);  // the timeout, not an early give-up
   CHECK(message.find("group dp") != std::string::npos);
   CHECK(message.find("shared memory") != std::string::npos);
 }

@@ -74,10 +74,11 @@ std::future<Assignment> join_async(const TestServer& s, JoinInfo info, double ti
   });
 }
 
-// Poll Status until `n` agents wait in the open round (joins are async).
+// Poll Status until `n` agents wait in the open round (joins are async);
+// the 30 s (6000 polls) are a hang guard only.
 void wait_for_waiting(const TestServer& s, size_t n) {
   auto c = s.client();
-  for (int i = 0; i < 500; ++i) {
+  for (int i = 0; i < 6000; ++i) {
     ServerStatus st = c.status();
     if (st.round_open && st.nodes.size() == n) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -207,13 +208,22 @@ TEST_CASE("rendezvous: wrong token, wrong job, duplicate node, too many nodes") 
 
 TEST_CASE("rendezvous: join timeout says how many nodes joined") {
   TestServer s(server_options(2, 2, {2, 1, 1, 1}));
-  auto t0 = std::chrono::steady_clock::now();
-  Error e = join_error(s, agent(0, 1), kToken, "job-a", 0.4);
-  double took = Seconds(std::chrono::steady_clock::now() - t0).count();
-  CHECK(e.code() == ErrorCode::timeout);
-  CHECK(e.message().find("joined 1 of 2") != std::string::npos);
-  CHECK(took < 2.0);
-  CHECK(s.client().status().nodes.empty());  // the timed-out agent left the round
+  // Two joins with a short and a 10x longer timeout: each returns when its
+  // own timeout ends (compared with each other, not with a fixed bound).
+  double took[2];
+  const double timeout_s[2] = {0.2, 2.0};
+  for (int i = 0; i < 2; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    Error e = join_error(s, agent(0, 1), kToken, "job-a", timeout_s[i]);
+    took[i] = Seconds(std::chrono::steady_clock::now() - t0).count();
+    CHECK(e.code() == ErrorCode::timeout);
+    CHECK(e.message().find("joined 1 of 2") != std::string::npos);
+    CHECK(s.client().status().nodes.empty());  // the timed-out agent left the round
+  }
+  MESSAGE("join timed out after " << took[0] << " s (timeout 0.2 s) and " << took[1] << " s (2 s)");
+  CHECK(took[0] >= timeout_s[0]);
+  CHECK(took[1] >= timeout_s[1]);
+  CHECK(took[0] < took[1] / 2);  // 10x expected: a timeout not passed through makes them alike
 }
 
 TEST_CASE("rendezvous: elastic min:max closes at min after the last call") {
@@ -229,7 +239,7 @@ TEST_CASE("rendezvous: elastic min:max closes at min after the last call") {
   CHECK(rb.world == 2);
 }
 
-TEST_CASE("rendezvous: a node that stops beating is dead within 3 intervals") {
+TEST_CASE("rendezvous: a node that stops beating is declared dead; a new round opens, no restart") {
   TestServer s(server_options(2, 2, {2, 1, 1, 1}));
   auto a = join_async(s, agent(0, 1));
   Assignment rb = s.client().join(agent(1, 1), 5);
@@ -240,16 +250,17 @@ TEST_CASE("rendezvous: a node that stops beating is dead within 3 intervals") {
   auto t0 = std::chrono::steady_clock::now();
   HeartbeatReply hb;
   double took = 0;
-  while (took < 3.0) {
+  while (took < 30.0) {
     hb = c.heartbeat("node-0", ra.round);
     took = Seconds(std::chrono::steady_clock::now() - t0).count();
     if (hb.current_round != ra.round) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   MESSAGE("death detected after " << took << " s (heartbeat 0.2 s)");
+  // The loop's 30 s are a hang guard only: the 3-interval window itself is
+  // checked on an injected clock (rendezvous_round_test.cpp, "heartbeat death").
   CHECK(hb.known);
-  CHECK(hb.current_round == ra.round + 1);
-  CHECK(took < 3 * 0.2 + 0.4);
+  CHECK_MESSAGE(hb.current_round == ra.round + 1, "node-1 not declared dead within the " << took << " s hang guard");
   ServerStatus st = c.status();
   CHECK(st.restart == 0);  // a membership change is not a restart
   CHECK(st.round_open);
@@ -284,10 +295,11 @@ TEST_CASE("rendezvous: a late joiner waits for the next round") {
   Assignment first = s.client().join(agent(0, 1), 5);
   CHECK(first.num_nodes == 1);
   auto late = join_async(s, agent(1, 1));
-  // The running node learns of the new round from its heartbeat and re-joins.
+  // The running node learns of the new round from its heartbeat and re-joins
+  // (polled; the 30 s are a hang guard only).
   auto c = s.client();
   HeartbeatReply hb;
-  for (int i = 0; i < 200 && (hb = c.heartbeat("node-0", first.round)).current_round ==
+  for (int i = 0; i < 6000 && (hb = c.heartbeat("node-0", first.round)).current_round ==
                                  first.round; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   REQUIRE(hb.current_round == first.round + 1);
