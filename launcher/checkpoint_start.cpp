@@ -109,9 +109,9 @@ struct StartPlan {
                                  const std::string& resume_from) {
   const std::string live = fs::path(archive).parent_path().string();
   throw Error(ErrorCode::config,
-              "checkpoint.dir = " + root + " lies in " + archive +
-                  ", a directory of steps moved aside: it is never written to or pruned, so a run "
-                  "cannot continue there",
+              "checkpoint.dir = " + root + (canonical(root) == canonical(archive) ? " is " : " lies in ") +
+                  archive + ", a directory of steps moved aside: it is never written to or pruned, so "
+                  "a run cannot continue there",
               "continue in the live directory, reading the archived step without changing it: " +
                   (resume_from.empty()
                        ? "--resume-from " + archive + "/step_<N> --set checkpoint.dir=" + live

@@ -313,7 +313,7 @@ TEST_CASE("resuming from a moved-aside step does not make the archive a live dir
                      "checkpoint.every=1", "--set", "checkpoint.keep=1", "--set",
                      "cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(free_port())},
                     "resume-archive");
-  expect(r, 2, {"checkpoint.dir = " + archive + " lies in " + archive, "moved aside",
+  expect(r, 2, {"checkpoint.dir = " + archive + " is " + archive + ", a directory of steps moved aside",
                 "--set checkpoint.dir=" + (c.dir / "ckpt")});
 }
 
