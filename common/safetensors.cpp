@@ -203,6 +203,10 @@ File::File(const std::string& path, bool follow_links) : path_(path) {
     if (n > size - 8)
       fail(path + ": truncated or not safetensors: header length " + std::to_string(n) +
            " but the file has " + std::to_string(size) + " bytes");
+    constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
+    if (n > kMaxHeaderBytes)
+      fail(path + ": header length " + std::to_string(n) + " is over the format's limit of " +
+           std::to_string(kMaxHeaderBytes) + " bytes");
     std::string text(n, '\0');
     if (::pread(fd_, text.data(), n, 8) != ssize_t(n)) fail("reading the header of " + path + " failed");
     data_start_ = 8 + n;
