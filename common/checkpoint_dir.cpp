@@ -14,6 +14,8 @@
 
 #include "common/checkpoint_index.h"
 #include "common/error.h"
+#include "common/log.h"
+#include "common/safetensors.h"
 
 namespace dtrain::checkpoint {
 namespace fs = std::filesystem;
@@ -31,10 +33,10 @@ bool parse_step_dir(const std::string& name, int64_t* step) {
   return true;
 }
 
+// The first line of a small file (`latest`), read without blocking on a FIFO.
 std::string read_line(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
+  std::string line = safetensors::read_regular(path, "checkpoint pointer", 4096);
+  line = line.substr(0, line.find('\n'));
   while (!line.empty() && (line.back() == '\n' || line.back() == ' ' || line.back() == '\r')) line.pop_back();
   return line;
 }
@@ -85,6 +87,11 @@ void commit(const std::string& root, int64_t step, int keep) {
   set_latest(root, step);
   fs::remove_all(final_dir + ".old.tmp", ec);
   if (keep <= 0) return;
+  if (const std::string archive = archive_of(root); !archive.empty()) {
+    DTRAIN_WARN("checkpoint.dir = {} lies in {}, a directory of moved-aside steps: nothing there is "
+                "pruned (checkpoint.keep = {} ignored)", root, archive, keep);
+    return;
+  }
   std::vector<int64_t> steps = list_steps(root);
   for (size_t i = 0; i + size_t(keep) < steps.size(); ++i)
     if (steps[i] != step) fs::remove_all(root + "/" + step_dir_name(steps[i]), ec);
@@ -153,11 +160,20 @@ std::vector<int64_t> list_steps(const std::string& root) {
 
 std::string latest_dir(const std::string& root) {
   const std::string latest = root + "/" + kLatestFile;
-  if (!fs::exists(latest)) return "";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(latest, ec))) return "";
   const std::string name = read_line(latest);
   const std::string dir = root + "/" + name;
-  if (name.empty() || !fs::is_directory(dir))
-    fail(latest + " names \"" + name + "\", which is not a checkpoint directory",
+  int64_t step = 0;
+  if (!is_plain_file_name(name) || !parse_step_dir(name, &step))
+    fail(latest + " names \"" + name.substr(0, 200) + "\", which is not a step_<N> directory of " + root +
+             "; `latest` must name one of its own checkpoint's steps and is not followed elsewhere",
+         "resume from an existing step (dtrain launch SPEC --resume-from " + root +
+             "/step_<N>) or the checkpoint you meant (--resume-from DIR), or start afresh with "
+             "dtrain launch SPEC --fresh (moves the old steps aside into previous_<time>/)");
+  if (!fs::is_directory(fs::symlink_status(dir, ec)))
+    fail(latest + " names \"" + name + "\", which is not a checkpoint directory" +
+             (fs::is_symlink(fs::symlink_status(dir, ec)) ? " (it is a symbolic link)" : ""),
          "resume from an existing step (dtrain launch SPEC --resume-from " + root +
              "/step_<N>), or start afresh with dtrain launch SPEC --fresh (moves the old steps "
              "aside into previous_<time>/)");
@@ -176,6 +192,32 @@ std::string resolve(const std::string& path) {
   if (fs::is_regular_file(path) && fs::path(path).filename() == kLatestFile)
     return latest_dir(fs::path(path).parent_path().string());
   fail("checkpoint " + path + " does not exist");
+}
+
+bool is_archive_name(const std::string& name) {
+  // previous_ YYYYMMDD T HHMMSS Z [_N]
+  const std::string p = "previous_";
+  if (name.size() < p.size() + 16 || name.compare(0, p.size(), p) != 0) return false;
+  const std::string stamp = name.substr(p.size());
+  for (size_t i = 0; i < 15; ++i)
+    if (i == 8 ? stamp[i] != 'T' : (stamp[i] < '0' || stamp[i] > '9')) return false;
+  if (stamp[15] != 'Z') return false;
+  if (stamp.size() == 16) return true;
+  if (stamp[16] != '_' || stamp.size() == 17) return false;
+  return std::all_of(stamp.begin() + 17, stamp.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::string archive_of(const std::string& path) {
+  std::error_code ec;
+  const fs::path real = fs::weakly_canonical(fs::absolute(path), ec);
+  for (const fs::path& p : {fs::absolute(path).lexically_normal(), ec ? fs::path() : real}) {
+    fs::path prefix;
+    for (const auto& part : p) {
+      prefix /= part;
+      if (is_archive_name(part.string())) return prefix.string();
+    }
+  }
+  return "";
 }
 
 std::string owning_root(const std::string& dir) {

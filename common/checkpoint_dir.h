@@ -23,6 +23,8 @@ void fsync_path(const std::string& path);
 // fsync every file of step_<N>.tmp and the dir, rename it to step_<N>
 // (replacing an existing step_<N>), fsync root, replace `latest`, then
 // delete complete checkpoints beyond the newest `keep` (keep <= 0: keep all).
+// Only root's own step_<N> entries are pruned, and none when root is or lies
+// in a moved-aside previous_<time>/ (archives are never deleted from).
 void commit(const std::string& root, int64_t step, int keep);
 // Points <root>/latest at step_<N>: latest.tmp written, fsynced, renamed.
 void set_latest(const std::string& root, int64_t step);
@@ -33,9 +35,17 @@ std::string move_aside(const std::string& root, const std::vector<std::string>& 
 int clean_stale(const std::string& root);
 // Steps of the complete step_<N> directories of root, ascending.
 std::vector<int64_t> list_steps(const std::string& root);
-// <root>/<latest's content>, or "" when root has no `latest`. Throws when
-// `latest` names a directory that does not exist.
+// <root>/<latest's content>, or "" when root has no `latest`. Throws
+// dtrain::Error(checkpoint) naming what `latest` says unless it names a
+// step_<N> directory of root itself (a plain name, not a link): a `latest`
+// reaching outside root ("../x/step_5", "/abs") is refused, never followed.
 std::string latest_dir(const std::string& root);
+// "previous_20250101T120000Z" or "previous_20250101T120000Z_2": a directory
+// move_aside made.
+bool is_archive_name(const std::string& name);
+// The moved-aside directory (previous_<time>) that `path` is or lies in,
+// judged on its absolute path and on its real one (links resolved); "" when none.
+std::string archive_of(const std::string& path);
 // A checkpoint directory from what a user gave: a step_<N> dir (has
 // index.json), a run's checkpoint root (follows latest), or the latest file.
 // Throws dtrain::Error(checkpoint) naming the path when it is none of them.

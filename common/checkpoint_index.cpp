@@ -119,7 +119,10 @@ Index index_from_json(const std::string& text, const std::string& source) {
                 "the index is damaged; use another checkpoint");
   } catch (const std::invalid_argument&) {
     throw Error(ErrorCode::checkpoint, source + ": bad index: a crc32c is not hex");
+  } catch (const std::out_of_range&) {
+    throw Error(ErrorCode::checkpoint, source + ": bad index: a crc32c is out of range");
   }
+  check_index(x, source);
   return x;
 }
 

@@ -14,6 +14,7 @@ namespace dtrain::checkpoint {
 
 constexpr int kIndexVersion = 1;
 constexpr const char* kIndexFile = "index.json";
+constexpr uint64_t kMaxIndexBytes = uint64_t(1) << 30;  // an index.json larger than this is refused
 // Key of the shard list in each rank file's __metadata__ (JSON text): the
 // index is rebuilt from these headers by rank 0, so no shard bytes travel.
 constexpr const char* kShardsMetadataKey = "dtrain.shards";
@@ -56,8 +57,18 @@ struct Index {
 };
 
 std::string index_to_json(const Index& index);
-// Throws dtrain::Error(checkpoint) naming `source` on bad or incomplete JSON.
+// Throws dtrain::Error(checkpoint) naming `source` on bad or incomplete JSON,
+// and on an index that fails check_index.
 Index index_from_json(const std::string& text, const std::string& source);
+
+// An index read from disk is untrusted: throws dtrain::Error(checkpoint)
+// naming `source` unless every file (index.files, each shard's) is a plain
+// name of the index's "files" (no '/', not "." or ".."), every dtype is known,
+// every shape's bytes fit in 2^63, every slice lies inside its shape, and the
+// shards of each tensor hold every element exactly once (the message names
+// the tensor, the overlapping shards and the region, or a region in no shard).
+void check_index(const Index& index, const std::string& source);
+bool is_plain_file_name(const std::string& name);
 
 // One rank file's shard list (its __metadata__ entry): logical name, global
 // shape, dtype, key and slice per tensor; crc32c filled in by the writer.

@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "common/crc32c.h"
 #include "common/error.h"
@@ -53,22 +51,23 @@ void copy_intersection(const uint8_t* src, const std::vector<Range>& src_r, uint
   }
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
+  namespace fs = std::filesystem;
   const std::string path = dir + "/" + kIndexFile;
-  if (!std::filesystem::is_regular_file(path))
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec)))
     fail(path + " does not exist: " + dir + " is not a complete checkpoint");
-  index_ = index_from_json(read_text(path), path);
+  index_ = index_from_json(safetensors::read_regular(path, "checkpoint index", kMaxIndexBytes), path);
   for (const auto& f : index_.files) {
-    if (std::filesystem::exists(dir + "/" + f)) continue;
+    const fs::file_status st = fs::symlink_status(dir + "/" + f, ec);
+    if (fs::is_regular_file(st)) continue;
+    if (fs::exists(st))
+      fail(dir + "/" + f + " is " + (fs::is_symlink(st) ? "a symbolic link" : fs::is_directory(st) ? "a directory"
+                                     : fs::is_fifo(st) ? "a FIFO" : "a special file") +
+               ", not a regular file; it is not read",
+           "a checkpoint holds regular files only; replace it with the real file (cp -L)");
     std::string held;
     int n = 0;
     for (const auto& t : index_.tensors)
@@ -91,7 +90,7 @@ safetensors::File& CheckpointReader::file(const std::string& name) {
   return *f;
 }
 
-std::vector<uint8_t> CheckpointReader::read_shard(const TensorEntry& t, const Shard& s) {
+const safetensors::TensorInfo& CheckpointReader::shard_info(const TensorEntry& t, const Shard& s) {
   safetensors::File& f = file(s.file);
   const safetensors::TensorInfo* info = f.find(s.key);
   if (!info) fail(f.path() + ": tensor " + t.name + " (key " + s.key + ") is not in the file");
@@ -99,8 +98,19 @@ std::vector<uint8_t> CheckpointReader::read_shard(const TensorEntry& t, const Sh
     fail(f.path() + ": tensor " + t.name + " is " + info->dtype + " " + shape_to_string(info->shape) +
          " but the index says " + t.dtype + " " + shape_to_string(extents(s.slice)) + " (slice " +
          slice_to_string(s.slice) + ")");
-  std::vector<uint8_t> buf(info->nbytes());
-  f.read(*info, buf.data());
+  return *info;
+}
+
+void CheckpointReader::check_headers() {
+  for (const auto& t : index_.tensors)
+    for (const auto& s : t.shards) shard_info(t, s);
+}
+
+std::vector<uint8_t> CheckpointReader::read_shard(const TensorEntry& t, const Shard& s) {
+  safetensors::File& f = file(s.file);
+  const safetensors::TensorInfo& info = shard_info(t, s);
+  std::vector<uint8_t> buf(info.nbytes());  // bounded by the file's size (safetensors::File)
+  f.read(info, buf.data());
   const uint32_t crc = crc32c(buf.data(), buf.size());
   if (crc != s.crc32c) {
     char msg[64];
@@ -131,7 +141,7 @@ void CheckpointReader::read_region(const std::string& name, const std::vector<Ra
     std::vector<uint8_t> buf = read_shard(t, s);
     copy_intersection(buf.data(), s.slice, static_cast<uint8_t*>(dst), region, in, elem);
     got += region.empty() ? 1 : n;
-    if (got >= want) break;  // replicated shards (dp copies) need reading once
+    if (got >= want) break;  // shards do not overlap (check_index): the region is whole
   }
   if (got < want)
     fail("tensor " + name + ": the shards in " + dir_ + " cover " + std::to_string(got) + " of the " +
@@ -140,6 +150,9 @@ void CheckpointReader::read_region(const std::string& name, const std::vector<Ra
 
 std::vector<uint8_t> CheckpointReader::read_full(const std::string& name) {
   const TensorEntry& t = at(name);
+  // The shards' header entries first: the buffer is sized from the index,
+  // and only a tensor whose every byte is in its files may size one.
+  for (const auto& s : t.shards) shard_info(t, s);
   std::vector<Range> region;
   for (int64_t d : t.shape) region.emplace_back(0, d);
   std::vector<uint8_t> buf(size_t(safetensors::numel(t.shape)) * safetensors::dtype_size(t.dtype));
@@ -184,6 +197,7 @@ void check_compatible(const Index& index, const std::string& dir, const std::str
 
 MergeStats merge(const std::string& dir, const std::string& out_path, bool with_optimizer) {
   CheckpointReader reader(dir);
+  reader.check_headers();  // every tensor's bytes are in the files before any is read
   std::vector<std::vector<uint8_t>> buffers;
   std::vector<safetensors::TensorView> views;
   MergeStats stats;

@@ -19,8 +19,10 @@ namespace dtrain::checkpoint {
 
 class CheckpointReader {
  public:
-  // Reads <dir>/index.json and checks that every rank file it lists exists
-  // (a missing one is an error naming the file and what it held).
+  // Reads <dir>/index.json (check_index: plain file names, sound shapes,
+  // every element in exactly one shard) and checks that every rank file it
+  // lists is a regular file in dir (a missing one is an error naming the
+  // file and what it held; a link, FIFO or directory is refused unopened).
   explicit CheckpointReader(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
@@ -35,9 +37,15 @@ class CheckpointReader {
   // Checks every shard: header entry present, dtype and extents match the
   // slice, checksum. Returns the bytes verified; throws on the first problem.
   uint64_t verify_all();
+  // Opens every rank file's header (no tensor data) and checks each shard's
+  // entry against the index; after it, a tensor's bytes are known to be in
+  // its files, so buffers sized from the index are bounded by them.
+  void check_headers();
 
  private:
   safetensors::File& file(const std::string& name);
+  // The shard's header entry, checked against the index (dtype, extents).
+  const safetensors::TensorInfo& shard_info(const TensorEntry& t, const Shard& s);
   // Reads one shard's bytes and checks its dtype, shape and checksum.
   std::vector<uint8_t> read_shard(const TensorEntry& t, const Shard& s);
   std::string dir_;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -63,6 +64,39 @@ SafeOutput::SafeOutput(std::string path, std::string field, Clobber clobber, std
                 "write to a directory you can write to");
   tmp_ = tmpl;
   ::fchmod(fd_, 0644);
+}
+
+namespace {
+
+// RemoveTmpOnSignal's state: a fixed buffer, so the handler only calls
+// async-signal-safe unlink and raise.
+char g_tmp_path[4096];
+volatile std::sig_atomic_t g_tmp_armed = 0;
+constexpr int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP};
+struct sigaction g_old_actions[3];
+
+void remove_tmp_and_die(int sig) {
+  if (g_tmp_armed) ::unlink(g_tmp_path);
+  ::raise(sig);  // SA_RESETHAND: the default action once this handler returns
+}
+
+}  // namespace
+
+RemoveTmpOnSignal::RemoveTmpOnSignal(const SafeOutput& out) {
+  if (g_tmp_armed || out.tmp_path().size() >= sizeof g_tmp_path)
+    throw Error(ErrorCode::internal, "RemoveTmpOnSignal: one at a time, for a path under 4096 bytes");
+  std::memcpy(g_tmp_path, out.tmp_path().c_str(), out.tmp_path().size() + 1);
+  g_tmp_armed = 1;
+  struct sigaction sa {};
+  sa.sa_handler = remove_tmp_and_die;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  for (size_t i = 0; i < 3; ++i) ::sigaction(kCleanupSignals[i], &sa, &g_old_actions[i]);
+}
+
+RemoveTmpOnSignal::~RemoveTmpOnSignal() {
+  g_tmp_armed = 0;
+  for (size_t i = 0; i < 3; ++i) ::sigaction(kCleanupSignals[i], &g_old_actions[i], nullptr);
 }
 
 SafeOutput::~SafeOutput() {

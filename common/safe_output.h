@@ -47,6 +47,20 @@ class SafeOutput {
   bool committed_ = false;
 };
 
+// While alive, SIGINT, SIGTERM and SIGHUP first remove `out`'s temporary
+// file, then end the process by the same signal (the default action), so a
+// command stopped while writing leaves no temporary behind (SIGKILL cannot
+// be caught). For commands whose work is writing one file (ckpt merge): it
+// replaces the process's handlers of those signals while alive (restored
+// after), so not for the launcher or workers. One at a time per process.
+class RemoveTmpOnSignal {
+ public:
+  explicit RemoveTmpOnSignal(const SafeOutput& out);
+  ~RemoveTmpOnSignal();
+  RemoveTmpOnSignal(const RemoveTmpOnSignal&) = delete;
+  RemoveTmpOnSignal& operator=(const RemoveTmpOnSignal&) = delete;
+};
+
 // One text file through SafeOutput.
 void write_file_safely(const std::string& path, const std::string& text, const std::string& field,
                        Clobber clobber, const std::string& force_flag = "--force");

@@ -16,7 +16,24 @@ namespace dtrain::safetensors {
 // Bytes per element of a safetensors dtype name ("F32", "I64", "U8", ...);
 // throws dtrain::Error(checkpoint) for an unknown name.
 size_t dtype_size(const std::string& dtype);
+// Elements of a shape; throws dtrain::Error(checkpoint) for a negative dim or
+// a count past 2^63 (shapes come from files: [2^62+1, 4] must not wrap).
 int64_t numel(const std::vector<int64_t>& shape);
+// numel * dtype size into *bytes; false (nothing thrown) when a dim is
+// negative, the dtype unknown, or the count or the bytes pass 2^63.
+bool checked_nbytes(const std::vector<int64_t>& shape, const std::string& dtype, uint64_t* bytes);
+std::string shape_text(const std::vector<int64_t>& shape);  // "[256, 64]"
+
+// Opens `path` read-only as a regular file: O_NONBLOCK (a FIFO never blocks
+// the open) and fstat, so a FIFO, device, socket or directory is refused;
+// with follow_links false a symbolic link is refused too (O_NOFOLLOW).
+// `what` names the file's role in messages. Returns the fd (O_NONBLOCK
+// cleared); throws dtrain::Error(checkpoint).
+int open_regular(const std::string& path, const std::string& what, bool follow_links);
+// The whole of a small regular file (index.json, latest) through
+// open_regular; refuses one over max_bytes.
+std::string read_regular(const std::string& path, const std::string& what, uint64_t max_bytes,
+                         bool follow_links = true);
 
 // One tensor to write: contiguous row-major bytes.
 struct TensorView {
@@ -46,13 +63,15 @@ struct TensorInfo {
   uint64_t nbytes() const { return end - begin; }
 };
 
-// An open safetensors file. The constructor reads and checks the header:
-// length within the file, valid JSON, every tensor's byte count equal to
-// numel * dtype size, and every range inside the file (a truncated file is
-// an error naming the first tensor past its end).
+// An open safetensors file. The constructor opens it with open_regular (a
+// symbolic link is refused unless follow_links) and reads and checks the
+// header: length within the file, valid JSON, known dtypes, every tensor's
+// byte count equal to numel * dtype size without overflow, and every range
+// inside the file (a truncated file is an error naming the first tensor
+// past its end). So nothing read later can claim more bytes than the file has.
 class File {
  public:
-  explicit File(const std::string& path);
+  explicit File(const std::string& path, bool follow_links = false);
   ~File();
   File(const File&) = delete;
   File& operator=(const File&) = delete;

@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "common/checkpoint_dir.h"
@@ -14,6 +12,7 @@
 #include "common/checkpoint_reader.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/safetensors.h"
 
 namespace dtrain::launcher {
 namespace fs = std::filesystem;
@@ -48,7 +47,7 @@ std::string step_list(const std::vector<int64_t>& steps) {
 }
 
 [[noreturn]] void refuse_fresh_start(const std::string& root, const std::vector<int64_t>& steps,
-                                     bool latest_exists) {
+                                     bool latest_exists, const std::string& why = "") {
   std::string newest;
   for (auto it = steps.rbegin(); it != steps.rend() && newest.empty(); ++it)
     if (is_valid(root + "/" + ck::step_dir_name(*it))) newest = root + "/" + ck::step_dir_name(*it);
@@ -60,9 +59,9 @@ std::string step_list(const std::vector<int64_t>& steps) {
                 " (or dtrain resume --ckpt " + newest + "), or start afresh with --fresh (moves "
                 "the old steps aside into " + root + "/previous_<time>/)";
   throw Error(ErrorCode::config,
-              "checkpoint.dir = " + root + " holds " + step_list(steps) + " but " +
-                  (latest_exists ? "its `latest` is not valid" : "no `latest`") +
-                  ": starting from scratch would overwrite them",
+              "checkpoint.dir = " + root + " holds " + (steps.empty() ? "no steps" : step_list(steps)) +
+                  " but " + (latest_exists ? "its `latest` is not valid" : "no `latest`") +
+                  ": starting from scratch would overwrite them" + (why.empty() ? "" : " (" + why + ")"),
               hint);
 }
 
@@ -88,65 +87,104 @@ void move_all_aside(const std::string& root, const std::vector<int64_t>& steps,
 // shards is for the loader to report (with the file and tensor at fault).
 int64_t step_of(const std::string& dir) {
   try {
-    std::ifstream in(dir + "/" + ck::kIndexFile);
-    std::stringstream text;
-    text << in.rdbuf();
-    return ck::index_from_json(text.str(), dir).step;
+    const std::string path = dir + "/" + ck::kIndexFile;
+    return ck::index_from_json(safetensors::read_regular(path, "checkpoint index", ck::kMaxIndexBytes), path).step;
   } catch (const std::exception&) {
   }
   const std::string name = fs::path(dir).filename().string();
   return name.rfind("step_", 0) == 0 ? std::atoll(name.c_str() + 5) : 0;
 }
 
-}  // namespace
+// What a start does to root, decided without touching it.
+struct StartPlan {
+  std::string from;                 // the checkpoint the workers load ("" = none)
+  bool move_all = false;            // every step and `latest` aside
+  std::string move_all_why;
+  std::vector<int64_t> newer;       // steps newer than `from`, aside
+  int64_t step = 0;                 // `from`'s step
+  bool point_latest = false;        // `latest` set to `from` (a step of root)
+};
 
-std::string prepare_checkpoint_start(const std::string& root, const CheckpointStart& start) {
+[[noreturn]] void refuse_archive(const std::string& root, const std::string& archive,
+                                 const std::string& resume_from) {
+  const std::string live = fs::path(archive).parent_path().string();
+  throw Error(ErrorCode::config,
+              "checkpoint.dir = " + root + (canonical(root) == canonical(archive) ? " is " : " lies in ") +
+                  archive + ", a directory of steps moved aside: it is never written to or pruned, so "
+                  "a run cannot continue there",
+              "continue in the live directory, reading the archived step without changing it: " +
+                  (resume_from.empty()
+                       ? "--resume-from " + archive + "/step_<N> --set checkpoint.dir=" + live
+                       : "dtrain resume --ckpt " + resume_from + " --set checkpoint.dir=" + live) +
+                  " (the live steps there are moved aside first), or copy the step out of the archive");
+}
+
+StartPlan plan_start(const std::string& root, const CheckpointStart& start) {
   if (start.fresh && !start.resume_from.empty())
     throw Error(ErrorCode::config, "--fresh and --resume-from " + start.resume_from +
                                        " contradict each other",
                 "give one: --fresh starts from scratch, --resume-from continues a checkpoint");
-  std::string from = start.resume_from.empty() ? "" : ck::resolve(start.resume_from);
-  if (root.empty()) return from;
+  StartPlan plan;
+  plan.from = start.resume_from.empty() ? "" : ck::resolve(start.resume_from);
+  if (root.empty()) return plan;
+  if (const std::string archive = ck::archive_of(root); !archive.empty())
+    refuse_archive(root, archive, start.resume_from);
   const std::vector<int64_t> steps = ck::list_steps(root);
   if (start.fresh) {
-    move_all_aside(root, steps, "--fresh");
-    return "";
+    plan.move_all = true;
+    plan.move_all_why = "--fresh";
+    return plan;
   }
   const bool latest_exists = fs::exists(fs::symlink_status(root + "/" + ck::kLatestFile));
-  if (from.empty() && latest_exists) {
+  if (plan.from.empty() && latest_exists) {
     try {
-      from = ck::latest_dir(root);
-    } catch (const Error&) {
-      refuse_fresh_start(root, steps, true);
+      plan.from = ck::latest_dir(root);
+    } catch (const Error& e) {
+      refuse_fresh_start(root, steps, true, e.message());
     }
   }
-  if (from.empty()) {
+  if (plan.from.empty()) {
     if (!steps.empty()) refuse_fresh_start(root, steps, latest_exists);
-    return "";
+    return plan;
   }
-  if (canonical(ck::owning_root(from)) != canonical(root)) {
-    // Resuming from another run: this directory's steps are not its past.
-    move_all_aside(root, steps, "resuming from " + from + ", another checkpoint directory");
-    return from;
+  if (canonical(ck::owning_root(plan.from)) != canonical(root)) {
+    // Resuming from another run (or from an archive): this directory's steps
+    // are not its past; the checkpoint read is left as it is.
+    plan.move_all = true;
+    plan.move_all_why = "resuming from " + plan.from + ", another checkpoint directory";
+    return plan;
   }
-  const int64_t step = step_of(from);
-  std::vector<int64_t> newer;
-  std::copy_if(steps.begin(), steps.end(), std::back_inserter(newer),
-               [&](int64_t s) { return s > step; });
-  if (!newer.empty()) {
-    const std::string aside = ck::move_aside(root, names_of(newer));
-    DTRAIN_WARN("checkpoint.dir = {}: resuming from {}: moved the newer {} into {}", root,
-                ck::step_dir_name(step), step_list(newer), aside);
-  }
-  if (canonical(from) == canonical(root + "/" + ck::step_dir_name(step))) {
+  plan.step = step_of(plan.from);
+  std::copy_if(steps.begin(), steps.end(), std::back_inserter(plan.newer),
+               [&](int64_t s) { return s > plan.step; });
+  if (canonical(plan.from) == canonical(root + "/" + ck::step_dir_name(plan.step))) {
     std::string current;
     try {
       current = latest_exists ? ck::latest_dir(root) : "";
     } catch (const Error&) {
     }
-    if (current.empty() || canonical(current) != canonical(from)) ck::set_latest(root, step);
+    plan.point_latest = current.empty() || canonical(current) != canonical(plan.from);
   }
-  return from;
+  return plan;
+}
+
+}  // namespace
+
+void check_checkpoint_start(const std::string& root, const CheckpointStart& start) {
+  plan_start(root, start);
+}
+
+std::string prepare_checkpoint_start(const std::string& root, const CheckpointStart& start) {
+  const StartPlan plan = plan_start(root, start);
+  if (root.empty()) return plan.from;
+  if (plan.move_all) move_all_aside(root, ck::list_steps(root), plan.move_all_why);
+  if (!plan.newer.empty()) {
+    const std::string aside = ck::move_aside(root, names_of(plan.newer));
+    DTRAIN_WARN("checkpoint.dir = {}: resuming from {}: moved the newer {} into {}", root,
+                ck::step_dir_name(plan.step), step_list(plan.newer), aside);
+  }
+  if (plan.point_latest) ck::set_latest(root, plan.step);
+  return plan.from;
 }
 
 }  // namespace dtrain::launcher

@@ -19,6 +19,12 @@ struct CheckpointStart {
 // step directory the workers will load ("" = start from scratch). Throws
 // dtrain::Error(config) for a fresh start into a directory holding steps
 // without a valid `latest`, listing the choices.
+// A root that is or lies in a moved-aside previous_<time>/ is refused (its
+// steps are never written over or pruned); a `latest` that does not name a
+// step of root itself is refused naming what it says (nothing moved).
 std::string prepare_checkpoint_start(const std::string& root, const CheckpointStart& start);
+// The same decisions and refusals without touching anything: launch runs it
+// before it creates or locks any directory.
+void check_checkpoint_start(const std::string& root, const CheckpointStart& start);
 
 }  // namespace dtrain::launcher

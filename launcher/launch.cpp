@@ -197,6 +197,10 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   check_devices(spec);  // before anything starts
   check_data_file(spec);
   check_fits_memory(spec, options.allow_large);
+  // Its refusals (an archive as checkpoint.dir, a `latest` outside it)
+  // before any directory is created or locked; applied under the lock below.
+  check_checkpoint_start(spec.checkpoint.dir.empty() ? "" : absolute_dir(spec.checkpoint.dir),
+                         {options.resume_from, options.fresh});
   log_launch_summary(spec);
   AgentConfig config;
   config.entrypoint = resolve_entrypoint(spec);

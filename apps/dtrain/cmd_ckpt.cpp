@@ -2,7 +2,8 @@
 // [--with-optimizer]`: read a checkpoint through its index (no LibTorch).
 // Inspect prints step, mesh, files and tensors and verifies every checksum;
 // merge writes one file of full tensors, never over an existing file (unless
-// --force), a link, or anything inside the checkpoint it reads. The format is
+// --force), a link, or anything inside the checkpoint it reads, and leaves no
+// temporary when it fails or is stopped by a signal. The format is
 // common/checkpoint_*; the safe write is common/safe_output.
 #include <chrono>
 #include <cstdio>
@@ -59,6 +60,7 @@ int run_merge(const std::string& path, const std::string& out, bool with_optimiz
   checkpoint::check_outside(out, "OUT", path, dir);
   // Checked (and the temporary created) before the shards are read.
   SafeOutput target(out, "OUT", force ? Clobber::replace : Clobber::refuse);
+  RemoveTmpOnSignal cleanup(target);  // SIGTERM / SIGINT while merging leave no temporary
   auto stats = checkpoint::merge(dir, target.tmp_path(), with_optimizer);
   target.commit();
   std::cout << "merged " << dir << " into " << out << ": " << stats.tensors << " tensors, "

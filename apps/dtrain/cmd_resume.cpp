@@ -1,10 +1,9 @@
-// `dtrain resume --ckpt DIR [--set k=v]...`: continue a run from a
-// checkpoint. DIR is a run's checkpoint.dir (its `latest`) or one step_<N>;
-// the spec is the one stored in the checkpoint, with overrides (more steps,
-// another mesh). CLI only: the format is common/, launching is launcher/.
-#include <unistd.h>
-
-#include <cstdio>
+// `dtrain resume --ckpt DIR [--set k=v]... [--spec FILE]`: continue a run
+// from a checkpoint. DIR is a run's checkpoint.dir (its `latest`) or one
+// step_<N>; the spec is the one stored in the checkpoint, with overrides
+// (more steps, another mesh), minus what a checkpoint may not decide
+// (common/resume_spec.h), or FILE. CLI only: the format is common/,
+// launching is launcher/.
 #include <filesystem>
 
 #include "apps/dtrain/command.h"
@@ -13,6 +12,7 @@
 #include "common/error.h"
 #include "common/job_spec.h"
 #include "common/log.h"
+#include "common/resume_spec.h"
 #include "launcher/launch.h"
 
 namespace dtrain::app {
@@ -25,44 +25,25 @@ struct ResumeArgs {
   std::string rdzv;
   std::vector<int> ranks;
   bool allow_large = false;
-};
-
-// The stored spec as a file load_job_spec can read (removed on scope exit).
-class SpecFile {
- public:
-  explicit SpecFile(const std::string& yaml) {
-    // mkstemps: created O_EXCL under its final name, so no other file or link
-    // by that name is ever written through.
-    char tmpl[] = "/tmp/dtrain-resume-XXXXXX.yaml";
-    int fd = ::mkstemps(tmpl, 5);
-    if (fd < 0) throw Error(ErrorCode::internal, "cannot create a temporary spec file in /tmp");
-    path_ = tmpl;
-    bool ok = ::write(fd, yaml.data(), yaml.size()) == ssize_t(yaml.size());
-    ::close(fd);
-    if (!ok) ::unlink(tmpl);
-    if (!ok) throw Error(ErrorCode::internal, "cannot write the temporary spec file " + path_);
-  }
-  ~SpecFile() { std::remove(path_.c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  std::string spec_file;
 };
 
 int run_resume(const ResumeArgs& args) {
   const std::string dir = checkpoint::resolve(args.ckpt);
-  checkpoint::CheckpointReader reader(dir);  // index present, every rank file there
+  checkpoint::CheckpointReader reader(dir);  // the index checked, every rank file a regular file
+  reader.check_headers();  // every shard's entry in its file, before any worker starts
   const checkpoint::Index& x = reader.index();
-  SpecFile spec_file(x.spec_yaml);
-  // Checkpoints go on next to the one resumed from (the run may have moved);
-  // the user's --set comes last and wins.
-  std::vector<std::string> overrides = {
-      "checkpoint.dir=" + std::filesystem::absolute(dir).parent_path().lexically_normal().string()};
-  overrides.insert(overrides.end(), args.sets.begin(), args.sets.end());
+  ResumeSpecInput in;
+  in.stored_yaml = x.spec_yaml;
+  in.source = dir + "/index.json (spec)";
+  in.spec_file = args.spec_file;
+  in.overrides = args.sets;
+  in.checkpoint_root = std::filesystem::absolute(dir).parent_path().lexically_normal().string();
+  in.rdzv_given = !args.rdzv.empty();
   std::vector<std::string> warnings;
-  JobSpec spec = load_job_spec(spec_file.path(), overrides, &warnings);
+  JobSpec spec = resume_spec(in, &warnings);
   for (const auto& w : warnings) DTRAIN_WARN("{}", w);
-  spec.source = dir + "/index.json (spec)";
+  if (args.spec_file.empty()) spec.source = in.source;
   DTRAIN_INFO("resuming {} from {}: step {} of {}, saved on mesh {}", spec.job.name, dir, x.step,
               spec.train.steps, x.mesh);
   if (x.step >= spec.train.steps)
@@ -88,6 +69,8 @@ void add_resume(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("resume", "continue a run from its checkpoint (spec from the checkpoint)");
   cmd->add_option("--ckpt", args->ckpt, "a run's checkpoint.dir (uses latest) or one step_<N>")->required();
   cmd->add_option("--set", args->sets, "override a stored spec field: key.path=value (YAML value)");
+  cmd->add_option("--spec", args->spec_file,
+                  "the run's spec file, used instead of the one stored in the checkpoint");
   cmd->add_option("--node-rank", args->node_rank, "this machine's node rank (node 0 hosts the rendezvous)")
       ->check(CLI::Range(0, kMaxNodes - 1));
   cmd->add_flag("--allow-large", args->allow_large,

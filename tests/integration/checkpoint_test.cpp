@@ -111,6 +111,8 @@ class Fixture {
     else
       argv.insert(argv.end(), {"resume", "--ckpt", ckpt});
     sets.insert(sets.begin(), "log.dir=" + run_dir);
+    // A checkpoint's stored data.path is not taken by `dtrain resume`: given again.
+    if (!ckpt.empty()) sets.insert(sets.begin(), "data.path=" + (dir / "text.txt"));
     if (!keep_ckpt_dir) sets.insert(sets.begin(), "checkpoint.dir=" + run_dir + "/ckpt");
     sets.push_back("cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(free_port()));
     for (auto& s : sets) argv.insert(argv.end(), {"--set", s});

@@ -281,7 +281,8 @@ TEST_CASE("checkpoints: a fresh start beside steps without latest is refused; --
   // Resuming from an older step moves the newer one aside instead of writing over it.
   const std::string new4 = read_file(t.ckpt() + "/step_4/index.json");
   auto [c3, o3] = t.dtrain({"resume", "--ckpt", t.ckpt() + "/step_2", "--set",
-                            "cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(free_port())},
+                            "cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(free_port()),
+                            "--set", "log.dir=" + (t.dir / "run"), "--set", "data.path=" + (t.dir / "text.txt")},
                            "resume");
   CHECK_MESSAGE(c3 == 0, o3);
   CHECK_MESSAGE(has(o3, "moved the newer step_4"), o3);

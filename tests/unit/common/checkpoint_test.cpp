@@ -49,8 +49,9 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-// A [4, 3] F32 "model/w" split by rows over two rank files, plus a [3] "model/b"
-// replicated in both (as DDP copies would be), and each rank's rng tensor.
+// A [4, 3] F32 "model/w" split by rows over two rank files, a [3] "model/b"
+// in rank 0's only (a replicated tensor is written once, by one rank), and
+// each rank's rng tensor.
 std::vector<float> w_data() {
   std::vector<float> v(12);
   for (int i = 0; i < 12; ++i) v[size_t(i)] = float(i) * 0.5f - 1.0f;
@@ -67,7 +68,7 @@ void write_two_rank_checkpoint(const std::string& dir, const std::string& model 
     TensorEntry e{"model/w", "F32", {4, 3}, {Shard{"", "model/w", {{2 * r, 2 * r + 2}, {0, 3}}, 0}}};
     shards.push_back({e, w.data() + 6 * r});
     TensorEntry b{"model/b", "F32", {3}, {Shard{"", "model/b", {{0, 3}}, 0}}};
-    shards.push_back({b, kBias.data()});
+    if (r == 0) shards.push_back({b, kBias.data()});
     TensorEntry g{"rng/cpu/rank_" + std::to_string(r), "U8", {16}, {Shard{"", "rng", {{0, 16}}, 0}}};
     shards.push_back({g, (r ? rng1 : rng0).data()});
     write_rank_file(dir, "rank_" + std::to_string(r) + ".safetensors", shards);
@@ -160,7 +161,7 @@ TEST_CASE("reader: full tensors and regions across shards (resharding)") {
   CheckpointReader r(t.path);
   CHECK(r.index().step == 20);
   CHECK(r.index().tensors.size() == 4);  // w, b, rng 0, rng 1
-  CHECK(r.at("model/b").shards.size() == 2);  // both ranks' copies are listed
+  CHECK(r.at("model/b").shards.size() == 1);
   auto w = r.read_full("model/w");
   CHECK(std::memcmp(w.data(), w_data().data(), 48) == 0);
   // Rows 1..3, columns 1..3: spans both shards.
@@ -168,17 +169,17 @@ TEST_CASE("reader: full tensors and regions across shards (resharding)") {
   r.read_region("model/w", {{1, 3}, {1, 3}}, part.data());
   auto full = w_data();
   CHECK(part == std::vector<float>{full[4], full[5], full[7], full[8]});
-  CHECK(r.verify_all() == 2 * (24 + 12 + 16));
+  CHECK(r.verify_all() == 2 * (24 + 16) + 12);
 }
 
 TEST_CASE("corruption: flipped byte names file, tensor and checksums") {
   Tmp t;
   write_two_rank_checkpoint(t.path);
-  flip_byte(t.path + "/rank_1.safetensors", 20);  // inside model/b (12 B) + rng (16 B) at the end
+  flip_byte(t.path + "/rank_0.safetensors", 20);  // inside model/b (12 B) + rng (16 B) at the end
   CheckpointReader r(t.path);
   auto msg = error_of([&] { r.verify_all(); });
   INFO(msg);
-  CHECK(msg.find("rank_1.safetensors") != std::string::npos);
+  CHECK(msg.find("rank_0.safetensors") != std::string::npos);
   CHECK(msg.find("tensor model/b") != std::string::npos);
   CHECK(msg.find("checksum mismatch") != std::string::npos);
 }
