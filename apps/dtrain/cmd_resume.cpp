@@ -10,6 +10,7 @@
 #include "common/checkpoint_dir.h"
 #include "common/checkpoint_reader.h"
 #include "common/error.h"
+#include "apps/dtrain/plan_check.h"
 #include "common/job_spec.h"
 #include "common/log.h"
 #include "common/resume_spec.h"
@@ -51,6 +52,8 @@ int run_resume(const ResumeArgs& args) {
                 "use --set train.steps=<more>", x.step, spec.train.steps);
 
   check_node_and_ranks(spec, args.node_rank, args.ranks);
+  // The same memory check as launch, after --set (a resume may change sizes).
+  check_memory_budget(spec, {0, !args.allow_large});
   launcher::LaunchOptions options;
   options.allow_large = args.allow_large;
   options.node_rank = args.node_rank;
