@@ -41,7 +41,16 @@ if(EXISTS "${_lib}/libtorch_cuda.so")
        "${_site}/nvidia/cuda_runtime/include")
   file(GLOB _cudart "${_site}/nvidia/cu[0-9]*/lib/libcudart.so.*"
        "${_site}/nvidia/cuda_runtime/lib/libcudart.so.*")
-  if(_cuda_inc AND _cudart)
+  # cuda_runtime.h includes crt/host_config.h, from the nvidia-cuda-crt wheel
+  # (scripts/install-deps installs it).
+  set(_crt "")
+  if(_cuda_inc)
+    list(GET _cuda_inc 0 _cuda_inc)
+    if(EXISTS "${_cuda_inc}/crt/host_config.h")
+      set(_crt yes)
+    endif()
+  endif()
+  if(_crt AND _cudart)
     list(GET _cudart 0 _cudart)
     list(APPEND _includes ${_cuda_inc})
     set(TORCH_CUDA_LIBRARIES "${_lib}/libtorch_cuda.so" "${_lib}/libc10_cuda.so" "${_cudart}")
@@ -49,8 +58,9 @@ if(EXISTS "${_lib}/libtorch_cuda.so")
     list(APPEND _defs USE_NVSHMEM USE_C10D_NCCL)  # torch_cuda's, as Caffe2Targets states them
     set(CUDAToolkit_INCLUDE_DIRS ${_cuda_inc})
   else()
-    message(STATUS "dtrain: this wheel has CUDA but no nvidia/*/include with the CUDA "
-                   "runtime headers beside it: building the CPU engine only")
+    message(STATUS "dtrain: this wheel has CUDA but the CUDA runtime headers beside it "
+                   "(nvidia/cu*/include with crt/host_config.h: pip's nvidia-cuda-crt) are "
+                   "missing: building the CPU engine only (scripts/install-deps installs them)")
   endif()
 endif()
 list(APPEND _links "-Wl,--as-needed")
