@@ -101,7 +101,7 @@ struct RendezvousClient::Impl {
     throw e;
   }
   Error join_timeout(const grpc::Status& s, const std::string& node_id, double timeout_s);
-  void check_handshake(std::chrono::system_clock::time_point deadline) const;
+  bool check_handshake(std::chrono::system_clock::time_point deadline) const;
 };
 
 // A call that waits for the server (Join) would wait out its whole deadline
@@ -109,10 +109,11 @@ struct RendezvousClient::Impl {
 // handshake. Follow the channel's state until it connects; whenever it has
 // failed, a fail-fast call returns the failure's reason at once, and a TLS
 // failure (unlike "connection refused": the server not up yet) ends the wait.
-void RendezvousClient::Impl::check_handshake(std::chrono::system_clock::time_point deadline) const {
+// True when connected; false at the deadline.
+bool RendezvousClient::Impl::check_handshake(std::chrono::system_clock::time_point deadline) const {
   for (;;) {
     grpc_connectivity_state state = channel->GetState(true);
-    if (state == GRPC_CHANNEL_READY) return;
+    if (state == GRPC_CHANNEL_READY) return true;
     if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
       pb::StatusRequest req;
       pb::StatusReply reply;
@@ -120,10 +121,14 @@ void RendezvousClient::Impl::check_handshake(std::chrono::system_clock::time_poi
       grpc::ClientContext ctx;
       ctx.set_deadline(deadline_after(options.call_timeout_s));
       grpc::Status s = stub->Status(&ctx, req, &reply);
-      if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return;  // it answered
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return true;  // it answered
       if (is_tls_failure(s.error_message())) throw tls_error(s, options);
+      // Mutual TLS: a server that refuses this node's certificate closes the
+      // connection before it is ready (a server not up refuses the connection).
+      if (options.tls.mutual && s.error_message().find("Socket closed") != std::string::npos)
+        fail(s, "join");
     }
-    if (!channel->WaitForStateChange(state, deadline)) return;  // Join reports the timeout
+    if (!channel->WaitForStateChange(state, deadline)) return false;
   }
 }
 
@@ -176,11 +181,13 @@ Assignment RendezvousClient::join(const JoinInfo& info, double timeout_s) {
   if (sent.job.empty()) sent.job = impl_->options.job;
   if (sent.token.empty()) sent.token = impl_->options.token;
   detail::to_proto(sent, timeout_s, &req);
-  impl_->check_handshake(deadline_after(timeout_s));
+  const bool connected = impl_->check_handshake(deadline_after(timeout_s));
   grpc::ClientContext ctx;
-  // Wait for the server to come up (agents may start before node 0's server);
-  // the deadline bounds it.
-  ctx.set_wait_for_ready(true);
+  // Connected: the call fails rather than waits if the connection drops (a
+  // TLS 1.3 server that refuses this node's certificate closes it after the
+  // handshake; waiting would retry it until the deadline). Not connected by
+  // the deadline: wait, so the timeout is reported as one ("joined K of M").
+  ctx.set_wait_for_ready(!connected);
   ctx.set_deadline(deadline_after(timeout_s + detail::kJoinDeadlineGraceS));
   grpc::Status s = impl_->stub->Join(&ctx, req, &reply);
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)

@@ -14,8 +14,8 @@ struct ClientOptions {
   std::string endpoint = "127.0.0.1:29400";
   std::string job;                // sent with every call
   std::string token;              // sent with every call (checked by the server)
-  TlsIdentity tls;                // empty: derived from the token (tls.h)
   double call_timeout_s = 10.0;   // deadline of the short calls
+  TlsIdentity tls;                // empty: derived from the token (tls.h)
 };
 
 class RendezvousClient {

@@ -42,6 +42,25 @@ struct CaServer {
     o.mesh = {1, 1, 1, 1};
     return o;
   }
+  // Join (waits for the server) from a client with `tls`: the error.
+  std::string join_error(TlsIdentity tls) const {
+    ClientOptions c;
+    c.endpoint = "127.0.0.1:" + std::to_string(port);
+    c.job = "job-ca";
+    c.token = "ca-token";
+    c.tls = std::move(tls);
+    c.call_timeout_s = 5;
+    JoinInfo j;
+    j.node_id = "node-0";
+    j.host = "127.0.0.1";
+    j.master_port = 30000;
+    try {
+      RendezvousClient(c).join(j, 60);
+      return "";
+    } catch (const Error& e) {
+      return e.message();
+    }
+  }
   // Status from a client with `tls`: "" when it answered, else the error.
   std::string status_error(TlsIdentity tls, const std::string& token = "ca-token") const {
     ClientOptions c;
@@ -106,6 +125,10 @@ TEST_CASE("tls: CA mode admits a client of the CA and refuses another CA or an u
   const std::string unsigned_client = s.status_error(ca_mode(server_cert.cert, other));
   MESSAGE("client certificate of another CA: " << unsigned_client);
   CHECK(unsigned_client.find("refused this node's certificate") != std::string::npos);
+  // ... also for a join, which waits for the server: at once, not at its timeout.
+  const std::string unsigned_join = s.join_error(ca_mode(server_cert.cert, other));
+  MESSAGE("join with a client certificate of another CA: " << unsigned_join);
+  CHECK(unsigned_join.find("refused this node's certificate") != std::string::npos);
 
   // A token-derived client (no tls files) does not trust the CA's server.
   const std::string derived = s.status_error(TlsIdentity{});
