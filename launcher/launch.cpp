@@ -241,8 +241,13 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
 
   std::unique_ptr<rendezvous::RendezvousServer> server;
   if (one_machine) {
+    // This process's own server on loopback: the token's TLS identity,
+    // whatever cluster.rendezvous.tls names (its cert names another host).
+    JobSpec local = spec;
+    local.cluster.rendezvous.tls_ca = local.cluster.rendezvous.tls_cert =
+        local.cluster.rendezvous.tls_key = "";
     server = std::make_unique<rendezvous::RendezvousServer>(
-        rendezvous::server_options_from_spec(spec, config.token, options.allow_slow));
+        rendezvous::server_options_from_spec(local, config.token, options.allow_slow));
     config.endpoint = "127.0.0.1:" + std::to_string(server->start("127.0.0.1:0"));
   } else {
     const int port = rdzv_port;
@@ -261,7 +266,7 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   client_options.endpoint = config.endpoint;
   client_options.job = config.job;
   client_options.token = config.token;
-  client_options.tls = rendezvous::tls_identity_from_spec(spec.cluster.rendezvous);
+  if (!one_machine) client_options.tls = rendezvous::tls_identity_from_spec(spec.cluster.rendezvous);
   client_options.call_timeout_s = std::clamp(2.0 * spec.cluster.rendezvous.heartbeat_s, 1.0, 10.0);
   rendezvous::RendezvousClient client(client_options);
 

@@ -105,11 +105,12 @@ size_t occurrences(const std::string& text, const std::string& needle) {
   return n;
 }
 
-// openssl(1): an Ed25519 key and a self-signed certificate for 127.0.0.1.
-void make_cert(const TempDir& dir, const std::string& name) {
+// openssl(1): an Ed25519 key and a self-signed certificate for `san`.
+void make_cert(const TempDir& dir, const std::string& name,
+               const std::string& san = "IP:127.0.0.1") {
   auto [code, out] = dtrain::testing::run_command(
       {"/usr/bin/openssl", "req", "-x509", "-newkey", "ed25519", "-nodes", "-days", "2",
-       "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout",
+       "-subj", "/CN=dtrain-test", "-addext", "subjectAltName=" + san, "-keyout",
        dir / (name + ".key"), "-out", dir / (name + ".pem")},
       dir / (name + ".openssl.out"), 30);
   REQUIRE_MESSAGE(code == 0, out);
@@ -193,4 +194,14 @@ TEST_CASE("cluster.rendezvous.tls files: the CA's agent joins, another CA's is r
   CHECK(half == 2);
   CHECK(half_out.find("cluster.rendezvous.tls: ca, cert and key go together; cert, key missing") !=
         std::string::npos);
+}
+
+TEST_CASE("one-machine launch ignores cluster.rendezvous.tls (its own server, on loopback)") {
+  Job job;
+  make_cert(job.dir, "node0", "DNS:node0.example");  // a multi-node cert: not for 127.0.0.1
+  std::string spec = job.spec("tls: {ca: " + (job.dir / "node0.pem") + ", cert: " +
+                              (job.dir / "node0.pem") + ", key: " + (job.dir / "node0.key") + "}");
+  auto [code, out] = job.run({"launch", spec}, "launch");
+  CHECK_MESSAGE(code == 0, out);
+  CHECK(job.reports().size() == 1);
 }
