@@ -58,7 +58,12 @@ RunResult run_once(int agents, int slots, bool preconnect) {
   std::vector<std::thread> threads;
   for (int i = 0; i < agents; ++i)
     threads.emplace_back([&, i] {
-      RendezvousClient client({endpoint, "bench", "t", 30.0});
+      ClientOptions co;
+      co.endpoint = endpoint;
+      co.job = "bench";
+      co.token = "t";  // TLS identity derived from it, as agents do
+      co.call_timeout_s = 30.0;
+      RendezvousClient client(co);
       JoinInfo info;
       info.node_id = "agent-" + std::to_string(i);
       info.host = "127.0.0.1";

@@ -21,6 +21,10 @@ struct RendezvousSpec {
   double heartbeat_s = 2.0;                    // agent heartbeat interval; 3 missed = dead
   std::string token_file;                      // file holding the shared token (or DTRAIN_TOKEN)
   std::string advertise_addr;                  // this node's address for the others ("" = the route's)
+  // tls: {ca, cert, key}: PEM files (all three or none). None: the TLS
+  // certificate is derived from the token. Given: the server presents cert,
+  // every agent its own cert, each checked against ca (mutual TLS).
+  std::string tls_ca, tls_cert, tls_key;
 };
 
 struct TopologySpec {

@@ -178,6 +178,14 @@ void check_enums(const Checker& c) {
   if (!c.bad({"cluster.rendezvous.endpoint"}) && !port_ok)
     c.error("cluster.rendezvous.endpoint",
             "cluster.rendezvous.endpoint = " + ep + ": expected host:port; e.g. 127.0.0.1:29400");
+  const auto& rz = s.cluster.rendezvous;
+  std::string tls_missing;
+  for (auto [name, v] : {std::pair{"ca", &rz.tls_ca}, {"cert", &rz.tls_cert}, {"key", &rz.tls_key}})
+    if (v->empty()) tls_missing += (tls_missing.empty() ? "" : ", ") + std::string(name);
+  if (!tls_missing.empty() && tls_missing != "ca, cert, key")
+    c.error("cluster.rendezvous.tls", "cluster.rendezvous.tls: ca, cert and key go together; " +
+                                          tls_missing + " missing: name all three PEM files, or "
+                                          "none (then the certificate is derived from the token)");
 }
 
 // parallel: dp(2) * tp(2) * pp(2) = 8 != cluster.nodes(1) * cluster.procs_per_node(4) = 4

@@ -4,6 +4,7 @@
 // The run directories are locked for the whole call.
 #include "launcher/launch.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -73,6 +74,19 @@ bool port_taken(int port) {
   bool taken = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0;
   ::close(fd);
   return taken;
+}
+
+// Where node 0's embedded server listens: the endpoint's address when it is
+// numeric (what the agents are told, nothing else); a name may resolve to a
+// loopback address here (Debian's 127.0.1.1) and elsewhere to this host's
+// real one, so a name keeps every address (0.0.0.0), behind TLS and the token.
+std::string listen_host(const std::string& rdzv_host) {
+  if (is_loopback(rdzv_host)) return "127.0.0.1";
+  unsigned char buf[16];
+  if (::inet_pton(AF_INET, rdzv_host.c_str(), buf) == 1) return rdzv_host;
+  if (::inet_pton(AF_INET6, rdzv_host.c_str(), buf) == 1) return "[" + rdzv_host + "]";
+  if (rdzv_host.size() > 2 && rdzv_host.front() == '[') return rdzv_host;
+  return "0.0.0.0";
 }
 
 std::string hostname() {
@@ -254,15 +268,20 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
 
   std::unique_ptr<rendezvous::RendezvousServer> server;
   if (one_machine) {
+    // This process's own server on loopback: the token's TLS identity,
+    // whatever cluster.rendezvous.tls names (its cert names another host).
+    JobSpec local = spec;
+    local.cluster.rendezvous.tls_ca = local.cluster.rendezvous.tls_cert =
+        local.cluster.rendezvous.tls_key = "";
     server = std::make_unique<rendezvous::RendezvousServer>(
-        rendezvous::server_options_from_spec(spec, config.token, options.allow_slow));
+        rendezvous::server_options_from_spec(local, config.token, options.allow_slow));
     config.endpoint = "127.0.0.1:" + std::to_string(server->start("127.0.0.1:0"));
   } else {
     const int port = rdzv_port;
     if (options.node_rank == 0 && !port_taken(port)) {
       server = std::make_unique<rendezvous::RendezvousServer>(
           rendezvous::server_options_from_spec(spec, config.token, options.allow_slow));
-      server->start((is_loopback(rdzv_host) ? "127.0.0.1:" : "0.0.0.0:") + std::to_string(port));
+      server->start(listen_host(rdzv_host) + ":" + std::to_string(port));
       DTRAIN_INFO("rendezvous server for {} node(s) listening on port {}", spec.cluster.nodes_max,
                   port);
     } else if (options.node_rank == 0) {
@@ -274,6 +293,7 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   client_options.endpoint = config.endpoint;
   client_options.job = config.job;
   client_options.token = config.token;
+  if (!one_machine) client_options.tls = rendezvous::tls_identity_from_spec(spec.cluster.rendezvous);
   client_options.call_timeout_s = std::clamp(2.0 * spec.cluster.rendezvous.heartbeat_s, 1.0, 10.0);
   rendezvous::RendezvousClient client(client_options);
 

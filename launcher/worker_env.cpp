@@ -44,6 +44,11 @@ std::vector<std::string> worker_env(const WorkerEnvInputs& in,
   set("TORCHELASTIC_MAX_RESTARTS", num(in.max_restarts));
   set("TORCHELASTIC_RUN_ID", in.job);
   env.erase("TORCHELASTIC_USE_AGENT_STORE");
+  // The rendezvous token authenticates agents; no worker reads it (the
+  // builtin engine, torch.distributed and the contract above need none), so
+  // it stays out of every worker's environment (and /proc/PID/environ);
+  // only a caller's extra_env (below) could put it back, on purpose.
+  env.erase("DTRAIN_TOKEN");
   set("TORCHELASTIC_ERROR_FILE", error_file_path(in.run_dir, local.rank));
 
   mesh::Shape shape{a.mesh.dp, a.mesh.tp, a.mesh.pp, a.mesh.ep};

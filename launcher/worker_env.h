@@ -30,7 +30,8 @@ std::string error_file_path(const std::string& run_dir, int rank);
 
 // The complete environment of the worker `local` (one of assignment->local_ranks).
 // Contract variables override inherited ones; OMP/OPENBLAS/MKL_NUM_THREADS
-// default to max(1, cores / local workers) unless already set.
+// default to max(1, cores / local workers) unless already set. The agent's
+// DTRAIN_TOKEN is not inherited (only extra_env can pass it).
 std::vector<std::string> worker_env(const WorkerEnvInputs& in,
                                     const rendezvous::RankPlacement& local);
 

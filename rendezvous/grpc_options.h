@@ -5,6 +5,12 @@
 
 #include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <string>
+
+#include "rendezvous/tls.h"
 
 namespace dtrain::rendezvous::detail {
 
@@ -32,8 +38,31 @@ inline void disable_mutex_deadlock_detection() {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
-inline grpc::ChannelArguments client_channel_args() {
+// TLS always: the token travels only inside it. `tls` is never derived()
+// here (the caller resolved it).
+inline std::shared_ptr<grpc::ServerCredentials> server_credentials(const TlsIdentity& tls) {
+  grpc::SslServerCredentialsOptions o(
+      tls.mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  if (tls.mutual) o.pem_root_certs = tls.ca;
+  o.pem_key_cert_pairs.push_back({tls.key, tls.cert});
+  return grpc::SslServerCredentials(o);
+}
+
+inline std::shared_ptr<grpc::ChannelCredentials> client_credentials(const TlsIdentity& tls) {
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = tls.ca;  // never empty: the system's roots are not trusted
+  if (tls.mutual) {
+    o.pem_private_key = tls.key;
+    o.pem_cert_chain = tls.cert;
+  }
+  return grpc::SslCredentials(o);
+}
+
+inline grpc::ChannelArguments client_channel_args(const TlsIdentity& tls) {
   grpc::ChannelArguments args;
+  // A token-derived certificate names kTokenCertName, not a host.
+  if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -1,5 +1,6 @@
-// RendezvousClient: one channel per agent, a deadline on every call, and the
-// single place where grpc::Status becomes dtrain::Error (status_to_error).
+// RendezvousClient: one TLS channel per agent, a deadline on every call, and
+// the single place where grpc::Status becomes dtrain::Error (status_to_error,
+// tls_error).
 #include "rendezvous/rendezvous_client.h"
 
 #include <chrono>
@@ -49,6 +50,28 @@ Error status_to_error(const grpc::Status& s, const std::string& endpoint, const 
   }
 }
 
+bool is_tls_failure(const std::string& message) {
+  for (const char* m : {"handshake", "Handshake", "SSL_ERROR", "certificate", "Certificate"})
+    if (message.find(m) != std::string::npos) return true;
+  return false;
+}
+
+Error tls_error(const grpc::Status& s, const ClientOptions& o) {
+  const std::string head = "TLS handshake with the rendezvous server at " + o.endpoint +
+                           " failed (" + s.error_message() + "): ";
+  if (o.tls.mutual)
+    return Error(ErrorCode::rendezvous,
+                 head + "its certificate is not signed by cluster.rendezvous.tls.ca, does not "
+                        "name the endpoint's host, or it refused this node's certificate",
+                 "give every node the same CA in cluster.rendezvous.tls.ca, and the server a "
+                 "certificate for the host in cluster.rendezvous.endpoint / --rdzv");
+  return Error(ErrorCode::rendezvous,
+               head + "its certificate is not derived from this agent's token (wrong token, or "
+                      "the server uses cluster.rendezvous.tls files)",
+               "set DTRAIN_TOKEN (or cluster.rendezvous.token_file) to the job's token on every "
+               "node, and the same cluster.rendezvous.tls everywhere");
+}
+
 }  // namespace
 
 struct RendezvousClient::Impl {
@@ -64,10 +87,50 @@ struct RendezvousClient::Impl {
     ctx.set_deadline(deadline_after(options.call_timeout_s));
   }
   [[noreturn]] void fail(const grpc::Status& s, const char* call) const {
-    throw status_to_error(s, options.endpoint, call);
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && is_tls_failure(s.error_message()))
+      throw tls_error(s, options);
+    Error e = status_to_error(s, options.endpoint, call);
+    // TLS 1.3: a server that refuses the client's certificate just closes
+    // the connection after the handshake; the client cannot tell why.
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && options.tls.mutual)
+      throw Error(e.code(),
+                  e.message() + "; or it refused this node's certificate (TLS handshake: "
+                                "cluster.rendezvous.tls.cert must be signed by the server's "
+                                "tls.ca)",
+                  e.hint());
+    throw e;
   }
   Error join_timeout(const grpc::Status& s, const std::string& node_id, double timeout_s);
+  bool check_handshake(std::chrono::system_clock::time_point deadline) const;
 };
+
+// A call that waits for the server (Join) would wait out its whole deadline
+// on a server whose certificate this side refuses: the channel retries the
+// handshake. Follow the channel's state until it connects; whenever it has
+// failed, a fail-fast call returns the failure's reason at once, and a TLS
+// failure (unlike "connection refused": the server not up yet) ends the wait.
+// True when connected; false at the deadline.
+bool RendezvousClient::Impl::check_handshake(std::chrono::system_clock::time_point deadline) const {
+  for (;;) {
+    grpc_connectivity_state state = channel->GetState(true);
+    if (state == GRPC_CHANNEL_READY) return true;
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      pb::StatusRequest req;
+      pb::StatusReply reply;
+      set_auth(req.mutable_auth());
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline_after(options.call_timeout_s));
+      grpc::Status s = stub->Status(&ctx, req, &reply);
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return true;  // it answered
+      if (is_tls_failure(s.error_message())) throw tls_error(s, options);
+      // Mutual TLS: a server that refuses this node's certificate closes the
+      // connection before it is ready (a server not up refuses the connection).
+      if (options.tls.mutual && s.error_message().find("Socket closed") != std::string::npos)
+        fail(s, "join");
+    }
+    if (!channel->WaitForStateChange(state, deadline)) return false;
+  }
+}
 
 // The server normally answers a timed-out join itself ("joined K of M").
 // If its answer did not arrive (server gone, network), ask Status for K of M.
@@ -101,8 +164,11 @@ Error RendezvousClient::Impl::join_timeout(const grpc::Status& s, const std::str
 RendezvousClient::RendezvousClient(ClientOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   detail::disable_mutex_deadlock_detection();
-  impl_->channel = grpc::CreateCustomChannel(
-      impl_->options.endpoint, grpc::InsecureChannelCredentials(), detail::client_channel_args());
+  TlsIdentity& tls = impl_->options.tls;
+  if (tls.derived()) tls = token_tls_identity(impl_->options.token);
+  impl_->channel = grpc::CreateCustomChannel(impl_->options.endpoint,
+                                             detail::client_credentials(tls),
+                                             detail::client_channel_args(tls));
   impl_->stub = pb::Rendezvous::NewStub(impl_->channel);
 }
 
@@ -115,10 +181,13 @@ Assignment RendezvousClient::join(const JoinInfo& info, double timeout_s) {
   if (sent.job.empty()) sent.job = impl_->options.job;
   if (sent.token.empty()) sent.token = impl_->options.token;
   detail::to_proto(sent, timeout_s, &req);
+  const bool connected = impl_->check_handshake(deadline_after(timeout_s));
   grpc::ClientContext ctx;
-  // Wait for the server to come up (agents may start before node 0's server);
-  // the deadline bounds it.
-  ctx.set_wait_for_ready(true);
+  // Connected: the call fails rather than waits if the connection drops (a
+  // TLS 1.3 server that refuses this node's certificate closes it after the
+  // handshake; waiting would retry it until the deadline). Not connected by
+  // the deadline: wait, so the timeout is reported as one ("joined K of M").
+  ctx.set_wait_for_ready(!connected);
   ctx.set_deadline(deadline_after(timeout_s + detail::kJoinDeadlineGraceS));
   grpc::Status s = impl_->stub->Join(&ctx, req, &reply);
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "rendezvous/rendezvous_types.h"
+#include "rendezvous/tls.h"
 
 namespace dtrain::rendezvous {
 
@@ -14,6 +15,7 @@ struct ClientOptions {
   std::string job;                // sent with every call
   std::string token;              // sent with every call (checked by the server)
   double call_timeout_s = 10.0;   // deadline of the short calls
+  TlsIdentity tls;                // empty: derived from the token (tls.h)
 };
 
 class RendezvousClient {
@@ -23,7 +25,9 @@ class RendezvousClient {
 
   // Long-poll until the round closes. Throws Error(rendezvous) on refusal
   // (wrong token/job, duplicate node, too many nodes) with the server's
-  // reason, Error(timeout) when timeout_s passes ("joined 1 of 2 nodes").
+  // reason, or at once when the TLS handshake fails (a server that does not
+  // prove the token or the CA), Error(timeout) when timeout_s passes
+  // ("joined 1 of 2 nodes").
   Assignment join(const JoinInfo& info, double timeout_s);
   HeartbeatReply heartbeat(const std::string& node_id, uint64_t round,
                            const std::vector<trace::RankProgress>& ranks = {});

@@ -9,6 +9,7 @@ ServerOptions server_options_from_spec(const JobSpec& spec, std::string token, b
   ServerOptions o;
   o.job = spec.job.name;
   o.token = std::move(token);
+  o.tls = tls_identity_from_spec(spec.cluster.rendezvous);
   o.min_nodes = spec.cluster.nodes_min;
   o.max_nodes = spec.cluster.nodes_max;
   o.last_call_s = spec.cluster.rendezvous.last_call_s;

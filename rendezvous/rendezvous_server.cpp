@@ -5,6 +5,10 @@
 // join timeouts.
 #include "rendezvous/rendezvous_server.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <cstdlib>
 #include <map>
@@ -35,13 +39,30 @@ grpc::Status to_status(const Refusal& r) {
   return {grpc::StatusCode::INTERNAL, r.message};
 }
 
+// True when `host` (a name or numeric address) can be bound on this machine:
+// a port-0 bind to its first address succeeds.
+bool is_local_address(const std::string& host) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  std::string h = host.size() > 1 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
+  if (getaddrinfo(h.c_str(), "0", &hints, &res) != 0 || !res) return false;
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0;
+  if (fd >= 0) ::close(fd);
+  freeaddrinfo(res);
+  return ok;
+}
+
 }  // namespace
 
 struct RendezvousServer::Impl final : public pb::Rendezvous::CallbackService {
   class JoinReactor;
   using Decided = std::vector<std::pair<JoinReactor*, JoinOutcome>>;
 
-  explicit Impl(ServerOptions options) : heartbeat_s(options.heartbeat_s), state(options) {}
+  explicit Impl(ServerOptions options)
+      : heartbeat_s(options.heartbeat_s),
+        tls(options.tls.derived() ? token_tls_identity(options.token) : options.tls),
+        state(options) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const pb::JoinRequest* req,
                                  pb::JoinReply* reply) override;
@@ -65,6 +86,7 @@ struct RendezvousServer::Impl final : public pb::Rendezvous::CallbackService {
   void stop();
 
   double heartbeat_s;
+  TlsIdentity tls;
   std::mutex mu;
   std::condition_variable cv;
   RoundState state;
@@ -292,12 +314,19 @@ int RendezvousServer::start(const std::string& address) {
   detail::disable_mutex_deadlock_detection();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, detail::server_credentials(impl_->tls), &port);
   detail::apply_server_options(builder);
   builder.RegisterService(impl_.get());
   impl_->server = builder.BuildAndStart();
   if (!impl_->server || port == 0) {
     const std::string wanted = address.substr(address.rfind(':') + 1);
+    const std::string host = address.substr(0, address.rfind(':'));
+    if (!is_local_address(host))
+      throw Error(ErrorCode::rendezvous,
+                  "rendezvous server cannot listen on " + address + ": " + host +
+                      " is not an address of this machine",
+                  "give the host the agents reach this machine at (cluster.rendezvous.endpoint "
+                  "or --host)");
     const std::string owner = port_owner(std::atoi(wanted.c_str()));
     throw Error(ErrorCode::rendezvous,
                 "rendezvous server cannot listen on " + address + ": port " + wanted +

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "rendezvous/rendezvous_types.h"
+#include "rendezvous/tls.h"
 #include "rendezvous/topology.h"
 
 namespace dtrain::rendezvous {
@@ -13,6 +14,7 @@ namespace dtrain::rendezvous {
 struct ServerOptions {
   std::string job = "dtrain";
   std::string token;              // required match; compared in constant time
+  TlsIdentity tls;                // empty: derived from the token (tls.h)
   int min_nodes = 1;
   int max_nodes = 1;
   double last_call_s = 5.0;       // elastic: close at min after this long
@@ -32,9 +34,10 @@ struct ServerOptions {
 };
 
 // Added: the options a spec implies (job name, nodes min:max, last call,
-// heartbeat, mesh, traffic model, nvlink_domain), so `dtrain rendezvous` and
-// the server embedded in `dtrain launch` are configured alike. The token is
-// passed in (rendezvous/token.h reads it); it never lives in the spec.
+// heartbeat, mesh, traffic model, nvlink_domain, TLS files read), so `dtrain
+// rendezvous` and the server embedded in `dtrain launch` are configured
+// alike. The token is passed in (rendezvous/token.h reads it); it never lives
+// in the spec.
 ServerOptions server_options_from_spec(const JobSpec& spec, std::string token,
                                        bool allow_slow = false);
 
@@ -45,8 +48,9 @@ class RendezvousServer {
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;
 
-  // Bind "host:port" (port 0 = any) and serve on background threads.
-  // Returns the bound port. Throws dtrain::Error(rendezvous) when it cannot bind.
+  // Bind "host:port" (port 0 = any) and serve over TLS on background
+  // threads. Returns the bound port. Throws dtrain::Error(rendezvous) when
+  // it cannot bind (port in use, or host not an address of this machine).
   int start(const std::string& address);
   void shutdown();
   void wait();  // block until shutdown (standalone `dtrain rendezvous`)

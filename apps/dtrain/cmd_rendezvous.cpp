@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/job_spec.h"
 #include "rendezvous/rendezvous_server.h"
+#include "rendezvous/tls.h"
 #include "rendezvous/token.h"
 
 namespace dtrain::app {
@@ -21,8 +22,8 @@ namespace {
 struct RendezvousCmdOptions {
   std::string spec;
   std::vector<std::string> sets;
-  std::string host = "0.0.0.0";
-  int port = -1;  // -1 = the port of cluster.rendezvous.endpoint
+  std::string host;  // "" = the host of cluster.rendezvous.endpoint
+  int port = -1;     // -1 = the port of cluster.rendezvous.endpoint
   bool allow_slow = false;
 };
 
@@ -35,6 +36,21 @@ int endpoint_port(const std::string& endpoint) {
   throw Error(ErrorCode::config,
               "cluster.rendezvous.endpoint = '" + endpoint + "' has no port",
               "write it as HOST:PORT, or give --port");
+}
+
+std::string endpoint_host(const std::string& endpoint) {
+  return endpoint.substr(0, endpoint.rfind(':'));
+}
+
+// One line on which certificate the server presents (its SHA-256), so an
+// operator can compare it with what an agent's handshake error reports.
+std::string tls_summary(const rendezvous::ServerOptions& o, const JobSpec& spec) {
+  if (o.tls.derived())
+    return "TLS: certificate derived from the job's token (sha256 " +
+           rendezvous::certificate_fingerprint(rendezvous::token_tls_identity(o.token).cert) + ")";
+  return "TLS: " + spec.cluster.rendezvous.tls_cert + " (sha256 " +
+         rendezvous::certificate_fingerprint(o.tls.cert) + "), clients checked against " +
+         spec.cluster.rendezvous.tls_ca;
 }
 
 void run_rendezvous(const RendezvousCmdOptions& o) {
@@ -52,10 +68,16 @@ void run_rendezvous(const RendezvousCmdOptions& o) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  rendezvous::RendezvousServer server(
-      rendezvous::server_options_from_spec(spec, token, o.allow_slow));
-  int bound = server.start(o.host + ":" + std::to_string(port));
-  std::cout << "rendezvous listening on " << o.host << ":" << bound << std::endl;
+  // The address the agents are told, not every interface: what is not
+  // meant to be reachable is not.
+  const std::string host = o.host.empty() ? endpoint_host(spec.cluster.rendezvous.endpoint) : o.host;
+  rendezvous::ServerOptions server_options =
+      rendezvous::server_options_from_spec(spec, token, o.allow_slow);
+  const std::string tls = tls_summary(server_options, spec);
+  rendezvous::RendezvousServer server(std::move(server_options));
+  int bound = server.start(host + ":" + std::to_string(port));
+  std::cout << "rendezvous listening on " << host << ":" << bound << std::endl;
+  std::cout << tls << std::endl;
   std::cout << "job '" << spec.job.name << "', nodes "
             << (spec.cluster.nodes_min == spec.cluster.nodes_max
                     ? std::to_string(spec.cluster.nodes_max)
@@ -77,7 +99,9 @@ void add_rendezvous(CLI::App& app, int& /*exit_code*/) {
   cmd->add_option("--port", opts->port,
                   "Port to listen on (0 = any free port; default: cluster.rendezvous.endpoint's)")
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--host", opts->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--host", opts->host,
+                  "Address to listen on (default: cluster.rendezvous.endpoint's host; 0.0.0.0 = "
+                  "every interface)");
   cmd->add_option("--set", opts->sets, "Override a spec field: key.path=value (value read as YAML)");
   cmd->add_flag("--allow-slow", opts->allow_slow,
                 "Place a TP group across NVLink islands (warning instead of refusal)");

@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
         "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "DTRAIN_MESH", "DTRAIN_COORD",
         "DTRAIN_RESTART", "DTRAIN_SPEC", "DTRAIN_RUN_DIR", "DTRAIN_ERROR_FILE", "OMP_NUM_THREADS",
         "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "SLURM_NODEID", "SLURM_NNODES",
-        "SLURM_JOB_NODELIST"})
+        "SLURM_JOB_NODELIST", "DTRAIN_TOKEN"})
     line += json_string(name) + ":" + json_string(env(name)) + ",";
   line += "\"pid\":" + std::to_string(getpid()) + ",\"pgid\":" + std::to_string(getpgrp()) +
           ",\"sid\":" + std::to_string(getsid(0)) +
