@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "common/error.h"
+#include "common/error_file.h"
 #include "common/log.h"
 #include "common/collective_trace.h"
 #include "launcher/failure_origin.h"
@@ -329,7 +330,13 @@ bool Agent::hurry() {
 int Agent::restart_or_fail(int restart) {
   const Worker& first = *first_failure_;
   report_failure(first);
-  if (restart < spec_.cluster.max_restarts) {
+  // A config error (bad input: a data file changed under the run, a
+  // diverged run) fails the same way on every restart: not retried.
+  const bool config_error = parse_error_file(first.error_file_text).error_code == error_code_name(ErrorCode::config);
+  if (config_error && restart < spec_.cluster.max_restarts)
+    DTRAIN_WARN("not restarting: rank {} stopped on a configuration error, which a restart would repeat",
+                first.rank);
+  if (!config_error && restart < spec_.cluster.max_restarts) {
     failures_ = restart + 1;
     DTRAIN_WARN("restarting the workers: restart {} of {} (rank {} failed: {})", failures_,
                 spec_.cluster.max_restarts, first.rank, first.exit.describe());
