@@ -374,6 +374,11 @@ void check_warnings(const Checker& c) {
   if (p.zero > 0 && p.dp == 1)
     c.problems.warn("parallel.zero = " + str(p.zero) +
                     " with parallel.dp = 1: there is nothing to shard across; ZeRO has no effect");
+  if (s.train.nonfinite == "skip_step" && s.train.nonfinite_patience != TrainSpec{}.nonfinite_patience &&
+      !c.bad({"train.nonfinite_patience"}))
+    c.problems.warn("train.nonfinite_patience = " + str(s.train.nonfinite_patience) +
+                    " is ignored: train.nonfinite = skip_step never stops for non-finite steps "
+                    "(train.nonfinite: stop stops after that many in a row)");
   check_fault(c);
   if (s.fault.active() && s.fault.kind != "no_grad_sync" && s.fault.rank >= s.world() &&
       !c.bad({"fault.rank"}))

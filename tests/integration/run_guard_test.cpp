@@ -2,7 +2,8 @@
 // diverging run (train.lr = 1e4, no clipping) stops with exit 2 naming the
 // step, the value and the fix, keeps its last finite checkpoint and leaves a
 // metrics.jsonl that parses line by line; train.nonfinite = skip_step skips
-// a NaN step (fault.kind nan_grad on one rank) and trains on; a tokens-u16
+// a NaN step (fault.kind nan_grad on one rank) and trains on, and on a
+// diverged run leaves out every save after it, the final one too; a tokens-u16
 // file truncated mid-run stops the run with a config error naming the file,
 // which is not restarted (cluster.max_restarts 1).
 #include <doctest/doctest.h>
@@ -172,6 +173,27 @@ TEST_CASE("train.nonfinite skip_step: a NaN step on one rank is skipped by both,
   for (const auto& [name, v] : dtrain::testing::read_safetensors_f32(r.dir / "ckpt/step_6/rank_0.safetensors"))
     for (float x : v) nonfinite += !std::isfinite(x);
   CHECK(nonfinite == 0);
+}
+
+TEST_CASE("train.nonfinite skip_step on a diverged run: trains to the end, the final save is left out") {
+  TempDir data;
+  Run r(bytes_data(data));
+  auto [code, out] = r.launch({"train.lr=1.0e4", "train.grad_clip=0", "train.warmup_steps=0", "train.steps=6",
+                               "train.nonfinite=skip_step"},
+                              "skip_diverged");
+  CHECK_MESSAGE(code == 0, out);
+  std::vector<std::string> bad;
+  int first_nonfinite = 0, last_step = 0;
+  for (const auto& j : metrics_lines(r.metrics(), &bad)) {
+    last_step = j["step"].get<int>();
+    if (j.value("nonfinite", false) && first_nonfinite == 0) first_nonfinite = last_step;
+  }
+  MESSAGE("first non-finite step " << first_nonfinite << ", latest = " << dtrain::testing::read_latest(r.dir / "ckpt"));
+  CHECK(bad.empty());
+  CHECK(last_step == 6);
+  REQUIRE(first_nonfinite >= 2);
+  CHECK(has(out, "checkpoint of step 6 not written: the step was not finite"));
+  CHECK(dtrain::testing::read_latest(r.dir / "ckpt") == "step_" + std::to_string(first_nonfinite - 1));
 }
 
 TEST_CASE("a tokens-u16 file truncated mid-run: a config error naming the file, not restarted") {

@@ -1,7 +1,8 @@
 // Spec rules of train.nonfinite (stop | skip_step) and
 // train.nonfinite_patience (>= 1): the defaults, the valid values, and
-// errors that exit 2 naming the field, the value and the choices; the
-// printed spec carries both fields back.
+// errors that exit 2 naming the field, the value and the choices; a
+// warning when skip_step makes the patience meaningless; the printed spec
+// carries both fields back.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -41,4 +42,12 @@ TEST_CASE("nonfinite spec: a value outside the set, a patience below 1") {
   CHECK(has(e, "ignore"));
   CHECK(has(e, "skip_step"));
   CHECK(has(e, "train.nonfinite_patience = 0: must be >= 1"));
+}
+
+TEST_CASE("nonfinite spec: a patience with skip_step is ignored, and says so") {
+  std::vector<std::string> warnings;
+  dtrain::parse_job_spec("train: {nonfinite: skip_step, nonfinite_patience: 5}\n", "w.yaml", {}, &warnings);
+  bool warned = false;
+  for (const auto& w : warnings) warned = warned || has(w, "train.nonfinite_patience = 5 is ignored");
+  CHECK(warned);
 }
