@@ -1,9 +1,10 @@
 // The token sources of dataset.h: "bytes" (the file read into memory, one
-// token per byte), "tokens-u16" (little-endian uint16 read per sample, checked against
-// the vocabulary) and "synthetic" (repeated random phrases with
-// noise, deterministic from the seed, so a model can learn it). File-backed
-// sources stop the run when their file changes under it (data_file.h). Sample i is
-// tokens [i*T, i*T + T] (T = seq_len): non-overlapping windows.
+// token per byte), "tokens-u16" (little-endian uint16 read per sample with
+// pread, checked against the vocabulary at open and per read) and
+// "synthetic" (repeated random phrases with noise, deterministic from the
+// seed, so a model can learn it). File-backed sources stop the run when their
+// file changes under it (data_file.h). Sample i is tokens [i*T, i*T + T]
+// (T = seq_len): non-overlapping windows.
 #include "engine/data/dataset.h"
 
 #include "common/error.h"
@@ -12,7 +13,6 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
-
 
 namespace dtrain::engine::data {
 namespace {
