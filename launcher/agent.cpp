@@ -154,14 +154,6 @@ bool Agent::round_moved_on() {
   return true;
 }
 
-rendezvous::ServerStatus Agent::server_status() {
-  try {
-    return client_.status();
-  } catch (const Error&) {
-    return {};  // unknown: the join that follows will tell
-  }
-}
-
 rendezvous::Assignment Agent::rendezvous_step() {
   rendezvous::JoinInfo info;
   info.job = config_.job;
@@ -396,24 +388,6 @@ void Agent::print_remote_root_cause(int restart, const std::string& failure) con
             << spec_.cluster.max_restarts << "\n"
             << rule << "\n"
             << std::flush;
-}
-
-void Agent::report_failure(const Worker& worker, bool permanent) {
-  rendezvous::FailureReport report;
-  report.node_id = config_.node_id;
-  report.round = group_.round;
-  report.rank = worker.rank;
-  report.local_rank = worker.local_rank;
-  report.exit_code = worker.exit.exit_code;
-  report.signal = worker.exit.signal;
-  report.failed_at = failure_time(worker);
-  report.permanent = permanent;
-  if (!worker.error_file_text.empty()) report.message = error_file_report(worker.error_file_text);
-  try {
-    client_.report_failure(report);
-  } catch (const Error& e) {
-    DTRAIN_WARN("could not report the failure to the rendezvous: {}", e.message());
-  }
 }
 
 void Agent::leave(bool success) {
