@@ -16,6 +16,7 @@ std::string error_file_json(const ErrorFileRecord& r) {
   if (r.time_ms > 0) extra["time_ms"] = r.time_ms;
   if (r.rank >= 0) extra["rank"] = r.rank;
   if (r.step >= 0) extra["step"] = r.step;
+  if (!r.error_code.empty()) extra["error_code"] = r.error_code;
   nlohmann::json j;
   j["message"] = {{"message", r.message}, {"extraInfo", extra}};
   // Invalid UTF-8 in an exception text is replaced, never a reason to lose the file.
@@ -65,6 +66,8 @@ ErrorFileRecord parse_error_file(const std::string& text) {
       r.rank = static_cast<int>(int_field(extra, "rank"));
       r.step = int_field(extra, "step");
       r.time_ms = int_field(extra, "time_ms");
+      if (extra.is_object() && extra.contains("error_code") && extra["error_code"].is_string())
+        r.error_code = extra["error_code"].get<std::string>();
       if (r.time_ms <= 0) r.time_ms = std::max<int64_t>(0, int_field(extra, "timestamp") * 1000);
     }
   }

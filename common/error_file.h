@@ -14,11 +14,14 @@ struct ErrorFileRecord {
   int rank = -1;          // RANK of the writer, -1 = not given
   int64_t step = -1;      // the training step it failed in (from 1), -1 = not given
   int64_t time_ms = 0;    // when it was written, milliseconds since the epoch; 0 = not given
+  // The dtrain::Error code's name ("config", ...) when the writer failed on
+  // one; "" = not given. A config error fails the same way on every restart.
+  std::string error_code;
 };
 
 // torchelastic's layout, which torch.distributed.elastic's reader also
 // accepts: {"message": {"message": M, "extraInfo": {"timestamp": "<seconds>",
-// "time_ms": T, "rank": R, "step": S}}}. The milliseconds order failures
+// "time_ms": T, "rank": R, "step": S, "error_code": C}}}. The milliseconds order failures
 // that happen within one second (a peer that broke on the first one).
 std::string error_file_json(const ErrorFileRecord& record);
 

@@ -135,6 +135,12 @@ struct TrainSpec {
   // and recomputes its forward in backward); selective (only the attention
   // core: scores, softmax, dropout).
   std::string recompute = "none";
+  // A step whose gradient norm (or logged loss) is not finite updates nothing,
+  // on every rank, and no checkpoint is written after it. stop: the run stops
+  // (exit 2) after nonfinite_patience such steps in a row; skip_step: training
+  // goes on past any number of them (a warning each).
+  std::string nonfinite = "stop";  // stop | skip_step
+  int nonfinite_patience = 3;
 };
 
 struct DataSpec {
@@ -166,6 +172,8 @@ struct CheckpointSpec {
 //                      all-reduces still run, on copies): a wrong layout on purpose
 //   recompute_redraw   activation recomputation draws its dropout masks from
 //                      the next step's stream: a wrong recompute on purpose
+//   nan_grad           rank `rank` scales its loss by NaN in the backward of
+//                      step `step`: NaN gradients, as from a bad batch
 struct FaultSpec {
   std::string kind = "none";
   int rank = 0;

@@ -89,6 +89,8 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("train.grad_clip", train.grad_clip),
       DTRAIN_FIELD("train.precision", train.precision),
       DTRAIN_FIELD("train.recompute", train.recompute),
+      DTRAIN_FIELD("train.nonfinite", train.nonfinite),
+      DTRAIN_FIELD("train.nonfinite_patience", train.nonfinite_patience),
       DTRAIN_FIELD("data.path", data.path),
       DTRAIN_FIELD("data.format", data.format),
       DTRAIN_FIELD("checkpoint.dir", checkpoint.dir),

@@ -118,7 +118,7 @@ void check_enums(const Checker& c) {
   c.one_of("cluster.gloo_reduce_scatter", s.cluster.gloo_reduce_scatter, {"ring", "native"});
   c.one_of("fault.kind", s.fault.kind,
            {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync",
-            "recompute_redraw", "raise"});
+            "recompute_redraw", "raise", "nan_grad"});
   c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"});
   c.at_least("parallel.pipeline.virtual_stages", s.parallel.pipeline_virtual_stages, 1,
              "use 1, or 2+ with schedule interleaved_1f1b");
@@ -153,6 +153,9 @@ void check_enums(const Checker& c) {
   c.one_of("model.kind", s.model.kind, {"gpt"});
   c.one_of("train.precision", s.train.precision, {"fp32", "bf16", "fp16"});
   c.one_of("train.recompute", s.train.recompute, {"none", "full", "selective"});
+  c.one_of("train.nonfinite", s.train.nonfinite, {"stop", "skip_step"});
+  c.at_least("train.nonfinite_patience", s.train.nonfinite_patience, 1,
+             "e.g. 3 (1 stops at the first non-finite step)");
   c.one_of("model.attention", s.model.attention, {"naive", "tiled"});
   c.one_of("parallel.reduce_dtype", s.parallel.reduce_dtype, {"fp32", "bf16"});
   if (!c.bad({"parallel.reduce_dtype", "parallel.zero"}) && s.parallel.reduce_dtype == "bf16" && s.parallel.zero > 0)
@@ -344,10 +347,11 @@ void check_sizes(const Checker& c) {
 void check_fault(const Checker& c) {
   const FaultSpec& f = c.spec.fault;
   if (c.bad({"fault.kind", "fault.step", "fault.ms"})) return;
-  const bool after_step = f.kind == "kill_after_step" || f.kind == "hang" || f.kind == "raise";
+  const bool after_step =
+      f.kind == "kill_after_step" || f.kind == "hang" || f.kind == "raise" || f.kind == "nan_grad";
   if (after_step && f.step == 0)
     c.error("fault.step", "fault.step = 0: fault.kind = " + f.kind +
-                              (f.kind == "raise" ? " strikes in" : " strikes after") +
+                              (f.kind == "raise" || f.kind == "nan_grad" ? " strikes in" : " strikes after") +
                               " step fault.step, and steps count from 1; use fault.step >= 1");
   if (f.kind == "slow" && f.ms == 0)
     c.error("fault.ms", "fault.ms = 0: fault.kind = slow adds fault.ms milliseconds to every "
@@ -381,6 +385,11 @@ void check_warnings(const Checker& c) {
   if (p.zero > 0 && p.dp == 1)
     c.problems.warn("parallel.zero = " + str(p.zero) +
                     " with parallel.dp = 1: there is nothing to shard across; ZeRO has no effect");
+  if (s.train.nonfinite == "skip_step" && s.train.nonfinite_patience != TrainSpec{}.nonfinite_patience &&
+      !c.bad({"train.nonfinite_patience"}))
+    c.problems.warn("train.nonfinite_patience = " + str(s.train.nonfinite_patience) +
+                    " is ignored: train.nonfinite = skip_step never stops for non-finite steps "
+                    "(train.nonfinite: stop stops after that many in a row)");
   check_fault(c);
   if (s.fault.active() && s.fault.kind != "no_grad_sync" && s.fault.rank >= s.world() &&
       !c.bad({"fault.rank"}))

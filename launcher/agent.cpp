@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "common/error.h"
+#include "common/error_file.h"
 #include "common/log.h"
 #include "common/collective_trace.h"
 #include "launcher/failure_origin.h"
@@ -101,7 +102,13 @@ int Agent::run() {
       if (outcome == Outcome::round_changed) {
         DTRAIN_WARN("rendezvous: {}; stopped this node's workers, re-joining{}", heartbeat_detail_,
                     remote_failure_.empty() ? "" : "\n  because: " + remote_failure_);
-        const int used = server_restart();
+        const rendezvous::ServerStatus status = server_status();
+        if (status.stopped)  // another node's worker failed on a config error: re-joining would repeat it
+          throw Error(ErrorCode::worker_failed,
+                      "the job stopped without a restart: a worker failed on a configuration error, which a "
+                      "restart would repeat: " + status.failure,
+                      "see the root-cause block printed by the node that failed");
+        const int used = status.restart;
         if (used > spec_.cluster.max_restarts) print_remote_root_cause(used);
         check_restarts_left(used);  // do not wait for a node that gave up
         continue;
@@ -145,14 +152,6 @@ bool Agent::round_moved_on() {
                       " failed after the round ended)";
   remote_failure_ = status.failure;
   return true;
-}
-
-int Agent::server_restart() {
-  try {
-    return client_.status().restart;
-  } catch (const Error&) {
-    return 0;  // unknown: the join that follows will tell
-  }
 }
 
 rendezvous::Assignment Agent::rendezvous_step() {
@@ -328,8 +327,15 @@ bool Agent::hurry() {
 
 int Agent::restart_or_fail(int restart) {
   const Worker& first = *first_failure_;
-  report_failure(first);
-  if (restart < spec_.cluster.max_restarts) {
+  // A config error (bad input: a data file changed under the run, a
+  // diverged run) fails the same way on every restart: not retried here,
+  // and reported permanent so that no other node re-joins for it.
+  const bool config_error = parse_error_file(first.error_file_text).error_code == error_code_name(ErrorCode::config);
+  report_failure(first, config_error);
+  if (config_error && restart < spec_.cluster.max_restarts)
+    DTRAIN_WARN("not restarting: rank {} stopped on a configuration error, which a restart would repeat",
+                first.rank);
+  if (!config_error && restart < spec_.cluster.max_restarts) {
     failures_ = restart + 1;
     DTRAIN_WARN("restarting the workers: restart {} of {} (rank {} failed: {})", failures_,
                 spec_.cluster.max_restarts, first.rank, first.exit.describe());
@@ -382,23 +388,6 @@ void Agent::print_remote_root_cause(int restart, const std::string& failure) con
             << spec_.cluster.max_restarts << "\n"
             << rule << "\n"
             << std::flush;
-}
-
-void Agent::report_failure(const Worker& worker) {
-  rendezvous::FailureReport report;
-  report.node_id = config_.node_id;
-  report.round = group_.round;
-  report.rank = worker.rank;
-  report.local_rank = worker.local_rank;
-  report.exit_code = worker.exit.exit_code;
-  report.signal = worker.exit.signal;
-  report.failed_at = failure_time(worker);
-  if (!worker.error_file_text.empty()) report.message = error_file_report(worker.error_file_text);
-  try {
-    client_.report_failure(report);
-  } catch (const Error& e) {
-    DTRAIN_WARN("could not report the failure to the rendezvous: {}", e.message());
-  }
 }
 
 void Agent::leave(bool success) {

@@ -57,12 +57,12 @@ class Agent {
   void stop_step(int first_signal);
   int restart_or_fail(int restart);  // after a local failure: -1 = restart
   void check_restarts_left(int restart) const;  // throws when restart > max_restarts
-  int server_restart();                         // the server's restart count (0 = unknown)
+  rendezvous::ServerStatus server_status();     // restart 0 and not stopped when unknown
   bool round_moved_on();  // after a local failure: the server is past this round
 
   void record_exit(const ExitEvent& event, bool stopping);
   std::optional<Outcome> group_outcome() const;
-  void report_failure(const Worker& worker);
+  void report_failure(const Worker& worker, bool permanent);  // permanent: a restart would repeat it
   void leave(bool success);
   bool hurry();  // during stop: a (second) signal arrived
   // Restarts used up after another node's (or a hang's) failure: the root

@@ -264,6 +264,7 @@ void to_proto(const FailureReport& r, pb::FailureRequest* out) {
   out->set_signal(r.signal);
   out->set_message(r.message);
   out->set_failed_at(r.failed_at);
+  out->set_permanent(r.permanent);
 }
 
 FailureReport from_proto(const pb::FailureRequest& req) {
@@ -276,6 +277,7 @@ FailureReport from_proto(const pb::FailureRequest& req) {
   r.signal = req.signal();
   r.message = req.message();
   r.failed_at = req.failed_at();
+  r.permanent = req.permanent();
   return r;
 }
 
@@ -287,6 +289,7 @@ void to_proto(const ServerStatus& s, pb::StatusReply* out) {
   out->set_max_nodes(s.max_nodes);
   out->set_round_open(s.round_open);
   out->set_failure(s.failure);
+  out->set_stopped(s.stopped);
   for (const NodeStatus& n : s.nodes) {
     pb::NodeStatusInfo* p = out->add_nodes();
     p->set_node_id(n.node_id);
@@ -306,6 +309,7 @@ ServerStatus from_proto(const pb::StatusReply& r) {
   s.max_nodes = r.max_nodes();
   s.round_open = r.round_open();
   s.failure = r.failure();
+  s.stopped = r.stopped();
   for (const pb::NodeStatusInfo& p : r.nodes())
     s.nodes.push_back({p.node_id(), p.host(), p.node_rank(), p.last_heartbeat_age_s(), p.hostname()});
   if (!r.placement().empty()) {

@@ -57,6 +57,7 @@ struct FailureReport {
   int signal = 0;
   std::string message;
   double failed_at = 0;  // seconds since the epoch; 0 = unknown
+  bool permanent = false;  // a restart would repeat it (a worker's config error): the job stops
 };
 
 struct NodeStatus {
@@ -75,6 +76,7 @@ struct ServerStatus {
   bool round_open = true;      // waiting for joiners
   std::vector<NodeStatus> nodes;  // members of the current round (or waiting)
   std::string failure;            // as in HeartbeatReply
+  bool stopped = false;           // a permanent failure was reported: agents stop instead of re-joining
   bool has_placement = false;     // asked for and a round has closed
   Placement placement;            // the last closed round's whole placement (same as dtrain topo)
 };

@@ -79,6 +79,11 @@ Refusal RoundState::check_join(const JoinInfo& info) const {
 Refusal RoundState::join(const JoinInfo& info, uint64_t ticket, TimePoint now,
                          TimePoint expiry) {
   if (Refusal refusal = check_join(info)) return refusal;
+  // A node that decided to restart before the permanent report came (its
+  // own rank failed on the consequence) learns here that the job is over.
+  if (stopped_)
+    return {RefusalKind::precondition, "the job stopped without a restart: " + failure_ +
+                                           " (a configuration error, which a restart would repeat)"};
   if (!open_) {
     bool member = std::any_of(active_.begin(), active_.end(),
                               [&](const Member& m) { return m.info.node_id == info.node_id; });
@@ -212,6 +217,7 @@ void RoundState::report_failure(const FailureReport& r) {
   DTRAIN_WARN("rendezvous: node '{}' reports a failure in round {}: rank {} (local {}) {}{}{}",
               r.node_id, r.round, r.rank, r.local_rank, what, r.message.empty() ? "" : ": ",
               r.message);
+  if (r.permanent) stopped_ = true;  // whatever round it names: a restart would repeat it
   const bool earlier = r.round == failure_round_ && !failure_.empty() && r.failed_at > 0 &&
                        r.failed_at < failure_at_;
   if ((r.round != round_ || open_) && !earlier) return;  // this round was already restarted
@@ -272,6 +278,7 @@ void RoundState::check_hang(TimePoint now) {
 ServerStatus RoundState::status(TimePoint now) const {
   ServerStatus s;
   s.failure = failure_;
+  s.stopped = stopped_;
   s.job = options_.job;
   s.round = round_;
   s.restart = restart_;

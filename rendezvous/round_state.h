@@ -108,6 +108,7 @@ class RoundState {
   // the first failure often reports first).
   uint64_t failure_round_ = 0;
   double failure_at_ = 0;
+  bool stopped_ = false;  // a permanent failure was reported (FailureReport::permanent)
 
   ServerOptions options_;
   uint64_t round_ = 1;

@@ -55,13 +55,15 @@ void keep_freed_memory_in_heap() {
 
 // What the agent shows as the root cause: the message, this rank and the
 // step it failed in, in DTRAIN_ERROR_FILE (TORCHELASTIC_ERROR_FILE when only
-// that is set, as under torchrun). Nothing when neither is set.
-void write_error_file(const std::string& message) {
+// that is set, as under torchrun). Nothing when neither is set. `code`: the
+// dtrain::Error's code name, "" for other exceptions.
+void write_error_file(const std::string& message, const std::string& code = "") {
   const char* path = std::getenv("DTRAIN_ERROR_FILE");
   if (!path || !*path) path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (!path || !*path) return;
   dtrain::ErrorFileRecord record;
   record.message = message;
+  record.error_code = code;
   const char* rank = std::getenv("RANK");
   record.rank = rank ? std::atoi(rank) : -1;
   const int64_t step = dtrain::engine::trainer::current_step();
@@ -148,7 +150,7 @@ int main(int argc, char** argv) {
   } catch (const dtrain::Error& e) {
     std::cerr << "dtrain-worker: error: " << e.message() << "\n";
     if (!e.hint().empty()) std::cerr << "  fix: " << e.hint() << "\n";
-    write_error_file(e.message() + (e.hint().empty() ? "" : "\nfix: " + e.hint()));
+    write_error_file(e.message() + (e.hint().empty() ? "" : "\nfix: " + e.hint()), dtrain::error_code_name(e.code()));
     return e.exit_code();
   } catch (const std::exception& e) {
     std::cerr << "dtrain-worker: error: " << e.what() << "\n";

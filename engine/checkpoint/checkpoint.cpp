@@ -9,7 +9,10 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/all.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/isfinite.h>
 
 #include <chrono>
 #include <csignal>
@@ -77,9 +80,10 @@ std::string rng_name(c10::Device d, int rank) {
   return "rng/" + device::rng_kind(d) + "/rank_" + std::to_string(rank);
 }
 
-std::vector<ck::ShardData> collect_shards(const TrainState& s, std::vector<at::Tensor>& keep) {
+std::vector<ck::ShardData> collect_shards(const TrainState& s, const std::vector<parallel::StateEntry>& entries,
+                                          std::vector<at::Tensor>& keep) {
   std::vector<ck::ShardData> shards;
-  for (const auto& e : s.state->save_entries()) add_entry(shards, keep, e);
+  for (const auto& e : entries) add_entry(shards, keep, e);
   const c10::Device cpu(c10::DeviceType::CPU);
   add_full(shards, keep, rng_name(cpu, s.info->rank), device::rng_state(cpu));
   if (!s.device.is_cpu())
@@ -144,6 +148,35 @@ void restore_rng(ck::CheckpointReader& reader, const TrainState& s, const std::s
                 device::rng_kind(d), s.info->rank);
 }
 
+// The first of this rank's model and optimizer tensors holding a NaN or inf
+// ("" when all are finite): one reduction per tensor where it lives, one
+// host sync for all of them.
+std::string first_nonfinite(const std::vector<parallel::StateEntry>& entries) {
+  std::vector<at::Tensor> ok;  // [1] bool each
+  for (const auto& e : entries)
+    if (c10::isFloatingType(e.tensor.scalar_type())) ok.push_back(at::isfinite(e.tensor.detach()).all().reshape({1}));
+  if (ok.empty() || at::cat(ok).all().item<bool>()) return "";
+  size_t i = 0;
+  for (const auto& e : entries)
+    if (c10::isFloatingType(e.tensor.scalar_type()) && !ok[i++].item<bool>()) return e.name;
+  return "";
+}
+
+// Collective over the world: throws dtrain::Error(config) on every rank when
+// any rank's state is not finite, before anything of step `step` is written.
+void check_finite_state(const TrainState& s, const std::vector<parallel::StateEntry>& entries, int64_t step) {
+  const std::string bad = first_nonfinite(entries);
+  at::Tensor flag = at::full({1}, bad.empty() ? 0.0f : float(s.info->rank + 1), at::kFloat);  // [1]
+  s.control->all_reduce(flag, /*async=*/false, comm::ReduceOp::max);
+  const int worst = int(flag.item<float>()) - 1;  // the highest rank with non-finite state, -1: none
+  if (worst < 0) return;
+  throw Error(ErrorCode::config,
+              "checkpoint of step " + std::to_string(step) + " not written: the training state holds NaN or inf (" +
+                  (bad.empty() ? "rank " + std::to_string(worst) : "this rank's " + bad) + ")",
+              "the run diverged; lower train.lr or clip gradients with train.grad_clip, and resume from the "
+              "last checkpoint in checkpoint.dir = " + s.spec->checkpoint.dir);
+}
+
 }  // namespace
 
 std::string model_signature(const ModelSpec& m) {
@@ -170,11 +203,13 @@ std::string prepare_resume(const TrainState& s) {
 SaveStats save(const TrainState& s, int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string& root = s.spec->checkpoint.dir;
+  const std::vector<parallel::StateEntry> entries = s.state->save_entries();
+  check_finite_state(s, entries, step);  // collective: no rank writes non-finite state
   if (s.info->rank == 0) ck::prepare_tmp_dir(root, step);
   s.control->barrier();  // the .tmp dir exists for everyone
 
   std::vector<at::Tensor> keep;
-  std::vector<ck::ShardData> shards = collect_shards(s, keep);
+  std::vector<ck::ShardData> shards = collect_shards(s, entries, keep);
   safetensors::WriteOptions wopt;
   if (crash_during_save(s.spec->fault, *s.info, step))
     // fault.kind crash_during_save: SIGKILLed after writing about half the

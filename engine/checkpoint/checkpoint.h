@@ -51,7 +51,10 @@ std::string prepare_resume(const TrainState& s);
 
 // Collective over the world: every rank writes rank_<r>.safetensors into
 // step_<step>.tmp, rank 0 writes index.json after a barrier and commits
-// (rename, latest, keep). Throws dtrain::Error(checkpoint).
+// (rename, latest, keep). Before anything is written, every rank checks
+// that its model and optimizer tensors are finite: when one is not, no rank
+// writes and all throw dtrain::Error(config). Throws dtrain::Error(checkpoint)
+// on I/O failures.
 SaveStats save(const TrainState& s, int64_t step);
 
 // Loads this rank's state from checkpoint dir `dir` (any mesh) after
@@ -76,7 +79,10 @@ bool preemption_requested(comm::Group& control, bool last);
 // checkpoint.dir's `latest`; returns the step to continue from (0: none).
 int64_t resume(const TrainState& s);
 // after_step: saves every checkpoint.every steps, after the last step and
-// on preemption (collective). Returns true when the loop must stop now.
-bool after_step(const TrainState& s, int64_t steps_done);
+// on preemption (collective), except after a step that was not finite
+// (`step_finite` false, the same on every rank): that save is left out with
+// a warning, so `latest` stays on finite state. Returns true when the loop
+// must stop now.
+bool after_step(const TrainState& s, int64_t steps_done, bool step_finite);
 
 }  // namespace dtrain::engine::checkpoint

@@ -28,7 +28,7 @@ int64_t resume(const TrainState& s) {
   return step;
 }
 
-bool after_step(const TrainState& s, int64_t steps_done) {
+bool after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
   const bool preempted = preemption_requested(*s.control, steps_done >= s.spec->train.steps);
   const auto& c = s.spec->checkpoint;
   const bool due = (c.every > 0 && steps_done % c.every == 0) || steps_done == s.spec->train.steps;
@@ -37,7 +37,13 @@ bool after_step(const TrainState& s, int64_t steps_done) {
       DTRAIN_WARN("SIGTERM: stopping after step {} without a checkpoint (checkpoint.dir is empty)", steps_done);
     return preempted;
   }
-  if (due || preempted) {
+  if ((due || preempted) && !step_finite) {
+    if (s.info->rank == 0) {
+      const std::string latest = dtrain::checkpoint::latest_dir(c.dir);
+      DTRAIN_WARN("checkpoint of step {} not written: the step was not finite; {}", steps_done,
+                  latest.empty() ? "no checkpoint exists yet" : "latest stays " + latest);
+    }
+  } else if (due || preempted) {
     SaveStats st = save(s, steps_done);
     if (s.info->rank == 0)
       DTRAIN_INFO("checkpoint {} saved{}: {:.1f} MB from rank 0 in {:.3f} s ({:.0f} MB/s)", st.dir,

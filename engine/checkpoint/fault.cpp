@@ -32,6 +32,12 @@ void fault_in_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step
   }
 }
 
+bool nan_grad_in_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step) {
+  if (f.kind != "nan_grad" || !is_target(f, info) || step != f.step) return false;
+  DTRAIN_WARN("fault.kind = nan_grad: rank {} makes its gradients of step {} NaN on purpose", info.rank, step);
+  return true;
+}
+
 void fault_after_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step) {
   if (!is_target(f, info) || step != f.step) return;
   if (f.kind == "kill_after_step") ::raise(SIGKILL);

@@ -18,6 +18,10 @@ namespace dtrain::engine::checkpoint {
 // fault.kind raise: throws std::runtime_error in step fault.step.
 void fault_in_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step);
 
+// fault.kind nan_grad: true in step fault.step on rank fault.rank, whose
+// backward then scales its loss by NaN (NaN gradients, as from a bad batch).
+bool nan_grad_in_step(const FaultSpec& f, const comm::WorldInfo& info, int64_t step);
+
 // After step `step` and its checkpoint, if one was due: kill_after_step
 // SIGKILLs this rank; hang sleeps forever (SIGTERM only sets the preemption
 // flag, so the launcher's SIGKILL after cluster.grace_s ends it), when

@@ -1,24 +1,18 @@
 // The token sources of dataset.h: "bytes" (the file read into memory, one
-// token per byte), "tokens-u16" (mmap'd little-endian uint16, checked against
-// the vocabulary once at open) and "synthetic" (repeated random phrases with
-// noise, deterministic from the seed, so a model can learn it). Sample i is
-// tokens [i*T, i*T + T] (T = seq_len): non-overlapping windows.
+// token per byte), "tokens-u16" (little-endian uint16 read per sample with
+// pread, checked against the vocabulary at open and per read) and
+// "synthetic" (repeated random phrases with noise, deterministic from the
+// seed, so a model can learn it). File-backed sources stop the run when their
+// file changes under it (data_file.h). Sample i is tokens [i*T, i*T + T]
+// (T = seq_len): non-overlapping windows.
 #include "engine/data/dataset.h"
 
 #include "common/error.h"
+#include "engine/data/data_file.h"
 
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <iterator>
-
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace dtrain::engine::data {
 namespace {
@@ -30,9 +24,10 @@ constexpr const char* kCorpusHint =
   throw Error(ErrorCode::config, "data.path = '" + path + "': " + what, hint);
 }
 
-// B = batch (sample ids), T = seq_len. `tok(i)` returns token i of the stream.
-template <typename TokenAt>
-void fill_batch(const std::vector<int64_t>& ids, int seq_len, int64_t num_samples, TokenAt tok,
+// B = batch (sample ids), T = seq_len. `read(id, w)` writes the T+1 tokens
+// of sample `id` to w[0..T].
+template <typename ReadWindow>
+void fill_batch(const std::vector<int64_t>& ids, int seq_len, int64_t num_samples, ReadWindow read,
                 at::Tensor& inputs, at::Tensor& targets) {
   const int64_t B = int64_t(ids.size()), T = seq_len;
   auto shape_ok = [&](const at::Tensor& t) {
@@ -43,19 +38,17 @@ void fill_batch(const std::vector<int64_t>& ids, int seq_len, int64_t num_sample
   if (!shape_ok(targets)) targets = at::empty({B, T}, at::kLong);  // [B, T]
   int64_t* in = inputs.data_ptr<int64_t>();
   int64_t* tg = targets.data_ptr<int64_t>();
+  std::vector<int64_t> w(size_t(T + 1));  // [T + 1]
   for (int64_t b = 0; b < B; ++b) {
     const int64_t id = ids[size_t(b)];
     if (id < 0 || id >= num_samples) {
       throw Error(ErrorCode::internal, "dataset: sample id " + std::to_string(id) + " outside [0, " +
                                            std::to_string(num_samples) + ")");
     }
-    const int64_t start = id * T;
-    int64_t prev = tok(start);
+    read(id, w.data());
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t next = tok(start + t + 1);
-      in[b * T + t] = prev;
-      tg[b * T + t] = next;
-      prev = next;
+      in[b * T + t] = w[size_t(t)];
+      tg[b * T + t] = w[size_t(t + 1)];
     }
   }
 }
@@ -73,10 +66,9 @@ void check_windows(const std::string& path, int64_t ntokens, int seq_len) {
 
 class ByteDataset final : public TokenDataset {
  public:
-  ByteDataset(const std::string& path, int seq_len, int vocab) : seq_len_(seq_len) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(path, std::string("cannot open (") + std::strerror(errno) + ")");
-    bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  ByteDataset(const std::string& path, int seq_len, int vocab) : file_(path, kCorpusHint), seq_len_(seq_len) {
+    bytes_.resize(size_t(file_.size()));
+    file_.read(0, bytes_.size(), bytes_.data());
     check_windows(path, int64_t(bytes_.size()), seq_len);
     if (vocab < 256) {
       for (size_t i = 0; i < bytes_.size(); ++i) {
@@ -91,12 +83,21 @@ class ByteDataset final : public TokenDataset {
   }
   int64_t num_samples() const override { return num_samples_; }
   int seq_len() const override { return seq_len_; }
+  // The bytes are in memory, but a file changed under the run would give a
+  // restart (which reads it again) other samples: it stops the run as well.
   void get_batch(const std::vector<int64_t>& ids, at::Tensor& inputs, at::Tensor& targets) const override {
+    file_.check();
     const unsigned char* p = bytes_.data();
-    fill_batch(ids, seq_len_, num_samples_, [p](int64_t i) { return int64_t(p[i]); }, inputs, targets);
+    const int64_t T = seq_len_;
+    fill_batch(ids, seq_len_, num_samples_,
+               [p, T](int64_t id, int64_t* w) {
+                 for (int64_t t = 0; t <= T; ++t) w[t] = p[id * T + t];
+               },
+               inputs, targets);
   }
 
  private:
+  DataFile file_;
   std::vector<unsigned char> bytes_;
   int seq_len_;
   int64_t num_samples_ = 0;
@@ -104,62 +105,56 @@ class ByteDataset final : public TokenDataset {
 
 // ---------------------------------------------------------------------------
 
+// Little-endian uint16 tokens read with pread (data_file.h says why not mmap):
+// the whole file once at open for the vocabulary check, then each sample's
+// window per batch, its tokens checked again (a rewrite that kept size and
+// mtime must not index past the embedding).
 class U16Dataset final : public TokenDataset {
  public:
-  U16Dataset(const std::string& path, int seq_len, int vocab) : seq_len_(seq_len) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(path, std::string("cannot open (") + std::strerror(errno) + ")");
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      fail(path, std::string("cannot stat (") + std::strerror(err) + ")");
-    }
-    size_ = size_t(st.st_size);
-    if (size_ % 2 != 0) {
-      ::close(fd);
-      fail(path, "size " + std::to_string(size_) + " bytes is odd, not a file of uint16 tokens",
+  U16Dataset(const std::string& path, int seq_len, int vocab) : file_(path, kCorpusHint), seq_len_(seq_len), vocab_(vocab) {
+    const int64_t size = file_.size();
+    if (size % 2 != 0)
+      fail(path, "size " + std::to_string(size) + " bytes is odd, not a file of uint16 tokens",
            "format tokens-u16 expects little-endian uint16 tokens; use format bytes for text");
-    }
-    if (windows(int64_t(size_ / 2), seq_len) < 1) {
-      ::close(fd);
-      check_windows(path, int64_t(size_ / 2), seq_len);
-    }
-    void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int err = errno;
-    ::close(fd);  // the mapping keeps the file alive
-    if (m == MAP_FAILED) fail(path, std::string("cannot mmap (") + std::strerror(err) + ")");
-    data_ = static_cast<const unsigned char*>(m);
-    num_samples_ = windows(int64_t(size_ / 2), seq_len);
-    for (size_t i = 0; i < size_ / 2; ++i) {
-      const int64_t t = token(int64_t(i));
-      if (t >= vocab) {
-        const std::string where = "token " + std::to_string(t) + " at byte offset " + std::to_string(2 * i) +
-                                  " is >= model.vocab = " + std::to_string(vocab);
-        ::munmap(const_cast<unsigned char*>(data_), size_);
-        data_ = nullptr;
-        fail(path, where, "set model.vocab above the largest token id, or re-tokenize");
-      }
+    check_windows(path, size / 2, seq_len);
+    num_samples_ = windows(size / 2, seq_len);
+    std::vector<unsigned char> chunk(size_t(1) << 20);
+    for (int64_t off = 0; off < size; off += int64_t(chunk.size())) {
+      const size_t n = size_t(std::min<int64_t>(int64_t(chunk.size()), size - off));
+      file_.read(off, n, chunk.data());
+      for (size_t i = 0; i < n; i += 2) check_token(token(&chunk[i]), off + int64_t(i));
     }
   }
-  ~U16Dataset() override {
-    if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
-  }
-  U16Dataset(const U16Dataset&) = delete;
-  U16Dataset& operator=(const U16Dataset&) = delete;
 
   int64_t num_samples() const override { return num_samples_; }
   int seq_len() const override { return seq_len_; }
   void get_batch(const std::vector<int64_t>& ids, at::Tensor& inputs, at::Tensor& targets) const override {
-    fill_batch(ids, seq_len_, num_samples_, [this](int64_t i) { return token(i); }, inputs, targets);
+    file_.check();
+    const int64_t T = seq_len_;
+    std::vector<unsigned char> buf(size_t(2 * (T + 1)));
+    fill_batch(ids, seq_len_, num_samples_,
+               [&](int64_t id, int64_t* w) {
+                 const int64_t off = 2 * id * T;
+                 file_.read(off, buf.size(), buf.data());
+                 for (int64_t t = 0; t <= T; ++t) w[t] = check_token(token(&buf[size_t(2 * t)]), off + 2 * t);
+               },
+               inputs, targets);
   }
 
  private:
   // Little-endian whatever the host's byte order.
-  int64_t token(int64_t i) const { return int64_t(data_[2 * i]) | (int64_t(data_[2 * i + 1]) << 8); }
-  const unsigned char* data_ = nullptr;
-  size_t size_ = 0;
+  static int64_t token(const unsigned char* p) { return int64_t(p[0]) | (int64_t(p[1]) << 8); }
+  int64_t check_token(int64_t t, int64_t byte_offset) const {
+    if (t >= vocab_)
+      fail(file_.path(), "token " + std::to_string(t) + " at byte offset " + std::to_string(byte_offset) +
+                             " is >= model.vocab = " + std::to_string(vocab_),
+           "set model.vocab above the largest token id, or re-tokenize");
+    return t;
+  }
+
+  DataFile file_;
   int seq_len_;
+  int vocab_;
   int64_t num_samples_ = 0;
 };
 
@@ -202,7 +197,12 @@ class SyntheticDataset final : public TokenDataset {
   int seq_len() const override { return seq_len_; }
   void get_batch(const std::vector<int64_t>& ids, at::Tensor& inputs, at::Tensor& targets) const override {
     const uint16_t* p = tokens_.data();
-    fill_batch(ids, seq_len_, num_samples_, [p](int64_t i) { return int64_t(p[i]); }, inputs, targets);
+    const int64_t T = seq_len_;
+    fill_batch(ids, seq_len_, num_samples_,
+               [p, T](int64_t id, int64_t* w) {
+                 for (int64_t t = 0; t <= T; ++t) w[t] = p[id * T + t];
+               },
+               inputs, targets);
   }
 
  private:

@@ -1,5 +1,5 @@
 // Token sources (DESIGN.md section 6, data/): byte-level text (vocab 256),
-// memory-mapped uint16 token files, and a synthetic source. A sample i is
+// uint16 token files, and a synthetic source. A sample i is
 // the window of seq_len+1 tokens starting at a position fixed by i, so any
 // rank can read any sample. Does not decide which rank reads which sample
 // (sampler.h does).
@@ -24,10 +24,11 @@ class TokenDataset {
                          at::Tensor& targets) const = 0;
 };
 
-// format: "bytes" (any file, one token per byte), "tokens-u16" (mmap'd
-// little-endian uint16), "synthetic" (deterministic from seed; path unused).
+// format: "bytes" (any file, one token per byte), "tokens-u16"
+// (little-endian uint16), "synthetic" (deterministic from seed; path unused).
 // Throws dtrain::Error(config) naming data.path when the file is missing or
-// too short for one sample.
+// too short for one sample; get_batch throws it when the file changed
+// (size or modification time) since open.
 std::unique_ptr<TokenDataset> open_dataset(const std::string& format, const std::string& path,
                                            int seq_len, int vocab, uint64_t seed);
 

@@ -38,7 +38,32 @@ std::string duration_text(double s) {
   return fmt::format("{}m{:02d}s", total / 60, total % 60);
 }
 
+// A JSON number with `digits` significant digits, or null for NaN and inf
+// (which JSON cannot hold).
+std::string num(double v, int digits) {
+  if (!std::isfinite(v)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  return buf;
+}
+
 }  // namespace
+
+std::string MetricsLogger::jsonl_line(const StepReport& r, const MemoryStats& mem, const Timing& t) const {
+  std::string line = fmt::format(
+      "{{\"step\": {}, \"loss\": {}, \"lr\": {}, \"tokens_per_s\": {}, \"elapsed_s\": {}, \"cpu_s\": {}, "
+      "\"step_time_s\": {}, \"sync_wait_s\": {}, \"grad_norm\": {}, \"rss_bytes\": {}, \"param_bytes\": {}, "
+      "\"grad_bytes\": {}, \"optimizer_bytes\": {}, \"peak_bytes\": {}, \"buckets_in_backward\": {}, "
+      "\"dp_bytes_sent\": {}, \"tp_bytes_sent\": {}, \"slowest_rank\": {}, \"straggler_ratio\": {}, "
+      "\"mfu\": {}, \"flops_per_step\": {}, \"peak_flops\": {}",
+      r.step, num(r.loss, 17), num(r.lr, 17), num(t.tokens_per_s, 6), num(t.elapsed_s, 6), num(t.cpu_s, 6),
+      num(t.step_s, 6), num(t.wait_s, 6), num(r.grad_norm, 9), mem.rss, mem.params, mem.grads, mem.optimizer,
+      mem.peak, r.buckets_in_backward, r.dp_bytes_sent, r.tp_bytes_sent, r.slowest_rank,
+      num(r.straggler_ratio, 6), num(t.mfu, 9), num(opt_.flops_per_step, 17), num(opt_.peak_flops, 17));
+  for (const auto& [name, value] : r.extra) line += ", \"" + name + "\": " + num(value, 9);
+  if (r.nonfinite) line += ", \"nonfinite\": true";
+  return line + "}\n";
+}
 
 int64_t process_rss_bytes() {
   std::ifstream statm("/proc/self/statm");
@@ -71,7 +96,7 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
   interval_s_ += r.step_s;
   interval_wait_s_ += r.sync_wait_s;
   ++interval_steps_;
-  if (!should_log(r.step)) return;
+  if (!should_log(r.step) && !r.nonfinite) return;  // a non-finite step is always logged
   const double step_s = interval_s_ / double(interval_steps_);
   const double tokens_per_s = double(opt_.tokens_per_step) / step_s;
   const double wait_s = interval_wait_s_ / double(interval_steps_);
@@ -95,22 +120,7 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
     DTRAIN_INFO("step {}/{} | {}", r.step, opt_.total_steps, line);
   }
   if (jsonl_) {
-    std::fprintf(jsonl_,
-                 "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"tokens_per_s\": %.6g, "
-                 "\"elapsed_s\": %.6g, \"cpu_s\": %.6g, \"step_time_s\": %.6g, \"sync_wait_s\": %.6g, "
-                 "\"grad_norm\": %.9g, \"rss_bytes\": %lld, \"param_bytes\": %lld, "
-                 "\"grad_bytes\": %lld, \"optimizer_bytes\": %lld, \"peak_bytes\": %lld, "
-                 "\"buckets_in_backward\": %d, \"dp_bytes_sent\": %lld, \"tp_bytes_sent\": %lld, "
-                 "\"slowest_rank\": %d, \"straggler_ratio\": %.6g, "
-                 "\"mfu\": %.9g, \"flops_per_step\": %.17g, \"peak_flops\": %.17g",
-                 static_cast<long long>(r.step), r.loss, r.lr, tokens_per_s, elapsed, process_cpu_s(), step_s, wait_s,
-                 r.grad_norm, static_cast<long long>(mem.rss), static_cast<long long>(mem.params),
-                 static_cast<long long>(mem.grads), static_cast<long long>(mem.optimizer),
-                 static_cast<long long>(mem.peak), r.buckets_in_backward,
-                 static_cast<long long>(r.dp_bytes_sent), static_cast<long long>(r.tp_bytes_sent),
-                 r.slowest_rank, r.straggler_ratio, mfu, opt_.flops_per_step, opt_.peak_flops);
-    for (const auto& [name, value] : r.extra) std::fprintf(jsonl_, ", \"%s\": %.9g", name.c_str(), value);
-    std::fputs("}\n", jsonl_);
+    std::fputs(jsonl_line(r, mem, {tokens_per_s, elapsed, process_cpu_s(), step_s, wait_s, mfu}).c_str(), jsonl_);
     std::fflush(jsonl_);
   }
 }

@@ -1,6 +1,8 @@
 // Training metrics (DESIGN.md section 6, trainer): every log.every steps (and
 // the first and last) rank 0 prints step/total, the global-batch mean loss, lr, tokens/s,
-// ETA and memory, and appends one JSON object to <log dir>/metrics.jsonl.
+// ETA and memory, and appends one JSON object to <log dir>/metrics.jsonl
+// (valid JSON always: a NaN or inf is written as null, and a non-finite step
+// carries "nonfinite": true).
 // Owns the timing and formatting; it does not train or decide the loss value.
 #pragma once
 
@@ -35,6 +37,7 @@ struct StepReport {
   int64_t tp_bytes_sent = 0;    // ... and through the tp group (forward and backward)
   int slowest_rank = -1;        // logged steps: the rank with the most compute (straggler.h)
   double straggler_ratio = 0;   // its compute / the median rank's
+  bool nonfinite = false;       // the loss or gradient norm is NaN or inf (the update was skipped)
   std::vector<std::pair<std::string, double>> extra;  // GradSync::step_metrics (e.g. moe_max_load)
 };
 
@@ -58,11 +61,17 @@ class MetricsLogger {
   // Same answer on every rank: whether step `step` (1-based) is logged (the
   // first, every `every`-th and the last).
   bool should_log(int64_t step) const;
-  // Every step: accumulates timing. On rank 0 for logged steps: prints and
-  // appends one JSON line.
+  // Every step: accumulates timing. On rank 0 for logged steps (and every
+  // non-finite one): prints and appends one JSON line.
   void record(const StepReport& report, const MemoryStats& memory, bool print);
 
  private:
+  struct Timing {  // the logged interval's figures
+    double tokens_per_s, elapsed_s, cpu_s, step_s, wait_s, mfu;
+  };
+  // One metrics.jsonl record, newline included.
+  std::string jsonl_line(const StepReport& r, const MemoryStats& mem, const Timing& t) const;
+
   MetricsOptions opt_;
   std::FILE* jsonl_ = nullptr;
   double start_s_ = 0;          // monotonic time the logger was created

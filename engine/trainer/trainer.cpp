@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
@@ -19,6 +20,7 @@
 #include "engine/trainer/current_step.h"
 #include "engine/trainer/memory_check.h"
 #include "engine/trainer/memory_report.h"
+#include "engine/trainer/nonfinite.h"
 #include "engine/trainer/straggler.h"
 #include "engine/trainer/train_session.h"
 
@@ -28,6 +30,7 @@ namespace {
 struct StepResult {
   double local_loss_sum = 0;  // sum over micro-steps of the micro-batch mean loss
   double grad_norm = 0;
+  bool finite = true;  // the gradient norm is finite, so the update was applied
   double lr = 0;
   double step_s = 0;
   double blocked_s = 0;  // of step_s, blocked in collectives
@@ -82,6 +85,8 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   opt.bf16 = s.spec.train.precision == "bf16";
   opt.seed = s.spec.job.seed;
   opt.step = step;
+  if (checkpoint::nan_grad_in_step(s.spec.fault, s.info, step + 1))
+    opt.loss_scale = std::numeric_limits<double>::quiet_NaN();
   SamplerBatches batches(s);
   StepResult r;
   r.local_loss_sum = s.par.schedule->run(s.par.parts, *s.par.grad_sync, batches, opt);
@@ -89,8 +94,15 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   comm::trace_phase(trace::Phase::optimizer);
   r.grad_norm = s.par.grad_sync->clip(s.spec.train.grad_clip);
   r.lr = s.schedule.at(step);
-  s.optimizer->step(r.lr);
-  s.par.grad_sync->after_optimizer_step();
+  // The norm is global, the same on every rank (GradSync::clip), and a NaN or
+  // inf anywhere in any rank's gradients reaches it through the gradient
+  // sync: every rank skips the same updates, so weights and optimizer state
+  // stay finite and identical across replicas.
+  r.finite = std::isfinite(r.grad_norm);
+  if (r.finite) {
+    s.optimizer->step(r.lr);
+    s.par.grad_sync->after_optimizer_step();
+  }
   s.par.grad_sync->zero();
   s.sampler->advance();
   r.step_s = timer.stop_s();
@@ -120,9 +132,10 @@ checkpoint::TrainState checkpoint_state(TrainSession& s) {
 int64_t maybe_load_checkpoint(TrainSession& s) { return checkpoint::resume(checkpoint_state(s)); }
 
 // Saves every checkpoint.every steps, after the last step
-// and on SIGTERM (preemption); returns true when the loop must stop.
-bool maybe_save_checkpoint(TrainSession& s, int64_t steps_done) {
-  return checkpoint::after_step(checkpoint_state(s), steps_done);
+// and on SIGTERM (preemption), never after a non-finite step; returns true
+// when the loop must stop.
+bool maybe_save_checkpoint(TrainSession& s, int64_t steps_done, bool step_finite) {
+  return checkpoint::after_step(checkpoint_state(s), steps_done, step_finite);
 }
 
 MetricsOptions metrics_options(const TrainSession& s, int64_t start_step) {
@@ -153,6 +166,7 @@ int run_training() {
   int64_t run_peak = 0;  // the largest step peak, for the memory report
   StepBytes last_bytes;  // the last step's, for the memory report
   const MemoryCheck memory_check(s.spec, s.info.rank, s.device.is_cpu());  // the planner vs this rank
+  NonfiniteWatch nonfinite(s.spec);
   for (; step < s.spec.train.steps; ++step) {
     StepResult r = train_step(s, step, timer);
     run_peak = std::max(run_peak, device::cpu_peak_bytes());
@@ -160,9 +174,13 @@ int run_training() {
     StepReport report{step + 1, 0.0, r.lr, r.grad_norm, r.step_s, r.sync.wait_s,
                       r.sync.launched_in_backward, r.dp_bytes_sent, r.tp_bytes_sent};
     report.extra = s.par.grad_sync->step_metrics();
-    const bool logged = metrics.should_log(step + 1);
+    // A non-finite step is always logged: every rank knows it (r.finite is
+    // global), so the logging collectives stay matched.
+    const bool logged = metrics.should_log(step + 1) || !r.finite;
     comm::trace_phase(trace::Phase::logging);
     if (logged) report.loss = global_mean_loss(s, r.local_loss_sum);
+    if (logged && !std::isfinite(report.loss)) r.finite = false;  // the same reduced loss on every rank
+    report.nonfinite = !r.finite;
     if (logged) {
       const StragglerStats st = straggler_stats(s.comm->control(), r.step_s - r.blocked_s);
       report.slowest_rank = st.slowest_rank;
@@ -173,8 +191,9 @@ int run_training() {
     }
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
     if (memory_check.due(step + 1)) memory_check.compare(s.memory(), s.is_log_rank());
+    nonfinite.observe(step + 1, r.finite, logged ? report.loss : std::nan(""), r.grad_norm, s.is_log_rank());
     comm::trace_phase(trace::Phase::checkpoint);
-    if (maybe_save_checkpoint(s, step + 1)) return 0;  // preempted, saved
+    if (maybe_save_checkpoint(s, step + 1, r.finite)) return 0;  // preempted, saved
   }
   if (const std::string what = s.par.schedule->summary(); !what.empty()) DTRAIN_INFO("{}", what);
   comm::trace_phase(trace::Phase::done);

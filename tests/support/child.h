@@ -26,7 +26,12 @@ extern char** environ;
 
 namespace dtrain::testing {
 
-inline std::string dtrain_bin() { return std::string(DTRAIN_BINARY_DIR) + "/apps/dtrain/dtrain"; }
+// DTRAIN_TEST_BINARY_DIR runs the tests against another build's dtrain (the
+// code before a change, to see a new test fail there); default this build.
+inline std::string dtrain_bin() {
+  const char* other = std::getenv("DTRAIN_TEST_BINARY_DIR");
+  return std::string(other && *other ? other : DTRAIN_BINARY_DIR) + "/apps/dtrain/dtrain";
+}
 inline std::string source_dir() { return DTRAIN_SOURCE_DIR; }
 inline std::string binary_dir() { return DTRAIN_BINARY_DIR; }
 // The Python with torch that CMake found (the project venv); "" when none.

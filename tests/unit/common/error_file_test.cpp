@@ -28,6 +28,9 @@ TEST_CASE("error file: torchelastic's layout round-trips message, rank, step and
   CHECK(back.rank == 2);
   CHECK(back.step == 5);
   CHECK(back.time_ms == 1700000123456);
+  CHECK(back.error_code.empty());  // not given: a crash, which the agent may restart
+  r.error_code = "config";        // a dtrain::Error(config): the agent does not restart it
+  CHECK(dtrain::parse_error_file(dtrain::error_file_json(r)).error_code == "config");
   // torchelastic's own files give whole seconds only.
   CHECK(dtrain::parse_error_file(R"({"message": {"message": "m", "extraInfo": {"timestamp": "17"}}})")
             .time_ms == 17000);

@@ -100,6 +100,8 @@ const std::vector<Example> kExamples = {
     {"train.grad_clip", "0.5"},
     {"train.precision", "bf16"},
     {"train.recompute", "selective"},
+    {"train.nonfinite", "skip_step"},
+    {"train.nonfinite_patience", "5"},
     {"data.path", "/data/tokens.bin"},
     {"data.format", "tokens-u16"},
     {"checkpoint.dir", "ck"},

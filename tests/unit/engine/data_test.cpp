@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -111,6 +112,41 @@ TEST_CASE("dataset errors name data.path and the fix") {
   CHECK(msg.find(tiny.path.string()) != std::string::npos);
   CHECK(msg.find("too few") != std::string::npos);
   CHECK(!error_message([&] { open_dataset("parquet", missing, 8, 256, 0); }).empty());
+}
+
+// Truncating a file a tokens-u16 dataset had mapped made the next read of a
+// sample past the new end SIGBUS: 3 pages of tokens, cut to 1, sample 1500 in page 3.
+TEST_CASE("dataset: a file truncated or rewritten after open stops get_batch with a config error naming it") {
+  for (const char* format : {"tokens-u16", "bytes"}) {
+    CAPTURE(format);
+    TempFile f(std::string("shrinks.") + format, std::string(12288, '\x01'));
+    auto ds = open_dataset(format, f.path.string(), 4, 1024, 0);
+    at::Tensor x, y;
+    ds->get_batch({1500, 0}, x, y);
+    CHECK(x[0][0].item().toLong() == (std::string(format) == "bytes" ? 1 : 0x0101));
+    fs::resize_file(f.path, 4096);
+    std::string msg;
+    try {
+      ds->get_batch({1500, 0}, x, y);
+    } catch (const dtrain::Error& e) {
+      CHECK(e.code() == dtrain::ErrorCode::config);
+      msg = e.message() + " | " + e.hint();
+    }
+    INFO(msg);
+    CHECK(msg.find("data.path = '" + f.path.string() + "' changed while training: size 12288 -> 4096 bytes") !=
+          std::string::npos);
+    CHECK(msg.find("put the original file back") != std::string::npos);
+  }
+  // The same size, other content: the modification time tells.
+  TempFile f("rewritten.u16", std::string(64, '\x02'));
+  auto ds = open_dataset("tokens-u16", f.path.string(), 4, 1024, 0);
+  at::Tensor x, y;
+  ds->get_batch({0}, x, y);
+  std::ofstream(f.path, std::ios::binary) << std::string(64, '\x03');
+  fs::last_write_time(f.path, fs::last_write_time(f.path) + std::chrono::seconds(2));  // coarse clocks
+  const std::string msg = error_message([&] { ds->get_batch({0}, x, y); });
+  INFO(msg);
+  CHECK(msg.find("size 64 -> 64 bytes, modified ") != std::string::npos);
 }
 
 TEST_CASE("dataset synthetic: deterministic per seed, within vocab") {

@@ -127,3 +127,24 @@ TEST_CASE("round: the earliest failure of a round is its root cause, whatever or
   s.report_failure(peer);
   CHECK(s.status(t0).failure == failure);
 }
+
+TEST_CASE("round: a permanent failure (a worker's config error) marks the job stopped for every node") {
+  for (bool permanent : {false, true}) {
+    CAPTURE(permanent);
+    RoundState s(round_options(2, 2));
+    TimePoint t0{};
+    CHECK_FALSE(s.join(node(0), 1, t0, TimePoint::max()));
+    CHECK_FALSE(s.join(node(1), 2, t0, TimePoint::max()));
+    REQUIRE(s.poll(t0).size() == 2);
+    FailureReport f = failure("n0", 0, "in step 4: data.path = 'x' changed while training", 1000.3);
+    f.permanent = permanent;
+    s.report_failure(f);
+    CHECK(s.status(t0).stopped == permanent);  // a crash: the nodes re-join for a restart
+    CHECK(s.status(t0).failure.find("changed while training") != std::string::npos);
+    CHECK(s.round() == 2);
+    // A node re-joining for a restart is refused once the job stopped.
+    const Refusal rejoin = s.join(node(1), 3, t0, TimePoint::max());
+    CHECK(bool(rejoin) == permanent);
+    if (permanent) CHECK(rejoin.message.find("the job stopped without a restart: rank 0") == 0);
+  }
+}

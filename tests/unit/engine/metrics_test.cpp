@@ -1,0 +1,64 @@
+// Unit tests of engine/trainer's MetricsLogger: metrics.jsonl stays JSON
+// that any reader accepts when a value is NaN or inf (null, and
+// "nonfinite": true on that step), and a non-finite step is written even
+// between log.every steps.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/trainer/metrics.h"
+
+namespace fs = std::filesystem;
+using dtrain::engine::trainer::MemoryStats;
+using dtrain::engine::trainer::MetricsLogger;
+using dtrain::engine::trainer::MetricsOptions;
+using dtrain::engine::trainer::StepReport;
+
+TEST_CASE("metrics.jsonl: NaN and inf become null, the step says nonfinite, every line parses") {
+  const fs::path dir = fs::temp_directory_path() / ("dtrain_metrics_test_" + std::to_string(::getpid()));
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  {
+    MetricsOptions o;
+    o.total_steps = 10;
+    o.every = 5;
+    o.tokens_per_step = 64;
+    o.jsonl_path = (dir / "metrics.jsonl").string();
+    MetricsLogger m(o);
+    StepReport r;
+    r.lr = 1e-3;
+    r.step_s = 0.01;
+    for (int64_t step = 1; step <= 5; ++step) {
+      r.step = step;
+      r.loss = step == 3 ? nan : 2.5;
+      r.grad_norm = step == 3 ? inf : 1.0;
+      r.nonfinite = step == 3;  // logged although 3 is no multiple of log.every
+      r.extra = {{"moe_max_load", step == 3 ? nan : 1.5}};
+      m.record(r, MemoryStats{}, /*print=*/true);
+    }
+  }
+  std::ifstream in(dir / "metrics.jsonl");
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) {
+    INFO(line);
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    REQUIRE_FALSE(j.is_discarded());
+    lines.push_back(j);
+  }
+  fs::remove_all(dir);
+  REQUIRE(lines.size() == 3);  // steps 1, 3, 5
+  CHECK(lines[1]["step"] == 3);
+  CHECK(lines[1]["loss"].is_null());
+  CHECK(lines[1]["grad_norm"].is_null());
+  CHECK(lines[1]["moe_max_load"].is_null());
+  CHECK(lines[1]["nonfinite"] == true);
+  CHECK(lines[2]["loss"] == 2.5);
+  CHECK_FALSE(lines[2].contains("nonfinite"));
+}
