@@ -110,6 +110,11 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
                  static_cast<long long>(r.dp_bytes_sent), static_cast<long long>(r.tp_bytes_sent),
                  r.slowest_rank, r.straggler_ratio, mfu, opt_.flops_per_step, opt_.peak_flops);
     for (const auto& [name, value] : r.extra) std::fprintf(jsonl_, ", \"%s\": %.9g", name.c_str(), value);
+    std::fputs(", \"comm_path\": {", jsonl_);
+    for (size_t i = 0; i < opt_.comm_paths.size(); ++i)
+      std::fprintf(jsonl_, "%s\"%s\": \"%s\"", i ? ", " : "", opt_.comm_paths[i].first.c_str(),
+                   opt_.comm_paths[i].second.c_str());
+    std::fputs("}", jsonl_);
     std::fputs("}\n", jsonl_);
     std::fflush(jsonl_);
   }
