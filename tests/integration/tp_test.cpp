@@ -5,8 +5,8 @@
 // parallelism; with dropout 0.1, every layout against the 1-process run
 // with dropout 0.1 (layout-invariant masks); a tp 2 checkpoint resumed at
 // tp 1 and at tp 4; bad tp values refused before any worker. Negative
-// controls: tp 2 with fault.kind no_tp_reduce, the resume at tp 1 with
-// reset_moments_on_load. Every parity run also shows from the engine's
+// controls: tp 2 with fault.kind no_tp_reduce, dp 2 x tp 2 ZeRO-3 with
+// no_grad_sync, the resume at tp 1 with reset_moments_on_load. Every parity run also shows from the engine's
 // memory.tsv and comm.tsv that it was tensor-parallel: each rank holds
 // about 1/tp of the parameter bytes and sent bytes through its tp group.
 //
@@ -80,8 +80,9 @@ bool has(const std::vector<std::string>& sets, const std::string& set) {
 // The bound: TP keeps R bytes whole on every rank (tensor_parallel.h: wpe
 // [T, C], each LayerNorm's weight and bias, the 2 row-parallel biases of
 // each block; with tp_vocab replicated also wte and head [V, C]), so a rank
-// holds (P - R) / tp + R, in [P / tp, P / tp + R (1 - 1/tp)]. Under ZeRO-3
-// dp shards the parameters too: only the traffic is checked there.
+// holds (P - R) / tp + R, in [P / tp, P / tp + R (1 - 1/tp)]. ZeRO-3 shards
+// that over dp too (divided by dp, plus at most dp - 1 elements of padding
+// per unit: layers + 2 units).
 void check_tp_layout(const std::string& name, int dp, int tp, int heads, const std::vector<std::string>& more) {
   auto& p = Parity::get();
   const auto ref = read_tsv(p.dir / ("ref_heads" + std::to_string(heads)) + "/memory.tsv");
@@ -93,8 +94,9 @@ void check_tp_layout(const std::string& name, int dp, int tp, int heads, const s
   const int layers = 2, d = 32, T = 32, V = 256;  // base_spec's model
   const double R = 4.0 * d * (T + 2 * (2 * layers + 1) + 2 * layers) +
                    (has(more, "model.tp_vocab=replicated") ? 4.0 * 2 * V * d : 0);
-  const double P = ref[0][1], lo = P / tp, hi = P / tp + R * (1 - 1.0 / tp);
   const bool zero3 = has(more, "parallel.zero=3");
+  const double shards = zero3 ? dp : 1, padding = zero3 ? 4.0 * (dp - 1) * (layers + 2) : 0;
+  const double P = ref[0][1], lo = P / tp / shards, hi = (P / tp + R * (1 - 1.0 / tp)) / shards + padding;
   double least_tp = 1e300, min_params = 1e300, max_params = 0;
   for (size_t r = 0; r < memory.size(); ++r) {
     least_tp = std::min(least_tp, comm[r][2]);
@@ -102,33 +104,33 @@ void check_tp_layout(const std::string& name, int dp, int tp, int heads, const s
     max_params = std::max(max_params, memory[r][1]);
   }
   MESSAGE(name << ": rank parameter bytes " << min_params << " to " << max_params << " of the 1-process run's "
-               << P << " (tp " << tp << ": must lie in [" << lo << ", " << hi << "]"
-               << std::string(zero3 ? ", not checked under ZeRO-3" : "") << "); least tp bytes sent by a rank in the last step: "
+               << P << " (tp " << tp << std::string(zero3 ? ", ZeRO-3 over dp " + std::to_string(dp) : "")
+               << ": must lie in [" << lo << ", " << hi << "]); least tp bytes sent by a rank in the last step: "
                << least_tp);
   CHECK(least_tp > 0);
-  if (zero3) return;
   CHECK(min_params >= lo);
   CHECK(max_params <= hi);
 }
 
+// control_fault: "" (none) or the fault.kind of this layout's negative control.
 void tp_parity(const std::string& name, int dp, int tp, int heads, const std::vector<std::string>& more = {},
-               bool with_control = false) {
+               const std::string& control_fault = "") {
   const RunResult& ref = reference(heads);
   const RunResult& run = cached(name, with(layout(dp, tp, heads), more));
   CHECK(run.output.find("tp(" + std::to_string(tp) + ")") != std::string::npos);
   check_tp_layout(name, dp, tp, heads, more);
   const std::string what = name + " vs 1 process (heads " + std::to_string(heads) + ")";
-  if (!with_control) return compare(what, run, nullptr, ref);
+  if (control_fault.empty()) return compare(what, run, nullptr, ref);
   const RunResult& control =
-      cached(name + "_no_tp_reduce", with(layout(dp, tp, heads), with(more, {"fault.kind=no_tp_reduce"})));
-  CHECK(control.output.find("fault.kind = no_tp_reduce") != std::string::npos);
-  compare(what, run, &control, ref, "fault.kind no_tp_reduce");
+      cached(name + "_" + control_fault, with(layout(dp, tp, heads), with(more, {"fault.kind=" + control_fault})));
+  CHECK(control.output.find("fault.kind = " + control_fault) != std::string::npos);
+  compare(what, run, &control, ref, "fault.kind " + control_fault);
 }
 
 }  // namespace
 
 TEST_CASE("tp parity: tp 2 (with a negative control) and tp 4 on one process's batch") {
-  tp_parity("tp2", 1, 2, 2, {}, /*with_control=*/true);
+  tp_parity("tp2", 1, 2, 2, {}, "no_tp_reduce");
   tp_parity("tp4", 1, 4, 4);
 }
 
@@ -147,10 +149,10 @@ TEST_CASE("tp parity: tp 2 with the embedding and head replicated (model.tp_voca
   tp_parity("tp2_vocab_replicated", 1, 2, 2, {"model.tp_vocab=replicated"});
 }
 
-TEST_CASE("tp parity: dp 2 x tp 2 with DDP, ZeRO-1 and ZeRO-3") {
+TEST_CASE("tp parity: dp 2 x tp 2 with DDP, ZeRO-1 and ZeRO-3 (with a no_grad_sync control)") {
   tp_parity("dp2_tp2", 2, 2, 2);
   tp_parity("dp2_tp2_zero1", 2, 2, 2, {"parallel.zero=1"});
-  tp_parity("dp2_tp2_zero3", 2, 2, 2, {"parallel.zero=3"});
+  tp_parity("dp2_tp2_zero3", 2, 2, 2, {"parallel.zero=3"}, "no_grad_sync");
 }
 
 TEST_CASE("dropout 0.1 draws the same masks in every layout: dp 4, dp 2 x grad_accum 2, tp 2, tp 4, dp 2 x tp 2 (DDP, ZeRO-1, ZeRO-3), tp 2 sequence-parallel") {
