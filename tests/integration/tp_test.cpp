@@ -75,8 +75,11 @@ bool has(const std::vector<std::string>& sets, const std::string& set) {
 }
 
 // The run was tensor-parallel, from what the engine wrote at its end: every
-// rank sent bytes through its tp group in the last step (comm.tsv), and
-// holds about 1/tp of the 1-process run's parameter bytes P (memory.tsv).
+// rank sent at least one fp32 activation [B, T, C] per block through its tp
+// group in the last step (comm.tsv; the row-parallel reductions alone move
+// 2 per block forward, while a tp group that only sums the gradient norm
+// sends 8 bytes), and holds about 1/tp of the 1-process run's parameter
+// bytes P (memory.tsv).
 // The bound: TP keeps R bytes whole on every rank (tensor_parallel.h: wpe
 // [T, C], each LayerNorm's weight and bias, the 2 row-parallel biases of
 // each block; with tp_vocab replicated also wte and head [V, C]), so a rank
@@ -97,6 +100,7 @@ void check_tp_layout(const std::string& name, int dp, int tp, int heads, const s
   const bool zero3 = has(more, "parallel.zero=3");
   const double shards = zero3 ? dp : 1, padding = zero3 ? 4.0 * (dp - 1) * (layers + 2) : 0;
   const double P = ref[0][1], lo = P / tp / shards, hi = (P / tp + R * (1 - 1.0 / tp)) / shards + padding;
+  const double min_tp_bytes = 4.0 * (8 / dp) * T * d * layers;  // B = micro_batch = 8 / dp
   double least_tp = 1e300, min_params = 1e300, max_params = 0;
   for (size_t r = 0; r < memory.size(); ++r) {
     least_tp = std::min(least_tp, comm[r][2]);
@@ -106,8 +110,8 @@ void check_tp_layout(const std::string& name, int dp, int tp, int heads, const s
   MESSAGE(name << ": rank parameter bytes " << min_params << " to " << max_params << " of the 1-process run's "
                << P << " (tp " << tp << std::string(zero3 ? ", ZeRO-3 over dp " + std::to_string(dp) : "")
                << ": must lie in [" << lo << ", " << hi << "]); least tp bytes sent by a rank in the last step: "
-               << least_tp);
-  CHECK(least_tp > 0);
+               << least_tp << " (must be >= " << min_tp_bytes << ")");
+  CHECK(least_tp >= min_tp_bytes);
   CHECK(min_params >= lo);
   CHECK(max_params <= hi);
 }
