@@ -174,6 +174,12 @@ struct CheckpointSpec {
 //                      the next step's stream: a wrong recompute on purpose
 //   nan_grad           rank `rank` scales its loss by NaN in the backward of
 //                      step `step`: NaN gradients, as from a bad batch
+//   no_tp_reduce       (every rank) the row-parallel layers skip their
+//                      all-reduce over tp: each TP rank keeps its partial sum
+//   no_pp_grad         (every rank) the gradient a pipeline stage sends back
+//                      to the previous stage is zeros
+//   reset_moments_on_load  (every rank) loading a checkpoint (resume, any
+//                      layout) sets AdamW's moments to zero
 struct FaultSpec {
   std::string kind = "none";
   int rank = 0;

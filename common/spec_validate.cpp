@@ -118,7 +118,8 @@ void check_enums(const Checker& c) {
   c.one_of("cluster.gloo_reduce_scatter", s.cluster.gloo_reduce_scatter, {"ring", "native"});
   c.one_of("fault.kind", s.fault.kind,
            {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync",
-            "recompute_redraw", "raise", "nan_grad"});
+            "recompute_redraw", "raise", "nan_grad", "no_tp_reduce", "no_pp_grad",
+            "reset_moments_on_load"});
   c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"});
   c.at_least("parallel.pipeline.virtual_stages", s.parallel.pipeline_virtual_stages, 1,
              "use 1, or 2+ with schedule interleaved_1f1b");
@@ -359,6 +360,13 @@ void check_fault(const Checker& c) {
   if (f.kind != "slow" && f.ms > 0)
     c.problems.warn("fault.ms = " + str(f.ms) + " is ignored: only fault.kind = slow uses it "
                     "(fault.kind = " + f.kind + ")");
+  const ParallelSpec& p = c.spec.parallel;
+  if (f.kind == "no_tp_reduce" && p.tp == 1)
+    c.problems.warn("fault.kind = no_tp_reduce does nothing with parallel.tp = 1: no layer is row-parallel; "
+                    "use parallel.tp >= 2");
+  if (f.kind == "no_pp_grad" && p.pp == 1)
+    c.problems.warn("fault.kind = no_pp_grad does nothing with parallel.pp = 1: no stage sends a gradient back; "
+                    "use parallel.pp >= 2");
   if (f.active() && !c.bad({"fault.rank"}))
     c.problems.warn("fault.kind = " + f.kind + " (rank " + str(f.rank) + ", step " + str(f.step) +
                     (f.kind == "slow" ? ", " + str(f.ms) + " ms" : "") +
@@ -391,7 +399,10 @@ void check_warnings(const Checker& c) {
                     " is ignored: train.nonfinite = skip_step never stops for non-finite steps "
                     "(train.nonfinite: stop stops after that many in a row)");
   check_fault(c);
-  if (s.fault.active() && s.fault.kind != "no_grad_sync" && s.fault.rank >= s.world() &&
+  // These kinds act on every rank: fault.rank does not apply.
+  const bool every_rank = s.fault.kind == "no_grad_sync" || s.fault.kind == "no_tp_reduce" ||
+                          s.fault.kind == "no_pp_grad" || s.fault.kind == "reset_moments_on_load";
+  if (s.fault.active() && !every_rank && s.fault.rank >= s.world() &&
       !c.bad({"fault.rank"}))
     c.error("fault.rank", "fault.rank = " + str(s.fault.rank) + ": the job has " + str(s.world()) +
                               " ranks; use a rank below " + str(s.world()));

@@ -243,6 +243,14 @@ int64_t load(const TrainState& s, const std::string& dir) {
 
   at::NoGradGuard no_grad;
   for (auto& e : entries) read_into(reader, e.name, e.tensor, e.slice);
+  if (s.spec->fault.kind == "reset_moments_on_load" && s.info->restart == 0) {
+    // fault.kind reset_moments_on_load (a wrong resume on purpose): the
+    // moments as a fresh AdamW has them; the step count is still loaded.
+    if (s.info->rank == 0)
+      DTRAIN_WARN("fault.kind = reset_moments_on_load: AdamW's moments from {} are set to zero", dir);
+    for (auto& e : entries)
+      if (e.name.rfind("optim/", 0) == 0) e.tensor.zero_();
+  }
   s.optimizer->set_step_count(x.optimizer_step);
   s.sampler->load_state({x.sampler_consumed});
 

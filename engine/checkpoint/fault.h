@@ -1,8 +1,9 @@
 // Chaos testing: the spec's fault section (common/job_spec.h FaultSpec) acted
 // out by the engine, on the first launch only (DTRAIN_RESTART = 0), by rank
 // fault.rank. Steps are numbered from 1, as in metrics.jsonl. Not here:
-// no_grad_sync (a DDP option, engine/parallel/parallelize.cpp) and the
-// announcement (a warning on every rank at start-up).
+// the layout faults no_grad_sync, no_tp_reduce and no_pp_grad (options that
+// engine/parallel/parallelize.cpp sets), reset_moments_on_load (load, in
+// checkpoint.cpp) and the announcement (a warning on every rank at start-up).
 #pragma once
 
 #include <cstdint>

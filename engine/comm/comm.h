@@ -73,6 +73,9 @@ class Group {
   virtual ~Group() = default;
   virtual const std::string& name() const = 0;  // "world", "dp", "tp", "pp", "ep", "control"
   virtual const std::string& backend() const = 0;  // "gloo" | "nccl"
+  // Where its all_reduce, all_gather and reduce_scatter go: "shm" (a
+  // segment its members share, shm_group.h), else backend().
+  virtual std::string path() const { return backend(); }
   virtual c10::Device device() const = 0;           // where this group's tensors live
   virtual int rank() const = 0;                 // index of this process in the group
   virtual int size() const = 0;

@@ -16,6 +16,7 @@ class ForwardingGroup : public Group {
 
   const std::string& name() const override { return inner_->name(); }
   const std::string& backend() const override { return inner_->backend(); }
+  std::string path() const override { return inner_->path(); }
   c10::Device device() const override { return inner_->device(); }
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }

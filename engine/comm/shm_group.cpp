@@ -267,6 +267,8 @@ class ShmGroup : public ForwardingGroup {
   ShmGroup(std::unique_ptr<Group> inner, std::shared_ptr<ShmChannel> channel)
       : ForwardingGroup(std::move(inner)), channel_(std::move(channel)) {}
 
+  std::string path() const override { return "shm"; }
+
   WorkPtr all_reduce(at::Tensor& t, bool async, ReduceOp op) override {
     if (!shm_dtype(t.scalar_type()) || !t.device().is_cpu() || !t.is_contiguous())
       return inner_->all_reduce(t, async, op);

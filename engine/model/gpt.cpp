@@ -88,7 +88,12 @@ at::Tensor column_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGr
 at::Tensor row_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGroup* tp) {
   if (!tp || !tp->active()) return linear_nd(x, l->weight, l->bias);
   at::Tensor partial = linear_nd(x, l->weight);
-  at::Tensor out = tp->sp() ? scatter_to_sp(partial, *tp) : reduce_from_tp(partial, *tp);
+  at::Tensor out;
+  if (tp->fault_no_row_reduce)  // [B, T, C] or, with sequence parallelism, [B, T/tp, C] unsummed
+    out = tp->sp() ? partial.narrow(1, tp->rank * (partial.size(1) / tp->size), partial.size(1) / tp->size).contiguous()
+                   : partial;
+  else
+    out = tp->sp() ? scatter_to_sp(partial, *tp) : reduce_from_tp(partial, *tp);
   return l->bias.defined() ? out + l->bias : out;
 }
 

@@ -24,6 +24,9 @@ struct TpGroup {
   // collectives: out = concat of every rank's in; out = sum of chunk rank.
   bool sequence_parallel = false;
   bool vocab_parallel = true;  // false: the embedding and the head are whole on every rank
+  // fault.kind no_tp_reduce (a wrong layout on purpose): row-parallel layers
+  // keep their partial sums (with sequence parallelism: this rank's positions of them).
+  bool fault_no_row_reduce = false;
   std::function<void(const at::Tensor&, at::Tensor&)> all_gather;
   std::function<void(const at::Tensor&, at::Tensor&)> reduce_scatter;
   bool active() const { return size > 1; }

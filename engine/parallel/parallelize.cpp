@@ -26,6 +26,8 @@ Parallelized& Parallelized::operator=(Parallelized&&) noexcept = default;
 
 Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model) {
   Parallelized out;
+  // The layout faults of the spec's fault section: first launch only.
+  const auto fault = [&](const char* kind) { return spec.fault.kind == kind && comm.info().restart == 0; };
   out.parts.model = std::move(model);
   for (auto& item : out.parts.model->named_parameters(/*recurse=*/true))
     out.parts.named_params.emplace_back(item.key(), item.value());
@@ -40,7 +42,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     const int tp_size = comm.axis("tp").size();
     const int64_t t = spec.parallel.sequence_parallel ? spec.model.seq_len / tp_size : spec.model.seq_len;
     out.schedule = make_pipeline_schedule(spec.parallel.pipeline_schedule, spec.train.grad_accum, pp, stage,
-                                          {spec.train.micro_batch, t, spec.model.d_model});
+                                          {spec.train.micro_batch, t, spec.model.d_model}, fault("no_pp_grad"));
   } else {
     out.schedule = make_no_pipeline();
   }
@@ -48,13 +50,14 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   comm::Group& tp = comm.axis("tp");
   if (tp.size() > 1) {
     out.parts.layouts = apply_tensor_parallel(*out.parts.model, out.parts.named_params, tp,
-                                              spec.parallel.sequence_parallel, spec.model.tp_vocab == "parallel");
+                                              spec.parallel.sequence_parallel, spec.model.tp_vocab == "parallel",
+                                              fault("no_tp_reduce"));
   } else {
     for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
   }
   // 3. Activation checkpointing of the (sharded) blocks this rank holds.
   apply_activation_checkpointing(*out.parts.model, spec.train.recompute,
-                                 spec.fault.kind == "recompute_redraw" && comm.info().restart == 0);
+                                 fault("recompute_redraw"));
   // 4. Expert parallelism over the ep group: each rank keeps E / ep experts
   //    of every MoE layer; their gradients go over edp (below), the rest
   //    over dp.
@@ -65,7 +68,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   auto& named = split.dense;
   auto& layouts = split.dense_layouts;
   // 5. Data parallelism over the dp group: ZeRO (sharded) or DDP (replicated).
-  const bool no_grad_sync = spec.fault.kind == "no_grad_sync" && comm.info().restart == 0;
+  const bool no_grad_sync = fault("no_grad_sync");
   if (spec.parallel.zero > 0) {
     ZeroOptions z;
     z.stage = spec.parallel.zero;

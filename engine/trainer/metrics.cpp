@@ -62,7 +62,11 @@ std::string MetricsLogger::jsonl_line(const StepReport& r, const MemoryStats& me
       num(r.straggler_ratio, 6), num(t.mfu, 9), num(opt_.flops_per_step, 17), num(opt_.peak_flops, 17));
   for (const auto& [name, value] : r.extra) line += ", \"" + name + "\": " + num(value, 9);
   if (r.nonfinite) line += ", \"nonfinite\": true";
-  return line + "}\n";
+  // Which path each mesh axis's collectives take (shm, gloo, nccl).
+  line += ", \"comm_path\": {";
+  for (size_t i = 0; i < opt_.comm_paths.size(); ++i)
+    line += (i ? ", \"" : "\"") + opt_.comm_paths[i].first + "\": \"" + opt_.comm_paths[i].second + "\"";
+  return line + "}}\n";
 }
 
 int64_t process_rss_bytes() {

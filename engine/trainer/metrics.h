@@ -49,6 +49,9 @@ struct MetricsOptions {
   double peak_flops = 0;        // the ranks' measured matmul peak, FLOP/s (0 = no mfu)
   std::string jsonl_path;       // "" = no file
   bool truncate = true;         // fresh run: start a new file; resumed: append
+  // Each mesh axis of > 1 rank and where its collectives go (comm::Group::path:
+  // "shm", "gloo", "nccl"): "comm_path": {"dp": "shm", ...} in every record.
+  std::vector<std::pair<std::string, std::string>> comm_paths;
 };
 
 class MetricsLogger {

@@ -148,6 +148,10 @@ MetricsOptions metrics_options(const TrainSession& s, int64_t start_step) {
   const std::string dir = s.info.run_dir.empty() ? s.spec.log.dir : s.info.run_dir;
   if (s.is_log_rank() && !dir.empty()) o.jsonl_path = dir + "/metrics.jsonl";
   o.truncate = start_step == 0 && s.info.restart == 0;
+  for (const char* axis : {"dp", "tp", "pp", "ep", "edp"}) {
+    const comm::Group& g = s.comm->axis(axis);
+    if (g.size() > 1) o.comm_paths.emplace_back(axis, g.path());
+  }
   return o;
 }
 

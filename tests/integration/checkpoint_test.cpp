@@ -1,7 +1,8 @@
 // Checkpoints end to end with the real `dtrain` (DESIGN.md section 7): bit-
 // exact resume after SIGKILL of a worker (agent restart, and `dtrain
 // resume`) and after SIGTERM preemption, a crash in the middle of a save,
-// resharding dp=4 -> dp=2 / dp=1 within 1e-5, merge vs the 1-process model
+// resharding dp=4 -> dp=2 / dp=1 within 1e-5 (negative control: the dp=2
+// resume with fault.kind reset_moments_on_load misses by >= 100x), merge vs the 1-process model
 // plus a Python reader of the public format, `ckpt inspect` and `ckpt merge
 // --with-optimizer`, and bad checkpoints. A run's final parameters are those
 // of its last checkpoint, through `dtrain ckpt merge`. Every run from step 1
@@ -371,14 +372,14 @@ TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Pytho
   REQUIRE(ref.code == 0);
   check_trained("dp=4", ref);
   const std::string step20 = f.dir / "dp4/ckpt/step_20";
-  for (int dp : {2, 1}) {
-    const std::string name = "dp" + std::to_string(dp) + "_from_dp4";
+  // `name`: step_20 resumed at `dp` (a copy of it: the run writes its checkpoints beside it); returns
+  // the largest relative loss difference from the dp=4 run over steps 21-30.
+  const auto resumed = [&](const std::string& name, int dp, std::vector<std::string> more) {
     fs::create_directories(f.dir / (name + "_ckpt"));
     fs::copy(step20, f.dir / (name + "_ckpt/step_20"), fs::copy_options::recursive);
-    Run r = f.run(name,
-                  {"parallel.dp=" + std::to_string(dp), "cluster.procs_per_node=" + std::to_string(dp),
-                   "train.micro_batch=" + std::to_string(8 / dp)},
-                  {}, f.dir / (name + "_ckpt/step_20"), true);
+    more.insert(more.end(), {"parallel.dp=" + std::to_string(dp), "cluster.procs_per_node=" + std::to_string(dp),
+                             "train.micro_batch=" + std::to_string(8 / dp)});
+    Run r = f.run(name, more, {}, f.dir / (name + "_ckpt/step_20"), true);
     INFO(r.output);
     REQUIRE(r.code == 0);
     CHECK(r.output.find("resuming from step 20") != std::string::npos);
@@ -387,11 +388,20 @@ TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Pytho
       REQUIRE(r.losses.count(s));
       worst = std::max(worst, std::fabs(r.losses.at(s) - ref.losses.at(s)) / std::fabs(ref.losses.at(s)));
     }
+    INFO("dp=4 run:\n" << seq(ref.losses, 21, kSteps) << name << " run:\n" << seq(r.losses, 21, kSteps));
+    return worst;
+  };
+  for (int dp : {2, 1}) {
+    const double worst = resumed("dp" + std::to_string(dp) + "_from_dp4", dp, {});
     MESSAGE("dp=4 -> dp=" << dp << ": max relative loss difference over steps 21-30 = " << worst
                           << " (tolerance " << kReshardRelTol << ")");
-    INFO("dp=4 run:\n" << seq(ref.losses, 21, kSteps) << "dp=" << dp << " run:\n" << seq(r.losses, 21, kSteps));
     CHECK(worst <= kReshardRelTol);
   }
+  // The negative control: the resume at dp=2 with AdamW's moments zeroed on load.
+  const double control = resumed("dp2_from_dp4_reset", 2, {"fault.kind=reset_moments_on_load"});
+  MESSAGE("dp=4 -> dp=2 with fault.kind reset_moments_on_load (negative control): max relative loss difference "
+          << control << ", miss factor " << control / kReshardRelTol << " (must be >= 100)");
+  CHECK(control >= 100 * kReshardRelTol);
 
   // Merge the dp=4 run's final checkpoint; compare with a 1-process run.
   Run one = f.run("one", {"parallel.dp=1", "cluster.procs_per_node=1", "train.micro_batch=8", "model.dropout=0.0"});

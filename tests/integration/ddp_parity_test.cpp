@@ -7,7 +7,9 @@
 // gradient synchronisation disabled (the spec's fault.kind no_grad_sync) must
 // miss the reference by >= 100x the tolerance, or the comparison could not
 // tell right from wrong. The harness is tests/support/parity.h; this file
-// adds the DDP layout checks (ranks, buckets, overlap).
+// adds the DDP layout checks (ranks, buckets, overlap) and the collectives'
+// path from metrics.jsonl's comm_path: shared memory by default, Gloo's TCP
+// with cluster.shm false (one 2-rank case; its control is the dp 4 one's).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -50,7 +52,18 @@ TEST_CASE("ddp parity: 4 ranks x micro_batch 2 vs 1 process x micro_batch 8") {
   const RunResult& ref = p.reference(8);
   RunResult ddp = launch(p.dir, "ddp4", kFourRanks);
   check_layout(ddp, true);
+  MESSAGE("ddp4: comm_path " << ddp.comm_path);
+  CHECK(ddp.comm_path.find("\"dp\": \"shm\"") != std::string::npos);  // one node: shared memory
   compare("dp4 mb2 vs dp1 mb8", ddp, launch_without_grad_sync(p.dir, "ddp4", kFourRanks), ref);
+}
+
+TEST_CASE("ddp parity over Gloo with cluster.shm false (the multi-node path on one node): 2 ranks x mb 4") {
+  auto& p = Parity::get();
+  RunResult ddp = launch(p.dir, "ddp2_gloo", with(ranks(2, 4), {"cluster.shm=false"}));
+  MESSAGE("ddp2_gloo: comm_path " << ddp.comm_path);
+  CHECK(ddp.comm_path.find("\"dp\": \"gloo\"") != std::string::npos);
+  CHECK(ddp.comm_path.find("shm") == std::string::npos);
+  compare("dp2 mb4 over Gloo (shm false) vs dp1 mb8", ddp, nullptr, p.reference(8));
 }
 
 TEST_CASE("ddp parity: grad_accum 2 (4 ranks x 2 x 2 vs 1 process x 16)") {

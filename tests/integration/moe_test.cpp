@@ -4,7 +4,8 @@
 // ep 2 and ep 4 at dp 4 and ep 2 at dp 2 x tp 2, with a capacity that drops nothing and with
 // capacity 1.0 where tokens drop, under DDP, ZeRO-1 and ZeRO-3; a negative control
 // (every rank on its own gradients, the experts' included); an ep 2
-// checkpoint resumed at ep 1 and ep 4; the MoE metrics; bad moe fields
+// checkpoint resumed at ep 1 and ep 4 (negative control: the ep 1 resume
+// with fault.kind reset_moments_on_load); the MoE metrics; bad moe fields
 // refused before any worker.
 //
 // The 1-process reference runs the dp ranks' micro-batches one after the
@@ -166,6 +167,13 @@ TEST_CASE("moe checkpoint: an ep 2 checkpoint resumes at ep 1 and at ep 4 within
     CHECK(d.loss_rel <= kLossRelTol);
     CHECK(d.param_abs <= kParamAbsTol);
   }
+  // The negative control: the resume at ep 1 with AdamW's moments zeroed on load.
+  auto [code, output] = launch_raw("ep2_to_ep1_reset", with(kMoe, with(layout(1, 1.0), {"checkpoint.every=0",
+                                                                                        "fault.kind=reset_moments_on_load"})),
+                                   {"--resume-from", p.dir / "ep2_cf1/ckpt/step_10"});
+  INFO(output);
+  REQUIRE(code == 0);
+  check_resume_control("ep 2 step_10 -> ep 1", resume_diffs("ep2_to_ep1_reset", 10, want, want_params));
 }
 
 TEST_CASE("bad moe: ep with a dense model, experts % ep, top_k > experts, tp with sp exit 2 naming the field") {

@@ -7,7 +7,9 @@
 // checkpoint resumed on one process; uneven stages (layers_per_stage); the
 // zero-bubble zb_h1 schedule (split backward); each rank's logged mesh
 // coordinates against `dtrain topo --format json`. AdamW eps 1e-6 as in
-// tp_test.cpp.
+// tp_test.cpp. Negative controls: pp 2 1f1b m 4 with fault.kind no_pp_grad
+// (the gradients sent back between stages are zeros), the resume on 1x1x1
+// with reset_moments_on_load.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -42,11 +44,14 @@ std::vector<std::string> layout(int dp, int tp, int pp, int m, const std::string
           "parallel.pipeline.schedule=" + schedule};
 }
 
-void pp_parity(const std::string& name, const std::vector<std::string>& sets, int pp) {
+void pp_parity(const std::string& name, const std::vector<std::string>& sets, int pp, bool with_control = false) {
   const RunResult& run = cached(name, sets);
   CHECK(run.output.find("pp(" + std::to_string(pp) + ")") != std::string::npos);
   CHECK(run.output.find("pipeline plan") != std::string::npos);
-  compare(name + " vs 1 process", run, nullptr, reference());
+  if (!with_control) return compare(name + " vs 1 process", run, nullptr, reference());
+  const RunResult& control = cached(name + "_no_pp_grad", with(sets, {"fault.kind=no_pp_grad"}));
+  CHECK(control.output.find("fault.kind = no_pp_grad") != std::string::npos);
+  compare(name + " vs 1 process", run, &control, reference(), "fault.kind no_pp_grad");
 }
 
 // Each rank's engine logs "rank R coordinates dp=..,tp=..,pp=..,ep=.." into
@@ -78,9 +83,9 @@ void check_coordinates_match_topo(const std::string& name, const std::vector<std
 
 }  // namespace
 
-TEST_CASE("pp parity: pp 2 with 1f1b (m 1, 4) and gpipe (m 4), pp 4 with 1f1b (m 8)") {
+TEST_CASE("pp parity: pp 2 with 1f1b (m 1, 4; m 4 with a negative control) and gpipe (m 4), pp 4 with 1f1b (m 8)") {
   pp_parity("pp2_1f1b_m1", layout(1, 1, 2, 1, "1f1b"), 2);
-  pp_parity("pp2_1f1b_m4", layout(1, 1, 2, 4, "1f1b"), 2);
+  pp_parity("pp2_1f1b_m4", layout(1, 1, 2, 4, "1f1b"), 2, /*with_control=*/true);
   pp_parity("pp2_gpipe_m4", layout(1, 1, 2, 4, "gpipe"), 2);
   pp_parity("pp4_1f1b_m8", layout(1, 1, 4, 8, "1f1b"), 4);
 }
@@ -156,4 +161,11 @@ TEST_CASE("3D: dp 2 x tp 2 x pp 2 on 8 ranks matches one process; its checkpoint
     CHECK(d.loss_rel <= kLossRelTol);
     CHECK(d.param_abs <= kParamAbsTol);
   }
+  // The negative control: the resume on 1x1x1 with AdamW's moments zeroed on load.
+  auto [code, output] = launch_raw("3d_to_1x1x1_reset", with(kCommon, {"train.micro_batch=8", "checkpoint.every=0",
+                                                                       "fault.kind=reset_moments_on_load"}),
+                                   {"--resume-from", p.dir / "dp2_tp2_pp2/ckpt/step_10"});
+  INFO(output);
+  REQUIRE(code == 0);
+  check_resume_control("2x2x2 step_10 -> 1x1x1", resume_diffs("3d_to_1x1x1_reset", 10, want, straight.params));
 }

@@ -1,11 +1,14 @@
-// ZeRO-1/2/3 (issue 10): parity with the 1-process run (the parity harness
+// ZeRO-1/2/3: parity with the 1-process run (the parity harness
 // of tests/support/parity.h: losses and grad norms within 1e-5 relative,
 // final parameters within 1e-5, max differences printed, a negative control
-// per stage) at dp = 4 and at dp = 3 (units that do not divide evenly, so
-// shards are padded), each also with grad_accum 2, and ZeRO-3 with
-// reshard_after_forward off; a ZeRO-3 run SIGKILLed and restarted continues
-// bit-exactly; a ZeRO-3 dp=4 checkpoint resumes as DDP at dp = 2; rank 0's
-// persistent bytes match the fp32-Adam formulas; bad input is refused.
+// (fault.kind no_grad_sync) per stage) at dp = 4 and at dp = 3 (units that
+// do not divide evenly, so shards are padded), each also with grad_accum 2,
+// and ZeRO-3 with reshard_after_forward off; ZeRO-2 at dp 2 over Gloo's TCP
+// (cluster.shm false) while the others use shared memory (metrics.jsonl's
+// comm_path); a ZeRO-3 run SIGKILLed and restarted continues
+// bit-exactly; a ZeRO-3 dp=4 checkpoint resumes as DDP at dp = 2 (negative
+// control: reset_moments_on_load); rank 0's persistent bytes match the
+// fp32-Adam formulas; bad input is refused.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -45,7 +48,9 @@ void zero_parity(int zero, int dp, int mb, int grad_accum, bool with_control) {
   const RunResult& run = cached(name, sets);
   CHECK(run.output.find("ZeRO-" + std::to_string(zero)) != std::string::npos);
   CHECK(run.output.find("dp(" + std::to_string(dp) + ")") != std::string::npos);
-  MESSAGE(name << ": " << padding_of(run) << " padding elements in its flat buffers (all units)");
+  MESSAGE(name << ": " << padding_of(run) << " padding elements in its flat buffers (all units); comm_path "
+               << run.comm_path);
+  CHECK(run.comm_path.find("\"dp\": \"shm\"") != std::string::npos);  // one node: shared memory
   if (dp == 3) CHECK(padding_of(run) > 0);  // the case the dp = 3 runs are for
   const std::string what = name + " vs dp1 mb" + std::to_string(dp * mb * grad_accum);
   if (with_control)
@@ -78,6 +83,15 @@ TEST_CASE("zero parity: ZeRO-3 with reshard_after_forward false and with prefetc
   const auto noprefetch = cached("zero3_noprefetch", with(ranks(4, 2), {stage_set(3), "parallel.fsdp.prefetch=false"}));
   CHECK(noprefetch.output.find("prefetch off") != std::string::npos);
   compare("zero3 dp4 prefetch off vs dp1 mb8", noprefetch, nullptr, ref);
+}
+
+TEST_CASE("zero parity: ZeRO-2 at dp 2 over Gloo with cluster.shm false (the multi-node path on one node)") {
+  auto& p = Parity::get();
+  const RunResult& run = cached("zero2_dp2_gloo", with(ranks(2, 4), {stage_set(2), "cluster.shm=false"}));
+  MESSAGE("zero2_dp2_gloo: comm_path " << run.comm_path);
+  CHECK(run.comm_path.find("\"dp\": \"gloo\"") != std::string::npos);
+  CHECK(run.comm_path.find("shm") == std::string::npos);
+  compare("zero2 dp2 over Gloo (shm false) vs dp1 mb8", run, nullptr, p.reference(8));
 }
 
 TEST_CASE("zero at dp 1 runs, says it has nothing to shard, and matches the reference") {
@@ -163,6 +177,13 @@ TEST_CASE("ZeRO-3 SIGKILLed after step 12 restarts from step 10 bit-exactly; its
                                                             << d.param_abs << " (tol " << kParamAbsTol << ")");
   CHECK(d.loss_rel <= kLossRelTol);
   CHECK(d.param_abs <= kParamAbsTol);
+  // The negative control: the same resume with AdamW's moments zeroed on load.
+  auto [code3, output3] = launch_raw("ddp2_from_zero3_reset", with(ranks(2, 4), {stage_set(0), "checkpoint.every=0",
+                                                                                "fault.kind=reset_moments_on_load"}),
+                                     {"--resume-from", p.dir / "zero3_killed/ckpt/step_10"});
+  INFO("control output:\n" << output3);
+  REQUIRE(code3 == 0);
+  check_resume_control("ZeRO-3 dp4 step_10 -> DDP dp2", resume_diffs("ddp2_from_zero3_reset", 10, want, straight.params));
 }
 
 TEST_CASE("bad input: zero outside 0..3 exits 2 naming the field; a ZeRO checkpoint in another model names the tensor") {

@@ -39,6 +39,7 @@ struct RunResult {
   std::vector<double> buckets_in_backward;  // per step, when the run logs it (DDP)
   std::map<std::string, std::vector<float>> params;  // the checkpoint after step kSteps
   std::string output;                                // dtrain's stdout + stderr
+  std::string comm_path;  // the last record's "comm_path" object, e.g. {"dp": "shm"}
 };
 
 // ~64 KB of deterministic word salad: learnable bytes without a data file.
@@ -74,6 +75,19 @@ inline std::vector<double> read_metric(const std::string& path, const std::strin
   return values;
 }
 
+// The last record's "comm_path" object of a metrics.jsonl, as written
+// (each mesh axis of > 1 rank and the path of its collectives): "" if none.
+inline std::string read_comm_path(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  const std::string needle = "\"comm_path\": ";
+  while (std::getline(in, line)) {
+    const auto at = line.find(needle);
+    if (at != std::string::npos) last = line.substr(at + needle.size(), line.find('}', at) + 1 - at - needle.size());
+  }
+  return last;
+}
+
 // One `dtrain launch` of <dir>/spec.yaml with the overrides `sets` (applied
 // after the harness's own, so they win): run dir <dir>/<name> (metrics.jsonl,
 // and the checkpoint in <name>/ckpt, saved once after the last step), output
@@ -97,6 +111,7 @@ inline RunResult launch(const TempDir& dir, const std::string& name, std::vector
   r.losses = read_metric(run_dir + "/metrics.jsonl", "loss");
   r.grad_norms = read_metric(run_dir + "/metrics.jsonl", "grad_norm");
   r.buckets_in_backward = read_metric(run_dir + "/metrics.jsonl", "buckets_in_backward");
+  r.comm_path = read_comm_path(run_dir + "/metrics.jsonl");
   REQUIRE(r.losses.size() == size_t(kSteps));
   REQUIRE(r.grad_norms.size() == size_t(kSteps));
   // The merge reads `latest`: it must be the checkpoint after the last step.
@@ -174,17 +189,21 @@ inline std::string describe(const Diffs& d) {
 }
 
 // `run` must match `ref` within the tolerances; `control` (the same layout
-// with a fault; nullptr when another case of the same layout has one) must
-// miss it by kControlFactor x each tolerance. Prints both.
+// with a fault, `fault` saying which; nullptr when another case of the same
+// layout has one) must miss it by kControlFactor x each tolerance. Prints
+// both, and the control's miss factors (its difference / the tolerance).
 inline void compare(const std::string& what, const RunResult& run, const RunResult* control,
-                    const RunResult& ref) {
+                    const RunResult& ref, const std::string& fault = "no gradient sync") {
   const Diffs d = differences(run, ref);
   std::string control_line;
   Diffs c;
   if (control) {
     c = differences(*control, ref);
-    control_line = "\n  negative control: " + describe(c) + " (each must be >= " +
-                   std::to_string(int(kControlFactor)) + " x tol: no gradient sync)";
+    std::ostringstream factors;
+    factors << " (" << fault << "; miss factors: loss " << c.loss_rel / kLossRelTol << ", grad norm "
+            << c.norm_rel / kLossRelTol << ", params " << c.param_abs / kParamAbsTol << "; each must be >= "
+            << kControlFactor << ")";
+    control_line = "\n  negative control: " + describe(c) + factors.str();
   }
   MESSAGE(what << ": loss " << ref.losses.front() << " -> " << ref.losses.back() << " over "
                << ref.losses.size() << " steps\n  parity:           " << describe(d) << control_line);
@@ -200,8 +219,8 @@ inline void compare(const std::string& what, const RunResult& run, const RunResu
 }
 
 inline void compare(const std::string& what, const RunResult& run, const RunResult& control,
-                    const RunResult& ref) {
-  compare(what, run, &control, ref);
+                    const RunResult& ref, const std::string& fault = "no gradient sync") {
+  compare(what, run, &control, ref, fault);
 }
 
 // The negative control: the same layout, every rank on its own gradient
@@ -276,6 +295,17 @@ inline ResumeDiffs resume_diffs(const std::string& name, int first, const std::m
     for (size_t k = 0; k < v.size(); ++k)
       d.param_abs = std::max(d.param_abs, double(std::fabs(params.at(pname)[k] - v[k])));
   return d;
+}
+
+// A resume's negative control (a run resumed with fault.kind
+// reset_moments_on_load, against the straight run): it must miss by
+// kControlFactor x each tolerance. Prints the miss factors.
+inline void check_resume_control(const std::string& what, const ResumeDiffs& d) {
+  MESSAGE(what << " with fault.kind reset_moments_on_load (negative control): max loss rel diff " << d.loss_rel
+               << " (miss factor " << d.loss_rel / kLossRelTol << "), max param abs diff " << d.param_abs
+               << " (miss factor " << d.param_abs / kParamAbsTol << "); each must be >= " << kControlFactor);
+  CHECK(d.loss_rel >= kControlFactor * kLossRelTol);
+  CHECK(d.param_abs >= kControlFactor * kParamAbsTol);
 }
 
 }  // namespace dtrain::testing::parity

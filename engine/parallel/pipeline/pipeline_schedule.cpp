@@ -10,6 +10,7 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -38,8 +39,10 @@ double now_s() {
 
 class Pipeline : public Schedule {
  public:
-  Pipeline(pipeline::PlanSpec spec, comm::Group& pp, PipelineStage stage, std::vector<int64_t> activation)
-      : spec_(std::move(spec)), pp_(pp), stage_(stage), activation_(std::move(activation)) {
+  Pipeline(pipeline::PlanSpec spec, comm::Group& pp, PipelineStage stage, std::vector<int64_t> activation,
+           bool fault_drop_grad)
+      : spec_(std::move(spec)), pp_(pp), stage_(stage), activation_(std::move(activation)),
+        fault_drop_grad_(fault_drop_grad) {
     const pipeline::Plan plan = pipeline::build_plan(spec_);
     const pipeline::SimResult sim = pipeline::simulate(spec_, plan);
     if (!sim.ok)
@@ -178,6 +181,7 @@ class Pipeline : public Schedule {
         case Op::send_grad: {
           const auto [to, t] = send_to_.at(next_send++);
           sent.push_back(m.input_grad.defined() ? m.input_grad : m.input.grad());
+          if (fault_drop_grad_) sent.back() = at::zeros_like(sent.back());  // fault.kind no_pp_grad
           sends.push_back(pp_.send(sent.back(), to, t));
           if (!m.input_grad.defined()) m.input = at::Tensor();  // a split backward still needs it
           break;
@@ -220,6 +224,7 @@ class Pipeline : public Schedule {
   comm::Group& pp_;
   PipelineStage stage_;
   std::vector<int64_t> activation_;
+  bool fault_drop_grad_ = false;
   std::vector<Action> actions_;
   std::vector<std::pair<int, int>> send_to_;  // per send action, in order: (peer rank, tag)
   at::Tensor inputs_, targets_;
@@ -274,13 +279,17 @@ void keep_stage_parameters(ModelParts& parts, const PipelineStage& stage) {
 }
 
 std::unique_ptr<Schedule> make_pipeline_schedule(const std::string& kind, int micro, comm::Group& pp,
-                                                 PipelineStage stage, std::vector<int64_t> activation) {
+                                                 PipelineStage stage, std::vector<int64_t> activation,
+                                                 bool fault_drop_grad) {
   pipeline::PlanSpec spec;
   spec.kind = kind;
   spec.stages = stage.size;
   spec.micro = micro;
   spec.virtual_stages = stage.chunks;
-  return std::make_unique<Pipeline>(std::move(spec), pp, stage, std::move(activation));
+  if (fault_drop_grad && stage.rank == 0)
+    DTRAIN_WARN("fault.kind = no_pp_grad: every stage sends zeros back instead of its input's gradient "
+                "(a wrong layout on purpose)");
+  return std::make_unique<Pipeline>(std::move(spec), pp, stage, std::move(activation), fault_drop_grad);
 }
 
 }  // namespace dtrain::engine::parallel

@@ -49,7 +49,10 @@ void keep_stage_parameters(ModelParts& parts, const PipelineStage& stage);
 // what one stage hands the next ([micro_batch, T (/ tp with sequence
 // parallelism), d_model]). Builds and simulates the plan: a plan the
 // simulator rejects is a dtrain::Error(config) here, before any step.
+// fault_drop_grad (fault.kind no_pp_grad): every gradient sent back to the
+// previous stage is zeros.
 std::unique_ptr<Schedule> make_pipeline_schedule(const std::string& kind, int micro, comm::Group& pp,
-                                                 PipelineStage stage, std::vector<int64_t> activation);
+                                                 PipelineStage stage, std::vector<int64_t> activation,
+                                                 bool fault_drop_grad = false);
 
 }  // namespace dtrain::engine::parallel

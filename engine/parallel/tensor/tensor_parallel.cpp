@@ -6,6 +6,7 @@
 #include <c10/core/GradMode.h>
 
 #include "common/error.h"
+#include "common/log.h"
 
 namespace dtrain::engine::parallel {
 namespace {
@@ -34,7 +35,7 @@ ParamLayout split(const at::Tensor& p, int dim, int parts, int rank, int n) {
 std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
                                                const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                                                comm::Group& tp, bool sequence_parallel,
-                                               bool vocab_parallel) {
+                                               bool vocab_parallel, bool fault_no_row_reduce) {
   const int n = tp.size(), r = tp.rank();
   const auto& cfg = model.config();
   for (auto [what, v] : {std::pair{"model.heads", cfg.heads}, {"model.d_model", cfg.d_model},
@@ -73,6 +74,10 @@ std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
   g.max = [group](at::Tensor& t) { group->all_reduce(t, /*async=*/false, comm::ReduceOp::max); };
   g.sequence_parallel = sequence_parallel;
   g.vocab_parallel = vocab_parallel;
+  g.fault_no_row_reduce = fault_no_row_reduce;
+  if (fault_no_row_reduce && r == 0)
+    DTRAIN_WARN("fault.kind = no_tp_reduce: the row-parallel layers skip their all-reduce over tp "
+                "(a wrong layout on purpose)");
   g.all_gather = [group](const at::Tensor& in, at::Tensor& out) { group->all_gather(in, out); };
   g.reduce_scatter = [group](const at::Tensor& in, at::Tensor& out) { group->reduce_scatter(in, out); };
   model.set_tensor_parallel(std::move(g));

@@ -26,10 +26,11 @@ namespace dtrain::engine::parallel {
 // sequence_parallel: LayerNorms, dropout and the residual stream hold
 // T / tp positions per rank; their replicated parameters (LayerNorms,
 // row-parallel biases, wpe) get sum_grad_over_tp. vocab_parallel false
-// keeps wte and head whole (model.tp_vocab replicated).
+// keeps wte and head whole (model.tp_vocab replicated). fault_no_row_reduce:
+// fault.kind no_tp_reduce (TpGroup::fault_no_row_reduce).
 std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
                                                const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                                                comm::Group& tp, bool sequence_parallel,
-                                               bool vocab_parallel = true);
+                                               bool vocab_parallel = true, bool fault_no_row_reduce = false);
 
 }  // namespace dtrain::engine::parallel

@@ -299,6 +299,22 @@ TEST_CASE("spec: the fault section (chaos testing) is checked and announced") {
   CHECK(warnings_of(kBase).empty());  // none by default
 }
 
+TEST_CASE("spec: the layout faults act on every rank and say when the layout has nothing to break") {
+  for (const char* kind : {"no_grad_sync", "no_tp_reduce", "no_pp_grad", "reset_moments_on_load"}) {
+    CAPTURE(kind);
+    CHECK(error_of(kBase, {std::string("fault.kind=") + kind, "fault.rank=9"}) == "");  // fault.rank does not apply
+    auto w = warnings_of(kBase, {std::string("fault.kind=") + kind});
+    REQUIRE(w.size() == 1);
+    CHECK(has(w[0], "injects a fault on purpose"));
+  }
+  auto w = warnings_of(kBase, {"fault.kind=no_tp_reduce", "parallel.tp=1", "cluster.procs_per_node=4"});
+  REQUIRE(w.size() == 2);
+  CHECK(has(w[0], "fault.kind = no_tp_reduce does nothing with parallel.tp = 1"));
+  w = warnings_of(kBase, {"fault.kind=no_pp_grad", "parallel.pp=1", "cluster.procs_per_node=4"});
+  REQUIRE(w.size() == 2);
+  CHECK(has(w[0], "fault.kind = no_pp_grad does nothing with parallel.pp = 1"));
+}
+
 TEST_CASE("spec: fault kinds hang and slow, and fault.ms") {
   CHECK(error_of(kBase, {"fault.kind=hang", "fault.rank=1", "fault.step=2"}) == "");
   CHECK(error_of(kBase, {"fault.kind=slow", "fault.rank=7", "fault.step=0", "fault.ms=250"}) == "");
