@@ -77,18 +77,32 @@ int64_t block_numel(const Dims& d, int64_t layer) {
 int64_t expert_numel(const Dims& d) { return d.E / d.ep * (2 * d.h * d.F + d.F + d.h); }
 int64_t head_numel(const Dims& d) { return 2 * d.h + d.V * d.h / d.vt; }
 
-// The units (numel each) a pipeline rank holds, in order.
-std::vector<int64_t> units_of_stage(const JobSpec& spec, const Dims& d, int pp_rank) {
+// The blocks a pipeline rank holds, in order: its chunks c are the global
+// stages c * pp + pp_rank, of spec.stage_layers() blocks each
+// (parallel.pipeline.layers_per_stage, or layers split evenly).
+std::vector<int64_t> blocks_of_stage(const JobSpec& spec, const Dims& d, int pp_rank) {
   const int p = spec.parallel.pp, v = spec.parallel.pipeline_virtual_stages;
-  if (d.L % (p * v) != 0)
+  const std::vector<int> layers = spec.stage_layers();
+  int64_t total = 0;
+  for (int n : layers) total += n;
+  if (int64_t(layers.size()) != int64_t(p) * v || total != d.L ||
+      (spec.parallel.pipeline_layers_per_stage.empty() && d.L % (int64_t(p) * v) != 0))
     throw Error(ErrorCode::config, "model.layers = " + std::to_string(d.L) + " does not split into parallel.pp = " +
                                        std::to_string(p) + " x virtual_stages = " + std::to_string(v) + " stages");
-  const int64_t per = d.L / (p * v);
+  std::vector<int64_t> first(layers.size() + 1, 0);  // first block of each global stage
+  for (size_t s = 0; s < layers.size(); ++s) first[s + 1] = first[s] + layers[s];
+  std::vector<int64_t> blocks;
+  for (int c = 0; c < v; ++c)
+    for (int64_t b = first[c * p + pp_rank]; b < first[c * p + pp_rank + 1]; ++b) blocks.push_back(b);
+  return blocks;
+}
+
+// The units (numel each) a pipeline rank holds, in order.
+std::vector<int64_t> units_of_stage(const JobSpec& spec, const Dims& d, int pp_rank) {
   std::vector<int64_t> units;
   if (pp_rank == 0) units.push_back(embedding_numel(d));
-  for (int c = 0; c < v; ++c)
-    for (int64_t i = 0; i < per; ++i) units.push_back(block_numel(d, (int64_t(c) * p + pp_rank) * per + i));
-  if (pp_rank == p - 1) units.push_back(head_numel(d));
+  for (int64_t b : blocks_of_stage(spec, d, pp_rank)) units.push_back(block_numel(d, b));
+  if (pp_rank == spec.parallel.pp - 1) units.push_back(head_numel(d));
   return units;
 }
 
@@ -214,9 +228,9 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   const std::vector<int64_t> units = units_of_stage(spec, d, c.pp);
   model_states(spec, units, c.dp, r);
   int64_t moe_blocks = 0, unit_numel = 0;
-  const int64_t per_stage = d.L / (int64_t(spec.parallel.pp) * spec.parallel.pipeline_virtual_stages);
-  for (int64_t l = 0; l < d.L; ++l)
-    if (d.moe_block(l) && (l / per_stage) % spec.parallel.pp == c.pp) ++moe_blocks;
+  const std::vector<int64_t> rank_blocks = blocks_of_stage(spec, d, c.pp);
+  for (int64_t l : rank_blocks)
+    if (d.moe_block(l)) ++moe_blocks;
   for (int64_t u : units) unit_numel += u;
   // Experts: whole param, grad and AdamW state per rank (the expert sync
   // reduces them over the ranks holding the same experts; ZeRO leaves them).
@@ -230,7 +244,7 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   r.data_bytes = data_buffer_bytes(spec);
 
   const int p = spec.parallel.pp, v = spec.parallel.pipeline_virtual_stages;
-  const int64_t blocks = d.L / p;  // this rank's blocks (all chunks)
+  const int64_t blocks = int64_t(rank_blocks.size());  // this rank's blocks (all chunks)
   const bool first = c.pp == 0, last = c.pp == p - 1;
   if (!d.tiled) r.cache_bytes = kFloat * blocks * d.s * d.s;  // one [s, s] causal bias per attention module
   r.in_flight = in_flight_of(spec, c.pp);
