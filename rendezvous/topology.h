@@ -1,6 +1,7 @@
 // Cluster model and rank placement on the DP x TP x PP (x EP) mesh
-// (DESIGN.md section 5). Pure functions over plain structs: no gRPC, no I/O.
-// Shared by `dtrain topo` and the live rendezvous, so both place ranks alike.
+// (docs/ARCHITECTURE.md, 'Placement'). Pure functions over plain structs: no
+// gRPC, no I/O. Shared by `dtrain topo` and the live rendezvous, so both place
+// ranks alike.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// Placement tests (DESIGN.md section 5): every factorisation dp x tp x pp of
-// 8, 12, 16 and 64 ranks over 1, 2, 3, 4 and 8 nodes and many island layouts,
-// checked for the invariants of place_ranks; the bytes formulas on a
+// Placement tests (docs/ARCHITECTURE.md, 'Placement'): every factorisation dp x
+// tp x pp of 8, 12, 16 and 64 ranks over 1, 2, 3, 4 and 8 nodes and many island
+// layouts, checked for the invariants of place_ranks; the bytes formulas on a
 // hand-computed case; and `dtrain topo` / `dtrain validate` on every config.
 #include <doctest/doctest.h>
 
