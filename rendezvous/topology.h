@@ -103,7 +103,8 @@ Placement place_job(const JobSpec& spec, bool allow_slow = false,
 
 // Renderings used by `dtrain topo`.
 std::string placement_to_text(const Placement& placement, const Cluster& cluster);
-std::string placement_to_json(const Placement& placement);  // the stable schema of issue 2
+// The JSON's schema is stable: docs/ARCHITECTURE.md, 'Placement'.
+std::string placement_to_json(const Placement& placement);
 std::string placement_to_svg(const Placement& placement, const Cluster& cluster);
 
 }  // namespace dtrain::rendezvous

@@ -466,7 +466,7 @@ TEST_CASE("dtrain topo and validate on every file in configs/") {
   }
 }
 
-TEST_CASE("dtrain topo: the issue's checks") {
+TEST_CASE("dtrain topo: gpt-3d groups on 2 nodes, a bad tp, split islands, --allow-slow, --svg") {
   std::string gpt = dtrain::testing::source_dir() + "/configs/gpt-3d.yaml";
   auto [rc, out] = dtrain_run({"topo", gpt, "--nodes", "2", "--gpus-per-node", "4", "--format", "json"});
   REQUIRE_MESSAGE(rc == 0, out);
