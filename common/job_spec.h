@@ -1,7 +1,6 @@
-// The job spec (docs/ARCHITECTURE.md, 'The job spec'): plain structs with
-// defaults that run on one machine, plus loading (YAML + --set overrides),
-// validation and printing. Owns the spec's shape and rules; it does not know
-// about ranks or processes.
+// The job spec (docs/ARCHITECTURE.md, 'The job spec'): plain structs with defaults that
+// run on one machine, plus loading (YAML + --set overrides), validation and printing.
+// Owns the spec's shape and rules; it does not know about ranks or processes.
 #pragma once
 
 #include <cstdint>

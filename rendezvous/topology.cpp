@@ -1,8 +1,7 @@
 // The cluster model (nodes, devices, NVLink islands) and rank placement on it
-// (docs/ARCHITECTURE.md, 'Placement'): which (node, device) each logical rank
-// of the common/mesh.h order runs on. Group tiers and bytes are in
-// topology_groups.cpp, renderings in topology_render.cpp. Pure functions: no
-// gRPC, no I/O.
+// (docs/ARCHITECTURE.md, 'Placement'): which (node, device) each logical rank of the
+// common/mesh.h order runs on. Group tiers and bytes are in topology_groups.cpp,
+// renderings in topology_render.cpp. Pure functions: no gRPC, no I/O.
 #include <algorithm>
 #include <deque>
 #include <map>

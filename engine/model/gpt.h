@@ -1,9 +1,8 @@
 // A GPT (docs/ARCHITECTURE.md, 'The engine's folders'): token + position
-// embeddings, pre- LayerNorm blocks (causal multi-head self-attention, GELU
-// MLP), final LayerNorm, output head. Deterministic init from a seed, stable
-// parameter names ("blocks.3.attn.qkv.weight"). Written so TP/PP/EP are layouts
-// of it: blocks are separate modules, linears are replaceable. Not parallel
-// itself.
+// embeddings, pre-LayerNorm blocks (causal multi-head self-attention, GELU MLP),
+// final LayerNorm, output head. Deterministic init from a seed, stable parameter
+// names ("blocks.3.attn.qkv.weight"). Written so TP/PP/EP are layouts of it:
+// blocks are separate modules, linears are replaceable. Not parallel itself.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -36,10 +35,9 @@ struct GptConfig {
 };
 
 // Where the current micro-batch sits in the step's global batch, for dropout
-// masks that do not depend on the layout (docs/ARCHITECTURE.md, 'Randomness
-// that does not depend on the layout'): the optimizer step, the global batch
-// size and the global row of this micro-batch's first sample. The default is
-// one process's first micro-step.
+// masks that do not depend on the layout (docs/ARCHITECTURE.md, 'Layout-invariant
+// randomness'): the optimizer step, the global batch size and the global row of
+// this micro-batch's first sample. The default is one process's first micro-step.
 struct DropoutPosition {
   uint64_t seed = 0;
   int64_t step = 0;

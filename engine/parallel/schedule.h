@@ -1,8 +1,7 @@
-// Schedule (docs/ARCHITECTURE.md, 'The parallelize seam'): runs one step's
-// micro-batches over the model parts this rank holds and returns the local
-// loss sum. NoPipeline is the plain micro-step loop; the pipeline schedules
-// (lists of actions per stage, pipeline/pipeline_schedule.h) implement the
-// same interface. Knows nothing of data files or optimizers.
+// Schedule (docs/ARCHITECTURE.md, 'The parallelize seam'): runs one step's micro-batches
+// over the model parts this rank holds and returns the local loss sum. NoPipeline is the
+// plain micro-step loop; the pipeline schedules (pipeline/pipeline_schedule.h) implement
+// the same interface. Knows nothing of data files or optimizers.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,9 +20,8 @@ class BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual void micro_batch(int micro, at::Tensor& inputs, at::Tensor& targets) = 0;
-  // The step's global batch size in samples, and the global row of
-  // micro-batch `micro`'s first sample (dropout masks: docs/ARCHITECTURE.md,
-  // 'Randomness that does not depend on the layout').
+  // The step's global batch size in samples, and the global row of micro-batch `micro`'s
+  // first sample (dropout masks: docs/ARCHITECTURE.md, 'Layout-invariant randomness').
   virtual int64_t global_rows() const = 0;
   virtual int64_t row_begin(int micro) const = 0;
 };
