@@ -1,8 +1,8 @@
-// The atomic checkpoint directory protocol (DESIGN.md section 6): files go
-// to <root>/step_<N>.tmp/, are fsynced with the directory, which is renamed
-// to step_<N>/; then `latest` (a one-line file) is replaced by rename;
-// checkpoints beyond `keep` are deleted only after that. Leftover .tmp
-// entries are cleaned at the next start. Paths only: no tensors here.
+// The atomic checkpoint directory protocol (docs/ARCHITECTURE.md, 'Checkpoints'):
+// files go to <root>/step_<N>.tmp/, are fsynced with the directory, which is
+// renamed to step_<N>/; then `latest` (a one-line file) is replaced by rename;
+// checkpoints beyond `keep` are deleted only after that. Leftover .tmp entries
+// are cleaned at the next start. Paths only: no tensors here.
 #pragma once
 
 #include <cstdint>

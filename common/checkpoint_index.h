@@ -1,6 +1,6 @@
-// The checkpoint index (index.json, DESIGN.md section 6): every logical
-// tensor with its global shape and dtype, and per shard the rank file, the
-// slice it covers ([start, stop) per dim) and its CRC-32C; plus step, mesh,
+// The checkpoint index (index.json; docs/ARCHITECTURE.md, 'Checkpoints'): every
+// logical tensor with its global shape and dtype, and per shard the rank file,
+// the slice it covers ([start, stop) per dim) and its CRC-32C; plus step, mesh,
 // the resolved spec, sampler position and schedule. Schema and JSON only:
 // reading shards is checkpoint_reader.h, the directory protocol checkpoint_dir.h.
 #pragma once

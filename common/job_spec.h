@@ -1,5 +1,5 @@
-// The job spec (DESIGN.md section 2): plain structs with defaults that run on
-// one machine, plus loading (YAML + --set overrides), validation and printing.
+// The job spec (docs/ARCHITECTURE.md, 'The job spec'): plain structs with defaults that
+// run on one machine, plus loading (YAML + --set overrides), validation and printing.
 // Owns the spec's shape and rules; it does not know about ranks or processes.
 #pragma once
 
@@ -207,7 +207,7 @@ struct JobSpec {
 
   std::string source;  // file the spec came from ("" for built-in defaults)
 
-  // Derived values (DESIGN.md section 2).
+  // Derived values (docs/ARCHITECTURE.md, 'The job spec').
   int world() const { return parallel.dp * parallel.tp * parallel.pp; }
   int global_batch() const { return train.micro_batch * train.grad_accum * parallel.dp; }
   int ranks_per_node() const { return cluster.procs_per_node; }

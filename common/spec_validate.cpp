@@ -1,7 +1,7 @@
-// Rules of the job spec (DESIGN.md section 2): ranges, enums, and the relations
-// between fields (mesh = cluster size, heads % tp, layers % pp, ...). Every
-// problem is collected with its origin, the value and the fix; nothing throws.
-// Poor but legal choices become warnings.
+// Rules of the job spec (docs/ARCHITECTURE.md, 'The job spec'): ranges, enums,
+// and the relations between fields (mesh = cluster size, heads % tp,
+// layers % pp, ...). Every problem is collected with its origin, the value and
+// the fix; nothing throws. Poor but legal choices become warnings.
 #include <cstdint>
 #include <cstdio>
 #include <string>

@@ -1,5 +1,5 @@
-// The worker's environment contract (DESIGN.md section 3): torchrun's names
-// (RANK, WORLD_SIZE, LOCAL_RANK, ..., MASTER_ADDR/PORT) plus DTRAIN_*.
+// The worker's environment contract (docs/ARCHITECTURE.md, 'The worker's environment'):
+// torchrun's names (RANK, WORLD_SIZE, LOCAL_RANK, ..., MASTER_ADDR/PORT) plus DTRAIN_*.
 // Pure: builds "K=V" strings from plain inputs; reads no global state.
 #pragma once
 

@@ -1,5 +1,5 @@
-// The gRPC rendezvous server (DESIGN.md section 4): rounds, placement on
-// close, heartbeats, failures. Embedded in `dtrain launch` or standalone.
+// The gRPC rendezvous server (docs/ARCHITECTURE.md, 'Rendezvous'): rounds, placement
+// on close, heartbeats, failures. Embedded in `dtrain launch` or standalone.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
 // The cluster model (nodes, devices, NVLink islands) and rank placement on it
-// (DESIGN.md section 5): which (node, device) each logical rank of the
+// (docs/ARCHITECTURE.md, 'Placement'): which (node, device) each logical rank of the
 // common/mesh.h order runs on. Group tiers and bytes are in topology_groups.cpp,
 // renderings in topology_render.cpp. Pure functions: no gRPC, no I/O.
 #include <algorithm>

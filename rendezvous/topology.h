@@ -1,6 +1,6 @@
 // Cluster model and rank placement on the DP x TP x PP (x EP) mesh
-// (DESIGN.md section 5). Pure functions over plain structs: no gRPC, no I/O.
-// Shared by `dtrain topo` and the live rendezvous, so both place ranks alike.
+// (docs/ARCHITECTURE.md, 'Placement'). Pure functions over plain structs: no gRPC, no
+// I/O. Shared by `dtrain topo` and the live rendezvous, so both place ranks alike.
 #pragma once
 
 #include <cstdint>
@@ -102,7 +102,7 @@ Placement place_job(const JobSpec& spec, bool allow_slow = false,
 
 // Renderings used by `dtrain topo`.
 std::string placement_to_text(const Placement& placement, const Cluster& cluster);
-std::string placement_to_json(const Placement& placement);  // the stable schema of issue 2
+std::string placement_to_json(const Placement& placement);  // schema: docs/ARCHITECTURE.md, 'Placement'
 std::string placement_to_svg(const Placement& placement, const Cluster& cluster);
 
 }  // namespace dtrain::rendezvous

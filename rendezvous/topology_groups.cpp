@@ -155,7 +155,7 @@ std::vector<Group> build_groups(const Placement& placement, const std::vector<Sl
 
 }  // namespace detail
 
-// GPT parameters (model/ of DESIGN.md section 6), V vocab, T seq_len,
+// GPT parameters (engine/model/gpt.h), V vocab, T seq_len,
 // C d_model, L layers: wte V*C + wpe T*C + L blocks + ln_f 2C + head V*C (no
 // bias, untied). One block: ln1 2C, qkv 3C*C+3C, attn proj C*C+C, ln2 2C,
 // fc 4C*C+4C, mlp proj 4C*C+C = 12C^2 + 13C.

@@ -1,6 +1,6 @@
 // Renderings of a Placement for `dtrain topo`: a text table, the stable JSON
-// schema of issue 2, and an SVG drawing (nodes as boxes, devices coloured by
-// TP group, PP stages left to right, edges labelled with their link tier).
+// schema (docs/ARCHITECTURE.md, 'Placement'), and an SVG drawing (nodes as boxes, devices
+// coloured by TP group, PP stages left to right, edges labelled with their link tier).
 // Formatting only: the placement math is in topology.cpp. The text stays
 // readable at any size: past kTextRanksMax ranks the rank table and the group
 // list are summarised (JSON keeps everything); every rendering is linear.

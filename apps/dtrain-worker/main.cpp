@@ -1,5 +1,5 @@
-// dtrain-worker: what `entrypoint: builtin` runs on every rank. Reads who it
-// is from the environment (DESIGN.md section 3), never from the launcher.
+// dtrain-worker: what `entrypoint: builtin` runs on every rank. Reads who it is from the
+// environment (docs/ARCHITECTURE.md, 'The worker's environment'), never from the launcher.
 //   dtrain-worker                 train (the default)
 //   dtrain-worker bench-comm ...  one collective, nccl-tests style
 //   dtrain-worker doctor          the engine's facts as JSON on stdout (dtrain doctor reads it)

@@ -1,9 +1,9 @@
-// Engine side of sharded checkpoints (DESIGN.md section 6): what one rank
-// saves (the model and optimizer entries its layout's StateProvider gives it,
-// every rank's RNG states) and how a rank loads its part back through the
-// index, from any mesh. Also preemption (SIGTERM -> checkpoint, exit 0);
-// the chaos-testing faults of the spec's fault section are in fault.h.
-// Format and directory protocol: common/checkpoint_*.
+// Engine side of sharded checkpoints (docs/ARCHITECTURE.md, 'Checkpoints'):
+// what one rank saves (the model and optimizer entries its layout's
+// StateProvider gives it, every rank's RNG states) and how a rank loads its
+// part back through the index, from any mesh. Also preemption (SIGTERM ->
+// checkpoint, exit 0); the chaos-testing faults of the spec's fault section are
+// in fault.h. Format and directory protocol: common/checkpoint_*.
 #pragma once
 
 #include <ATen/core/Tensor.h>

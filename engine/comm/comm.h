@@ -1,12 +1,12 @@
-// Collectives for the engine (DESIGN.md section 6, comm/): the worker's view
-// of the world from the environment contract (section 3), one process group
-// per mesh axis (PrefixStore per group over one TCPStore) on that axis's
-// backend (Gloo on CPU tensors, NCCL on CUDA tensors; the data backend unless
-// CommOptions.axis_backend says otherwise), a `control` Gloo group
-// over the world that always exists (flags, small CPU reductions), and what a
-// backend lacks or does slowly built from what it has (Gloo: a ring
-// reduce-scatter, bf16 through fp32). Every byte sent is counted per group.
-// Does not know about models or training.
+// Collectives for the engine (docs/ARCHITECTURE.md, 'The path of a job', step
+// 6): the worker's view of the world from the environment contract ('The
+// worker's environment'), one process group per mesh axis (PrefixStore per
+// group over one TCPStore) on that axis's backend (Gloo on CPU tensors, NCCL on
+// CUDA tensors; the data backend unless CommOptions.axis_backend says
+// otherwise), a `control` Gloo group over the world that always exists (flags,
+// small CPU reductions), and what a backend lacks or does slowly built from
+// what it has (Gloo: a ring reduce-scatter, bf16 through fp32). Every byte sent
+// is counted per group. Does not know about models or training.
 #pragma once
 
 #include <ATen/core/Tensor.h>

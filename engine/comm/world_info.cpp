@@ -1,7 +1,7 @@
 // WorldInfo::from_env and parse_mesh: the worker's side of the environment
-// contract (DESIGN.md section 3). Reads and validates variables; every
-// problem is collected and reported at once, each naming its variable.
-// Does not connect to anything.
+// contract (docs/ARCHITECTURE.md, 'The worker's environment'). Reads and
+// validates variables; every problem is collected and reported at once, each
+// naming its variable. Does not connect to anything.
 #include <cstdlib>
 #include <sstream>
 

@@ -1,8 +1,8 @@
-// Token sources (DESIGN.md section 6, data/): byte-level text (vocab 256),
-// uint16 token files, and a synthetic source. A sample i is
-// the window of seq_len+1 tokens starting at a position fixed by i, so any
-// rank can read any sample. Does not decide which rank reads which sample
-// (sampler.h does).
+// Token sources (docs/ARCHITECTURE.md, 'The engine's folders'): byte-level text
+// (vocab 256), uint16 token files, and a synthetic source. A sample i is the
+// window of seq_len+1 tokens starting at a position fixed by i, so any rank can
+// read any sample. Does not decide which rank reads which sample (sampler.h
+// does).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,9 +1,9 @@
-// The distributed, stateful sampler (DESIGN.md sections 6 and 8): a
-// deterministic shuffle per epoch from (seed, epoch); a step's global batch is
-// the next `global_batch` samples of that order, whatever the layout; DP rank
-// d takes its contiguous slice, and micro-step k a sub-slice of that. The
-// position is a global count of samples consumed, so resuming on another dp
-// neither repeats nor skips data.
+// The distributed, stateful sampler (docs/ARCHITECTURE.md, 'The parity
+// recipe'): a deterministic shuffle per epoch from (seed, epoch); a step's
+// global batch is the next `global_batch` samples of that order, whatever the
+// layout; DP rank d takes its contiguous slice, and micro-step k a sub-slice of
+// that. The position is a global count of samples consumed, so resuming on
+// another dp neither repeats nor skips data.
 #pragma once
 
 #include <cstdint>

@@ -99,10 +99,10 @@ at::Tensor row_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGroup
 
 }  // namespace
 
-// Dropout whose mask is a function of each element's place in the global
-// batch (DESIGN.md 6.2): dim 0 is this micro-batch's rows of the global
-// batch; split_dim (if any) is this rank's [split_begin, ...) of a global
-// extent split_global (attention heads under TP).
+// Dropout whose mask is a function of each element's place in the global batch
+// (docs/ARCHITECTURE.md, 'Layout-invariant randomness'): dim 0 is this
+// micro-batch's rows of the global batch; split_dim (if any) is this rank's
+// [split_begin, ...) of a global extent split_global (attention heads under TP).
 at::Tensor invariant_dropout(const at::Tensor& x, double p, bool training, const DropoutPosition* pos,
                              int layer, random::DropoutSite site, int split_dim = -1,
                              int64_t split_global = 0, int64_t split_begin = 0) {

@@ -1,6 +1,6 @@
-// A GPT (DESIGN.md section 6, model/): token + position embeddings, pre-
-// LayerNorm blocks (causal multi-head self-attention, GELU MLP), final
-// LayerNorm, output head. Deterministic init from a seed, stable parameter
+// A GPT (docs/ARCHITECTURE.md, 'The engine's folders'): token + position
+// embeddings, pre-LayerNorm blocks (causal multi-head self-attention, GELU MLP),
+// final LayerNorm, output head. Deterministic init from a seed, stable parameter
 // names ("blocks.3.attn.qkv.weight"). Written so TP/PP/EP are layouts of it:
 // blocks are separate modules, linears are replaceable. Not parallel itself.
 #pragma once
@@ -34,10 +34,10 @@ struct GptConfig {
   std::string attention = "naive";  // the attention core: naive | tiled (attention_core.h)
 };
 
-// Where the current micro-batch sits in the step's global batch, for
-// dropout masks that do not depend on the layout (DESIGN.md 6.2): the
-// optimizer step, the global batch size and the global row of this
-// micro-batch's first sample. The default is one process's first micro-step.
+// Where the current micro-batch sits in the step's global batch, for dropout
+// masks that do not depend on the layout (docs/ARCHITECTURE.md, 'Layout-invariant
+// randomness'): the optimizer step, the global batch size and the global row of
+// this micro-batch's first sample. The default is one process's first micro-step.
 struct DropoutPosition {
   uint64_t seed = 0;
   int64_t step = 0;

@@ -1,8 +1,8 @@
-// Data parallelism the way PyTorch DDP does it (DESIGN.md sections 6 and 8):
-// gradients live in flat buckets filled in reverse registration order; each
-// bucket's async all-reduce (SUM over the dp group) starts from the autograd
-// hooks as soon as all its grads are ready, while backward goes on. Owns the
-// buckets and the hooks; does not scale the loss or step the optimizer.
+// Data parallelism the way PyTorch DDP does it (docs/ARCHITECTURE.md, 'Data parallelism:
+// DDP and ZeRO-1/2/3' and 'The parity recipe'): gradients live in flat buckets filled in
+// reverse registration order; each bucket's async all-reduce (SUM over the dp group)
+// starts from the autograd hooks as soon as all its grads are ready, while backward goes
+// on. Owns the buckets and the hooks; does not scale the loss or step the optimizer.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,9 +38,9 @@ struct DdpState;
 // and autograd accumulates into it in place, so there is no copy in or out.
 // Whoever zeroes the grads must keep their storage (zero_grad() does).
 //
-// Loss normalisation (DESIGN.md section 8): the caller scales each local
-// micro-batch loss by 1 / (grad_accum * dp) before backward, so the SUM of the
-// ranks' gradients is the 1-process gradient of the global-batch mean loss.
+// Loss normalisation (docs/ARCHITECTURE.md, 'The parity recipe'): the caller scales
+// each local micro-batch loss by 1 / (grad_accum * dp) before backward, so the SUM
+// of the ranks' gradients is the 1-process gradient of the global-batch mean loss.
 // The all-reduce is therefore a plain SUM; nothing is divided afterwards.
 class Ddp {
  public:

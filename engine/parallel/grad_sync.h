@@ -1,8 +1,8 @@
-// The interfaces between a parallelism and the trainer (DESIGN.md 6.1):
-// GradSync (a step's gradient communication, clipping over the right groups,
-// what the optimizer updates) and StateProvider (what a checkpoint holds and
-// who owns it). A parallelism implements them; the trainer and the
-// checkpoint code use only these, never a parallelism's own type.
+// The interfaces between a parallelism and the trainer (docs/ARCHITECTURE.md,
+// 'The parallelize seam'): GradSync (a step's gradient communication, clipping
+// over the right groups, what the optimizer updates) and StateProvider (what a
+// checkpoint holds and who owns it). A parallelism implements them; the trainer
+// and the checkpoint code use only these, never a parallelism's own type.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,8 +1,8 @@
-// parallelize (DESIGN.md 6.1, TorchTitan's shape): applies the parallelisms
-// of the spec to a model in one fixed order and hands the trainer what it
-// needs without naming any of them: the model parts this rank holds, a
-// GradSync, and a Schedule. Adding a parallelism = one folder here, one line
-// in parallelize(), one parity test; the trainer does not change.
+// parallelize (docs/ARCHITECTURE.md, 'The parallelize seam'; TorchTitan's
+// shape): applies the parallelisms of the spec to a model in one fixed order and
+// hands the trainer what it needs without naming any of them: the model parts
+// this rank holds, a GradSync, and a Schedule. Adding a parallelism = one folder
+// here, one line in parallelize(), one parity test; the trainer does not change.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,7 +1,7 @@
-// Schedule (DESIGN.md 6.1): runs one step's micro-batches over the model
-// parts this rank holds and returns the local loss sum. NoPipeline is the
-// plain micro-step loop; pipeline schedules (lists of actions per stage) will
-// implement the same interface. Knows nothing of data files or optimizers.
+// Schedule (docs/ARCHITECTURE.md, 'The parallelize seam'): runs one step's micro-batches
+// over the model parts this rank holds and returns the local loss sum. NoPipeline is the
+// plain micro-step loop; the pipeline schedules (pipeline/pipeline_schedule.h) implement
+// the same interface. Knows nothing of data files or optimizers.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,8 +20,8 @@ class BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual void micro_batch(int micro, at::Tensor& inputs, at::Tensor& targets) = 0;
-  // The step's global batch size in samples, and the global row of
-  // micro-batch `micro`'s first sample (dropout masks, DESIGN.md 6.2).
+  // The step's global batch size in samples, and the global row of micro-batch `micro`'s
+  // first sample (dropout masks: docs/ARCHITECTURE.md, 'Layout-invariant randomness').
   virtual int64_t global_rows() const = 0;
   virtual int64_t row_begin(int micro) const = 0;
 };
@@ -29,7 +29,7 @@ class BatchSource {
 struct StepOptions {
   int grad_accum = 1;
   // Each micro-batch mean loss is multiplied by this before backward (its
-  // share of the global batch: DESIGN.md section 8).
+  // share of the global batch: docs/ARCHITECTURE.md, 'The parity recipe').
   double loss_scale = 1.0;
   bool bf16 = false;  // autocast the forward to bf16
   uint64_t seed = 0;  // job.seed, and the 0-based optimizer step: dropout streams

@@ -1,4 +1,4 @@
-// Counter-based randomness that does not depend on the layout (DESIGN.md 6.2):
+// Layout-invariant randomness (docs/ARCHITECTURE.md, 'Layout-invariant randomness'):
 // Philox4x32-10 and a dropout whose mask bit for an element is a pure function
 // of (seed, step, layer, site, the element's flat index in the GLOBAL tensor),
 // so every DP/TP/PP/SP layout draws the same mask as one process, activation

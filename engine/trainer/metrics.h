@@ -1,9 +1,9 @@
-// Training metrics (DESIGN.md section 6, trainer): every log.every steps (and
-// the first and last) rank 0 prints step/total, the global-batch mean loss, lr, tokens/s,
-// ETA and memory, and appends one JSON object to <log dir>/metrics.jsonl
-// (valid JSON always: a NaN or inf is written as null, and a non-finite step
-// carries "nonfinite": true).
-// Owns the timing and formatting; it does not train or decide the loss value.
+// Training metrics (docs/ARCHITECTURE.md, 'The engine's folders'): every
+// log.every steps (and the first and last) rank 0 prints step/total, the
+// global-batch mean loss, lr, tokens/s, ETA and memory, and appends one JSON
+// object to <log dir>/metrics.jsonl (valid JSON always: a NaN or inf is written
+// as null, and a non-finite step carries "nonfinite": true). Owns the timing
+// and formatting; it does not train or decide the loss value.
 #pragma once
 
 #include <cstdint>

@@ -20,8 +20,8 @@
 namespace dtrain::engine::trainer {
 namespace {
 
-// The builtin engine runs DDP or ZeRO-1/2/3 in fp32 or bf16 (autocast) on CPU or CUDA for
-// now; anything else is a clear error rather than a silently different run.
+// The builtin engine runs DDP or ZeRO-1/2/3 with TP, SP, PP and EP in fp32 or bf16 (autocast)
+// on CPU or CUDA; the combinations below are a clear error rather than a silently different run.
 void check_supported(const JobSpec& spec) {
   std::vector<std::string> problems;
   if (spec.parallel.pp > 1 && spec.parallel.zero == 3)

@@ -78,9 +78,9 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   checkpoint::fault_in_step(s.spec.fault, s.info, step + 1);  // fault.kind slow: inside the timed step
   parallel::StepOptions opt;
   opt.grad_accum = s.spec.train.grad_accum;
-  // DESIGN.md section 8: each micro-batch loss is scaled by its share of the
-  // global batch, so summed gradients are the 1-process gradient of the
-  // global-batch mean loss (micro-batches hold equal token counts).
+  // docs/ARCHITECTURE.md, 'The parity recipe': each micro-batch loss is scaled by
+  // its share of the global batch, so summed gradients are the 1-process gradient
+  // of the global-batch mean loss (micro-batches hold equal token counts).
   opt.loss_scale = 1.0 / (double(opt.grad_accum) * double(s.dp->size()));
   opt.bf16 = s.spec.train.precision == "bf16";
   opt.seed = s.spec.job.seed;

@@ -1,13 +1,13 @@
-// Checkpoints end to end with the real `dtrain` (DESIGN.md section 7): bit-
-// exact resume after SIGKILL of a worker (agent restart, and `dtrain
-// resume`) and after SIGTERM preemption, a crash in the middle of a save,
-// resharding dp=4 -> dp=2 / dp=1 within 1e-5 (negative control: the dp=2
-// resume with fault.kind reset_moments_on_load misses by >= 100x), merge vs the 1-process model
-// plus a Python reader of the public format, `ckpt inspect` and `ckpt merge
-// --with-optimizer`, and bad checkpoints. A run's final parameters are those
-// of its last checkpoint, through `dtrain ckpt merge`. Every run from step 1
-// must have trained (its loss fell): equal curves of frozen models prove
-// nothing. Tiny model: a run takes seconds.
+// Checkpoints end to end with the real `dtrain` (docs/ARCHITECTURE.md, 'What
+// counts as working'): bit-exact resume after SIGKILL of a worker (agent
+// restart, and `dtrain resume`) and after SIGTERM preemption, a crash in the
+// middle of a save, resharding dp=4 -> dp=2 / dp=1 within 1e-5 (negative
+// control: the dp=2 resume with fault.kind reset_moments_on_load misses by >=
+// 100x), merge vs the 1-process model plus a Python reader of the public format,
+// `ckpt inspect` and `ckpt merge --with-optimizer`, and bad checkpoints. A run's
+// final parameters are those of its last checkpoint, through `dtrain ckpt
+// merge`. Every run from step 1 must have trained (its loss fell): equal curves
+// of frozen models prove nothing. Tiny model: a run takes seconds.
 #include <doctest/doctest.h>
 
 #include <netinet/in.h>
@@ -364,7 +364,7 @@ TEST_CASE("SIGTERM: workers finish the step, checkpoint, exit; dtrain resume con
 
 TEST_CASE("resharding dp=4 -> dp=2 and dp=1; merge vs the 1-process model; Python reader; merge --with-optimizer") {
   Fixture f;
-  // Same global batch (8) in every layout, dropout 0 (DESIGN.md section 8).
+  // Same global batch (8) in every layout, dropout 0 (docs/ARCHITECTURE.md, 'The parity recipe').
   const std::vector<std::string> dp4 = {"parallel.dp=4", "cluster.procs_per_node=4", "train.micro_batch=2",
                                         "model.dropout=0.0"};
   Run ref = f.run("dp4", dp4);

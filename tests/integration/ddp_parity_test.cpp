@@ -1,15 +1,15 @@
-// DDP parity (DESIGN.md sections 7 and 8): the real `dtrain launch` with 4
-// Gloo ranks against a 1-process run of the same spec and global batch,
-// dropout 0, fp32, 20 steps. Every step's loss must match within 1e-5
-// relative and the final parameters (merged from each run's checkpoint)
-// within 1e-5 absolute; each case prints the max differences it saw next to
-// the tolerance, and beside them a negative control: the same DDP run with
-// gradient synchronisation disabled (the spec's fault.kind no_grad_sync) must
-// miss the reference by >= 100x the tolerance, or the comparison could not
-// tell right from wrong. The harness is tests/support/parity.h; this file
-// adds the DDP layout checks (ranks, buckets, overlap) and the collectives'
-// path from metrics.jsonl's comm_path: shared memory by default, Gloo's TCP
-// with cluster.shm false (one 2-rank case; its control is the dp 4 one's).
+// DDP parity (docs/ARCHITECTURE.md, 'What counts as working' and 'The parity
+// recipe'): the real `dtrain launch` with 4 Gloo ranks against a 1-process run of
+// the same spec and global batch, dropout 0, fp32, 20 steps. Every step's loss
+// must match within 1e-5 relative and the final parameters (merged from each
+// run's checkpoint) within 1e-5 absolute; each case prints the max differences it
+// saw next to the tolerance, and beside them a negative control: the same DDP run
+// with gradient synchronisation disabled (the spec's fault.kind no_grad_sync)
+// must miss the reference by >= 100x the tolerance, or the comparison could not
+// tell right from wrong. The harness is tests/support/parity.h; this file adds
+// the DDP layout checks (ranks, buckets, overlap) and the collectives' path from
+// metrics.jsonl's comm_path: shared memory by default, Gloo's TCP with
+// cluster.shm false (one 2-rank case; its control is the dp 4 one's).
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -1,9 +1,9 @@
-// Many hosts for real (DESIGN.md section 9): agents in network namespaces
-// made by scripts/testhosts, each with its own address and all with this
-// machine's hostname (which maps to 127.x here, so a hostname handed out as
-// MASTER_ADDR would point every node at itself). Cases skip, saying why,
-// where namespaces cannot be made. Every process is an RAII Child with a
-// TagGuard, and the hosts are torn down by TestHosts' destructor.
+// Many hosts for real (docs/ARCHITECTURE.md, 'Test hosts: many machines on
+// one'): agents in network namespaces made by scripts/testhosts, each with its
+// own address and all with this machine's hostname (which maps to 127.x here, so
+// a hostname handed out as MASTER_ADDR would point every node at itself). Cases
+// skip, saying why, where namespaces cannot be made. Every process is an RAII
+// Child with a TagGuard, and the hosts are torn down by TestHosts' destructor.
 #include <doctest/doctest.h>
 
 #include <chrono>

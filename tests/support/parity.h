@@ -1,13 +1,13 @@
-// The parity harness of the numerics integration tests (DESIGN.md sections 7
-// and 8): the real `dtrain launch` of one tiny spec (dropout 0, fp32, kSteps
-// steps) with --set overrides, a 1-process reference run per global batch
-// cached across test cases, and the comparison of a parallel run with it:
-// every step's loss and grad norm within kLossRelTol relative, the final
-// parameters (read from the run's checkpoint through `dtrain ckpt merge`)
-// within kParamAbsTol absolute, the max differences printed next to the
-// tolerances, and a negative control (the same layout with fault.kind
-// no_grad_sync) that must miss the reference by >= kControlFactor x each
-// tolerance. Test files keep only their TEST_CASEs and layout checks.
+// The parity harness of the numerics integration tests (docs/ARCHITECTURE.md,
+// 'What counts as working' and 'The parity recipe'): the real `dtrain launch` of
+// one tiny spec (dropout 0, fp32, kSteps steps) with --set overrides, a
+// 1-process reference run per global batch cached across test cases, and the
+// comparison of a parallel run with it: every step's loss and grad norm within
+// kLossRelTol relative, the final parameters (read from the run's checkpoint
+// through `dtrain ckpt merge`) within kParamAbsTol absolute, the max differences
+// printed next to the tolerances, and a negative control (the same layout with
+// fault.kind no_grad_sync) that must miss the reference by >= kControlFactor x
+// each tolerance. Test files keep only their TEST_CASEs and layout checks.
 #pragma once
 
 #include <doctest/doctest.h>

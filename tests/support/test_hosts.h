@@ -1,8 +1,8 @@
-// Test hosts for integration tests (scripts/testhosts, DESIGN.md section 9):
-// an RAII `up N` ... `down`, commands wrapped to run inside host i's network
-// namespace, link cuts. One test at a time holds the hosts (a file lock), and
-// a test asks unavailable_reason() first so it can skip, saying why, where
-// namespaces cannot be made (not root, no iproute2, a sandbox without them).
+// Test hosts for integration tests (scripts/testhosts; docs/ARCHITECTURE.md, 'Test
+// hosts: many machines on one'): an RAII `up N` ... `down`, commands wrapped to run
+// inside host i's network namespace, link cuts. One test at a time holds the hosts (a
+// file lock), and a test asks unavailable_reason() first so it can skip, saying why,
+// where namespaces cannot be made (not root, no iproute2, a sandbox without them).
 #pragma once
 
 #include <fcntl.h>

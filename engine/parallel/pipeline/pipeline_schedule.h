@@ -1,10 +1,10 @@
-// Pipeline parallelism (DESIGN.md 6.1): the GPT's layers split into pp
-// stages (the embedding on the first, blocks evenly between, the head and
-// the loss on the last) and a Schedule that runs one step's micro-batches
-// over them by executing this stage's list of actions (plan.h: forward,
-// backward, send/receive of activations and their gradients), a list that
-// the simulator has accepted before the first step. Activations travel over
-// the pp group with point-to-point send/recv of shapes known ahead.
+// Pipeline parallelism (docs/ARCHITECTURE.md, 'Pipeline parallelism'): the
+// GPT's layers split into pp stages (the embedding on the first, blocks evenly
+// between, the head and the loss on the last) and a Schedule that runs one
+// step's micro-batches over them by executing this stage's list of actions
+// (plan.h: forward, backward, send/receive of activations and their gradients),
+// a list that the simulator has accepted before the first step. Activations
+// travel over the pp group with point-to-point send/recv of shapes known ahead.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,8 +1,8 @@
-// Pipeline schedules as data (DESIGN.md 6.1): build_plan turns a PlanSpec into
-// one list of actions per pipeline rank, simulate checks a plan against the
-// runtime's model (dependencies, message order, deadlock, in-flight
-// micro-batches) and times it, format_plan prints it. Pure C++: no LibTorch,
-// no communication; the runtime that executes a Plan lives elsewhere.
+// Pipeline schedules as data (docs/ARCHITECTURE.md, 'Pipeline parallelism'):
+// build_plan turns a PlanSpec into one list of actions per pipeline rank, simulate
+// checks a plan against the runtime's model (dependencies, message order, deadlock,
+// in-flight micro-batches) and times it, format_plan prints it. Pure C++: no
+// LibTorch, no communication; the runtime that executes a Plan lives elsewhere.
 #pragma once
 
 #include <string>

@@ -1,11 +1,11 @@
-// The flat, padded, sharded layout ZeRO works on (DESIGN.md 6.1): the
-// parameters are grouped in units (a transformer block, the embeddings, the
-// head); each unit is one flat buffer, its parameters back to back in
-// registration order, padded with zeros to a multiple of the dp size n, and
-// rank r owns the contiguous shard [r * S, (r + 1) * S) of it (S = padded / n).
-// Where a shard cuts a parameter, the piece this rank owns is a flat range
-// of that parameter, which a checkpoint stores as rectangular slices. Pure
-// arithmetic: no tensors, no communication.
+// The flat, padded, sharded layout ZeRO works on (docs/ARCHITECTURE.md, 'Data
+// parallelism: DDP and ZeRO-1/2/3'): the parameters are grouped in units (a
+// transformer block, the embeddings, the head); each unit is one flat buffer,
+// its parameters back to back in registration order, padded with zeros to a
+// multiple of the dp size n, and rank r owns the contiguous shard [r * S,
+// (r + 1) * S) of it (S = padded / n). Where a shard cuts a parameter, the piece
+// this rank owns is a flat range of that parameter, which a checkpoint stores
+// as rectangular slices. Pure arithmetic: no tensors, no communication.
 #pragma once
 
 #include <cstdint>

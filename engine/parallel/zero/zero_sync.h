@@ -1,5 +1,5 @@
-// ZeRO-1/2/3 (DESIGN.md 6.1) behind GradSync, over the flat padded shards of
-// flat_layout.h, one flat buffer per model unit:
+// ZeRO-1/2/3 (docs/ARCHITECTURE.md, 'Data parallelism: DDP and ZeRO-1/2/3') behind
+// GradSync, over the flat padded shards of flat_layout.h, one flat buffer per model unit:
 //   ZeRO-1: AdamW moments sharded; gradients all-reduced per unit from the
 //           backward hooks (overlapped), each rank updates its shard, the
 //           updated shards are all-gathered into the parameters.

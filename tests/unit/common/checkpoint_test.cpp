@@ -1,8 +1,8 @@
 // Checkpoint format without LibTorch: safetensors round trip and layout,
-// crc32c, index JSON, resharded region reads from two shards, every
-// corruption of DESIGN.md section 7 (flipped byte, truncated shard, missing
-// rank file, shape mismatch, another model) with its message, the atomic
-// directory protocol (commit, latest, keep, leftover .tmp) and merge.
+// crc32c, index JSON, resharded region reads from two shards, every corruption
+// that docs/ARCHITECTURE.md, 'Checkpoints', lists (flipped byte, truncated
+// shard, missing rank file, shape mismatch, another model) with its message, the
+// atomic directory protocol (commit, latest, keep, leftover .tmp) and merge.
 #include <doctest/doctest.h>
 
 #include <unistd.h>

@@ -1,6 +1,6 @@
-// Placement tests (DESIGN.md section 5): every factorisation dp x tp x pp of
-// 8, 12, 16 and 64 ranks over 1, 2, 3, 4 and 8 nodes and many island layouts,
-// checked for the invariants of place_ranks; the bytes formulas on a
+// Placement tests (docs/ARCHITECTURE.md, 'Placement'): every factorisation dp x
+// tp x pp of 8, 12, 16 and 64 ranks over 1, 2, 3, 4 and 8 nodes and many island
+// layouts, checked for the invariants of place_ranks; the bytes formulas on a
 // hand-computed case; and `dtrain topo` / `dtrain validate` on every config.
 #include <doctest/doctest.h>
 
@@ -466,7 +466,7 @@ TEST_CASE("dtrain topo and validate on every file in configs/") {
   }
 }
 
-TEST_CASE("dtrain topo: the issue's checks") {
+TEST_CASE("dtrain topo: gpt-3d groups on 2 nodes, a bad tp, split islands, --allow-slow, --svg") {
   std::string gpt = dtrain::testing::source_dir() + "/configs/gpt-3d.yaml";
   auto [rc, out] = dtrain_run({"topo", gpt, "--nodes", "2", "--gpus-per-node", "4", "--format", "json"});
   REQUIRE_MESSAGE(rc == 0, out);
