@@ -69,6 +69,18 @@ JobSpec resume_spec(const ResumeSpecInput& in, std::vector<std::string>* warning
   o.insert(o.end(), in.overrides.begin(), in.overrides.end());
   JobSpec spec = parse_job_spec(in.stored_yaml, in.source, o, warnings);
   const JobSpec defaults;
+  // A stored fault section (chaos testing: kill, hang, slow, ...) would fire
+  // again, since a resume is a first launch: injected only when given again.
+  bool fault_given = false;
+  for (const auto& ov : in.overrides)
+    fault_given = fault_given || ov.rfind("fault.", 0) == 0 || ov.rfind("fault=", 0) == 0;
+  if (spec.fault.active() && !fault_given) {
+    if (warnings)
+      warnings->push_back(in.source + ": fault.kind = " + spec.fault.kind +
+                          " is not applied on resume; to inject it again, give --set fault.kind=" +
+                          spec.fault.kind + " (and its rank, step, ms)");
+    spec.fault = defaults.fault;
+  }
   std::vector<std::string> refused;
   for (const auto& field : resume_trusted_fields(spec, in.rdzv_given))
     if (!given(in.overrides, field) && value_of(spec, field) != value_of(defaults, field))

