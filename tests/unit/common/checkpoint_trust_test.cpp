@@ -23,6 +23,7 @@
 #include "common/checkpoint_writer.h"
 #include "common/error.h"
 #include "common/safetensors.h"
+#include "tests/support/child.h"
 
 namespace fs = std::filesystem;
 using namespace dtrain::checkpoint;
@@ -31,14 +32,7 @@ using Json = nlohmann::ordered_json;
 
 namespace {
 
-struct Tmp {
-  std::string path;
-  Tmp() {
-    char t[] = "/tmp/dtrain-trust-unit-XXXXXX";
-    path = mkdtemp(t);
-  }
-  ~Tmp() { fs::remove_all(path); }
-};
+using Tmp = dtrain::testing::TempDir;
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -111,7 +105,7 @@ TEST_CASE("index: shapes whose element or byte count overflows, negative dims, u
 
 TEST_CASE("safetensors: a header whose byte count overflows is refused at open") {
   Tmp t;
-  const std::string path = t.path + "/evil.safetensors";
+  const std::string path = t.path() + "/evil.safetensors";
   // [2^62+1, 4] F32 is 2^64 + 16 bytes: wrapped, it would match 16 bytes of data.
   write_raw(path, R"({"t":{"dtype":"F32","shape":[4611686018427387905,4],"data_offsets":[0,16]}})",
             std::string(16, '\1'));
@@ -146,23 +140,23 @@ TEST_CASE("coverage: every element in exactly one shard; overlaps and gaps named
 
 TEST_CASE("a FIFO or a link where a checkpoint file belongs is refused, never blocking") {
   Tmp t;
-  const std::string fifo = t.path + "/rank_0.safetensors";
+  const std::string fifo = t.path() + "/rank_0.safetensors";
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
   CHECK(has(error_of([&] { st::File f(fifo); }), "rank_0.safetensors is a FIFO, not a regular file"));
   // The index of a checkpoint whose rank file is that FIFO: refused by the reader.
-  std::ofstream(t.path + "/index.json") << index_json({2}, {{"rank_0.safetensors", {{0, 2}}}}, {"rank_0.safetensors"});
-  CHECK(has(error_of([&] { CheckpointReader r(t.path); }), "rank_0.safetensors is a FIFO, not a regular file"));
+  std::ofstream(t.path() + "/index.json") << index_json({2}, {{"rank_0.safetensors", {{0, 2}}}}, {"rank_0.safetensors"});
+  CHECK(has(error_of([&] { CheckpointReader r(t.path()); }), "rank_0.safetensors is a FIFO, not a regular file"));
   // `latest` as a FIFO.
-  const std::string root = t.path + "/root";
+  const std::string root = t.path() + "/root";
   fs::create_directories(root + "/step_1");
   REQUIRE(::mkfifo((root + "/latest").c_str(), 0644) == 0);
   CHECK(has(error_of([&] { latest_dir(root); }), "latest is a FIFO, not a regular file"));
   // A rank file that is a link to a file outside the step directory.
-  const std::string dir = t.path + "/linked";
+  const std::string dir = t.path() + "/linked";
   fs::create_directories(dir);
   std::vector<float> v = {1, 2};
-  st::write_file(t.path + "/outside.safetensors", {{"k0", "F32", {2}, v.data()}});
-  fs::create_symlink(t.path + "/outside.safetensors", dir + "/rank_0.safetensors");
+  st::write_file(t.path() + "/outside.safetensors", {{"k0", "F32", {2}, v.data()}});
+  fs::create_symlink(t.path() + "/outside.safetensors", dir + "/rank_0.safetensors");
   std::ofstream(dir + "/index.json") << index_json({2}, {{"rank_0.safetensors", {{0, 2}}}}, {"rank_0.safetensors"});
   CHECK(has(error_of([&] { CheckpointReader r(dir); }), "rank_0.safetensors is a symbolic link"));
   CHECK(has(error_of([&] { st::File f(dir + "/rank_0.safetensors"); }), "is a symbolic link"));
@@ -170,10 +164,10 @@ TEST_CASE("a FIFO or a link where a checkpoint file belongs is refused, never bl
 
 TEST_CASE("latest must name a step_<N> directory of its own checkpoint dir") {
   Tmp t;
-  const std::string root = t.path + "/ckpt";
+  const std::string root = t.path() + "/ckpt";
   fs::create_directories(root + "/step_1");
-  fs::create_directories(t.path + "/other/step_5");
-  for (const std::string& bad : std::vector<std::string>{"../other/step_5", t.path + "/other/step_5",
+  fs::create_directories(t.path() + "/other/step_5");
+  for (const std::string& bad : std::vector<std::string>{"../other/step_5", t.path() + "/other/step_5",
                                                          "step_1/../../other/step_5", "previous"}) {
     CAPTURE(bad);
     std::ofstream(root + "/latest") << bad << "\n";
@@ -182,7 +176,7 @@ TEST_CASE("latest must name a step_<N> directory of its own checkpoint dir") {
     CHECK(has(error_of([&] { resolve(root); }), "latest names \"" + bad + "\""));
   }
   // A step_<N> name that is a link to another directory.
-  fs::create_directory_symlink(t.path + "/other/step_5", root + "/step_5");
+  fs::create_directory_symlink(t.path() + "/other/step_5", root + "/step_5");
   std::ofstream(root + "/latest") << "step_5\n";
   CHECK(has(error_of([&] { latest_dir(root); }), "which is not a checkpoint directory (it is a symbolic link)"));
   std::ofstream(root + "/latest") << "step_1\n";
@@ -191,7 +185,7 @@ TEST_CASE("latest must name a step_<N> directory of its own checkpoint dir") {
 
 TEST_CASE("keep never prunes inside a moved-aside previous_<time>/") {
   Tmp t;
-  const std::string root = t.path + "/ckpt/previous_20260101T000000Z";
+  const std::string root = t.path() + "/ckpt/previous_20260101T000000Z";
   const std::vector<float> w = {1, 2};
   for (int step : {1, 2, 3}) {
     prepare_tmp_dir(root, step);
