@@ -94,27 +94,28 @@ LinkTier group_tier(const std::vector<int>& ranks, const std::vector<Slot>& slot
 //       exchange of (E - E/n) * 8 bytes; once a step, the experts' fp64
 //       squared grad norm (8 bytes) all-reduced for clipping.
 //       The engine's ep_bytes_sent follows the actual routing.
-uint64_t group_bytes(const std::string& axis, int n, int stage, const Mesh& m, const TrafficModel& t) {
+uint64_t group_bytes(const std::string& axis, int n, int stage, const mesh::Mesh& m, const TrafficModel& t) {
   auto all_reduce = [n](uint64_t x) { return x * 2 * static_cast<uint64_t>(n - 1) / n; };
   uint64_t elem = static_cast<uint64_t>(t.bytes_per_elem);
-  uint64_t act = static_cast<uint64_t>(t.micro_batch) * t.seq_len * t.d_model * elem;
+  // A rank's tokens: the sequence is split over cp.
+  uint64_t act = static_cast<uint64_t>(t.micro_batch) * (t.seq_len / m.cp()) * t.d_model * elem;
   uint64_t micro = static_cast<uint64_t>(std::max(1, t.grad_accum));
-  if (axis == "dp") {
-    uint64_t grad = t.params / static_cast<uint64_t>(m.tp * m.pp) * elem;
+  if (axis == "dp" || axis == "dp_cp") {
+    uint64_t grad = t.params / static_cast<uint64_t>(m.tp() * m.pp()) * elem;
     uint64_t bytes = all_reduce(grad);
     return t.zero == 3 ? bytes * 3 / 2 : bytes;
   }
   if (axis == "tp") {
     // The blocks this pp rank holds: its chunks' global stages c * pp + stage.
-    uint64_t layers = static_cast<uint64_t>(std::max(1, t.layers / m.pp));
+    uint64_t layers = static_cast<uint64_t>(std::max(1, t.layers / m.pp()));
     if (!t.stage_layers.empty()) {
       layers = 0;
-      for (size_t s = static_cast<size_t>(stage); s < t.stage_layers.size(); s += static_cast<size_t>(m.pp))
+      for (size_t s = static_cast<size_t>(stage); s < t.stage_layers.size(); s += static_cast<size_t>(m.pp()))
         layers += static_cast<uint64_t>(t.stage_layers[s]);
     }
-    uint64_t first = stage == 0 ? 1 : 0, last = stage == m.pp - 1 ? 1 : 0;
-    uint64_t ce = static_cast<uint64_t>(t.micro_batch) * t.seq_len * 4;  // [micro_batch * seq_len] fp32
-    const uint64_t moe = m.pp == 1 ? static_cast<uint64_t>(t.moe_layers) : 0;
+    uint64_t first = stage == 0 ? 1 : 0, last = stage == m.pp() - 1 ? 1 : 0;
+    uint64_t ce = static_cast<uint64_t>(t.micro_batch) * (t.seq_len / m.cp()) * 4;  // [micro_batch * seq_len] fp32
+    const uint64_t moe = m.pp() == 1 ? static_cast<uint64_t>(t.moe_layers) : 0;
     const uint64_t share = act / static_cast<uint64_t>(n), k = static_cast<uint64_t>(t.top_k);
     const uint64_t moe_gathers = moe * static_cast<uint64_t>(n - 1) * (k * share + share);
     return micro * ((layers * 4 - moe * 2 + first + last) * all_reduce(act) + moe_gathers +
@@ -122,8 +123,16 @@ uint64_t group_bytes(const std::string& axis, int n, int stage, const Mesh& m, c
            all_reduce(8);
   }
   if (axis == "pp") return micro * 2 * static_cast<uint64_t>(n - 1) * act;
+  if (axis == "cp") {
+    // Ring attention, per micro-batch and block: the rank's K and V
+    // ([tokens, d_model / tp] each) passed n - 1 times forward; backward
+    // passes them again with their dK and dV.
+    const uint64_t kv = act / static_cast<uint64_t>(m.tp());
+    const uint64_t layers = static_cast<uint64_t>(t.layers / m.pp());
+    return micro * layers * static_cast<uint64_t>(n - 1) * 6 * kv;
+  }
   if (axis == "ep" && t.moe_layers > 0) {
-    const uint64_t share = act / static_cast<uint64_t>(m.tp);  // this rank's tokens under TP
+    const uint64_t share = act / static_cast<uint64_t>(m.tp());  // this rank's tokens under TP
     const uint64_t rows = share * static_cast<uint64_t>(t.top_k) * static_cast<uint64_t>(n - 1) / n;
     const uint64_t counts = static_cast<uint64_t>(t.experts - t.experts / n) * 8;
     return micro * static_cast<uint64_t>(t.moe_layers) * (4 * rows + counts) + all_reduce(8);
@@ -135,18 +144,21 @@ uint64_t group_bytes(const std::string& axis, int n, int stage, const Mesh& m, c
 
 std::vector<Group> build_groups(const Placement& placement, const std::vector<Slot>& slots,
                                 const std::vector<int>& slot_of_rank, const TrafficModel& traffic) {
-  const Mesh& m = placement.mesh;
-  mesh::Shape shape{m.dp, m.tp, m.pp, m.ep};
-  std::vector<std::string> axes = {"tp", "dp", "pp"};
-  if (m.ep > 1) axes.push_back("ep");
+  const mesh::Mesh& m = placement.mesh;
+  // The groups that carry traffic: with cp, gradients are reduced over
+  // dp x cp (dp_cp) and the cp group carries the ring's K/V blocks.
+  using K = mesh::GroupKind;
+  std::vector<K> kinds = {K::tp, K::dp, K::pp};
+  if (m.cp() > 1) kinds = {K::tp, K::cp, K::dp_cp, K::pp};
+  if (m.ep > 1) kinds.push_back(K::ep);
   std::vector<Group> groups;
-  for (const auto& axis : axes)
-    for (auto& ranks : mesh::axis_groups(shape, axis)) {
+  for (K kind : kinds)
+    for (auto& ranks : mesh::groups(m, kind)) {
       Group g;
-      g.axis = axis;
+      g.axis = mesh::group_name(kind);
       g.tier = group_tier(ranks, slots, slot_of_rank);
-      int stage = mesh::coord_of(shape, ranks[0]).pp;  // every member is in one stage, except on "pp"
-      g.bytes_per_step = group_bytes(axis, static_cast<int>(ranks.size()), stage, m, traffic);
+      int stage = mesh::coord_of(m, ranks[0])[mesh::Axis::pp];  // every member is in one stage, except on "pp"
+      g.bytes_per_step = group_bytes(g.axis, static_cast<int>(ranks.size()), stage, m, traffic);
       g.ranks = std::move(ranks);
       groups.push_back(std::move(g));
     }
@@ -187,18 +199,9 @@ Cluster cluster_from_spec(const JobSpec& spec) {
   return make_cluster(nodes, c.procs_per_node, c.topology.nvlink_domain, c.device == "cuda");
 }
 
-Mesh mesh_from_spec(const JobSpec& spec) {
-  Mesh m;
-  m.dp = spec.parallel.dp;
-  m.tp = spec.parallel.tp;
-  m.pp = spec.parallel.pp;
-  m.ep = spec.parallel.ep;
-  return m;
-}
-
 Placement place_job(const JobSpec& spec, bool allow_slow,
                     const std::vector<std::string>& spec_warnings) {
-  Placement p = place_ranks(cluster_from_spec(spec), mesh_from_spec(spec),
+  Placement p = place_ranks(cluster_from_spec(spec), spec.mesh(),
                             traffic_model_from_spec(spec), allow_slow);
   p.warnings.insert(p.warnings.begin(), spec_warnings.begin(), spec_warnings.end());
   return p;
