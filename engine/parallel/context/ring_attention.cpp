@@ -134,9 +134,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   batch > 0 && q.size(0) % batch == 0 && tile_len > 0;
   if (!ok)
     throw Error(ErrorCode::internal,
-                "ring_attention: q " + c10::str(q.sizes()) + ", k " +
-                    c10::str(k.sizes()) + ", v " + c10::str(v.sizes()) + ", batch " + std::to_string(batch) +
-                    ", tile " + std::to_string(tile_len) +
+                "ring_attention: q " + c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) + ", v " +
+                    c10::str(v.sizes()) + ", batch " + std::to_string(batch) + ", tile " + std::to_string(tile_len) +
                     ": needs q, k, v of one shape [B*H, Tl, D] with Tl even (two chunks), B dividing B*H, tile > 0");
 }
 

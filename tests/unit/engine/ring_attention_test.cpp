@@ -164,7 +164,8 @@ TEST_CASE("ring attention: cp 1, 2, 4 match tiled attention on the full sequence
       const ctx::RingBytes want = expected_bytes(n, Tl, 4);
       MESSAGE("cp " << n << " T " << T << " tile " << kTile << " dropout " << p
                     << ": max |ring - tiled| / max |tiled| over out, dq, dk, dv " << diff.diff.rel
-                    << " (tol " << kTol << "; absolute " << diff.diff.abs << "); bytes per rank forward " << want.forward << ", backward " << want.backward);
+                    << " (tol " << kTol << "; absolute " << diff.diff.abs << "); bytes per rank forward "
+                    << want.forward << ", backward " << want.backward);
       CHECK(diff.diff.rel <= kTol);
       for (const std::string& e : byte_errors) FAIL_CHECK(e);
     }
