@@ -218,6 +218,24 @@ TEST_CASE("ring attention: local_only (no ring) misses the full-sequence result 
   }
 }
 
+TEST_CASE("ring attention: one tile per chunk (the default tile, longer than the chunk); bad shapes throw") {
+  const int n = 2;
+  const int64_t T = 2 * n * kChunk;
+  const Inputs in = inputs(T, 31);
+  const model::AttentionDropout drop = dropout_of(0.1);
+  const Result ref = full_tiled(in, drop);
+  Worst diff;
+  dtrain::testing::run_world(world_of(n), [&](comm::Comm& c, int r) {
+    ctx::RingBytes bytes;
+    diff.add(worst(ring_local(c.world(), in, drop, ctx::RingOptions{}, &bytes), ref, n, r));
+    const at::Tensor odd = at::zeros({kB * kH, 2 * kChunk - 1, kD});  // Tl odd: not two chunks
+    CHECK_THROWS_AS(ctx::ring_attention(odd, odd, odd, kB, drop, c.world()), dtrain::Error);
+  }, no_shm);
+  MESSAGE("cp 2 tile " << model::kAttentionTile << " dropout 0.1: max |ring - tiled| / max |tiled| " << diff.diff.rel
+                       << " (tol " << kTol << ")");
+  CHECK(diff.diff.rel <= kTol);
+}
+
 TEST_CASE("cp layout: chunk ranges, global positions, cp_local / cp_full round trip") {
   // T 12, cp 3: chunks of 2; rank r holds chunks r and 5-r.
   const std::vector<std::vector<int64_t>> want = {{0, 1, 10, 11}, {2, 3, 8, 9}, {4, 5, 6, 7}};
