@@ -127,11 +127,8 @@ struct Worst {
 
 void no_shm(comm::WorldInfo&, comm::CommOptions& o) { o.shm = false; }
 
-dtrain::mesh::Shape world_of(int n) {
-  dtrain::mesh::Shape shape;
-  shape.dp = n;
-  return shape;
-}
+// n ranks on the cp axis: the cp group is the one under test.
+dtrain::mesh::Mesh world_of(int n) { return dtrain::mesh::make_mesh(1, 1, 1, 1, n); }
 
 }  // namespace
 
@@ -149,7 +146,7 @@ TEST_CASE("ring attention: cp 1, 2, 4 match tiled attention on the full sequence
         ctx::RingBytes bytes;
         ctx::RingOptions opt;
         opt.tile = kTile;
-        diff.add(worst(ring_local(c.world(), in, drop, opt, &bytes), ref, n, r));
+        diff.add(worst(ring_local(c.group(dtrain::mesh::GroupKind::cp), in, drop, opt, &bytes), ref, n, r));
         const ctx::RingBytes want = expected_bytes(n, Tl, 4);
         const ctx::RingBytes fn = ctx::ring_attention_bytes(n, kB * kH, Tl, kD, 4);
         if (bytes.forward != want.forward || bytes.backward != want.backward || fn.forward != want.forward ||
@@ -182,7 +179,7 @@ TEST_CASE("ring attention: bf16 K/V travel as bf16 (bytes)") {
     ctx::RingBytes bytes;
     ctx::RingOptions opt;
     opt.tile = kTile;
-    const Result got = ring_local(c.world(), in, dropout_of(0.0), opt, &bytes);
+    const Result got = ring_local(c.group(dtrain::mesh::GroupKind::cp), in, dropout_of(0.0), opt, &bytes);
     const ctx::RingBytes want = expected_bytes(n, Tl, 2);
     std::lock_guard<std::mutex> lock(mu);
     if (got.out.scalar_type() != at::kBFloat16 || got.dk.scalar_type() != at::kBFloat16)
@@ -209,7 +206,7 @@ TEST_CASE("ring attention: local_only (no ring) misses the full-sequence result 
       ctx::RingOptions opt;
       opt.tile = kTile;
       opt.local_only = true;
-      diff.add(worst(ring_local(c.world(), in, drop, opt, &bytes), ref, n, r));
+      diff.add(worst(ring_local(c.group(dtrain::mesh::GroupKind::cp), in, drop, opt, &bytes), ref, n, r));
       if (bytes.forward != 0 || bytes.backward != 0) throw std::runtime_error("local_only sent bytes");
     }, no_shm);
     MESSAGE("cp " << n << " local_only: max |ring - tiled| / max |tiled| " << diff.diff.rel << " (must be >= "
@@ -227,9 +224,9 @@ TEST_CASE("ring attention: one tile per chunk (the default tile, longer than the
   Worst diff;
   dtrain::testing::run_world(world_of(n), [&](comm::Comm& c, int r) {
     ctx::RingBytes bytes;
-    diff.add(worst(ring_local(c.world(), in, drop, ctx::RingOptions{}, &bytes), ref, n, r));
+    diff.add(worst(ring_local(c.group(dtrain::mesh::GroupKind::cp), in, drop, ctx::RingOptions{}, &bytes), ref, n, r));
     const at::Tensor odd = at::zeros({kB * kH, 2 * kChunk - 1, kD});  // Tl odd: not two chunks
-    CHECK_THROWS_AS(ctx::ring_attention(odd, odd, odd, kB, drop, c.world()), dtrain::Error);
+    CHECK_THROWS_AS(ctx::ring_attention(odd, odd, odd, kB, drop, c.group(dtrain::mesh::GroupKind::cp)), dtrain::Error);
   }, no_shm);
   MESSAGE("cp 2 tile " << model::kAttentionTile << " dropout 0.1: max |ring - tiled| / max |tiled| " << diff.diff.rel
                        << " (tol " << kTol << ")");
