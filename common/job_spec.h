@@ -187,6 +187,8 @@ struct CheckpointSpec {
 //                      to the previous stage is zeros
 //   reset_moments_on_load  (every rank) loading a checkpoint (resume, any
 //                      layout) sets AdamW's moments to zero
+//   cp_local_attention (every rank) under context parallelism each rank
+//                      attends only to its own chunks: no ring
 struct FaultSpec {
   std::string kind = "none";
   int rank = 0;

@@ -119,7 +119,7 @@ void check_enums(const Checker& c) {
   c.one_of("fault.kind", s.fault.kind,
            {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync",
             "recompute_redraw", "raise", "nan_grad", "no_tp_reduce", "no_pp_grad",
-            "reset_moments_on_load"});
+            "reset_moments_on_load", "cp_local_attention"});
   c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"});
   c.at_least("parallel.pipeline.virtual_stages", s.parallel.pipeline_virtual_stages, 1,
              "use 1, or 2+ with schedule interleaved_1f1b");
@@ -403,7 +403,8 @@ void check_warnings(const Checker& c) {
   check_fault(c);
   // These kinds act on every rank: fault.rank does not apply.
   const bool every_rank = s.fault.kind == "no_grad_sync" || s.fault.kind == "no_tp_reduce" ||
-                          s.fault.kind == "no_pp_grad" || s.fault.kind == "reset_moments_on_load";
+                          s.fault.kind == "no_pp_grad" || s.fault.kind == "reset_moments_on_load" ||
+                          s.fault.kind == "cp_local_attention";
   if (s.fault.active() && !every_rank && s.fault.rank >= s.world() &&
       !c.bad({"fault.rank"}))
     c.error("fault.rank", "fault.rank = " + str(s.fault.rank) + ": the job has " + str(s.world()) +

@@ -123,9 +123,22 @@ at::Tensor invariant_dropout(const at::Tensor& x, double p, bool training, const
 }
 
 // Dropout of the residual stream [B, T, C]; with sequence parallelism x
-// holds this rank's T / tp positions of it.
+// holds this rank's T / tp positions of it; with a sequence split (context
+// parallelism) its segments of the global sequence, each masked at its
+// global positions.
 at::Tensor residual_dropout(const at::Tensor& x, double p, bool training, const DropoutPosition* pos,
-                            int layer, random::DropoutSite site, const TpGroup* tp) {
+                            int layer, random::DropoutSite site, const TpGroup* tp,
+                            const SequenceSplit* seq = nullptr) {
+  if (seq && seq->active() && training && p > 0.0) {
+    std::vector<at::Tensor> parts;
+    int64_t local = 0;
+    for (auto [begin, end] : seq->segments) {
+      parts.push_back(invariant_dropout(x.narrow(1, local, end - begin), p, training, pos, layer, site,
+                                        /*split_dim=*/1, seq->global_len, begin));
+      local += end - begin;
+    }
+    return at::cat(parts, 1);
+  }
   if (!tp || !tp->sp()) return invariant_dropout(x, p, training, pos, layer, site);
   const int64_t t = x.size(1);
   return invariant_dropout(x, p, training, pos, layer, site, /*split_dim=*/1, t * tp->size, tp->rank * t);
@@ -148,9 +161,9 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const double p = attn_drop->options.p();
   auto resid = [&](const at::Tensor& y) {  // [B, T, C] (full width after the row-parallel sum)
     return residual_dropout(row_parallel(proj, y, tp), p, is_training(), position, layer,
-                            random::DropoutSite::attn_resid, tp);
+                            random::DropoutSite::attn_resid, tp, seq);
   };
-  if (!x.device().is_cpu() && !(is_training() && p > 0.0)) {
+  if (!x.device().is_cpu() && !(is_training() && p > 0.0) && !(seq && seq->active())) {
     // On a GPU: PyTorch's fused causal attention (FlashAttention-style
     // kernels), never materialising [B*H, T, T]. (With dropout on, the
     // explicit path below draws the layout-invariant mask.)
@@ -173,6 +186,7 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     drop.row_begin = d.global_rows > 0 ? d.row_begin : 0;
     drop.heads_global = heads;
     drop.head_begin = tp_rank * H;
+    if (seq && seq->attention) return seq->attention(qkv_in[0], qkv_in[1], qkv_in[2], B, drop);
     return attention_core(kind, qkv_in[0], qkv_in[1], qkv_in[2], B, drop, &causal_bias_);
   };
   auto y = core_runner ? core_runner(core, {q, k, v}, {}) : core({q, k, v});  // [B*H, T, D]
@@ -192,7 +206,7 @@ MlpImpl::MlpImpl(const GptConfig& cfg) {
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
   auto h = at::gelu(column_parallel(fc, x, tp));  // [B, T, 4C / tp]
   return residual_dropout(row_parallel(proj, h, tp), drop->options.p(), is_training(), position, layer,
-                          random::DropoutSite::mlp_resid, tp);  // [B, T, C] ([B, T / tp, C] with SP)
+                          random::DropoutSite::mlp_resid, tp, seq);  // [B, T, C] ([B, T / tp, C] with SP)
 }
 
 // ---------------------------------------------------------------------------
@@ -214,7 +228,7 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
   auto h = x + attn->forward(ln1->forward(x));  // [B, T, C]
   if (moe)  // the MLP's residual dropout on the experts' output
     return h + residual_dropout(moe->forward(ln2->forward(h)), attn->resid_drop->options.p(), is_training(),
-                                attn->position, attn->layer, random::DropoutSite::mlp_resid, nullptr);
+                                attn->position, attn->layer, random::DropoutSite::mlp_resid, nullptr, attn->seq);
   return h + mlp->forward(ln2->forward(h));      // [B, T, C]
 }
 
@@ -231,7 +245,8 @@ GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed) : cfg_(cfg) {
     Block block(cfg, i);
     block->attn->layer = i;
     block->attn->position = &position_;
-    if (block->mlp) block->mlp->layer = i, block->mlp->position = &position_;
+    block->attn->seq = &seq_;
+    if (block->mlp) block->mlp->layer = i, block->mlp->position = &position_, block->mlp->seq = &seq_;
     blocks->push_back(block);
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
@@ -282,8 +297,14 @@ at::Tensor GptImpl::embed(const at::Tensor& tokens) {
                                         : at::embedding(wte->weight, tokens);  // [B, T, C]
     const int64_t t = tok.size(1);  // T / tp with sequence parallelism: this rank's positions
     const int64_t t0 = tp_.sp() ? tp_.rank * t : 0;
-    return residual_dropout(tok + wpe->weight.narrow(0, t0, t), drop->options.p(), is_training(), &position_,
-                            0, random::DropoutSite::embedding, &tp_);  // [B, T, C] (+ [T, C] broadcast)
+    at::Tensor pos = wpe->weight.narrow(0, t0, t);  // [T, C]
+    if (seq_.active()) {  // this rank's segments of the global positions
+      std::vector<at::Tensor> rows;
+      for (auto [begin, end] : seq_.segments) rows.push_back(wpe->weight.narrow(0, begin, end - begin));
+      pos = at::cat(rows, 0);
+    }
+    return residual_dropout(tok + pos, drop->options.p(), is_training(), &position_, 0,
+                            random::DropoutSite::embedding, &tp_, &seq_);  // [B, T, C] (+ [T, C] broadcast)
   });
 }
 

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dtrain::engine::model {
 
@@ -45,6 +47,21 @@ struct DropoutPosition {
   int64_t row_begin = 0;
 };
 
+// A layout that splits the sequence (context parallelism): this rank's
+// tokens are segments of a longer global sequence, given as global [begin,
+// end) positions in local order, and attention over the whole sequence runs
+// through `attention` (q, k, v [B*H, Tl, D], batch rows, dropout -> [B*H,
+// Tl, D]). Position embeddings and dropout masks follow the global
+// positions. Inactive (global_len 0) by default: the rank holds the sequence.
+struct SequenceSplit {
+  int64_t global_len = 0;
+  std::vector<std::pair<int64_t, int64_t>> segments;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                           const AttentionDropout&)>
+      attention;
+  bool active() const { return global_len > 0; }
+};
+
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GptConfig& cfg);
@@ -56,6 +73,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   int layer = 0;                  // global block index (dropout streams)
   const TpGroup* tp = nullptr;    // set by GptImpl::set_tensor_parallel
   const DropoutPosition* position = nullptr;  // set by GptImpl
+  const SequenceSplit* seq = nullptr;         // set by GptImpl
   AttentionKind kind = AttentionKind::naive;
   // Runs the core (q, k, v -> weighted values); set by a layout to
   // recompute it in backward (selective activation checkpointing).
@@ -79,6 +97,7 @@ class MlpImpl : public torch::nn::Module {
   int layer = 0;
   const TpGroup* tp = nullptr;
   const DropoutPosition* position = nullptr;
+  const SequenceSplit* seq = nullptr;
 };
 TORCH_MODULE(Mlp);
 
@@ -148,6 +167,10 @@ class GptImpl : public torch::nn::Module {
   // to recompute blocks in backward (full activation checkpointing).
   void set_block_runner(SegmentRunner runner) { block_runner_ = std::move(runner); }
   const TpGroup& tensor_parallel() const { return tp_; }
+  // Context parallelism: from now on embed, dropout and attention take this
+  // rank's tokens as `split`'s segments of the global sequence.
+  void set_sequence_split(SequenceSplit split) { seq_ = std::move(split); }
+  const SequenceSplit& sequence_split() const { return seq_; }
 
   // Mixture of experts (moe.cpp): the MoE layers in block order; the sum of
   // their aux losses from the last forward (undefined without MoE), which
@@ -173,6 +196,7 @@ class GptImpl : public torch::nn::Module {
   TpGroup tp_;
   EpGroup ep_;
   DropoutPosition position_;
+  SequenceSplit seq_;
 };
 TORCH_MODULE(Gpt);
 

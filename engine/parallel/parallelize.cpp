@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "engine/parallel/activation_checkpoint.h"
+#include "engine/parallel/context/context_parallel.h"
 #include "engine/parallel/ddp_sync.h"
 #include "engine/parallel/expert/expert_parallel.h"
 #include "engine/parallel/pipeline/pipeline_schedule.h"
@@ -40,7 +41,8 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
         pipeline_stage(spec.stage_layers(), pp.rank(), pp.size(), spec.parallel.pipeline_virtual_stages);
     keep_stage_parameters(out.parts, stage);
     const int tp_size = comm.axis("tp").size();
-    const int64_t t = spec.parallel.sequence_parallel ? spec.model.seq_len / tp_size : spec.model.seq_len;
+    const int64_t t = (spec.parallel.sequence_parallel ? spec.model.seq_len / tp_size : spec.model.seq_len) /
+                      spec.parallel.cp;  // the tokens this rank holds
     out.schedule = make_pipeline_schedule(spec.parallel.pipeline_schedule, spec.train.grad_accum, pp, stage,
                                           {spec.train.micro_batch, t, spec.model.d_model}, fault("no_pp_grad"));
   } else {
@@ -55,6 +57,15 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   } else {
     for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
   }
+  // 2b. Context parallelism over the cp group: this rank's two chunks of
+  //     every sequence, attention as a ring over the group.
+  comm::Group& cp = comm.group(mesh::GroupKind::cp);
+  if (cp.size() > 1) {
+    context::apply_context_parallel(*out.parts.model, cp, spec.model.seq_len, fault("cp_local_attention"));
+    out.local_batch = [n = cp.size(), r = cp.rank()](at::Tensor& inputs, at::Tensor& targets) {
+      context::take_local_tokens(inputs, targets, n, r);
+    };
+  }
   // 3. Activation checkpointing of the (sharded) blocks this rank holds.
   apply_activation_checkpointing(*out.parts.model, spec.train.recompute,
                                  fault("recompute_redraw"));
@@ -67,7 +78,9 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
                               : DenseAndExperts{out.parts.named_params, out.parts.layouts, {}};
   auto& named = split.dense;
   auto& layouts = split.dense_layouts;
-  // 5. Data parallelism over the dp group: ZeRO (sharded) or DDP (replicated).
+  // 5. Data parallelism over every replica of this rank's shard, dp x cp
+  //    (the dp group when cp = 1): ZeRO (sharded) or DDP (replicated).
+  comm::Group& replicas = comm.group(mesh::GroupKind::dp_cp);
   const bool no_grad_sync = fault("no_grad_sync");
   if (spec.parallel.zero > 0) {
     ZeroOptions z;
@@ -84,14 +97,14 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
     for (int& u : unit_of) u = int(std::lower_bound(dense.begin(), dense.end(), u) - dense.begin());
     out.grad_sync = make_zero_sync(named, layouts, std::move(unit_of),
-                                   *out.parts.model, comm.axis("dp"), tp, pp, z);
+                                   *out.parts.model, replicas, tp, pp, z);
   } else {
     DdpOptions dopt;
     dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
     dopt.overlap = spec.parallel.ddp_overlap;
     dopt.fault_no_grad_sync = no_grad_sync;
     dopt.reduce_bf16 = spec.parallel.reduce_dtype == "bf16";
-    out.grad_sync = make_ddp_sync(named, layouts, comm.axis("dp"), tp, pp, dopt);
+    out.grad_sync = make_ddp_sync(named, layouts, replicas, tp, pp, dopt);
   }
   if (moe)  // the experts' gradients over edp, wrapped around the dense sync
     out.grad_sync = make_moe_sync(std::move(out.grad_sync), std::move(split.experts), *out.parts.model,

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -34,6 +35,9 @@ struct Parallelized {
   ModelParts parts;
   std::unique_ptr<GradSync> grad_sync;
   std::unique_ptr<Schedule> schedule;
+  // This rank's part of each micro-batch's inputs and targets [B, T] (its
+  // sequence chunks under context parallelism); empty: all of it.
+  std::function<void(at::Tensor& inputs, at::Tensor& targets)> local_batch;
   Parallelized();
   ~Parallelized();
   Parallelized(Parallelized&&) noexcept;

@@ -143,7 +143,8 @@ std::unique_ptr<TrainSession> make_train_session() {
 
   s->data = open_data(spec);
   s->sampler = std::make_unique<data::DistributedSampler>(
-      s->data->num_samples(), spec.job.seed, s->dp->size(), s->dp->rank(), spec.train.micro_batch,
+      // Samples go by the dp coordinate: the cp ranks of a replica share them.
+      s->data->num_samples(), spec.job.seed, s->info.mesh.dp(), s->info.coord[mesh::Axis::dp], spec.train.micro_batch,
       spec.train.grad_accum);
   // Initialised on the CPU from job.seed (the same numbers on every device
   // and every rank), moved, then laid out by parallelize.

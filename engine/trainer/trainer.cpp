@@ -53,13 +53,14 @@ class SamplerBatches : public parallel::BatchSource {
     }
     inputs = s_.inputs_dev;
     targets = s_.targets_dev;
+    if (s_.par.local_batch) s_.par.local_batch(inputs, targets);
   }
   // DistributedSampler's order: dp rank d holds rows [d * mb * ga, (d+1) * mb * ga)
   // of the step's global batch, micro-step m the m-th mb of them.
   int64_t global_rows() const override { return s_.spec.global_batch(); }
   int64_t row_begin(int micro) const override {
     const auto& t = s_.spec.train;
-    return int64_t(s_.dp->rank()) * t.micro_batch * t.grad_accum + int64_t(micro) * t.micro_batch;
+    return int64_t(s_.info.coord[mesh::Axis::dp]) * t.micro_batch * t.grad_accum + int64_t(micro) * t.micro_batch;
   }
 
  private:
