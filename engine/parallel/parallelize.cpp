@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 #include "engine/parallel/activation_checkpoint.h"
-#include "engine/parallel/ddp_sync.h"
+#include "engine/parallel/ddp/ddp_sync.h"
 #include "engine/parallel/expert/expert_parallel.h"
 #include "engine/parallel/pipeline/pipeline_schedule.h"
 #include "engine/parallel/schedule.h"

@@ -4,7 +4,7 @@
 // in the same order, as c10d's Reducer does). An end-of-backward callback
 // launches buckets whose params got no grad. Not thread-safe by design: CPU
 // autograd runs hooks and callbacks on the thread that called backward().
-#include "engine/parallel/ddp.h"
+#include "engine/parallel/ddp/ddp.h"
 
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/parallel/ddp.h"
+#include "engine/parallel/ddp/ddp.h"
 #include "engine/parallel/grad_sync.h"
 #include "engine/parallel/param_layout.h"
 

@@ -3,7 +3,7 @@
 // over dp (all-reducing it over dp would count every gradient dp times);
 // under tensor parallelism the split parameters' sums add up over tp, and
 // a replicated one is counted by TP rank 0 only.
-#include "engine/parallel/ddp_sync.h"
+#include "engine/parallel/ddp/ddp_sync.h"
 
 #include <algorithm>
 #include <cmath>
