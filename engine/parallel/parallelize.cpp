@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "engine/comm/no_sync_group.h"
 #include "engine/parallel/activation_checkpoint.h"
 #include "engine/parallel/ddp/ddp_sync.h"
 #include "engine/parallel/expert/expert_parallel.h"
@@ -68,13 +69,20 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   auto& named = split.dense;
   auto& layouts = split.dense_layouts;
   // 5. Data parallelism over the dp group: ZeRO (sharded) or DDP (replicated).
-  const bool no_grad_sync = fault("no_grad_sync");
+  //    fault.kind no_grad_sync: the gradient-reduction groups (dp, and edp
+  //    under MoE) are comm::NoSyncGroups, whose reductions leave every rank
+  //    its own gradient while their gathers and broadcasts still run.
+  const auto grad_group = [&](const char* axis) -> comm::Group& {
+    if (!fault("no_grad_sync")) return comm.axis(axis);
+    out.groups.push_back(std::make_unique<comm::NoSyncGroup>(comm.axis(axis)));
+    return *out.groups.back();
+  };
+  comm::Group& dp = grad_group("dp");
   if (spec.parallel.zero > 0) {
     ZeroOptions z;
     z.stage = spec.parallel.zero;
     z.reshard_after_forward = spec.parallel.fsdp_reshard_after_forward;
     z.prefetch = spec.parallel.fsdp_prefetch;
-    z.fault_no_grad_sync = no_grad_sync;
     // The units this rank holds, numbered densely (a pipeline stage holds
     // some of the model's units only).
     std::vector<int> unit_of;
@@ -84,19 +92,18 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
     for (int& u : unit_of) u = int(std::lower_bound(dense.begin(), dense.end(), u) - dense.begin());
     out.grad_sync = make_zero_sync(named, layouts, std::move(unit_of),
-                                   *out.parts.model, comm.axis("dp"), tp, pp, z);
+                                   *out.parts.model, dp, tp, pp, z);
   } else {
     DdpOptions dopt;
     dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
     dopt.overlap = spec.parallel.ddp_overlap;
-    dopt.fault_no_grad_sync = no_grad_sync;
     dopt.reduce_bf16 = spec.parallel.reduce_dtype == "bf16";
-    out.grad_sync = make_ddp_sync(named, layouts, comm.axis("dp"), tp, pp, dopt);
+    out.grad_sync = make_ddp_sync(named, layouts, dp, tp, pp, dopt);
   }
-  if (moe)  // the experts' gradients over edp, wrapped around the dense sync
+  if (moe)  // the experts' gradients over edp, wrapped around the dense sync; counters over the real dp
     out.grad_sync = make_moe_sync(std::move(out.grad_sync), std::move(split.experts), *out.parts.model,
-                                  comm.axis("dp"), tp, comm.axis("ep"), comm.axis("edp"),
-                                  {spec.model.moe.balance == "bias", spec.model.moe.bias_rate, no_grad_sync});
+                                  comm.axis("dp"), tp, comm.axis("ep"), grad_group("edp"),
+                                  {spec.model.moe.balance == "bias", spec.model.moe.bias_rate});
   return out;
 }
 
