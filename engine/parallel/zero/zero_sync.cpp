@@ -50,7 +50,7 @@ struct Unit {
   at::Tensor reduce_in, reduce_out;  // ZeRO-2/3: its buffers ([padded], [S])
 };
 
-struct ZeroState : std::enable_shared_from_this<ZeroState> {
+struct ZeroState {
   ZeroOptions options;
   comm::Group* dp = nullptr;
   comm::Group* tp = nullptr;
