@@ -119,10 +119,13 @@ class MoeSync : public GradSync {
     const double dense = dense_->clip(0.0);  // the norm only
     // Scaled: the dense gradients the optimizer updates, then the experts';
     // counted here: the experts only (the dense ones are in `dense`).
-    OptimizerParams d = dense_->optimizer_params();
-    std::vector<at::Tensor> grads = d.grads;
-    if (grads.empty())
-      for (auto& p : d.params) grads.push_back(p.grad());
+    std::vector<at::Tensor> grads;
+    if (max_norm > 0) {
+      OptimizerParams d = dense_->optimizer_params();
+      grads = d.grads;
+      if (grads.empty())
+        for (auto& p : d.params) grads.push_back(p.grad());
+    }
     std::vector<bool> counted(grads.size(), false);
     for (auto& [name, p] : experts_.named) {
       grads.push_back(p.grad());
