@@ -175,8 +175,8 @@ struct CheckpointSpec {
 //                      worker's error file and the root-cause block name it
 //   crash_during_save  rank `rank` SIGKILLs itself halfway through writing its
 //                      shard of the checkpoint of step `step` (0: the first save)
-//   no_grad_sync       every DDP rank trains on its own gradient (the
-//                      all-reduces still run, on copies): a wrong layout on purpose
+//   no_grad_sync       every dp rank trains on its own gradient (the gradient
+//                      reductions do nothing, gathers still run): a wrong layout on purpose
 //   recompute_redraw   activation recomputation draws its dropout masks from
 //                      the next step's stream: a wrong recompute on purpose
 //   nan_grad           rank `rank` scales its loss by NaN in the backward of

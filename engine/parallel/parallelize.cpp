@@ -9,9 +9,10 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "engine/comm/no_sync_group.h"
 #include "engine/parallel/activation_checkpoint.h"
 #include "engine/parallel/context/context_parallel.h"
-#include "engine/parallel/ddp_sync.h"
+#include "engine/parallel/ddp/ddp_sync.h"
 #include "engine/parallel/expert/expert_parallel.h"
 #include "engine/parallel/pipeline/pipeline_schedule.h"
 #include "engine/parallel/schedule.h"
@@ -35,12 +36,12 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
 
   // 1. Pipeline split over the pp group: this rank keeps its stage's layers
   //    (pp = 1: the whole model, run by the plain micro-step loop).
-  comm::Group& pp = comm.axis("pp");
+  comm::Group& pp = comm.group(mesh::GroupKind::pp);
   if (pp.size() > 1) {
     const PipelineStage stage =
         pipeline_stage(spec.stage_layers(), pp.rank(), pp.size(), spec.parallel.pipeline_virtual_stages);
     keep_stage_parameters(out.parts, stage);
-    const int tp_size = comm.axis("tp").size();
+    const int tp_size = comm.group(mesh::GroupKind::tp).size();
     const int64_t t = (spec.parallel.sequence_parallel ? spec.model.seq_len / tp_size : spec.model.seq_len) /
                       spec.parallel.cp;  // the tokens this rank holds
     out.schedule = make_pipeline_schedule(spec.parallel.pipeline_schedule, spec.train.grad_accum, pp, stage,
@@ -49,7 +50,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     out.schedule = make_no_pipeline();
   }
   // 2. Tensor parallelism over the tp group: split layers keep their slices.
-  comm::Group& tp = comm.axis("tp");
+  comm::Group& tp = comm.group(mesh::GroupKind::tp);
   if (tp.size() > 1) {
     out.parts.layouts = apply_tensor_parallel(*out.parts.model, out.parts.named_params, tp,
                                               spec.parallel.sequence_parallel, spec.model.tp_vocab == "parallel",
@@ -73,21 +74,27 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   //    of every MoE layer; their gradients go over edp (below), the rest
   //    over dp.
   const bool moe = spec.model.moe.experts > 0;
-  if (moe) apply_expert_parallel(*out.parts.model, out.parts.named_params, out.parts.layouts, comm.axis("ep"));
+  if (moe) apply_expert_parallel(*out.parts.model, out.parts.named_params, out.parts.layouts, comm.group(mesh::GroupKind::ep));
   DenseAndExperts split = moe ? split_experts(out.parts.named_params, out.parts.layouts)
                               : DenseAndExperts{out.parts.named_params, out.parts.layouts, {}};
   auto& named = split.dense;
   auto& layouts = split.dense_layouts;
   // 5. Data parallelism over every replica of this rank's shard, dp x cp
   //    (the dp group when cp = 1): ZeRO (sharded) or DDP (replicated).
-  comm::Group& replicas = comm.group(mesh::GroupKind::dp_cp);
-  const bool no_grad_sync = fault("no_grad_sync");
+  //    fault.kind no_grad_sync: the gradient-reduction groups (dp_cp, and
+  //    edp under MoE) are comm::NoSyncGroups, whose reductions leave every
+  //    rank its own gradient while their gathers and broadcasts still run.
+  const auto grad_group = [&](mesh::GroupKind kind) -> comm::Group& {
+    if (!fault("no_grad_sync")) return comm.group(kind);
+    out.groups.push_back(std::make_unique<comm::NoSyncGroup>(comm.group(kind)));
+    return *out.groups.back();
+  };
+  comm::Group& replicas = grad_group(mesh::GroupKind::dp_cp);
   if (spec.parallel.zero > 0) {
     ZeroOptions z;
     z.stage = spec.parallel.zero;
     z.reshard_after_forward = spec.parallel.fsdp_reshard_after_forward;
     z.prefetch = spec.parallel.fsdp_prefetch;
-    z.fault_no_grad_sync = no_grad_sync;
     // The units this rank holds, numbered densely (a pipeline stage holds
     // some of the model's units only).
     std::vector<int> unit_of;
@@ -102,14 +109,14 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     DdpOptions dopt;
     dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
     dopt.overlap = spec.parallel.ddp_overlap;
-    dopt.fault_no_grad_sync = no_grad_sync;
     dopt.reduce_bf16 = spec.parallel.reduce_dtype == "bf16";
     out.grad_sync = make_ddp_sync(named, layouts, replicas, tp, pp, dopt);
   }
-  if (moe)  // the experts' gradients over edp, wrapped around the dense sync
+  if (moe)  // the experts' gradients over edp, wrapped around the dense sync; counters over the real dp
     out.grad_sync = make_moe_sync(std::move(out.grad_sync), std::move(split.experts), *out.parts.model,
-                                  comm.axis("dp"), tp, comm.axis("ep"), comm.axis("edp"),
-                                  {spec.model.moe.balance == "bias", spec.model.moe.bias_rate, no_grad_sync});
+                                  comm.group(mesh::GroupKind::dp), tp, comm.group(mesh::GroupKind::ep),
+                                  grad_group(mesh::GroupKind::edp),
+                                  {spec.model.moe.balance == "bias", spec.model.moe.bias_rate});
   return out;
 }
 

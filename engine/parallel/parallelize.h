@@ -33,6 +33,9 @@ class Schedule;
 
 struct Parallelized {
   ModelParts parts;
+  // Groups beyond the Comm's that grad_sync uses (fault.kind no_grad_sync's
+  // comm::NoSyncGroup): declared before it, so they outlive it.
+  std::vector<std::unique_ptr<comm::Group>> groups;
   std::unique_ptr<GradSync> grad_sync;
   std::unique_ptr<Schedule> schedule;
   // This rank's part of each micro-batch's inputs and targets [B, T] (its

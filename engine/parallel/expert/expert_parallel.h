@@ -46,9 +46,6 @@ DenseAndExperts split_experts(const std::vector<std::pair<std::string, at::Tenso
 struct MoeSyncOptions {
   bool bias_balance = false;
   double bias_rate = 0.001;
-  // fault.kind no_grad_sync: the edp all-reduce runs on a copy, so every
-  // rank keeps its own expert gradients (a wrong layout, on purpose).
-  bool fault_no_grad_sync = false;
 };
 
 // `dense` syncs the dense parameters over dp; this adds the experts: their
@@ -58,7 +55,9 @@ struct MoeSyncOptions {
 // written by edp rank 0, and per step the routing counters summed over dp
 // (moe_aux_loss, moe_max_load, moe_dropped; the DeepSeek-V3 bias update).
 // `tp`: only its rank 0 (with dp and ep rank 0) writes the replicated
-// selection biases.
+// selection biases. `edp` is only the experts' gradient-reduction group
+// (a comm::NoSyncGroup under fault.kind no_grad_sync); `dp` only sums the
+// counters.
 std::unique_ptr<GradSync> make_moe_sync(std::unique_ptr<GradSync> dense, ExpertParams experts, model::GptImpl& model,
                                         comm::Group& dp, comm::Group& tp, comm::Group& ep, comm::Group& edp,
                                         MoeSyncOptions options);

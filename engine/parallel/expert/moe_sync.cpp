@@ -2,20 +2,20 @@
 // communication, wrapped around the dense GradSync, and the step's routing
 // counters. Clipping: after finish() every edp rank holds its experts' full
 // gradient, so the experts' sum of squares is this rank's plus the other ep
-// ranks' (disjoint experts), added to the dense norm the inner sync reduced.
+// ranks' (disjoint experts), added to the dense norm the inner sync reduced
+// (grad_norm.h).
 #include "engine/parallel/expert/expert_parallel.h"
 
 #include <ATen/ops/cat.h>
-#include <ATen/ops/full.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "engine/optim/adamw.h"
+#include "engine/parallel/grad_norm.h"
 
 namespace dtrain::engine::parallel {
 namespace {
@@ -104,12 +104,7 @@ class MoeSync : public GradSync {
       std::vector<at::Tensor> flat;
       for (auto& [name, p] : experts_.named) flat.push_back(p.grad().reshape({-1}));
       at::Tensor all = at::cat(flat);  // [sum numel]
-      if (options_.fault_no_grad_sync) {
-        at::Tensor copy = all.clone();
-        edp_.all_reduce(copy);
-      } else {
-        edp_.all_reduce(all);
-      }
+      edp_.all_reduce(all);
       int64_t off = 0;
       for (auto& [name, p] : experts_.named) {
         p.grad().view({-1}).copy_(all.narrow(0, off, p.numel()));
@@ -122,21 +117,21 @@ class MoeSync : public GradSync {
 
   double clip(double max_norm) override {
     const double dense = dense_->clip(0.0);  // the norm only
+    // Scaled: the dense gradients the optimizer updates, then the experts';
+    // counted here: the experts only (the dense ones are in `dense`).
     std::vector<at::Tensor> grads;
-    for (auto& [name, p] : experts_.named) grads.push_back(p.grad());
-    at::Tensor sq = at::full({1}, optim::local_grad_sq_norm(grads),
-                             at::TensorOptions().dtype(at::kDouble).device(ep_.device()));  // [1]
-    if (ep_.size() > 1) ep_.all_reduce(sq);
-    const double norm = std::sqrt(dense * dense + sq.item<double>());
     if (max_norm > 0) {
-      const double factor = std::min(1.0, max_norm / (norm + 1e-6));
       OptimizerParams d = dense_->optimizer_params();
-      if (d.grads.empty())
-        for (auto& p : d.params) d.grads.push_back(p.grad());
-      optim::scale_grads(d.grads, factor);
-      optim::scale_grads(grads, factor);
+      grads = d.grads;
+      if (grads.empty())
+        for (auto& p : d.params) grads.push_back(p.grad());
     }
-    return norm;
+    std::vector<bool> counted(grads.size(), false);
+    for (auto& [name, p] : experts_.named) {
+      grads.push_back(p.grad());
+      counted.push_back(true);
+    }
+    return clip_grad_norm(grads, counted, {&ep_}, max_norm, dense * dense);
   }
 
   OptimizerParams optimizer_params() override {

@@ -1,31 +1,24 @@
-// make_zero_sync (zero_sync.h). Hooks and ordering follow Ddp (ddp.cpp): a
-// post-hook on every parameter's AccumulateGrad counts down its unit, and
-// units launch their gradient communication strictly in backward order, so
-// every rank issues the same collectives in the same order. ZeRO-3 frees a
+// make_zero_sync (zero_sync.h). Units launch their gradient communication
+// from the backward hooks DDP uses too (bucket_hooks.h: a unit is a bucket),
+// strictly in backward order, so every rank issues the same collectives in
+// the same order; clipping is grad_norm.h's. ZeRO-3 frees a
 // unit's gathered parameters by giving its flat buffer's storage zero bytes
 // (the parameters, and every view autograd saved of them, share that
 // storage) and gathers by giving it its bytes back (FSDP's trick).
 #include "engine/parallel/zero/zero_sync.h"
 
-#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/sqrt.h>
-#include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <fmt/format.h>
 
 #include "common/error.h"
 #include "engine/optim/adamw.h"
+#include "engine/parallel/bucket_hooks.h"
+#include "engine/parallel/grad_norm.h"
 #include "engine/parallel/zero/flat_layout.h"
 
 namespace dtrain::engine::parallel {
@@ -53,12 +46,11 @@ struct Unit {
   at::Tensor grad_shard;   // [S]: the reduced gradient of this rank's shard
   bool gathered = true;    // `full` holds the current parameters
   comm::WorkPtr gather;    // ZeRO-3: all-gather into `full` in flight
-  int pending = 0;         // grads of this unit not yet ready in this backward
   comm::WorkPtr reduce;    // gradient all-reduce / reduce-scatter in flight
   at::Tensor reduce_in, reduce_out;  // ZeRO-2/3: its buffers ([padded], [S])
 };
 
-struct ZeroState : std::enable_shared_from_this<ZeroState> {
+struct ZeroState {
   ZeroOptions options;
   comm::Group* dp = nullptr;
   comm::Group* tp = nullptr;
@@ -71,15 +63,9 @@ struct ZeroState : std::enable_shared_from_this<ZeroState> {
   std::vector<Unit> units;
   // One allocation each; the units' tensors are views of them.
   at::Tensor full_all, grad_all, param_shards_all, grad_shards_all;
-  std::vector<int> backward_order;  // units in the order their gradients complete
-  size_t next_to_launch = 0;
-  bool sync = true;
-  bool callback_queued = false;
-  int launched_in_backward = 0;
+  // Units launch in backward order: the last unit's gradients complete first.
+  BucketHooks hooks;
   double exposed_gather_s = 0;  // ZeRO-3: time spent waiting for gathers this step
-  using AccumulatorPtr =
-      decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
-  std::vector<AccumulatorPtr> accumulators;  // keep the hooks alive (see ddp.cpp)
 
   int stage() const { return options.stage; }
   int64_t shard_begin(const zero::FlatUnit& u) const { return layout.rank * u.shard; }
@@ -114,9 +100,7 @@ struct ZeroState : std::enable_shared_from_this<ZeroState> {
     Unit& x = units[size_t(u)];
     const zero::FlatUnit& fu = layout.units[size_t(u)];
     if (stage() == 1) {
-      // fault no_grad_sync: the same collective, of a copy.
-      at::Tensor target = options.fault_no_grad_sync ? x.grad_full.clone() : x.grad_full;
-      x.reduce = dp->all_reduce(target, /*async=*/true);
+      x.reduce = dp->all_reduce(x.grad_full, /*async=*/true);
       return;
     }
     // Pack the unit's grads into one flat buffer (zeros for padding and for
@@ -145,55 +129,10 @@ struct ZeroState : std::enable_shared_from_this<ZeroState> {
     x.reduce.reset();
     if (stage() == 1) return;
     at::NoGradGuard no_grad;
-    if (options.fault_no_grad_sync)  // this rank's own part, unsummed
-      x.grad_shard.add_(x.reduce_in.narrow(0, shard_begin(layout.units[size_t(u)]), x.grad_shard.numel()));
-    else
-      x.grad_shard.add_(x.reduce_out);
+    x.grad_shard.add_(x.reduce_out);
     x.reduce_in = at::Tensor();
     x.reduce_out = at::Tensor();
   }
-  void launch_ready_in_order() {
-    while (next_to_launch < backward_order.size() && units[size_t(backward_order[next_to_launch])].pending == 0) {
-      launch(backward_order[next_to_launch++]);
-      ++launched_in_backward;
-    }
-  }
-  void launch_rest() {
-    while (next_to_launch < backward_order.size()) launch(backward_order[next_to_launch++]);
-  }
-  void reset_backward() {
-    for (size_t u = 0; u < units.size(); ++u)
-      units[u].pending = static_cast<int>(layout.units[u].params.size());
-    next_to_launch = 0;
-    callback_queued = false;
-  }
-  void on_grad_ready(int param) {
-    if (!sync) return;  // ZeRO-1/2 before the last micro-step: grads accumulate locally
-    if (!callback_queued) {
-      // Units whose parameters got no grad never count down: launch them
-      // once the whole backward is done.
-      callback_queued = true;
-      std::weak_ptr<ZeroState> weak = weak_from_this();
-      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-        if (auto s = weak.lock()) s->launch_rest();
-      });
-    }
-    if (--units[size_t(unit_of[size_t(param)])].pending == 0) launch_ready_in_order();
-  }
-};
-
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(std::weak_ptr<ZeroState> state, int param) : state_(std::move(state)), param_(param) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    if (auto s = state_.lock()) s->on_grad_ready(param_);
-    return outputs;
-  }
-
- private:
-  std::weak_ptr<ZeroState> state_;
-  int param_;
 };
 
 // ZeRO-3's unit hooks on the model: gather before a unit runs (prefetching
@@ -312,18 +251,16 @@ class ZeroSync : public GradSync {
     }
     s.layout = zero::make_flat_layout(numel, s.unit_of, dp.size(), dp.rank());
     build_buffers();
-    for (int u = int(s.units.size()) - 1; u >= 0; --u) s.backward_order.push_back(u);
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
-      acc->add_post_hook(std::make_unique<GradReadyHook>(s_, int(i)));
-      s.accumulators.push_back(std::move(acc));
-    }
+    std::vector<int> backward_order;
+    for (int u = int(s.units.size()) - 1; u >= 0; --u) backward_order.push_back(u);
+    ZeroState* state = s_.get();  // owns the hooks, so outlives every launch
+    s.hooks = BucketHooks(s.unit_of, std::move(backward_order), [state](int u) { state->launch(u); });
+    s.hooks.install(s.params);
     if (s.stage() == 3) {
       hooks_ = std::make_unique<GatherHooks>(s_);
       model_.set_unit_hooks(hooks_.get());
       for (size_t u = 0; u < s.units.size(); ++u) s.release(int(u));
     }
-    s.reset_backward();
   }
 
   ~ZeroSync() override {
@@ -332,11 +269,13 @@ class ZeroSync : public GradSync {
 
   void begin_micro(int micro, bool last) override {
     ZeroState& s = *s_;
-    s.sync = last || s.stage() == 3;  // ZeRO-3 reduce-scatters every micro-step
+    // ZeRO-1/2 before the last micro-step: grads accumulate locally.
+    // ZeRO-3 reduce-scatters every micro-step.
+    s.hooks.set_enabled(last || s.stage() == 3);
     if (s.stage() == 3 && micro > 0) {
-      s.launch_rest();
+      s.hooks.launch_rest();
       for (size_t u = 0; u < s.units.size(); ++u) s.wait_reduce(int(u));
-      s.reset_backward();
+      s.hooks.reset();
     }
   }
 
@@ -345,7 +284,7 @@ class ZeroSync : public GradSync {
     SyncStats stats;
     stats.buckets = int(s.units.size());
     const auto t0 = std::chrono::steady_clock::now();
-    s.launch_rest();
+    s.hooks.launch_rest();
     for (size_t u = 0; u < s.units.size(); ++u) s.wait_reduce(int(u));
     std::vector<at::Tensor> partial;  // sequence parallelism: sums of this rank's positions only
     for (const Piece& pc : s.layout.pieces)
@@ -354,10 +293,9 @@ class ZeroSync : public GradSync {
     sum_over_tp(partial, *s.tp);
     stats.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
                    s.exposed_gather_s;
-    stats.launched_in_backward = s.launched_in_backward;
-    s.launched_in_backward = 0;
+    stats.launched_in_backward = s.hooks.take_launched_in_backward();
     s.exposed_gather_s = 0;
-    s.reset_backward();
+    s.hooks.reset();
     return stats;
   }
 
@@ -366,27 +304,18 @@ class ZeroSync : public GradSync {
   // one, every element counted once (a TP-replicated one by TP rank 0).
   double clip(double max_norm) override {
     ZeroState& s = *s_;
-    at::NoGradGuard no_grad;
-    at::Tensor sq = at::zeros({1}, s.units.front().grad_shard.options().dtype(at::kDouble));  // [1]
+    std::vector<at::Tensor> grads;
+    std::vector<bool> counted;
     if (s.tp->size() == 1) {
-      for (auto& u : s.units) sq.add_(at::sum(u.grad_shard.mul(u.grad_shard), at::kDouble));
+      for (auto& u : s.units) grads.push_back(u.grad_shard);  // padding: zeros
     } else {
       for (const Piece& pc : s.layout.pieces) {
-        if (!s.layouts[size_t(pc.param)].tp_owner) continue;
-        at::Tensor g = s.units[size_t(pc.unit)].grad_shard.narrow(0, pc.shard_offset, pc.end - pc.begin);
-        sq.add_(at::sum(g.mul(g), at::kDouble));
+        grads.push_back(s.units[size_t(pc.unit)].grad_shard.narrow(0, pc.shard_offset, pc.end - pc.begin));
+        counted.push_back(s.layouts[size_t(pc.param)].tp_owner);
       }
-      s.tp->all_reduce(sq);
     }
-    if (s.dp->size() > 1) s.dp->all_reduce(sq);
-    if (s.pp->size() > 1) s.pp->all_reduce(sq);  // stages hold disjoint parameters
-    const double norm = std::sqrt(sq.item<double>());
-    if (max_norm > 0) {
-      const double factor = std::min(1.0, max_norm / (norm + 1e-6));
-      if (factor != 1.0)
-        for (auto& u : s.units) u.grad_shard.mul_(factor);
-    }
-    return norm;
+    // pp: stages hold disjoint parameters.
+    return clip_grad_norm(grads, counted, {s.tp, s.dp, s.pp}, max_norm);
   }
 
   OptimizerParams optimizer_params() override {

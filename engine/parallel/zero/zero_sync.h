@@ -29,7 +29,6 @@ struct ZeroOptions {
   int stage = 1;                      // 1, 2 or 3
   bool reshard_after_forward = true;  // ZeRO-3: free a unit after its forward (false: keep until backward)
   bool prefetch = true;               // ZeRO-3: gather the next unit while this one computes
-  bool fault_no_grad_sync = false;    // chaos testing (fault.kind no_grad_sync): each rank keeps its own gradient
 };
 
 // named_params: the model's parameters in registration order (fp32,
@@ -39,6 +38,8 @@ struct ZeroOptions {
 // disjoint parameters); unit_of[i]: its unit, numbered densely
 // (model->unit_of; ZeRO-3 needs every unit, i.e. pp = 1). ZeRO-3 installs
 // its gather/free hooks on `model`, which must outlive the result.
+// `dp`: where the gradients are summed (all-reduce / reduce-scatter) and the
+// parameter shards all-gathered; its squared norms add up over it too.
 std::unique_ptr<GradSync> make_zero_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
                                          std::vector<ParamLayout> layouts, std::vector<int> unit_of,
                                          model::GptImpl& model, comm::Group& dp, comm::Group& tp,

@@ -7,15 +7,16 @@
 #include <utility>
 #include <vector>
 
-#include "engine/parallel/ddp.h"
+#include "engine/parallel/ddp/ddp.h"
 #include "engine/parallel/grad_sync.h"
 #include "engine/parallel/param_layout.h"
 
 namespace dtrain::engine::parallel {
 
 // layouts: where each parameter sits in the global model (tensor
-// parallelism); tp and pp: the groups over which the model is split, so the
-// squared norms of their parameters add up over them.
+// parallelism); dp: the group the gradient buckets are all-reduced over;
+// tp and pp: the groups over which the model is split, so the squared norms
+// of their parameters add up over them.
 std::unique_ptr<GradSync> make_ddp_sync(std::vector<std::pair<std::string, at::Tensor>> named_params,
                                         std::vector<ParamLayout> layouts, comm::Group& dp,
                                         comm::Group& tp, comm::Group& pp, DdpOptions options);

@@ -2,15 +2,13 @@
 // the full summed gradient, so this rank's sum of squares IS the global one
 // over dp (all-reducing it over dp would count every gradient dp times);
 // under tensor parallelism the split parameters' sums add up over tp, and
-// a replicated one is counted by TP rank 0 only.
-#include "engine/parallel/ddp_sync.h"
+// a replicated one is counted by TP rank 0 only (grad_norm.h does the sums).
+#include "engine/parallel/ddp/ddp_sync.h"
 
-#include <algorithm>
-#include <cmath>
-#include <ATen/ops/full.h>
 #include <fmt/format.h>
 
 #include "engine/optim/adamw.h"
+#include "engine/parallel/grad_norm.h"
 
 namespace dtrain::engine::parallel {
 namespace {
@@ -77,22 +75,15 @@ class DdpSync : public GradSync {
   }
 
   double clip(double max_norm) override {
-    double sq = 0;
-    if (tp_.size() == 1 && pp_.size() == 1) {
-      sq = optim::local_grad_sq_norm(grads_);  // one op per bucket
-    } else {
-      std::vector<at::Tensor> counted;  // this rank's share of the global gradient
-      for (size_t i = 0; i < params_.size(); ++i)
-        if (layouts_[i].tp_owner) counted.push_back(params_[i].second.grad());
-      at::Tensor t = at::full({1}, optim::local_grad_sq_norm(counted),
-                              at::TensorOptions().dtype(at::kDouble).device(tp_.device()));  // [1]
-      if (tp_.size() > 1) tp_.all_reduce(t);
-      if (pp_.size() > 1) pp_.all_reduce(t);  // stages hold disjoint parameters
-      sq = t.item<double>();
+    if (tp_.size() == 1 && pp_.size() == 1)
+      return clip_grad_norm(grads_, {}, {}, max_norm);  // one op per bucket
+    std::vector<at::Tensor> grads;  // views into the buckets, which they cover exactly
+    std::vector<bool> counted;      // this rank's share of the global gradient
+    for (size_t i = 0; i < params_.size(); ++i) {
+      grads.push_back(params_[i].second.grad());
+      counted.push_back(layouts_[i].tp_owner);
     }
-    const double norm = std::sqrt(sq);
-    if (max_norm > 0) optim::scale_grads(grads_, std::min(1.0, max_norm / (norm + 1e-6)));
-    return norm;
+    return clip_grad_norm(grads, counted, {&tp_, &pp_}, max_norm);  // pp: stages hold disjoint parameters
   }
 
   OptimizerParams optimizer_params() override {

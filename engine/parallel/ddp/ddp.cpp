@@ -1,25 +1,20 @@
-// DDP buckets and gradient hooks (see ddp.h). A post-hook on every
-// parameter's AccumulateGrad node counts down its bucket; full buckets are
-// launched strictly in bucket order (every rank issues the same collectives
-// in the same order, as c10d's Reducer does). An end-of-backward callback
-// launches buckets whose params got no grad. Not thread-safe by design: CPU
-// autograd runs hooks and callbacks on the thread that called backward().
-#include "engine/parallel/ddp.h"
+// DDP buckets (see ddp.h). The backward hooks are bucket_hooks.h's (shared
+// with ZeRO): full buckets are launched strictly in bucket order (every rank
+// issues the same collectives in the same order, as c10d's Reducer does), and
+// an end-of-backward callback launches buckets whose params got no grad.
+#include "engine/parallel/ddp/ddp.h"
 
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <utility>
-#include <chrono>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "engine/parallel/bucket_hooks.h"
 
 namespace dtrain::engine::parallel {
 namespace detail {
@@ -29,12 +24,10 @@ struct Bucket {
   std::vector<int> params;       // indices into DdpState::params, in bucket order
   std::vector<int64_t> offsets;  // element offset of each param in `flat`
   at::Tensor wire;               // [numel] bf16: what is all-reduced (parallel.reduce_dtype bf16)
-  int pending = 0;               // grads of this bucket not yet ready in this backward
-  bool launched = false;
   comm::WorkPtr work;
 };
 
-struct DdpState : std::enable_shared_from_this<DdpState> {
+struct DdpState {
   std::vector<std::string> names;
   std::vector<at::Tensor> params;  // registration order
   std::vector<int> bucket_of;      // param index -> bucket index
@@ -42,83 +35,22 @@ struct DdpState : std::enable_shared_from_this<DdpState> {
   comm::Group* dp = nullptr;
   DdpOptions options;
   bool sync = true;
-  bool callback_queued = false;
-  size_t next_to_launch = 0;  // buckets launch in index order only
-  int launched_in_backward = 0;
-  // The hooks hang off these nodes; a param's accumulator is only weakly
-  // referenced by the param, so without these the hooks would vanish.
-  // (shared_ptr in LibTorch 2.11, intrusive_ptr in later versions)
-  using AccumulatorPtr =
-      decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
-  std::vector<AccumulatorPtr> accumulators;
+  BucketHooks hooks;  // launches bucket b from backward, buckets in index order
 
   void launch(size_t b) {
     Bucket& bucket = buckets[b];
-    // fault.kind no_grad_sync (the parity tests' negative control): every
-    // rank still issues the same all-reduces, but of a copy, so each trains
-    // on its own unsynchronised gradient.
-    at::Tensor target = options.fault_no_grad_sync ? bucket.flat.clone() : bucket.flat;
     // reduce_dtype bf16: half the bytes on the wire; the sum comes back
     // into the fp32 bucket after the wait (finish_gradient_sync).
+    at::Tensor target = bucket.flat;
     if (options.reduce_bf16) target = bucket.wire = target.to(at::kBFloat16);
     bucket.work = dp->all_reduce(target, /*async=*/true);
-    bucket.launched = true;
   }
 
-  void launch_ready_in_order() {
-    while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) {
-      launch(next_to_launch++);
-      ++launched_in_backward;
-    }
-  }
-
-  void launch_rest() {
-    while (next_to_launch < buckets.size()) launch(next_to_launch++);
-  }
-
-  void on_grad_ready(int param);
   void reset_for_next_step() {
-    for (auto& b : buckets) {
-      b.pending = static_cast<int>(b.params.size());
-      b.launched = false;
-      b.work.reset();
-    }
-    next_to_launch = 0;
-    launched_in_backward = 0;
-    callback_queued = false;
+    for (auto& b : buckets) b.work.reset();
+    hooks.reset();
   }
 };
-
-// Fires after AccumulateGrad has added this backward's gradient into the
-// param's grad (a view into its bucket).
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(std::weak_ptr<DdpState> state, int param) : state_(std::move(state)), param_(param) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    if (auto s = state_.lock()) s->on_grad_ready(param_);
-    return outputs;
-  }
-
- private:
-  std::weak_ptr<DdpState> state_;
-  int param_;
-};
-
-void DdpState::on_grad_ready(int param) {
-  if (!sync || !options.overlap) return;  // no_sync micro-step, or all-reduce after backward
-  if (!callback_queued) {
-    // Buckets holding params that got no grad this backward never count
-    // down to zero: launch them once the whole backward is done.
-    callback_queued = true;
-    std::weak_ptr<DdpState> weak = weak_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto s = weak.lock()) s->launch_rest();
-    });
-  }
-  Bucket& bucket = buckets[bucket_of[param]];
-  if (--bucket.pending == 0) launch_ready_in_order();
-}
 
 }  // namespace detail
 
@@ -197,21 +129,23 @@ Ddp::Ddp(std::vector<std::pair<std::string, at::Tensor>> named_params, comm::Gro
     bucket.flat.zero_();
   }
 
-  if (dp.size() > 1) {
-    for (int i = 0; i < n; ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
-      acc->add_post_hook(std::make_unique<detail::GradReadyHook>(state_, i));
-      s.accumulators.push_back(std::move(acc));
-    }
-  }
-  s.reset_for_next_step();
+  std::vector<int> order;
+  for (int b = 0; b < int(s.buckets.size()); ++b) order.push_back(b);
+  detail::DdpState* state = state_.get();  // owns the hooks, so outlives every launch
+  s.hooks = BucketHooks(s.bucket_of, std::move(order), [state](int b) { state->launch(size_t(b)); });
+  if (dp.size() > 1) s.hooks.install(s.params);
+  s.hooks.set_enabled(options.overlap);  // overlap off: every bucket after backward
   DTRAIN_DEBUG("ddp: {} params in {} buckets of up to {} MB, overlap {}", n, s.buckets.size(),
                options.bucket_mb, options.overlap);
 }
 
 Ddp::~Ddp() = default;
 
-void Ddp::set_grad_sync(bool enabled) { state_->sync = enabled; }
+void Ddp::set_grad_sync(bool enabled) {
+  state_->sync = enabled;
+  // A no_sync micro-step: the hooks launch nothing, grads just accumulate.
+  state_->hooks.set_enabled(enabled && state_->options.overlap);
+}
 bool Ddp::grad_sync() const { return state_->sync; }
 
 DdpSyncStats Ddp::finish_gradient_sync() {
@@ -220,16 +154,16 @@ DdpSyncStats Ddp::finish_gradient_sync() {
   stats.buckets = static_cast<int>(s.buckets.size());
   if (s.dp->size() == 1) return stats;
   auto t0 = std::chrono::steady_clock::now();
-  s.launch_rest();  // with overlap on: only buckets no hook completed
+  s.hooks.launch_rest();  // with overlap on: only buckets no hook completed
   for (auto& b : s.buckets) {
     b.work->wait();
     if (b.wire.defined()) {
-      if (!s.options.fault_no_grad_sync) b.flat.copy_(b.wire);
+      b.flat.copy_(b.wire);
       b.wire.reset();
     }
   }
   stats.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  stats.launched_in_backward = s.launched_in_backward;
+  stats.launched_in_backward = s.hooks.take_launched_in_backward();
 
   // The grads must still be the views set up at construction; someone who
   // replaced one (set it undefined, assigned a new tensor) would silently

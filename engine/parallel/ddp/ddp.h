@@ -22,7 +22,6 @@ struct DdpOptions {
   static constexpr double kDefaultBucketMb = 25.0;
   double bucket_mb = kDefaultBucketMb;  // bucket capacity; a bucket closes once it reaches this
   bool overlap = true;                  // false: all-reduce every bucket after backward
-  bool fault_no_grad_sync = false;      // chaos testing (fault.kind no_grad_sync): reduce copies
   bool reduce_bf16 = false;             // parallel.reduce_dtype bf16: all-reduce a bf16 copy of each bucket
 };
 
@@ -75,7 +74,7 @@ class Ddp {
   std::vector<std::string> bucket_params(int i) const;
 
  private:
-  std::shared_ptr<detail::DdpState> state_;  // hooks hold a weak_ptr to it
+  std::shared_ptr<detail::DdpState> state_;
 };
 
 }  // namespace dtrain::engine::parallel
