@@ -225,4 +225,11 @@ std::string describe(const Mesh& m) {
   return s + ",ep=" + std::to_string(m.ep);
 }
 
+std::string describe(const Mesh& m, const Coord& c) {
+  std::string s = "dp=" + std::to_string(c[Axis::dp]) + ",tp=" + std::to_string(c[Axis::tp]) + ",pp=" +
+                  std::to_string(c[Axis::pp]);
+  if (m.cp() > 1) s += ",cp=" + std::to_string(c[Axis::cp]);
+  return s + ",ep=" + std::to_string(c.ep);
+}
+
 }  // namespace dtrain::mesh

@@ -94,5 +94,7 @@ bool parse_mesh(std::string_view text, Mesh* out, std::string* problem);
 // "dp=2,tp=2,pp=2" as `dtrain topo` and the logs print it: dp, tp, pp, then
 // cp when > 1, then ep.
 std::string describe(const Mesh& m);
+// A rank's coordinates in the same style: "dp=1,tp=0,pp=1,ep=0".
+std::string describe(const Mesh& m, const Coord& c);
 
 }  // namespace dtrain::mesh

@@ -87,6 +87,10 @@ LinkTier group_tier(const std::vector<int>& ranks, const std::vector<Slot>& slot
 //       (n-1) times its own part (MoE runs with pp = 1 only).
 //   pp: per micro-batch, each of the n-1 stage boundaries carries one
 //       activation forward and one gradient backward: grad_accum * 2(n-1) * A.
+//   cp: per micro-batch and block, ring attention's K/V (the rank's
+//       tokens x d_model / tp each) n - 1 hops forward and n - 1 backward,
+//       plus the fp32 dK/dV travelling with them, n hops (home included).
+//       dp_cp carries dp's gradient formula over dp x cp ranks.
 //   ep: per micro-batch and MoE layer, four all-to-alls (dispatch and
 //       combine, forward and backward) of micro_batch * seq_len / tp * top_k
 //       rows (the rank's token share) of d_model elements, (n-1)/n of them
@@ -124,12 +128,19 @@ uint64_t group_bytes(const std::string& axis, int n, int stage, const mesh::Mesh
   }
   if (axis == "pp") return micro * 2 * static_cast<uint64_t>(n - 1) * act;
   if (axis == "cp") {
-    // Ring attention, per micro-batch and block: the rank's K and V
-    // ([tokens, d_model / tp] each) passed n - 1 times forward; backward
-    // passes them again with their dK and dV.
-    const uint64_t kv = act / static_cast<uint64_t>(m.tp());
-    const uint64_t layers = static_cast<uint64_t>(t.layers / m.pp());
-    return micro * layers * static_cast<uint64_t>(n - 1) * 6 * kv;
+    // Ring attention, per micro-batch and block of this stage: the rank's K
+    // and V (kv = [tokens, d_model / tp] each, in the activation dtype)
+    // passed n - 1 times forward and again backward, where each block's dK
+    // and dV (fp32) travel with it and come home: n hops.
+    const uint64_t kv = act / static_cast<uint64_t>(m.tp()), kv32 = kv / elem * 4;
+    uint64_t layers = static_cast<uint64_t>(std::max(1, t.layers / m.pp()));
+    if (!t.stage_layers.empty()) {
+      layers = 0;
+      for (size_t s = static_cast<size_t>(stage); s < t.stage_layers.size(); s += static_cast<size_t>(m.pp()))
+        layers += static_cast<uint64_t>(t.stage_layers[s]);
+    }
+    const uint64_t hops = static_cast<uint64_t>(n - 1);
+    return micro * layers * (4 * hops * kv + 2 * static_cast<uint64_t>(n) * kv32);
   }
   if (axis == "ep" && t.moe_layers > 0) {
     const uint64_t share = act / static_cast<uint64_t>(m.tp());  // this rank's tokens under TP

@@ -74,7 +74,7 @@ class CommImpl : public Comm {
 
   const WorldInfo& info() const override { return info_; }
   Group& world() override { return *world_; }
-  Group& group(mesh::GroupKind kind) override { return *axes_[by_kind_[size_t(kind)]]; }
+  Group& group(mesh::GroupKind kind) override { return *axes_.at(mesh::group_name(kind)); }
   Group& control() override { return control_ ? *control_ : *world_; }
 
   void build(const CommOptions& options);
@@ -94,8 +94,7 @@ class CommImpl : public Comm {
   std::map<std::string, c10::intrusive_ptr<c10d::Backend>> world_pgs_;  // by backend
   std::unique_ptr<Group> world_;
   std::unique_ptr<Group> control_;  // null when the world is Gloo: the world group serves
-  std::map<std::string, std::unique_ptr<Group>> axes_;  // by the name of the first kind that made it
-  std::vector<std::string> by_kind_ = std::vector<std::string>(mesh::group_defs().size());  // kind -> axes_ key
+  std::map<std::string, std::unique_ptr<Group>> axes_;  // by group name, one per kind
 };
 
 const c10::intrusive_ptr<c10d::Backend>& CommImpl::world_pg(const std::string& backend) {
@@ -157,28 +156,28 @@ void CommImpl::build(const CommOptions& options) {
                               0, ctx_);
   if (options.backend != "gloo")
     control_ = detail::make_group("gloo", "control", all_, info_.rank, world_pg("gloo"), 0, ctx_);
-  int slot = 1;  // ring-tag slots of the Gloo groups sharing the Gloo world pg (0 is its own)
-  // A kind whose members and backend equal an earlier kind's (dp_cp = dp
-  // when cp = 1) shares that group: the same members connect once. (Every
-  // rank sees the same mesh, so all make the same choice.)
-  std::map<std::pair<std::vector<int>, std::string>, std::string> made;  // (members, backend) -> key
+  // Groups with the same members and backend share one pg (connections):
+  // the world's for a group of every rank, and an earlier kind's for a kind
+  // with the same members (dp_cp = dp when cp = 1; cp = dp_cp when dp = 1).
+  // Each kind keeps its own Group (its name, its byte count) on a ring-tag
+  // slot of its own. (Every rank sees the same mesh: all make the same choice.)
+  struct Shared {
+    c10::intrusive_ptr<c10d::Backend> pg;
+    int next_slot = 0;
+  };
+  std::map<std::pair<std::vector<int>, std::string>, Shared> pgs;
+  for (const std::string& backend : {options.backend, std::string("gloo")})
+    if (world_pgs_.count(backend)) pgs[{all_, backend}] = {world_pgs_[backend], 1};  // slot 0: the world's own
   for_each_own_group(info_, [&](const mesh::GroupDef& def, size_t index, const std::vector<int>& g,
                                 int rank) {
     const std::string axis = def.name;
     const std::string& backend = detail::backend_of(options, axis);
-    auto [it, fresh] = made.emplace(std::make_pair(g, backend), axis);
-    by_kind_[size_t(def.kind)] = it->second;
-    if (!fresh) return;
-    c10::intrusive_ptr<c10d::Backend> pg;
-    int group_slot = 0;
-    if (g == all_) {
-      pg = world_pg(backend);  // same members, same order: reuse the world's connections
-      group_slot = slot++;
-    } else {
-      pg = detail::make_pg(backend, axis + "/" + std::to_string(index), rank,
-                           static_cast<int>(g.size()), ctx_);
-    }
-    axes_[axis] = detail::make_group(backend, axis, g, rank, pg, group_slot, ctx_);
+    auto [it, fresh] = pgs.try_emplace({g, backend});
+    if (fresh && g == all_) it->second = {world_pg(backend), 1};
+    else if (fresh) it->second.pg = detail::make_pg(backend, axis + "/" + std::to_string(index), rank,
+                                                    static_cast<int>(g.size()), ctx_);
+    const int group_slot = it->second.next_slot++;
+    axes_[axis] = detail::make_group(backend, axis, g, rank, it->second.pg, group_slot, ctx_);
   });
   if (options.shm) add_shm_collectives(options.shm_slot_bytes);
   // Under a launcher (a run dir): every op of every group goes into this

@@ -128,8 +128,8 @@ class Comm {
   virtual ~Comm() = default;
   virtual const WorldInfo& info() const = 0;
   virtual Group& world() = 0;
-  // This rank's group of `kind` (common/mesh.h's group_defs). Groups with
-  // the same members share one process group (dp_cp is dp when cp = 1).
+  // This rank's group of `kind` (common/mesh.h's group_defs). Kinds with
+  // the same members share connections but count their bytes apart.
   virtual Group& group(mesh::GroupKind kind) = 0;
   // The same by name ("tp", "dp_cp", ...; tests and tools); throws
   // dtrain::Error(internal) for a name that is not a group.

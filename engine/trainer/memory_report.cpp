@@ -42,12 +42,18 @@ void write_memory_report(TrainSession& s, int64_t run_peak, const StepBytes& las
   comm::Group& control = s.comm->control();
   const int64_t rank = s.info.rank;
   const auto memory = gather_rows(control, {rank, m.params, m.grads, m.optimizer, run_peak, m.rss});
-  const auto bytes = gather_rows(control, {rank, last_step.dp, last_step.tp, last_step.ep});
+  // A cp column only for a job with context parallelism.
+  const bool cp = s.info.mesh.cp() > 1;
+  std::vector<int64_t> row = {rank, last_step.dp, last_step.tp, last_step.ep};
+  if (cp) row.push_back(last_step.cp);
+  const auto bytes = gather_rows(control, row);
   const std::string dir = s.info.run_dir.empty() ? s.spec.log.dir : s.info.run_dir;
   if (!s.is_log_rank() || dir.empty()) return;
   write_table(dir + "/memory.tsv", "memory.tsv",
               "rank\tparam_bytes\tgrad_bytes\toptimizer_bytes\tpeak_bytes\trss_bytes\n", memory, 6);
-  write_table(dir + "/comm.tsv", "comm.tsv", "rank\tdp_bytes\ttp_bytes\tep_bytes\n", bytes, 4);
+  write_table(dir + "/comm.tsv", "comm.tsv",
+              cp ? "rank\tdp_bytes\ttp_bytes\tep_bytes\tcp_bytes\n" : "rank\tdp_bytes\ttp_bytes\tep_bytes\n", bytes,
+              cp ? 5 : 4);
 }
 
 }  // namespace dtrain::engine::trainer

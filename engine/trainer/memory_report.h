@@ -13,7 +13,7 @@ namespace dtrain::engine::trainer {
 
 // Bytes this rank sent through its dp, tp and ep groups in one step.
 struct StepBytes {
-  int64_t dp = 0, tp = 0, ep = 0;
+  int64_t dp = 0, tp = 0, ep = 0, cp = 0;
 };
 
 // Collective over the world (control group). run_peak: this rank's largest

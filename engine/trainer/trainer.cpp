@@ -34,7 +34,7 @@ struct StepResult {
   double lr = 0;
   double step_s = 0;
   double blocked_s = 0;  // of step_s, blocked in collectives
-  int64_t dp_bytes_sent = 0, tp_bytes_sent = 0, ep_bytes_sent = 0;
+  int64_t dp_bytes_sent = 0, tp_bytes_sent = 0, ep_bytes_sent = 0, cp_bytes_sent = 0;
   parallel::SyncStats sync;
 };
 
@@ -72,6 +72,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   s.dp->reset_bytes_sent();
   s.comm->group(mesh::GroupKind::tp).reset_bytes_sent();
   s.comm->group(mesh::GroupKind::ep).reset_bytes_sent();
+  s.comm->group(mesh::GroupKind::cp).reset_bytes_sent();
   timer.start();
   const int64_t blocked_ns = comm::trace_blocked_ns();
   comm::trace_step(step + 1);
@@ -111,6 +112,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   r.dp_bytes_sent = int64_t(s.dp->bytes_sent());
   r.tp_bytes_sent = int64_t(s.comm->group(mesh::GroupKind::tp).bytes_sent());
   r.ep_bytes_sent = int64_t(s.comm->group(mesh::GroupKind::ep).bytes_sent());
+  r.cp_bytes_sent = int64_t(s.comm->group(mesh::GroupKind::cp).bytes_sent());
   return r;
 }
 
@@ -149,9 +151,10 @@ MetricsOptions metrics_options(const TrainSession& s, int64_t start_step) {
   const std::string dir = s.info.run_dir.empty() ? s.spec.log.dir : s.info.run_dir;
   if (s.is_log_rank() && !dir.empty()) o.jsonl_path = dir + "/metrics.jsonl";
   o.truncate = start_step == 0 && s.info.restart == 0;
-  for (const char* axis : {"dp", "tp", "pp", "ep", "edp"}) {
-    const comm::Group& g = s.comm->axis(axis);
-    if (g.size() > 1) o.comm_paths.emplace_back(axis, g.path());
+  using K = mesh::GroupKind;
+  for (K kind : {K::dp, K::tp, K::cp, K::pp, K::ep, K::edp}) {
+    const comm::Group& g = s.comm->group(kind);
+    if (g.size() > 1) o.comm_paths.emplace_back(mesh::group_name(kind), g.path());
   }
   return o;
 }
@@ -175,7 +178,7 @@ int run_training() {
   for (; step < s.spec.train.steps; ++step) {
     StepResult r = train_step(s, step, timer);
     run_peak = std::max(run_peak, device::cpu_peak_bytes());
-    last_bytes = {r.dp_bytes_sent, r.tp_bytes_sent, r.ep_bytes_sent};
+    last_bytes = {r.dp_bytes_sent, r.tp_bytes_sent, r.ep_bytes_sent, r.cp_bytes_sent};
     StepReport report{step + 1, 0.0, r.lr, r.grad_norm, r.step_s, r.sync.wait_s,
                       r.sync.launched_in_backward, r.dp_bytes_sent, r.tp_bytes_sent};
     report.extra = s.par.grad_sync->step_metrics();
