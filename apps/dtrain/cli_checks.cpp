@@ -9,7 +9,7 @@
 #include "apps/dtrain/command.h"
 #include "common/error.h"
 #include "common/spec_detail.h"
-#include "engine/parallel/pipeline/plan.h"
+#include "plan/pipeline_plan.h"
 
 namespace dtrain::app {
 
@@ -29,7 +29,7 @@ void check_node_and_ranks(const JobSpec& spec, int node_rank, const std::vector<
 }
 
 std::string checked_pipeline_plan(const JobSpec& spec) {
-  namespace pl = engine::parallel::pipeline;
+  namespace pl = plan::pipeline;
   pl::PlanSpec p;
   p.kind = spec.parallel.pipeline_schedule;
   p.stages = spec.parallel.pp;

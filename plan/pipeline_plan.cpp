@@ -2,7 +2,7 @@
 // of actions, and the checker that runs them against the runtime's model
 // (buffered sends, blocking receives, messages matched in order per peer and
 // direction). Pure C++; nothing here touches tensors or sockets.
-#include "engine/parallel/pipeline/plan.h"
+#include "plan/pipeline_plan.h"
 
 #include <algorithm>
 #include <climits>
@@ -13,7 +13,7 @@
 
 #include "common/error.h"
 
-namespace dtrain::engine::parallel::pipeline {
+namespace dtrain::plan::pipeline {
 namespace {
 
 bool is_compute(Op op) {
@@ -470,4 +470,4 @@ std::string format_plan(const PlanSpec& spec, const Plan& plan) {
   return out + "\n";
 }
 
-}  // namespace dtrain::engine::parallel::pipeline
+}  // namespace dtrain::plan::pipeline

@@ -2,13 +2,14 @@
 // build_plan turns a PlanSpec into one list of actions per pipeline rank, simulate
 // checks a plan against the runtime's model (dependencies, message order, deadlock,
 // in-flight micro-batches) and times it, format_plan prints it. Pure C++: no
-// LibTorch, no communication; the runtime that executes a Plan lives elsewhere.
+// LibTorch, no communication; the engine's runtime executes a Plan
+// (engine/parallel/pipeline/pipeline_schedule.h).
 #pragma once
 
 #include <string>
 #include <vector>
 
-namespace dtrain::engine::parallel::pipeline {
+namespace dtrain::plan::pipeline {
 
 // Stages: p ranks hold v chunks each; global stage s = chunk * p + rank
 // (Megatron's interleaved placement), P = p * v stages in all. Stage 0 reads
@@ -133,4 +134,4 @@ std::string format_plan(const PlanSpec& spec, const Plan& plan);
 // (each stage idle p-1 ticks of F + B - W, Qi et al.'s estimate).
 double ideal_bubble(const PlanSpec& spec);
 
-}  // namespace dtrain::engine::parallel::pipeline
+}  // namespace dtrain::plan::pipeline
