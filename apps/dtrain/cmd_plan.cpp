@@ -3,8 +3,8 @@
 // and the bytes every group moves (the same numbers `dtrain topo` shows);
 // `--format json`; `--memory-per-rank` (or cluster.memory_per_rank) refuses
 // a layout over budget with the cheapest change that fits. CLI wiring and
-// printing only: the model is engine/planner (pure C++), the traffic
-// rendezvous/topology.
+// printing only: the figures are plan/ (memory_plan.h, traffic.h through
+// rendezvous/topology's placement).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
