@@ -203,11 +203,7 @@ double backward_transient_elems(const Dims& d, bool has_head) {
 
 int in_flight_of(const JobSpec& spec, int pp_rank) {
   if (spec.parallel.pp == 1) return 1;
-  pipeline::PlanSpec p;
-  p.kind = spec.parallel.pipeline_schedule;
-  p.stages = spec.parallel.pp;
-  p.micro = spec.train.grad_accum;
-  p.virtual_stages = spec.parallel.pipeline_virtual_stages;
+  const pipeline::PlanSpec p = pipeline::plan_spec_from(spec);
   const auto sim = pipeline::simulate(p, pipeline::build_plan(p));
   if (!sim.ok) throw Error(ErrorCode::config, "parallel.pipeline: the simulator rejects the plan: " + sim.error);
   return sim.max_in_flight[size_t(pp_rank)];

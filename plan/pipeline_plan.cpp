@@ -12,8 +12,19 @@
 #include <tuple>
 
 #include "common/error.h"
+#include "common/job_spec.h"
 
 namespace dtrain::plan::pipeline {
+
+PlanSpec plan_spec_from(const JobSpec& spec) {
+  PlanSpec p;
+  p.kind = spec.parallel.pipeline_schedule;
+  p.stages = spec.parallel.pp;
+  p.micro = spec.train.grad_accum;
+  p.virtual_stages = spec.parallel.pipeline_virtual_stages;
+  return p;
+}
+
 namespace {
 
 bool is_compute(Op op) {

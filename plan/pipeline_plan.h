@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+namespace dtrain {
+struct JobSpec;
+}
+
 namespace dtrain::plan::pipeline {
 
 // Stages: p ranks hold v chunks each; global stage s = chunk * p + rank
@@ -55,6 +59,10 @@ struct PlanSpec {
   int micro = 1;              // m: micro-batches per step (train.grad_accum)
   int virtual_stages = 1;     // v: chunks per rank (interleaved_1f1b only)
 };
+
+// The plan a job spec asks for: parallel.pipeline.schedule, parallel.pp,
+// train.grad_accum and parallel.pipeline.virtual_stages.
+PlanSpec plan_spec_from(const JobSpec& spec);
 
 // One list per pipeline rank 0..stages-1, run in order.
 using Plan = std::vector<std::vector<Action>>;

@@ -77,12 +77,7 @@ double step_time_s(const JobSpec& spec, const pl::MemoryPlan& plan, double gflop
   if (gflops <= 0) return 0;
   double bubble = 0;
   if (spec.parallel.pp > 1) {
-    pl::pipeline::PlanSpec p;
-    p.kind = spec.parallel.pipeline_schedule;
-    p.stages = spec.parallel.pp;
-    p.micro = spec.train.grad_accum;
-    p.virtual_stages = spec.parallel.pipeline_virtual_stages;
-    bubble = pl::pipeline::ideal_bubble(p);
+    bubble = pl::pipeline::ideal_bubble(pl::pipeline::plan_spec_from(spec));
   }
   return plan.flops_per_step / spec.world() / (gflops * 1e9) / (1.0 - bubble);
 }
