@@ -42,7 +42,7 @@ RunResult run_once(int agents, int slots, bool preconnect) {
   so.job = "bench";
   so.token = "t";
   so.min_nodes = so.max_nodes = agents;
-  so.mesh.dp = agents * slots;
+  so.mesh.size(dtrain::mesh::Axis::dp) = agents * slots;
   RendezvousServer server(so);
   std::string endpoint = "127.0.0.1:" + std::to_string(server.start("127.0.0.1:0"));
 

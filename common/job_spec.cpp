@@ -139,6 +139,13 @@ void validate_job_spec(const JobSpec& spec, std::vector<std::string>* warnings) 
 
 namespace dtrain {
 
+mesh::Mesh JobSpec::mesh() const {
+  mesh::Order order = mesh::kDefaultOrder;
+  std::string problem;
+  mesh::parse_order(parallel.order, &order, &problem);  // validated: a bad order stays the default
+  return mesh::make_mesh(parallel.dp, parallel.tp, parallel.pp, parallel.ep, parallel.cp, order);
+}
+
 std::vector<int> JobSpec::stage_layers() const {
   const int stages = std::max(1, parallel.pp) * std::max(1, parallel.pipeline_virtual_stages);
   if (!parallel.pipeline_layers_per_stage.empty()) return parallel.pipeline_layers_per_stage;

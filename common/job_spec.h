@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/mesh.h"
+
 namespace dtrain {
 
 struct JobSection {
@@ -62,6 +64,11 @@ struct ParallelSpec {
   int tp = 1;
   int pp = 1;
   int ep = 1;
+  // Context parallelism: the sequence split over cp ranks (two chunks each,
+  // load-balanced for the causal mask), attention as a ring over them.
+  int cp = 1;
+  // The rank order, innermost first (common/mesh.h): every axis once.
+  std::string order = "tp-cp-dp-pp";
   int zero = 0;                            // 0 = DDP, 1, 2, 3 (= FSDP full shard)
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b
   int pipeline_virtual_stages = 1;         // chunks per pp rank (interleaved_1f1b)
@@ -208,7 +215,9 @@ struct JobSpec {
   std::string source;  // file the spec came from ("" for built-in defaults)
 
   // Derived values (docs/ARCHITECTURE.md, 'The job spec').
-  int world() const { return parallel.dp * parallel.tp * parallel.pp; }
+  int world() const { return parallel.dp * parallel.tp * parallel.pp * parallel.cp; }
+  // The mesh of parallel.* (order parsed; call on a validated spec).
+  mesh::Mesh mesh() const;
   int global_batch() const { return train.micro_batch * train.grad_accum * parallel.dp; }
   int ranks_per_node() const { return cluster.procs_per_node; }
   long long tokens_per_step() const { return 1LL * global_batch() * model.seq_len; }

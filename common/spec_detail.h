@@ -87,6 +87,8 @@ void resolve_auto_fields(SpecOrigin& origin, JobSpec& spec, Problems& problems);
 void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 // spec_moe.cpp: model.moe's rules (called by validate_spec).
 void validate_moe(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
+// spec_cp.cpp: parallel.order and parallel.cp's rules (called by validate_spec).
+void validate_cp(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 // job.name: length, UTF-8, no control characters (spec_job_name.cpp).
 void validate_job_name(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 

@@ -45,6 +45,8 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("parallel.tp", parallel.tp),
       DTRAIN_FIELD("parallel.pp", parallel.pp),
       DTRAIN_FIELD("parallel.ep", parallel.ep),
+      DTRAIN_FIELD("parallel.cp", parallel.cp),
+      DTRAIN_FIELD("parallel.order", parallel.order),
       DTRAIN_FIELD("parallel.zero", parallel.zero),
       DTRAIN_FIELD("parallel.pipeline.schedule", parallel.pipeline_schedule),
       DTRAIN_FIELD("parallel.pipeline.virtual_stages", parallel.pipeline_virtual_stages),

@@ -120,8 +120,8 @@ std::string job_spec_summary(const JobSpec& spec) {
                           ? s(spec.cluster.nodes_max)
                           : s(spec.cluster.nodes_min) + ":" + s(spec.cluster.nodes_max);
   std::string out;
-  out += "world = dp(" + s(p.dp) + (p.dp_auto ? ", auto" : "") + ") x tp(" + s(p.tp) + ") x pp(" + s(p.pp) + ") = " +
-         s(spec.world()) + " ranks (ep " + s(p.ep) + ", zero " + s(p.zero) + ")\n";
+  out += "world = dp(" + s(p.dp) + (p.dp_auto ? ", auto" : "") + ") x tp(" + s(p.tp) + ") x pp(" + s(p.pp) + ")" +
+         (p.cp > 1 ? " x cp(" + s(p.cp) + ")" : std::string()) + " = " + s(spec.world()) + " ranks (ep " + s(p.ep) + ", zero " + s(p.zero) + ")\n";
   out += "ranks per node = " + s(spec.ranks_per_node()) + " on " + nodes + " node(s), device " +
          spec.cluster.device + "\n";
   out += "GBS = micro_batch(" + s(t.micro_batch) + ") x grad_accum(" + s(t.grad_accum) +

@@ -5,6 +5,7 @@
 // smaller one (a warning: the rendezvous refuses such a round when it forms).
 #include "common/spec_resolve.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "common/error.h"
@@ -89,9 +90,9 @@ bool cluster_known(const SpecOrigin& origin, const JobSpec& s) {
 void resolve_dp(SpecOrigin& origin, JobSpec& s, Problems& problems) {
   const ClusterSpec& c = s.cluster;
   ParallelSpec& p = s.parallel;
-  p.dp = dp_of(c.nodes_max, c.procs_per_node, p.tp, p.pp);
+  p.dp = dp_of(c.nodes_max, c.procs_per_node, p.tp * std::max(1, p.cp), p.pp);
   if (p.dp > 0) return;
-  const int per = p.tp * p.pp;
+  const int per = p.tp * p.pp * std::max(1, p.cp);
   const long long slots = 1LL * c.nodes_max * c.procs_per_node;
   problems.error(origin.where("parallel.dp"),
                  "parallel.dp = auto: tp(" + str(p.tp) + ") x pp(" + str(p.pp) + ") = " + str(per) +
@@ -150,7 +151,7 @@ void warn_elastic_sizes(const JobSpec& s, Problems& problems) {
   std::string refused;
   int listed = 0;
   for (int n = c.nodes_min; n < c.nodes_max; ++n) {
-    const int dp = dp_of(n, c.procs_per_node, s.parallel.tp, s.parallel.pp);
+    const int dp = dp_of(n, c.procs_per_node, s.parallel.tp * std::max(1, s.parallel.cp), s.parallel.pp);
     const bool keeps = t.global_batch == 0 ||
                        (t.grad_accum_auto ? auto_grad_accum(t.global_batch, t.micro_batch, dp, nullptr) > 0
                                           : 1LL * t.micro_batch * t.grad_accum * dp == t.global_batch);

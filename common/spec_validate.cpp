@@ -194,28 +194,30 @@ void check_enums(const Checker& c) {
 // parallel: dp(2) * tp(2) * pp(2) = 8 != cluster.nodes(1) * cluster.procs_per_node(4) = 4
 void check_world(const Checker& c) {
   const JobSpec& s = c.spec;
-  if (c.bad({"parallel.dp", "parallel.tp", "parallel.pp", "cluster.nodes",
+  if (c.bad({"parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp", "cluster.nodes",
              "cluster.procs_per_node"}))
     return;
   const ParallelSpec& p = s.parallel;
   int nodes = s.cluster.nodes_max, ppn = s.cluster.procs_per_node;
-  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || nodes < 1 || ppn < 1) return;  // reported above
-  long long world = 1LL * p.dp * p.tp * p.pp, slots = 1LL * nodes * ppn;
+  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || nodes < 1 || ppn < 1) return;  // reported above
+  long long world = 1LL * p.dp * p.tp * p.pp * p.cp, slots = 1LL * nodes * ppn;
+  const long long per_replica = 1LL * p.tp * p.pp * p.cp;
+  const std::string cp_factor = p.cp > 1 ? " * cp(" + str(p.cp) + ")" : "";
   if (world == slots) return;
   std::string nodes_text = s.cluster.nodes_min == nodes
                                ? "cluster.nodes(" + str(nodes) + ")"
                                : "cluster.nodes(max " + str(nodes) + ")";
   std::string fix;
-  if (slots % (1LL * p.tp * p.pp) == 0)
-    fix = "use dp " + std::to_string(slots / (1LL * p.tp * p.pp));
+  if (slots % per_replica == 0)
+    fix = "use dp " + std::to_string(slots / per_replica);
   if (world % nodes == 0)
     fix += (fix.empty() ? "set" : ", or set") + std::string(" cluster.procs_per_node: ") +
            std::to_string(world / nodes);
-  if (fix.empty()) fix = "make dp * tp * pp equal to the number of worker slots";
+  if (fix.empty()) fix = "make dp * tp * pp" + std::string(p.cp > 1 ? " * cp" : "") + " equal to the number of worker slots";
   c.problems.error(c.origin.where_any({"parallel.dp", "parallel.tp", "parallel.pp", "parallel",
                                        "cluster.procs_per_node", "cluster.nodes"}),
                    "parallel: dp(" + str(p.dp) + ") * tp(" + str(p.tp) + ") * pp(" + str(p.pp) +
-                       ") = " + std::to_string(world) + " != " + nodes_text +
+                       ")" + cp_factor + " = " + std::to_string(world) + " != " + nodes_text +
                        " * cluster.procs_per_node(" + str(ppn) + ") = " + std::to_string(slots) +
                        "; " + fix);
 }
@@ -409,6 +411,7 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
   check_sizes(c);
   check_warnings(c);
   validate_moe(spec, origin, problems);
+  validate_cp(spec, origin, problems);
   validate_job_name(spec, origin, problems);
 }
 

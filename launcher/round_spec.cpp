@@ -10,7 +10,7 @@ namespace dtrain::launcher {
 
 int write_round_spec(const JobSpec& spec, const rendezvous::Assignment& a, const std::string& path,
                      int previous_gbs) {
-  const JobSpec round = spec_for_round(spec, a.num_nodes, a.mesh.dp);
+  const JobSpec round = spec_for_round(spec, a.num_nodes, a.mesh.dp());
   write_file_safely(path, job_spec_to_yaml(round), "log.dir's spec.resolved.yaml", Clobber::replace);
   const std::string autos = auto_sizes_text(spec, round);
   DTRAIN_INFO("round {}: {} node(s), world {}: {}global batch {} = micro_batch {} x grad_accum {} x dp {}",

@@ -51,10 +51,8 @@ std::vector<std::string> worker_env(const WorkerEnvInputs& in,
   env.erase("DTRAIN_TOKEN");
   set("TORCHELASTIC_ERROR_FILE", error_file_path(in.run_dir, local.rank));
 
-  mesh::Shape shape{a.mesh.dp, a.mesh.tp, a.mesh.pp, a.mesh.ep};
-  mesh::Coord coord{local.dp, local.tp, local.pp, local.ep};
-  set("DTRAIN_MESH", mesh::format_shape(shape));
-  set("DTRAIN_COORD", mesh::format_coord(coord));
+  set("DTRAIN_MESH", mesh::format_mesh(a.mesh));
+  set("DTRAIN_COORD", mesh::format_coord(a.mesh, local.coord));
   set("DTRAIN_RESTART", num(in.restart));
   set("DTRAIN_SPEC", in.spec_path);
   set("DTRAIN_RUN_DIR", in.run_dir);

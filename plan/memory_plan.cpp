@@ -213,8 +213,8 @@ int in_flight_of(const JobSpec& spec, int pp_rank) {
 
 RankMemory plan_rank(const JobSpec& spec, int rank) {
   const Dims d = dims_of(spec);
-  const mesh::Shape shape{spec.parallel.dp, spec.parallel.tp, spec.parallel.pp, 1};
-  const mesh::Coord c = mesh::coord_of(shape, rank);
+  const mesh::Coord mc = mesh::coord_of(spec.mesh(), rank);
+  const struct { int dp, tp, pp; } c{mc[mesh::Axis::dp], mc[mesh::Axis::tp], mc[mesh::Axis::pp]};
   RankMemory r;
   r.rank = rank;
   r.dp = c.dp, r.tp = c.tp, r.pp = c.pp;

@@ -1,8 +1,7 @@
 // traffic_model_from_spec and the per-axis byte formulas (traffic.h): one
-// function per axis behind a table, so a new axis (context parallelism's
-// ring of K/V blocks over cp, say) is one more row, and an axis that
-// changes another's group (dp's gradients reduced over dp x cp) says so in
-// that axis' function. AR(x) = 2(n-1)/n * x rounded down per call (a ring
+// function per group kind behind a table, so a new axis is one more row
+// (cp: the ring's K/V blocks; with cp > 1 the gradients are reduced over
+// dp x cp, the dp_cp row, which moves what dp would). AR(x) = 2(n-1)/n * x rounded down per call (a ring
 // all-reduce of x bytes), as comm counts it.
 #include "plan/traffic.h"
 
@@ -19,10 +18,10 @@ struct Group {
   const AxisSizes& m;
   const TrafficModel& t;
   uint64_t all_reduce(uint64_t x) const { return x * 2 * (n - 1) / n; }
-  // One activation, [micro_batch, seq_len, d_model] elements.
-  uint64_t act() const {
-    return uint64_t(t.micro_batch) * uint64_t(t.seq_len) * uint64_t(t.d_model) * uint64_t(t.bytes_per_elem);
-  }
+  // A rank's tokens: the sequence is split over cp.
+  uint64_t tokens() const { return uint64_t(t.micro_batch) * uint64_t(t.seq_len / std::max(1, m.cp)); }
+  // One activation, [micro_batch, seq_len / cp, d_model] elements.
+  uint64_t act() const { return tokens() * uint64_t(t.d_model) * uint64_t(t.bytes_per_elem); }
   uint64_t micro() const { return uint64_t(std::max(1, t.grad_accum)); }
 };
 
@@ -63,7 +62,7 @@ uint64_t tp_bytes(const Group& g) {
     for (size_t s = size_t(g.stage); s < t.stage_layers.size(); s += size_t(m.pp)) layers += uint64_t(t.stage_layers[s]);
   }
   const uint64_t first = g.stage == 0 ? 1 : 0, last = g.stage == m.pp - 1 ? 1 : 0;
-  const uint64_t ce = uint64_t(t.micro_batch) * uint64_t(t.seq_len) * 4;  // [micro_batch * seq_len] fp32
+  const uint64_t ce = g.tokens() * 4;  // [micro_batch * seq_len / cp] fp32
   const uint64_t moe = m.pp == 1 ? uint64_t(t.moe_layers) : 0;
   const uint64_t act = g.act(), share = act / g.n, k = uint64_t(t.top_k);
   const uint64_t moe_gathers = moe * (g.n - 1) * (k * share + share);
@@ -75,6 +74,15 @@ uint64_t tp_bytes(const Group& g) {
 // pp: per micro-batch, each of the n-1 stage boundaries carries one
 // activation forward and one gradient backward: grad_accum * 2(n-1) * A.
 uint64_t pp_bytes(const Group& g) { return g.micro() * 2 * (g.n - 1) * g.act(); }
+
+// cp: ring attention, per micro-batch and block: the rank's K and V
+// ([tokens, d_model / tp] each) passed n - 1 times forward; backward passes
+// them again with their dK and dV.
+uint64_t cp_bytes(const Group& g) {
+  const uint64_t kv = g.act() / uint64_t(g.m.tp);
+  const uint64_t layers = uint64_t(g.t.layers / g.m.pp);
+  return g.micro() * layers * (g.n - 1) * 6 * kv;
+}
 
 // ep: per micro-batch and MoE layer, four all-to-alls (dispatch and
 // combine, forward and backward) of micro_batch * seq_len / tp * top_k rows
@@ -96,7 +104,8 @@ struct AxisTraffic {
   const char* axis;
   uint64_t (*bytes)(const Group&);
 };
-constexpr AxisTraffic kAxes[] = {{"dp", dp_bytes}, {"tp", tp_bytes}, {"pp", pp_bytes}, {"ep", ep_bytes}};
+constexpr AxisTraffic kAxes[] = {{"dp", dp_bytes}, {"dp_cp", dp_bytes}, {"tp", tp_bytes},
+                                 {"pp", pp_bytes},  {"cp", cp_bytes},    {"ep", ep_bytes}};
 
 }  // namespace
 

@@ -31,10 +31,11 @@ TrafficModel traffic_model_from_spec(const JobSpec& spec);
 
 // The mesh's axis sizes.
 struct AxisSizes {
-  int dp = 1, tp = 1, pp = 1, ep = 1;
+  int dp = 1, tp = 1, pp = 1, ep = 1, cp = 1;
 };
 
-// Bytes per step that each member of one `axis` group of `group_size` ranks
+// Bytes per step that each member of one `axis` group (a group name of
+// common/mesh.h: "dp", "tp", "pp", "cp", "ep", "dp_cp") of `group_size` ranks
 // sends; `stage` is the group's pipeline rank (every member of a non-pp
 // group is in one stage). 0 for an axis without traffic.
 uint64_t axis_bytes_per_step(const std::string& axis, int group_size, int stage, const AxisSizes& sizes,

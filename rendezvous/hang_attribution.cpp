@@ -50,16 +50,18 @@ std::string where_text(const std::map<int, RankWhere>& where, int rank) {
 
 }  // namespace
 
-std::vector<int> group_members(const Mesh& m, const std::string& group, int rank) {
+std::vector<int> group_members(const mesh::Mesh& m, const std::string& group, int rank) {
   if (group == "world" || group == "control") {
     std::vector<int> all(static_cast<size_t>(m.world()));
     for (int r = 0; r < m.world(); ++r) all[static_cast<size_t>(r)] = r;
     return all;
   }
-  return mesh::group_of(mesh::Shape{m.dp, m.tp, m.pp, m.ep}, group, rank);
+  mesh::GroupKind kind{};
+  if (!mesh::parse_group(group, &kind)) return {};
+  return mesh::group_of(m, kind, rank);
 }
 
-HangReport attribute_hang(const Mesh& mesh, const std::map<int, trace::RankProgress>& ranks,
+HangReport attribute_hang(const mesh::Mesh& mesh, const std::map<int, trace::RankProgress>& ranks,
                           const std::map<int, RankWhere>& where, double stalled_s,
                           double hang_timeout_s) {
   HangReport h;

@@ -15,7 +15,7 @@ ServerOptions server_options_from_spec(const JobSpec& spec, std::string token, b
   o.last_call_s = spec.cluster.rendezvous.last_call_s;
   o.heartbeat_s = spec.cluster.rendezvous.heartbeat_s;
   o.hang_timeout_s = spec.cluster.hang_timeout_s;
-  o.mesh = mesh_from_spec(spec);
+  o.mesh = spec.mesh();
   o.traffic = traffic_model_from_spec(spec);
   o.nvlink_domain = spec.cluster.topology.nvlink_domain;
   o.allow_slow = allow_slow;

@@ -62,7 +62,7 @@ void add_group(const Group& g, pb::PlacementInfo* info) {
 }
 
 void add_rank(const RankPlacement& r, pb::PlacementInfo* info) {
-  for (int v : {r.rank, r.node, r.device, r.dp, r.tp, r.pp, r.ep}) info->add_rank_table(v);
+  for (int v : {r.rank, r.node, r.device}) info->add_rank_table(v);
 }
 
 }  // namespace
@@ -82,9 +82,8 @@ PlacementIndex::PlacementIndex(const Placement& p) {
 
 std::string placement_bytes(const Placement& placement) {
   pb::PlacementInfo info;
-  for (int v : {placement.mesh.dp, placement.mesh.tp, placement.mesh.pp, placement.mesh.ep})
-    info.add_mesh(v);
-  info.mutable_rank_table()->Reserve(7 * static_cast<int>(placement.ranks.size()));
+  info.set_mesh(mesh::format_mesh(placement.mesh));
+  info.mutable_rank_table()->Reserve(3 * static_cast<int>(placement.ranks.size()));
   for (const RankPlacement& r : placement.ranks) add_rank(r, &info);
   for (const Group& g : placement.groups) add_group(g, &info);
   for (const auto& w : placement.warnings) info.add_warnings(w);
@@ -93,8 +92,7 @@ std::string placement_bytes(const Placement& placement) {
 
 std::string node_placement_bytes(const Placement& placement, const PlacementIndex& index, int node) {
   pb::PlacementInfo info;
-  for (int v : {placement.mesh.dp, placement.mesh.tp, placement.mesh.pp, placement.mesh.ep})
-    info.add_mesh(v);
+  info.set_mesh(mesh::format_mesh(placement.mesh));
   info.set_node_only(true);
   std::vector<int> groups;
   if (node >= 0 && static_cast<size_t>(node) < index.ranks_of_node.size())
@@ -112,36 +110,14 @@ std::string node_placement_bytes(const Placement& placement, const PlacementInde
 
 void to_proto(const ClosedRound& c, int node_rank, const std::string& placement,
               pb::JoinReply* out) {
-  const Mesh& mesh = c.placement.mesh;
   out->set_round(c.round);
   out->set_restart(c.restart);
   out->set_node_rank(node_rank);
   out->set_num_nodes(static_cast<int>(c.node_ids.size()));
-  out->set_dp(mesh.dp);
-  out->set_tp(mesh.tp);
-  out->set_pp(mesh.pp);
-  out->set_ep(mesh.ep);
+  out->set_mesh(mesh::format_mesh(c.placement.mesh));
   out->set_master_addr(c.master_addr);
   out->set_master_port(c.master_port);
   out->set_placement(placement);
-}
-
-Assignment from_proto(const pb::JoinReply& reply) {
-  Assignment a;
-  a.round = reply.round();
-  a.restart = reply.restart();
-  a.node_rank = reply.node_rank();
-  a.num_nodes = reply.num_nodes();
-  a.mesh.dp = reply.dp();
-  a.mesh.tp = reply.tp();
-  a.mesh.pp = reply.pp();
-  a.mesh.ep = reply.ep();
-  a.world = a.mesh.world();
-  a.master_addr = reply.master_addr();
-  a.master_port = reply.master_port();
-  a.placement.mesh = a.mesh;
-  parse_placement(reply.placement(), &a);
-  return a;
 }
 
 namespace {
@@ -153,22 +129,41 @@ namespace {
 
 }  // namespace
 
+Assignment from_proto(const pb::JoinReply& reply) {
+  Assignment a;
+  a.round = reply.round();
+  a.restart = reply.restart();
+  a.node_rank = reply.node_rank();
+  a.num_nodes = reply.num_nodes();
+  std::string problem;
+  if (!mesh::parse_mesh(reply.mesh(), &a.mesh, &problem)) bad_placement();
+  a.world = a.mesh.world();
+  a.master_addr = reply.master_addr();
+  a.master_port = reply.master_port();
+  a.placement.mesh = a.mesh;
+  parse_placement(reply.placement(), &a);
+  return a;
+}
+
 void parse_placement(const std::string& bytes, Placement* out) {
   Placement& p = *out;
   pb::PlacementInfo info;
   if (!info.ParseFromString(bytes)) bad_placement();
   const int groups = info.group_axis_size();
   const bool strides = info.group_stride_size() > 0;
-  if (info.rank_table_size() % 7 != 0 || info.group_size_size() != groups ||
+  if (info.rank_table_size() % 3 != 0 || info.group_size_size() != groups ||
       info.group_tier_size() != groups || info.group_bytes_size() != groups ||
       (strides && info.group_stride_size() != groups))
     bad_placement();
-  if (info.mesh_size() == 4) p.mesh = {info.mesh(0), info.mesh(1), info.mesh(2), info.mesh(3)};
+  std::string problem;
+  if (!info.mesh().empty() && !mesh::parse_mesh(info.mesh(), &p.mesh, &problem)) bad_placement();
   const auto& t = info.rank_table();
   p.ranks.clear();
-  p.ranks.reserve(static_cast<size_t>(t.size() / 7));
-  for (int i = 0; i + 7 <= t.size(); i += 7)
-    p.ranks.push_back({t[i], t[i + 1], t[i + 2], t[i + 3], t[i + 4], t[i + 5], t[i + 6]});
+  p.ranks.reserve(static_cast<size_t>(t.size() / 3));
+  for (int i = 0; i + 3 <= t.size(); i += 3) {
+    if (t[i] < 0 || t[i] >= p.mesh.world()) bad_placement();
+    p.ranks.push_back({t[i], t[i + 1], t[i + 2], mesh::coord_of(p.mesh, t[i])});
+  }
   p.groups.assign(static_cast<size_t>(groups), Group{});
   const int* next = info.group_ranks().data();
   const int* end = next + info.group_ranks_size();

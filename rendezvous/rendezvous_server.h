@@ -20,7 +20,7 @@ struct ServerOptions {
   double last_call_s = 5.0;       // elastic: close at min after this long
   double heartbeat_s = 2.0;       // agents beat this often; 3 misses = dead
   double hang_timeout_s = 0;      // no rank completes a collective this long = hang (0 = off)
-  Mesh mesh;
+  mesh::Mesh mesh;
   TrafficModel traffic;
   int nvlink_domain = 0;          // for islands when agents report none
   bool allow_slow = false;

@@ -31,7 +31,7 @@ struct Assignment {
   int restart = 0;          // failure restarts so far (DTRAIN_RESTART)
   int node_rank = 0;        // this agent's node index in the round (GROUP_RANK)
   int num_nodes = 1;
-  Mesh mesh;
+  mesh::Mesh mesh;
   int world = 1;
   std::vector<RankPlacement> local_ranks;  // this node's ranks, by local device
   // This node's part of the placement: its ranks, the groups they are in, and

@@ -76,35 +76,36 @@ Cluster RoundState::cluster_of(const std::vector<Member>& members) const {
 }
 
 // Fixed size: the spec's mesh. Elastic: dp scales with the devices that
-// joined (dp = devices / (tp * pp)); tp, pp and ep stay as the spec says.
-Mesh RoundState::mesh_for(const Cluster& cluster) const {
-  Mesh mesh = options_.mesh;
+// joined (dp = devices / (tp * pp * cp)); the other axes stay as the spec says.
+mesh::Mesh RoundState::mesh_for(const Cluster& cluster) const {
+  mesh::Mesh mesh = options_.mesh;
   if (!elastic()) return checked_global_batch(mesh);
   int devices = cluster.total_devices();
-  int per_replica = mesh.tp * mesh.pp;
+  int per_replica = mesh.world() / mesh.dp();
   if (devices % per_replica != 0)
     throw Error(ErrorCode::config,
                 "elastic round: " + std::to_string(devices) + " devices joined, not a multiple of "
-                "tp(" + std::to_string(mesh.tp) + ") * pp(" + std::to_string(mesh.pp) + ") = " +
+                "tp(" + std::to_string(mesh.tp()) + ") * pp(" + std::to_string(mesh.pp()) + ")" +
+                (mesh.cp() > 1 ? " * cp(" + std::to_string(mesh.cp()) + ")" : std::string()) + " = " +
                 std::to_string(per_replica),
                 "give every node a multiple of tp * pp slots");
-  mesh.dp = devices / per_replica;
+  mesh.size(mesh::Axis::dp) = devices / per_replica;
   return checked_global_batch(mesh);
 }
 
 // train.global_batch holds at every round's dp (grad_accum auto re-derives
 // it), or the round is refused.
-Mesh RoundState::checked_global_batch(const Mesh& mesh) const {
+mesh::Mesh RoundState::checked_global_batch(const mesh::Mesh& mesh) const {
   const int gbs = options_.global_batch;
   if (gbs <= 0) return mesh;
   std::string why;
-  if (options_.grad_accum_auto && auto_grad_accum(gbs, options_.micro_batch, mesh.dp, &why) == 0)
+  if (options_.grad_accum_auto && auto_grad_accum(gbs, options_.micro_batch, mesh.dp(), &why) == 0)
     throw Error(ErrorCode::config, why, "choose a train.global_batch that every round's dp divides");
-  const long long fixed = 1LL * options_.micro_batch * options_.grad_accum * mesh.dp;
+  const long long fixed = 1LL * options_.micro_batch * options_.grad_accum * mesh.dp();
   if (!options_.grad_accum_auto && fixed != gbs)
     throw Error(ErrorCode::config,
                 "train.micro_batch(" + std::to_string(options_.micro_batch) + ") x train.grad_accum(" +
-                    std::to_string(options_.grad_accum) + ") x dp(" + std::to_string(mesh.dp) + ") = " +
+                    std::to_string(options_.grad_accum) + ") x dp(" + std::to_string(mesh.dp()) + ") = " +
                     std::to_string(fixed) + " != train.global_batch(" + std::to_string(gbs) + ")",
                 "set train.grad_accum: auto so that every round keeps the global batch");
   return mesh;
@@ -156,12 +157,10 @@ std::vector<JoinOutcome> RoundState::close_round(TimePoint now) {
 }
 
 void RoundState::log_summary(const ClosedRound& c, const std::vector<Member>& members) {
-  const Mesh& mesh = c.placement.mesh;
+  const mesh::Mesh& mesh = c.placement.mesh;
   std::string block = "rendezvous round " + std::to_string(c.round) + " closed (restart " +
                       std::to_string(c.restart) + "): " + std::to_string(members.size()) +
-                      " nodes, world " + std::to_string(mesh.world()) + ", mesh dp=" +
-                      std::to_string(mesh.dp) + ",tp=" + std::to_string(mesh.tp) + ",pp=" +
-                      std::to_string(mesh.pp) + ",ep=" + std::to_string(mesh.ep) +
+                      " nodes, world " + std::to_string(mesh.world()) + ", mesh " + mesh::describe(mesh) +
                       "\n  master " + c.master_addr + ":" + std::to_string(c.master_port);
   std::vector<std::vector<int>> ranks_of(members.size());
   for (const RankPlacement& r : c.placement.ranks)

@@ -89,8 +89,8 @@ class RoundState {
   bool ready_to_close(TimePoint now) const;
   std::vector<JoinOutcome> close_round(TimePoint now);
   std::vector<Member> ordered_waiting() const;
-  Mesh mesh_for(const Cluster& cluster) const;
-  Mesh checked_global_batch(const Mesh& mesh) const;
+  mesh::Mesh mesh_for(const Cluster& cluster) const;
+  mesh::Mesh checked_global_batch(const mesh::Mesh& mesh) const;
   Cluster cluster_of(const std::vector<Member>& members) const;
   void log_summary(const ClosedRound& closed, const std::vector<Member>& members);
   void check_hang(TimePoint now);  // poll(): a stalled closed round is a failure

@@ -102,17 +102,26 @@ namespace {
 
 using detail::Slot;
 
-void check_mesh_fits(const Cluster& cluster, const Mesh& m) {
-  if (m.dp < 1 || m.tp < 1 || m.pp < 1 || m.ep < 1)
-    throw Error(ErrorCode::config,
-                "mesh dp=" + std::to_string(m.dp) + " tp=" + std::to_string(m.tp) +
-                    " pp=" + std::to_string(m.pp) + " ep=" + std::to_string(m.ep) +
-                    " has a size below 1",
+// Placement works on a three-axis grid in canonical rank order (tp
+// innermost, then the stage's replicas, pp outermost): `dp` here is every
+// non-tp, non-pp axis of the mesh together (dp x cp). place_ranks maps each
+// mesh rank to its canonical rank, so TP stays inside an island and PP
+// crosses nodes whatever parallel.order numbers the ranks.
+struct Grid {
+  int dp = 1, tp = 1, pp = 1;
+  int world() const { return dp * tp * pp; }
+};
+
+void check_mesh_fits(const Cluster& cluster, const mesh::Mesh& m) {
+  if (m.dp() < 1 || m.tp() < 1 || m.pp() < 1 || m.cp() < 1 || m.ep < 1)
+    throw Error(ErrorCode::config, "mesh " + mesh::describe(m) + " has a size below 1",
                 "every parallel size must be >= 1");
-  if ((m.dp * m.tp) % m.ep != 0)
+  if (m.stage_ranks() % m.ep != 0)
     throw Error(ErrorCode::config,
-                "ep(" + std::to_string(m.ep) + ") does not divide dp(" + std::to_string(m.dp) +
-                    ") * tp(" + std::to_string(m.tp) + ") = " + std::to_string(m.dp * m.tp),
+                "ep(" + std::to_string(m.ep) + ") does not divide dp(" + std::to_string(m.dp()) +
+                    ") * tp(" + std::to_string(m.tp()) + ")" +
+                    (m.cp() > 1 ? " * cp(" + std::to_string(m.cp()) + ")" : std::string()) + " = " +
+                    std::to_string(m.stage_ranks()),
                 "choose ep dividing dp*tp");
   if (cluster.nodes.empty())
     throw Error(ErrorCode::config, "the cluster has no nodes", "describe at least one node");
@@ -123,12 +132,13 @@ void check_mesh_fits(const Cluster& cluster, const Mesh& m) {
   std::string have = std::to_string(devs.size()) + " nodes x " +
                      (uniform ? std::to_string(devs[0]) : "[" + detail::join_ints(devs, ", ") + "]") +
                      " devices = " + std::to_string(cluster.total_devices());
+  const bool cp = m.cp() > 1;
   throw Error(ErrorCode::config,
-              "dp(" + std::to_string(m.dp) + ") * tp(" + std::to_string(m.tp) + ") * pp(" +
-                  std::to_string(m.pp) + ") = " + std::to_string(m.world()) +
-                  " ranks != " + have + " devices of the cluster",
-              "make parallel.dp * parallel.tp * parallel.pp equal cluster.nodes x "
-              "cluster.procs_per_node");
+              "dp(" + std::to_string(m.dp()) + ") * tp(" + std::to_string(m.tp()) + ") * pp(" +
+                  std::to_string(m.pp()) + ")" + (cp ? " * cp(" + std::to_string(m.cp()) + ")" : std::string()) +
+                  " = " + std::to_string(m.world()) + " ranks != " + have + " devices of the cluster",
+              std::string("make parallel.dp * parallel.tp * parallel.pp") + (cp ? " * parallel.cp" : "") +
+                  " equal cluster.nodes x cluster.procs_per_node");
 }
 
 // Chunks of tp consecutive slots in (island, node, device) order: the
@@ -149,7 +159,7 @@ std::vector<std::vector<int>> tp_units(const std::vector<Slot>& slots, int tp) {
 }
 
 // rank -> slot index, given the unit (TP group home) of each (stage, dp) cell.
-std::vector<int> ranks_to_slots(const Mesh& m, const std::vector<std::vector<int>>& units,
+std::vector<int> ranks_to_slots(const Grid& m, const std::vector<std::vector<int>>& units,
                                 const std::vector<int>& unit_of_cell) {
   std::vector<int> slot_of_rank(m.world());
   for (int r = 0; r < m.world(); ++r) slot_of_rank[r] = units[unit_of_cell[r / m.tp]][r % m.tp];
@@ -157,7 +167,7 @@ std::vector<int> ranks_to_slots(const Mesh& m, const std::vector<std::vector<int
 }
 
 // PP neighbours (same dp, tp; stages s and s+1) that share a node.
-int pp_same_node_pairs(const Mesh& m, const std::vector<Slot>& slots,
+int pp_same_node_pairs(const Grid& m, const std::vector<Slot>& slots,
                        const std::vector<int>& slot_of_rank) {
   int stage = m.dp * m.tp, bad = 0;
   for (int r = 0; r + stage < m.world(); ++r)
@@ -173,7 +183,7 @@ int first_node(const std::vector<Slot>& slots, const std::vector<int>& unit) {
 
 // Candidate 2: stages keep their contiguous blocks of units (DP stays local),
 // but stage s goes to the blocks of node (s mod #nodes): neighbours alternate nodes.
-std::vector<int> round_robin_stages(const Mesh& m, const std::vector<Slot>& slots,
+std::vector<int> round_robin_stages(const Grid& m, const std::vector<Slot>& slots,
                                     const std::vector<std::vector<int>>& units) {
   std::map<int, std::deque<int>> blocks_by_node;  // home node of a stage block -> blocks
   for (int b = 0; b < m.pp; ++b) blocks_by_node[first_node(slots, units[b * m.dp])].push_back(b);
@@ -195,7 +205,7 @@ std::vector<int> round_robin_stages(const Mesh& m, const std::vector<Slot>& slot
 // column order (pp fastest), even positions first, then odd: two cells next
 // to each other in a PP chain get units half the list apart, hence on
 // different nodes whenever no node holds more than half the units.
-std::vector<int> interleave_units(const Mesh& m, const std::vector<Slot>& slots,
+std::vector<int> interleave_units(const Grid& m, const std::vector<Slot>& slots,
                                   const std::vector<std::vector<int>>& units) {
   int cells = m.pp * m.dp;
   std::vector<int> by_node(cells);
@@ -214,7 +224,7 @@ std::vector<int> interleave_units(const Mesh& m, const std::vector<Slot>& slots,
 }
 
 // The first TP group (in the given layout) whose ranks touch two islands, or -1.
-int first_split_tp_group(const Mesh& m, const std::vector<Slot>& slots,
+int first_split_tp_group(const Grid& m, const std::vector<Slot>& slots,
                          const std::vector<int>& slot_of_rank) {
   for (int g = 0; g < m.world() / m.tp; ++g)
     for (int t = 1; t < m.tp; ++t)
@@ -223,7 +233,7 @@ int first_split_tp_group(const Mesh& m, const std::vector<Slot>& slots,
   return -1;
 }
 
-std::string tp_split_message(const Mesh& m, const std::vector<Slot>& slots, int group) {
+std::string tp_split_message(const Grid& m, const std::vector<Slot>& slots, int group) {
   std::vector<int> ranks(m.tp);
   std::iota(ranks.begin(), ranks.end(), group * m.tp);
   return "TP group " + std::to_string(group) + " (ranks [" + detail::join_ints(ranks, ", ") +
@@ -244,7 +254,7 @@ std::string tp_choices(const std::vector<Slot>& slots) {
 
 // Layout search: ordered candidates, the first one with no PP neighbours on one
 // node wins (DP locality falls from first to last); else the one with fewest.
-std::vector<int> choose_layout(const Mesh& m, const Cluster& cluster, const std::vector<Slot>& slots,
+std::vector<int> choose_layout(const Grid& m, const Cluster& cluster, const std::vector<Slot>& slots,
                                const std::vector<std::vector<int>>& units,
                                std::vector<std::string>& warnings) {
   std::vector<int> identity(m.pp * m.dp);
@@ -268,27 +278,46 @@ std::vector<int> choose_layout(const Mesh& m, const Cluster& cluster, const std:
   return best;
 }
 
+
+// The canonical rank (Grid order: tp innermost, the stage's other axes in
+// the mesh's order, pp outermost) of every mesh rank.
+std::vector<int> canonical_ranks(const mesh::Mesh& m) {
+  std::vector<int> canon(static_cast<size_t>(m.world()));
+  for (int r = 0; r < m.world(); ++r) {
+    const mesh::Coord c = mesh::coord_of(m, r);
+    int inner = 0;  // mixed radix over the non-tp, non-pp axes, outermost first
+    for (int i = mesh::kAxes - 1; i >= 0; --i) {
+      mesh::Axis a = m.order[size_t(i)];
+      if (a != mesh::Axis::tp && a != mesh::Axis::pp) inner = inner * m.size(a) + c[a];
+    }
+    canon[size_t(r)] = (c[mesh::Axis::pp] * (m.stage_ranks() / m.tp()) + inner) * m.tp() + c[mesh::Axis::tp];
+  }
+  return canon;
+}
+
 }  // namespace
 
-Placement place_ranks(const Cluster& cluster, const Mesh& mesh, const TrafficModel& traffic,
+Placement place_ranks(const Cluster& cluster, const mesh::Mesh& mesh, const TrafficModel& traffic,
                       bool allow_slow) {
   check_mesh_fits(cluster, mesh);
   std::vector<Slot> slots = detail::cluster_slots(cluster);
-  auto units = tp_units(slots, mesh.tp);
+  const Grid grid{mesh.stage_ranks() / mesh.tp(), mesh.tp(), mesh.pp()};
+  auto units = tp_units(slots, grid.tp);
   Placement p;
   p.mesh = mesh;
-  std::vector<int> slot_of_rank = choose_layout(mesh, cluster, slots, units, p.warnings);
-  int split = first_split_tp_group(mesh, slots, slot_of_rank);
+  std::vector<int> slot_of_canon = choose_layout(grid, cluster, slots, units, p.warnings);
+  int split = first_split_tp_group(grid, slots, slot_of_canon);
   if (split >= 0 && !allow_slow)
-    throw Error(ErrorCode::config, tp_split_message(mesh, slots, split), tp_choices(slots));
+    throw Error(ErrorCode::config, tp_split_message(grid, slots, split), tp_choices(slots));
   if (split >= 0)
-    p.warnings.push_back(tp_split_message(mesh, slots, split) +
+    p.warnings.push_back(tp_split_message(grid, slots, split) +
                          " (allowed by --allow-slow: its all-reduces cross a slower link)");
-  mesh::Shape shape{mesh.dp, mesh.tp, mesh.pp, mesh.ep};
+  const std::vector<int> canon = canonical_ranks(mesh);
+  std::vector<int> slot_of_rank(canon.size());
   for (int r = 0; r < mesh.world(); ++r) {
-    mesh::Coord c = mesh::coord_of(shape, r);
-    const Slot& s = slots[slot_of_rank[r]];
-    p.ranks.push_back({r, s.node, s.device, c.dp, c.tp, c.pp, c.ep});
+    slot_of_rank[size_t(r)] = slot_of_canon[size_t(canon[size_t(r)])];
+    const Slot& s = slots[size_t(slot_of_rank[size_t(r)])];
+    p.ranks.push_back({r, s.node, s.device, mesh::coord_of(mesh, r)});
   }
   p.groups = detail::build_groups(p, slots, slot_of_rank, traffic);
   return p;

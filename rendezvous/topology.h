@@ -1,4 +1,4 @@
-// Cluster model and rank placement on the DP x TP x PP (x EP) mesh
+// Cluster model and rank placement on the mesh (common/mesh.h)
 // (docs/ARCHITECTURE.md, 'Placement'). Pure functions over plain structs: no gRPC, no
 // I/O. Shared by `dtrain topo` and the live rendezvous, so both place ranks alike.
 #pragma once
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mesh.h"
 #include "plan/traffic.h"
 
 namespace dtrain {
@@ -40,11 +41,6 @@ struct Cluster {
 // per node; larger than devices_per_node = islands that span consecutive nodes).
 Cluster make_cluster(int nodes, int devices_per_node, int nvlink_domain, bool gpu);
 
-struct Mesh {
-  int dp = 1, tp = 1, pp = 1, ep = 1;
-  int world() const { return dp * tp * pp; }
-};
-
 // Per-step traffic inputs and bytes per axis group: the cost model's
 // (plan/traffic.h); placement weighs groups by them.
 using plan::TrafficModel;
@@ -54,28 +50,29 @@ struct RankPlacement {
   int rank = 0;
   int node = 0;
   int device = 0;  // local device index on its node (= LOCAL_RANK)
-  int dp = 0, tp = 0, pp = 0, ep = 0;
+  mesh::Coord coord;
 };
 
 struct Group {
-  std::string axis;  // "dp" | "tp" | "pp" | "ep"
+  std::string axis;  // a group name of common/mesh.h: "tp", "cp", "dp", "pp", "ep"
   std::vector<int> ranks;
   LinkTier tier = LinkTier::loopback;  // slowest link its traffic crosses
   uint64_t bytes_per_step = 0;
 };
 
 struct Placement {
-  Mesh mesh;
+  mesh::Mesh mesh;
   std::vector<RankPlacement> ranks;  // indexed by global rank
   std::vector<Group> groups;
   std::vector<std::string> warnings;
 };
 
-// Place mesh.world() ranks on the cluster. Rank order: TP innermost, then
-// DP (EP groups are formed inside the DP x TP ranks of a stage), PP outermost.
+// Place mesh.world() ranks on the cluster: TP groups inside an NVLink island,
+// pipeline neighbours on different nodes where the cluster allows, the
+// stage's other axes (dp, cp) between; rank numbers follow mesh.order.
 // Throws dtrain::Error(config) when the mesh does not fit the cluster, or when
 // a TP group would cross an NVLink island (unless allow_slow: then a warning).
-Placement place_ranks(const Cluster& cluster, const Mesh& mesh, const TrafficModel& traffic,
+Placement place_ranks(const Cluster& cluster, const mesh::Mesh& mesh, const TrafficModel& traffic,
                       bool allow_slow = false);
 
 // The spec's view of the cluster and the mesh, as `dtrain topo` and the
@@ -83,9 +80,8 @@ Placement place_ranks(const Cluster& cluster, const Mesh& mesh, const TrafficMod
 // cluster.device is cuda, islands of cluster.topology.nvlink_domain devices.
 // Elastic specs ("nodes: 1:4") use the node count whose devices equal the world.
 Cluster cluster_from_spec(const JobSpec& spec);
-Mesh mesh_from_spec(const JobSpec& spec);
 
-// place_ranks(cluster_from_spec, mesh_from_spec, traffic_model_from_spec) with
+// place_ranks(cluster_from_spec, spec.mesh(), traffic_model_from_spec) with
 // spec_warnings (from load_job_spec) put first in the placement's warnings.
 // What `dtrain topo SPEC` prints.
 Placement place_job(const JobSpec& spec, bool allow_slow = false,

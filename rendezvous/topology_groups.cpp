@@ -65,19 +65,22 @@ LinkTier group_tier(const std::vector<int>& ranks, const std::vector<Slot>& slot
 
 std::vector<Group> build_groups(const Placement& placement, const std::vector<Slot>& slots,
                                 const std::vector<int>& slot_of_rank, const TrafficModel& traffic) {
-  const Mesh& m = placement.mesh;
-  mesh::Shape shape{m.dp, m.tp, m.pp, m.ep};
-  std::vector<std::string> axes = {"tp", "dp", "pp"};
-  if (m.ep > 1) axes.push_back("ep");
+  const mesh::Mesh& m = placement.mesh;
+  // The groups that carry traffic: with cp, gradients are reduced over
+  // dp x cp (dp_cp) and the cp group carries the ring's K/V blocks.
+  using K = mesh::GroupKind;
+  std::vector<K> kinds = {K::tp, K::dp, K::pp};
+  if (m.cp() > 1) kinds = {K::tp, K::cp, K::dp_cp, K::pp};
+  if (m.ep > 1) kinds.push_back(K::ep);
   std::vector<Group> groups;
-  for (const auto& axis : axes)
-    for (auto& ranks : mesh::axis_groups(shape, axis)) {
+  for (K kind : kinds)
+    for (auto& ranks : mesh::groups(m, kind)) {
       Group g;
-      g.axis = axis;
+      g.axis = mesh::group_name(kind);
       g.tier = group_tier(ranks, slots, slot_of_rank);
-      int stage = mesh::coord_of(shape, ranks[0]).pp;  // every member is in one stage, except on "pp"
-      g.bytes_per_step = plan::axis_bytes_per_step(axis, static_cast<int>(ranks.size()), stage,
-                                                   {m.dp, m.tp, m.pp, m.ep}, traffic);
+      int stage = mesh::coord_of(m, ranks[0])[mesh::Axis::pp];  // every member is in one stage, except on "pp"
+      g.bytes_per_step = plan::axis_bytes_per_step(g.axis, static_cast<int>(ranks.size()), stage,
+                                                   {m.dp(), m.tp(), m.pp(), m.ep, m.cp()}, traffic);
       g.ranks = std::move(ranks);
       groups.push_back(std::move(g));
     }
@@ -94,18 +97,9 @@ Cluster cluster_from_spec(const JobSpec& spec) {
   return make_cluster(nodes, c.procs_per_node, c.topology.nvlink_domain, c.device == "cuda");
 }
 
-Mesh mesh_from_spec(const JobSpec& spec) {
-  Mesh m;
-  m.dp = spec.parallel.dp;
-  m.tp = spec.parallel.tp;
-  m.pp = spec.parallel.pp;
-  m.ep = spec.parallel.ep;
-  return m;
-}
-
 Placement place_job(const JobSpec& spec, bool allow_slow,
                     const std::vector<std::string>& spec_warnings) {
-  Placement p = place_ranks(cluster_from_spec(spec), mesh_from_spec(spec),
+  Placement p = place_ranks(cluster_from_spec(spec), spec.mesh(),
                             traffic_model_from_spec(spec), allow_slow);
   p.warnings.insert(p.warnings.begin(), spec_warnings.begin(), spec_warnings.end());
   return p;

@@ -36,9 +36,10 @@ std::string rpad(const std::string& s, size_t width) {
 }
 
 std::string mesh_line(const Placement& p) {
-  const Mesh& m = p.mesh;
-  return "mesh dp=" + std::to_string(m.dp) + " tp=" + std::to_string(m.tp) + " pp=" +
-         std::to_string(m.pp) + " ep=" + std::to_string(m.ep) + ", world " +
+  const mesh::Mesh& m = p.mesh;
+  return "mesh dp=" + std::to_string(m.dp()) + " tp=" + std::to_string(m.tp()) + " pp=" +
+         std::to_string(m.pp()) + (m.cp() > 1 ? " cp=" + std::to_string(m.cp()) : std::string()) +
+         " ep=" + std::to_string(m.ep) + ", world " +
          std::to_string(m.world());
 }
 
@@ -47,20 +48,25 @@ constexpr size_t kRanksHead = 64, kRanksTail = 8;
 constexpr size_t kGroupRanksShown = 16;    // a longer group shows its ends
 constexpr size_t kGroupsPerAxisShown = 8;  // in a summarised job
 
+using mesh::Axis;
+
 void text_rank_row(std::ostringstream& out, const RankPlacement& r, const Cluster& cluster,
-                   size_t host_w) {
+                   size_t host_w, bool cp) {
   std::string host = r.node < static_cast<int>(cluster.nodes.size()) ? cluster.nodes[r.node].host : "?";
   out << rpad(std::to_string(r.rank), 5) << rpad(std::to_string(r.node), 6) << "  "
-      << pad(host, host_w) << rpad(std::to_string(r.device), 8) << rpad(std::to_string(r.dp), 5)
-      << rpad(std::to_string(r.tp), 5) << rpad(std::to_string(r.pp), 5)
-      << rpad(std::to_string(r.ep), 5) << "\n";
+      << pad(host, host_w) << rpad(std::to_string(r.device), 8) << rpad(std::to_string(r.coord[Axis::dp]), 5)
+      << rpad(std::to_string(r.coord[Axis::tp]), 5) << rpad(std::to_string(r.coord[Axis::pp]), 5)
+      << (cp ? rpad(std::to_string(r.coord[Axis::cp]), 5) : std::string())
+      << rpad(std::to_string(r.coord.ep), 5) << "\n";
 }
 
 void text_ranks(std::ostringstream& out, const Placement& p, const Cluster& cluster) {
   size_t host_w = 4;
+  const bool cp = p.mesh.cp() > 1;
   for (const auto& n : cluster.nodes) host_w = std::max(host_w, n.host.size());
   out << rpad("rank", 5) << rpad("node", 6) << "  " << pad("host", host_w) << rpad("device", 8)
-      << rpad("dp", 5) << rpad("tp", 5) << rpad("pp", 5) << rpad("ep", 5) << "\n";
+      << rpad("dp", 5) << rpad("tp", 5) << rpad("pp", 5) << (cp ? rpad("cp", 5) : std::string())
+      << rpad("ep", 5) << "\n";
   const size_t n = p.ranks.size();
   const bool summarise = n > kTextRanksMax;
   for (size_t i = 0; i < n; ++i) {
@@ -69,7 +75,7 @@ void text_ranks(std::ostringstream& out, const Placement& p, const Cluster& clus
           << " ranks not shown (--format json lists every rank)\n";
       i = n - kRanksTail;
     }
-    text_rank_row(out, p.ranks[i], cluster, host_w);
+    text_rank_row(out, p.ranks[i], cluster, host_w, cp);
   }
 }
 
@@ -141,14 +147,22 @@ std::string placement_to_text(const Placement& placement, const Cluster& cluster
 
 std::string placement_to_json(const Placement& placement) {
   using nlohmann::ordered_json;
-  const Mesh& m = placement.mesh;
+  const mesh::Mesh& m = placement.mesh;
+  const bool cp = m.cp() > 1;  // cp and order appear when they change anything
   ordered_json j;
   j["world"] = m.world();
-  j["mesh"] = {{"dp", m.dp}, {"tp", m.tp}, {"pp", m.pp}, {"ep", m.ep}};
+  j["mesh"] = {{"dp", m.dp()}, {"tp", m.tp()}, {"pp", m.pp()}};
+  if (cp) j["mesh"]["cp"] = m.cp();
+  j["mesh"]["ep"] = m.ep;
+  if (m.order != mesh::kDefaultOrder) j["mesh"]["order"] = mesh::format_order(m.order);
   j["ranks"] = ordered_json::array();
-  for (const auto& r : placement.ranks)
-    j["ranks"].push_back({{"rank", r.rank}, {"node", r.node}, {"device", r.device}, {"dp", r.dp},
-                          {"tp", r.tp}, {"pp", r.pp}, {"ep", r.ep}});
+  for (const auto& r : placement.ranks) {
+    ordered_json row = {{"rank", r.rank}, {"node", r.node}, {"device", r.device}, {"dp", r.coord[Axis::dp]},
+                        {"tp", r.coord[Axis::tp]}, {"pp", r.coord[Axis::pp]}};
+    if (cp) row["cp"] = r.coord[Axis::cp];
+    row["ep"] = r.coord.ep;
+    j["ranks"].push_back(row);
+  }
   j["groups"] = ordered_json::array();
   for (const auto& g : placement.groups)
     j["groups"].push_back({{"axis", g.axis}, {"ranks", g.ranks},
@@ -176,7 +190,7 @@ struct SvgLayout {
 SvgLayout svg_layout(const Placement& p, int nodes) {
   SvgLayout L;
   std::map<std::pair<int, int>, std::vector<int>> cell;  // (node, stage) -> ranks
-  for (const auto& r : p.ranks) cell[{r.node, r.pp}].push_back(r.rank);
+  for (const auto& r : p.ranks) cell[{r.node, r.coord[Axis::pp]}].push_back(r.rank);
   int widest = 1;
   std::vector<int> rows(nodes, 1);
   for (auto& [key, ranks] : cell) {
@@ -197,7 +211,7 @@ SvgLayout svg_layout(const Placement& p, int nodes) {
       L.x[ranks[i]] = kMargin + 2 * kGap + key.second * L.col_w + static_cast<int>(i % kPerRow) * (kBoxW + kGap);
       L.y[ranks[i]] = L.band_y[key.first] + kNodeHeader + static_cast<int>(i / kPerRow) * (kBoxH + kGap);
     }
-  L.width = 2 * kMargin + p.mesh.pp * L.col_w + 2 * kGap;
+  L.width = 2 * kMargin + p.mesh.pp() * L.col_w + 2 * kGap;
   L.height = y + kMargin;
   return L;
 }
@@ -230,7 +244,7 @@ std::string placement_to_svg(const Placement& p, const Cluster& cluster) {
       << "\" font-family=\"sans-serif\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   out << "<text x=\"" << kMargin << "\" y=\"" << kMargin << "\" font-size=\"14\">dtrain topo: "
       << mesh_line(p) << " (colour = TP group, solid = PP, dashed = DP)</text>\n";
-  for (int s = 0; s < p.mesh.pp; ++s)
+  for (int s = 0; s < p.mesh.pp(); ++s)
     out << "<text x=\"" << kMargin + 2 * kGap + s * L.col_w << "\" y=\"" << kMargin + kStageHeader - 8
         << "\" font-size=\"12\" font-weight=\"bold\">stage " << s << "</text>\n";
   for (int n = 0; n < nodes; ++n)
@@ -247,11 +261,11 @@ std::string placement_to_svg(const Placement& p, const Cluster& cluster) {
   }
   for (const auto& r : p.ranks)
     out << "<rect x=\"" << L.x[r.rank] << "\" y=\"" << L.y[r.rank] << "\" width=\"" << kBoxW << "\" height=\""
-        << kBoxH << "\" rx=\"4\" fill=\"" << kPalette[(r.rank / p.mesh.tp) % 12] << "\" stroke=\"#222\"/>\n"
+        << kBoxH << "\" rx=\"4\" fill=\"" << kPalette[(r.rank / p.mesh.tp()) % 12] << "\" stroke=\"#222\"/>\n"
         << "<text x=\"" << L.x[r.rank] + kBoxW / 2 << "\" y=\"" << L.y[r.rank] + 15
         << "\" font-size=\"11\" text-anchor=\"middle\">rank " << r.rank << "</text>\n"
         << "<text x=\"" << L.x[r.rank] + kBoxW / 2 << "\" y=\"" << L.y[r.rank] + 29
-        << "\" font-size=\"9\" text-anchor=\"middle\">dev " << r.device << " dp" << r.dp << " tp" << r.tp
+        << "\" font-size=\"9\" text-anchor=\"middle\">dev " << r.device << " dp" << r.coord[Axis::dp] << " tp" << r.coord[Axis::tp]
         << "</text>\n";
   out << labels.str() << "</svg>\n";
   return out.str();

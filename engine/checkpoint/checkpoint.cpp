@@ -94,7 +94,7 @@ std::vector<ck::ShardData> collect_shards(const TrainState& s, const std::vector
 ck::Index index_header(const TrainState& s, int64_t step) {
   ck::Index x;
   x.step = step;
-  x.mesh = mesh::format_shape(s.info->shape);
+  x.mesh = mesh::format_mesh(s.info->mesh);
   x.world = s.info->world;
   x.model = model_signature(s.spec->model);
   x.sampler_consumed = s.sampler->state().consumed;

@@ -57,9 +57,15 @@ bool nccl_available() {
 #endif
 }
 
-namespace {
+Group& Comm::axis(const std::string& name) {
+  mesh::GroupKind kind{};
+  if (!mesh::parse_group(name, &kind))
+    throw Error(ErrorCode::internal, "no process group named '" + name + "'",
+                "groups are those of common/mesh.h's group_defs (tp, cp, dp, pp, dp_cp, ep, edp)");
+  return group(kind);
+}
 
-const char* const kAxes[] = {"dp", "tp", "pp", "ep", "edp"};
+namespace {
 
 class CommImpl : public Comm {
  public:
@@ -68,13 +74,7 @@ class CommImpl : public Comm {
 
   const WorldInfo& info() const override { return info_; }
   Group& world() override { return *world_; }
-  Group& axis(const std::string& axis) override {
-    auto it = axes_.find(axis);
-    if (it == axes_.end())
-      throw Error(ErrorCode::internal, "no process group for axis '" + axis + "'",
-                  "axes are dp, tp, pp, ep and edp");
-    return *it->second;
-  }
+  Group& group(mesh::GroupKind kind) override { return *axes_[by_kind_[size_t(kind)]]; }
   Group& control() override { return control_ ? *control_ : *world_; }
 
   void build(const CommOptions& options);
@@ -94,7 +94,8 @@ class CommImpl : public Comm {
   std::map<std::string, c10::intrusive_ptr<c10d::Backend>> world_pgs_;  // by backend
   std::unique_ptr<Group> world_;
   std::unique_ptr<Group> control_;  // null when the world is Gloo: the world group serves
-  std::map<std::string, std::unique_ptr<Group>> axes_;
+  std::map<std::string, std::unique_ptr<Group>> axes_;  // by the name of the first kind that made it
+  std::vector<std::string> by_kind_ = std::vector<std::string>(mesh::group_defs().size());  // kind -> axes_ key
 };
 
 const c10::intrusive_ptr<c10d::Backend>& CommImpl::world_pg(const std::string& backend) {
@@ -123,23 +124,23 @@ void CommImpl::add_shm_collectives(int64_t slot_bytes) {
   for (auto& entry : axes_) wrap(entry.second);
 }
 
-// Every rank walks every group of every axis in the same order and joins
+// Every rank walks every group of every kind in group_defs order and joins
 // the one that holds it; other groups are not its business.
 template <typename Visit>
 void for_each_own_group(const WorldInfo& info, Visit visit) {
-  for (const char* axis : kAxes) {
-    auto groups = mesh::axis_groups(info.shape, axis);
+  for (const mesh::GroupDef& def : mesh::group_defs()) {
+    auto groups = mesh::groups(info.mesh, def.kind);
     for (size_t index = 0; index < groups.size(); ++index) {
       const auto& g = groups[index];
       auto pos = std::find(g.begin(), g.end(), info.rank);
-      if (pos != g.end()) visit(std::string(axis), index, g, static_cast<int>(pos - g.begin()));
+      if (pos != g.end()) visit(def, index, g, static_cast<int>(pos - g.begin()));
     }
   }
 }
 
 // Order (the same on every rank, since groups connect collectively): the
 // world on the data backend, then control (Gloo, unless the world is Gloo
-// and serves), then the axes in kAxes order.
+// and serves), then the groups in group_defs order.
 void CommImpl::build(const CommOptions& options) {
   ctx_.store = store_;
   ctx_.device = options.device;
@@ -157,9 +158,17 @@ void CommImpl::build(const CommOptions& options) {
   if (options.backend != "gloo")
     control_ = detail::make_group("gloo", "control", all_, info_.rank, world_pg("gloo"), 0, ctx_);
   int slot = 1;  // ring-tag slots of the Gloo groups sharing the Gloo world pg (0 is its own)
-  for_each_own_group(info_, [&](const std::string& axis, size_t index, const std::vector<int>& g,
+  // A kind whose members and backend equal an earlier kind's (dp_cp = dp
+  // when cp = 1) shares that group: the same members connect once. (Every
+  // rank sees the same mesh, so all make the same choice.)
+  std::map<std::pair<std::vector<int>, std::string>, std::string> made;  // (members, backend) -> key
+  for_each_own_group(info_, [&](const mesh::GroupDef& def, size_t index, const std::vector<int>& g,
                                 int rank) {
+    const std::string axis = def.name;
     const std::string& backend = detail::backend_of(options, axis);
+    auto [it, fresh] = made.emplace(std::make_pair(g, backend), axis);
+    by_kind_[size_t(def.kind)] = it->second;
+    if (!fresh) return;
     c10::intrusive_ptr<c10d::Backend> pg;
     int group_slot = 0;
     if (g == all_) {
@@ -192,16 +201,17 @@ std::unique_ptr<Comm> init_comm_with_store(const WorldInfo& info,
   // on every rank alike instead of leaving peers waiting.
   detail::check_backend("cluster.backend", options.backend, options);
   for (const auto& [axis, backend] : options.axis_backend) {
-    if (std::find(std::begin(kAxes), std::end(kAxes), axis) == std::end(kAxes))
+    mesh::GroupKind kind{};
+    if (!mesh::parse_group(axis, &kind))
       throw Error(ErrorCode::config,
                   "CommOptions.axis_backend names axis '" + axis + "' (backend " + backend +
-                      "), which is not a mesh axis",
-                  "axes are dp, tp, pp, ep and edp");
+                      "), which is not a mesh group",
+                  "groups are tp, cp, dp, pp, dp_cp, ep and edp");
     detail::check_backend("axis " + axis, backend, options);
   }
-  if (info.shape.world() != info.world)
-    throw Error(ErrorCode::internal, "mesh " + mesh::format_shape(info.shape) + " has " +
-                                         std::to_string(info.shape.world()) +
+  if (info.mesh.world() != info.world)
+    throw Error(ErrorCode::internal, "mesh " + mesh::format_mesh(info.mesh) + " has " +
+                                         std::to_string(info.mesh.world()) +
                                          " ranks, world is " + std::to_string(info.world));
   auto comm = std::make_unique<CommImpl>(info, store);
   comm->build(options);

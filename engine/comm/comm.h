@@ -27,7 +27,7 @@ class Store;  // torch/csrc/distributed/c10d/Store.hpp (only comm/*.cpp include 
 namespace dtrain::engine::comm {
 
 // Who this worker is: read from RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, DTRAIN_MESH, DTRAIN_RESTART,
+// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, DTRAIN_MESH, DTRAIN_COORD, DTRAIN_RESTART,
 // DTRAIN_SPEC, DTRAIN_RUN_DIR, DTRAIN_RESUME_FROM and GLOO_SOCKET_IFNAME.
 // Missing DTRAIN_MESH = pure data parallel.
 // from_env is the engine's only reader of the environment: code below it
@@ -40,7 +40,7 @@ struct WorldInfo {
   int node_rank = 0;  // GROUP_RANK: which node agent started this rank
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  mesh::Shape shape;  // dp*tp*pp == world
+  mesh::Mesh mesh;  // mesh.world() == world
   mesh::Coord coord;
   int restart = 0;
   std::string spec_path;
@@ -71,7 +71,7 @@ const char* reduce_op_name(ReduceOp op);
 class Group {
  public:
   virtual ~Group() = default;
-  virtual const std::string& name() const = 0;  // "world", "dp", "tp", "pp", "ep", "control"
+  virtual const std::string& name() const = 0;  // "world", "control" or a group name of common/mesh.h
   virtual const std::string& backend() const = 0;  // "gloo" | "nccl"
   // Where its all_reduce, all_gather and reduce_scatter go: "shm" (a
   // segment its members share, shm_group.h), else backend().
@@ -128,8 +128,12 @@ class Comm {
   virtual ~Comm() = default;
   virtual const WorldInfo& info() const = 0;
   virtual Group& world() = 0;
-  // axis: "dp", "tp", "pp", "ep", "edp" (as common/mesh.h defines them).
-  virtual Group& axis(const std::string& axis) = 0;
+  // This rank's group of `kind` (common/mesh.h's group_defs). Groups with
+  // the same members share one process group (dp_cp is dp when cp = 1).
+  virtual Group& group(mesh::GroupKind kind) = 0;
+  // The same by name ("tp", "dp_cp", ...; tests and tools); throws
+  // dtrain::Error(internal) for a name that is not a group.
+  Group& axis(const std::string& name);
   // Gloo over the world, CPU tensors, whatever the data backend: the
   // preemption flag, checkpoint barriers, small CPU reductions. (With Gloo
   // as the data backend it is the world group itself.)
@@ -140,7 +144,7 @@ struct CommOptions {
   // The data backend: gloo | nccl (nccl only in CUDA builds). The world
   // group and every axis not in axis_backend use it.
   std::string backend = "gloo";
-  // Per axis ("dp", "tp", "pp", "ep", "edp"): a backend other than `backend`
+  // Per group name ("dp", "tp", "cp", "pp", "dp_cp", "ep", "edp"): a backend other than `backend`
   // for that axis's groups, e.g. {{"tp", "nccl"}} with backend gloo.
   // init_comm checks every entry (known axis, known backend, built in, on
   // the right device) and throws dtrain::Error(config) naming it.
@@ -176,8 +180,9 @@ std::unique_ptr<Comm> init_comm_with_store(const WorldInfo& info,
                                            const c10::intrusive_ptr<c10d::Store>& store,
                                            const CommOptions& options = {});
 
-// DTRAIN_MESH text ("dp=2,tp=2,pp=2,ep=1", missing axes = 1) to a Shape;
-// throws dtrain::Error(config) naming `what` (the variable) on bad input.
-mesh::Shape parse_mesh(const std::string& text, const std::string& what = "DTRAIN_MESH");
+// DTRAIN_MESH text ("tp=2,cp=1,dp=2,pp=2,ep=1": axes innermost first,
+// missing axes = 1) to a Mesh; throws dtrain::Error(config) naming `what`
+// (the variable) on bad input.
+mesh::Mesh parse_mesh(const std::string& text, const std::string& what = "DTRAIN_MESH");
 
 }  // namespace dtrain::engine::comm

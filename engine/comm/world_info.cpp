@@ -50,46 +50,16 @@ void read_int(const char* name, bool required, int min, int* out, EnvErrors& err
   *out = static_cast<int>(x);
 }
 
-// "dp=1,tp=0,..." into key -> value; false (with *problem) on bad syntax.
-bool parse_pairs(const std::string& text, std::vector<std::pair<std::string, long>>& pairs,
-                 std::string* problem) {
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    auto eq = item.find('=');
-    long v = 0;
-    if (eq == std::string::npos || !parse_int(item.substr(eq + 1), v)) {
-      *problem = "'" + item + "' is not AXIS=INTEGER";
-      return false;
-    }
-    pairs.emplace_back(item.substr(0, eq), v);
-  }
-  return true;
-}
-
 }  // namespace
 
-mesh::Shape parse_mesh(const std::string& text, const std::string& what) {
-  std::vector<std::pair<std::string, long>> pairs;
+mesh::Mesh parse_mesh(const std::string& text, const std::string& what) {
+  mesh::Mesh m;
   std::string problem;
-  mesh::Shape s;
-  if (parse_pairs(text, pairs, &problem)) {
-    for (auto& [key, v] : pairs) {
-      int* slot = key == "dp" ? &s.dp : key == "tp" ? &s.tp : key == "pp" ? &s.pp
-                : key == "ep" ? &s.ep : nullptr;
-      if (!slot) problem = "unknown axis '" + key + "'";
-      else if (v < 1) problem = key + " = " + std::to_string(v) + " must be >= 1";
-      else *slot = static_cast<int>(v);
-      if (!problem.empty()) break;
-    }
-  }
-  if (problem.empty() && (s.dp * s.tp) % s.ep != 0)
-    problem = "ep(" + std::to_string(s.ep) + ") does not divide dp(" + std::to_string(s.dp) +
-              ") * tp(" + std::to_string(s.tp) + ")";
-  if (!problem.empty())
+  if (!mesh::parse_mesh(text, &m, &problem))
     throw Error(ErrorCode::config, what + "=" + text + ": " + problem,
-                "use the form dp=2,tp=2,pp=1,ep=1 (axes dp, tp, pp, ep; each >= 1)");
-  return s;
+                "use the form tp=2,cp=1,dp=2,pp=1,ep=1 (axes tp, cp, dp, pp innermost first, then ep; "
+                "each >= 1)");
+  return m;
 }
 
 WorldInfo WorldInfo::from_env() {
@@ -114,26 +84,34 @@ WorldInfo WorldInfo::from_env() {
   if (const char* v = std::getenv("DTRAIN_RESUME_FROM")) w.resume_from = v;
   if (const char* v = std::getenv("GLOO_SOCKET_IFNAME")) w.gloo_socket_ifname = v;
 
-  w.shape.dp = w.world;  // no DTRAIN_MESH: pure data parallel
+  w.mesh.size(mesh::Axis::dp) = w.world;  // no DTRAIN_MESH: pure data parallel
   if (const char* m = std::getenv("DTRAIN_MESH"); m && *m) {
     try {
-      w.shape = parse_mesh(m);
-      if (w.shape.world() != w.world)
-        errors.add("DTRAIN_MESH=" + std::string(m) + ": dp(" + std::to_string(w.shape.dp) +
-                   ") * tp(" + std::to_string(w.shape.tp) + ") * pp(" + std::to_string(w.shape.pp) +
-                   ") = " + std::to_string(w.shape.world()) + " != WORLD_SIZE " +
-                   std::to_string(w.world));
+      w.mesh = parse_mesh(m);
+      if (w.mesh.world() != w.world)
+        errors.add("DTRAIN_MESH=" + std::string(m) + ": dp(" + std::to_string(w.mesh.dp()) + ") * tp(" +
+                   std::to_string(w.mesh.tp()) + ") * pp(" + std::to_string(w.mesh.pp()) + ")" +
+                   (w.mesh.cp() > 1 ? " * cp(" + std::to_string(w.mesh.cp()) + ")" : std::string()) + " = " +
+                   std::to_string(w.mesh.world()) + " != WORLD_SIZE " + std::to_string(w.world));
     } catch (const Error& e) {
       errors.add(e.message());
     }
   }
   errors.throw_if_any();
-  w.coord = mesh::coord_of(w.shape, w.rank);
+  w.coord = mesh::coord_of(w.mesh, w.rank);
   if (const char* c = std::getenv("DTRAIN_COORD"); c && *c) {
-    std::string expect = mesh::format_coord(w.coord);
-    if (expect != c)
+    // Every AXIS=INDEX it names must be this rank's (any order, ep included).
+    std::string expect = mesh::format_coord(w.mesh, w.coord), item;
+    std::stringstream ss(c);
+    bool same = true;
+    while (std::getline(ss, item, ',')) {
+      const std::string prefix = item.substr(0, item.find('=') + 1);
+      const size_t at = ("," + expect + ",").find("," + item + ",");
+      same = same && !prefix.empty() && at != std::string::npos;
+    }
+    if (!same)
       errors.add("DTRAIN_COORD=" + std::string(c) + " but rank " + std::to_string(w.rank) +
-                 " of mesh " + mesh::format_shape(w.shape) + " is at " + expect);
+                 " of mesh " + mesh::format_mesh(w.mesh) + " is at " + expect);
   }
   errors.throw_if_any();
   return w;

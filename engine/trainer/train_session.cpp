@@ -97,10 +97,10 @@ std::unique_ptr<TrainSession> make_train_session() {
   copt.shm = spec.cluster.shm;
   copt.gloo_native_reduce_scatter = spec.cluster.gloo_reduce_scatter == "native";
   s->comm = comm::init_comm(s->info, copt);
-  s->dp = &s->comm->axis("dp");
+  s->dp = &s->comm->group(mesh::GroupKind::dp_cp);  // every replica of this shard: dp x cp
   // Every rank, into its own log: the coordinates `dtrain topo` shows for it.
-  DTRAIN_INFO("rank {} coordinates {} in mesh {}", s->info.rank, mesh::format_coord(s->info.coord),
-              mesh::format_shape(s->info.shape));
+  DTRAIN_INFO("rank {} coordinates {} in mesh {}", s->info.rank, mesh::format_coord(s->info.mesh, s->info.coord),
+              mesh::format_mesh(s->info.mesh));
   s->peak = measure_device_peak(spec, s->device, s->info.local_world, s->comm->control());
   if (s->is_log_rank()) {
     DTRAIN_INFO("job {} from {} (seed {})", spec.job.name, spec.source, spec.job.seed);

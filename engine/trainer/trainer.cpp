@@ -69,8 +69,8 @@ class SamplerBatches : public parallel::BatchSource {
 StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   device::reset_cpu_peak();  // the step's peak, reported with its metrics
   s.dp->reset_bytes_sent();
-  s.comm->axis("tp").reset_bytes_sent();
-  s.comm->axis("ep").reset_bytes_sent();
+  s.comm->group(mesh::GroupKind::tp).reset_bytes_sent();
+  s.comm->group(mesh::GroupKind::ep).reset_bytes_sent();
   timer.start();
   const int64_t blocked_ns = comm::trace_blocked_ns();
   comm::trace_step(step + 1);
@@ -108,8 +108,8 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   r.step_s = timer.stop_s();
   r.blocked_s = double(comm::trace_blocked_ns() - blocked_ns) * 1e-9;
   r.dp_bytes_sent = int64_t(s.dp->bytes_sent());
-  r.tp_bytes_sent = int64_t(s.comm->axis("tp").bytes_sent());
-  r.ep_bytes_sent = int64_t(s.comm->axis("ep").bytes_sent());
+  r.tp_bytes_sent = int64_t(s.comm->group(mesh::GroupKind::tp).bytes_sent());
+  r.ep_bytes_sent = int64_t(s.comm->group(mesh::GroupKind::ep).bytes_sent());
   return r;
 }
 

@@ -315,9 +315,9 @@ TEST_CASE("elastic 2:3: a node that comes back is admitted at the next round") {
   }
   const std::string o0 = out0(), back = agents[3]->output();
   INFO("node 0:\n" << o0 << "\nnode 2 (back):\n" << back);
-  CHECK(has(o0, "worker rank 0 of 3 mesh dp=3,tp=1,pp=1,ep=1 spec dp:3 grad_accum:2"));
-  CHECK(has(o0, "worker rank 0 of 2 mesh dp=2,tp=1,pp=1,ep=1 spec dp:2 grad_accum:3"));
-  CHECK(has(back, "worker rank 2 of 3 mesh dp=3,tp=1,pp=1,ep=1 spec dp:3 grad_accum:2"));
+  CHECK(has(o0, "worker rank 0 of 3 mesh tp=1,cp=1,dp=3,pp=1,ep=1 spec dp:3 grad_accum:2"));
+  CHECK(has(o0, "worker rank 0 of 2 mesh tp=1,cp=1,dp=2,pp=1,ep=1 spec dp:2 grad_accum:3"));
+  CHECK(has(back, "worker rank 2 of 3 mesh tp=1,cp=1,dp=3,pp=1,ep=1 spec dp:3 grad_accum:2"));
   CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
   for (const auto& a : agents)
     for (int pid : printed_pids(a->output())) CHECK_MESSAGE(!dtrain::testing::pid_alive(pid), "pid " << pid);

@@ -148,8 +148,8 @@ TEST_CASE("1 node x 4 workers: env contract, MASTER reachable, logs, --ranks") {
     CHECK(as_int(r, "DTRAIN_RESTART") == 0);
     CHECK(r["MASTER_ADDR"] == "127.0.0.1");
     CHECK(r["master_ok"] == true);  // rank 0 bound MASTER_PORT, the others connected
-    CHECK(r["DTRAIN_MESH"] == "dp=4,tp=1,pp=1,ep=1");
-    CHECK(r["DTRAIN_COORD"] == "dp=" + std::to_string(rank) + ",tp=0,pp=0,ep=0");
+    CHECK(r["DTRAIN_MESH"] == "tp=1,cp=1,dp=4,pp=1,ep=1");
+    CHECK(r["DTRAIN_COORD"] == "tp=0,cp=0,dp=" + std::to_string(rank) + ",pp=0,ep=0");
     CHECK(r["DTRAIN_RUN_DIR"] == run_dir);
     CHECK(r["DTRAIN_SPEC"] == run_dir + "/spec.resolved.yaml");
     CHECK(r["DTRAIN_ERROR_FILE"] == run_dir + "/error_rank_" + std::to_string(rank) + ".json");
@@ -206,12 +206,12 @@ TEST_CASE("2 agents x 4 workers through `dtrain rendezvous`: ranks and coords eq
     CHECK(as_int(r, "LOCAL_RANK") == t["device"].get<int>());
     CHECK(as_int(r, "WORLD_SIZE") == 8);
     CHECK(as_int(r, "LOCAL_WORLD_SIZE") == 4);
-    std::string coord = "dp=" + std::to_string(t["dp"].get<int>()) +
-                        ",tp=" + std::to_string(t["tp"].get<int>()) +
+    std::string coord = "tp=" + std::to_string(t["tp"].get<int>()) + ",cp=0" +
+                        ",dp=" + std::to_string(t["dp"].get<int>()) +
                         ",pp=" + std::to_string(t["pp"].get<int>()) +
                         ",ep=" + std::to_string(t["ep"].get<int>());
     CHECK(r["DTRAIN_COORD"] == coord);
-    CHECK(r["DTRAIN_MESH"] == "dp=2,tp=2,pp=2,ep=1");
+    CHECK(r["DTRAIN_MESH"] == "tp=2,cp=1,dp=2,pp=2,ep=1");
   }
   CHECK(seen.size() == 8);
 }

@@ -20,7 +20,7 @@ using ConfigureRank =
 
 // Runs fn(comm, rank) on shape.world() threads; each rank's exception is
 // reported as a failed check naming the rank, after all threads joined.
-inline void run_world(const mesh::Shape& shape, const std::function<void(engine::comm::Comm&, int)>& fn,
+inline void run_world(const mesh::Mesh& shape, const std::function<void(engine::comm::Comm&, int)>& fn,
                       const ConfigureRank& configure = {}) {
   const int n = shape.world();
   auto store = c10::make_intrusive<c10d::HashStore>();
@@ -32,7 +32,7 @@ inline void run_world(const mesh::Shape& shape, const std::function<void(engine:
         engine::comm::WorldInfo info;
         info.rank = r;
         info.world = n;
-        info.shape = shape;
+        info.mesh = shape;
         info.coord = mesh::coord_of(shape, r);
         engine::comm::CommOptions options;
         options.timeout_s = 60;

@@ -60,6 +60,8 @@ const std::vector<Example> kExamples = {
     {"parallel.tp", "2", {"cluster.procs_per_node=2"}},
     {"parallel.pp", "2", {"cluster.procs_per_node=2"}},
     {"parallel.ep", "2", {"cluster.procs_per_node=2", "parallel.dp=2", "model.moe.experts=2"}},
+    {"parallel.cp", "2", {"cluster.procs_per_node=2", "model.attention=tiled"}},
+    {"parallel.order", "cp-tp-dp-pp"},
     {"parallel.zero", "2"},
     {"parallel.pipeline.schedule", "gpipe"},
     {"parallel.pipeline.virtual_stages", "2",

@@ -152,8 +152,7 @@ TEST_CASE("comm: every operation matches its definition at world 2..5") {
   Diffs diffs;
   for (bool shm : {true, false})
     for (int n : {2, 3, 4, 5}) {
-      dtrain::mesh::Shape shape;
-      shape.dp = n;
+      dtrain::mesh::Mesh shape = dtrain::mesh::make_mesh(n, 1, 1);
       run_world(shape, [&](comm::Comm& c, int) {
         for (at::ScalarType dt : {at::kFloat, at::kHalf, at::kBFloat16})
           for (int64_t m : {1, 7, 4099, 20011}) {
@@ -169,8 +168,7 @@ TEST_CASE("comm: every operation matches its definition at world 2..5") {
 TEST_CASE("comm: empty chunks and world of one") {
   Diffs diffs;
   for (int n : {1, 3}) {
-    dtrain::mesh::Shape shape;
-    shape.dp = n;
+    dtrain::mesh::Mesh shape = dtrain::mesh::make_mesh(n, 1, 1);
     run_world(shape, [&](comm::Comm& c, int) {
       auto& g = c.world();
       at::Tensor in = at::empty({0}), out = at::empty({0});
@@ -188,8 +186,7 @@ TEST_CASE("comm: ring reduce_scatter with chunks of many pipelined segments") {
   // last one short, so the pipelined path (not just one segment) is checked.
   Diffs diffs;
   for (int n : {3, 4}) {
-    dtrain::mesh::Shape shape;
-    shape.dp = n;
+    dtrain::mesh::Mesh shape = dtrain::mesh::make_mesh(n, 1, 1);
     run_world(shape, [&](comm::Comm& c, int r) {
       auto& g = c.world();
       for (at::ScalarType dt : {at::kFloat, at::kHalf}) {
@@ -207,15 +204,16 @@ TEST_CASE("comm: ring reduce_scatter with chunks of many pipelined segments") {
 }
 
 TEST_CASE("comm: per-axis groups of dp=2,tp=2,pp=2 follow common/mesh.h") {
-  dtrain::mesh::Shape shape;
-  shape.dp = shape.tp = shape.pp = 2;
+  dtrain::mesh::Mesh shape = dtrain::mesh::make_mesh(2, 2, 2);
   std::mutex mu;
   std::map<std::string, std::vector<int>> of_rank5;
   Diffs diffs;
   run_world(shape, [&](comm::Comm& c, int r) {
     for (const char* axis : {"dp", "tp", "pp", "ep", "edp"}) {
       auto& g = c.axis(axis);
-      CHECK(g.global_ranks() == dtrain::mesh::group_of(shape, axis, r));
+      dtrain::mesh::GroupKind kind{};
+      REQUIRE(dtrain::mesh::parse_group(axis, &kind));
+      CHECK(g.global_ranks() == dtrain::mesh::group_of(shape, kind, r));
       CHECK(g.global_ranks()[g.rank()] == r);
       if (r == 5) {
         std::lock_guard<std::mutex> lock(mu);
@@ -264,12 +262,15 @@ TEST_CASE("comm: WorldInfo::from_env names the missing or bad variable") {
   CHECK(m.find("dp(2) * tp(2) * pp(1) = 4 != WORLD_SIZE 8") != std::string::npos);
 
   setenv("MASTER_PORT", "29500", 1);
-  setenv("DTRAIN_MESH", "dp=2,tp=2,pp=2", 1);
-  setenv("DTRAIN_COORD", "dp=0,tp=1,pp=1,ep=0", 1);
+  setenv("DTRAIN_MESH", "tp=2,cp=1,dp=2,pp=2,ep=1", 1);  // axes innermost first
+  setenv("DTRAIN_COORD", "tp=1,cp=0,dp=0,pp=1,ep=0", 1);
   auto w = comm::WorldInfo::from_env();
   CHECK(w.rank == 5);
-  CHECK(w.coord.tp == 1);
-  CHECK(w.coord.pp == 1);
+  CHECK(w.coord[dtrain::mesh::Axis::tp] == 1);
+  CHECK(w.coord[dtrain::mesh::Axis::pp] == 1);
+  setenv("DTRAIN_COORD", "tp=0,cp=0,dp=0,pp=1,ep=0", 1);  // not rank 5's
+  CHECK(message().find("DTRAIN_COORD=tp=0,cp=0,dp=0,pp=1,ep=0 but rank 5") != std::string::npos);
+  unsetenv("DTRAIN_COORD");
   CHECK(w.local_rank == 5);
   setenv("DTRAIN_MESH", "dp=2,tp=2,zz=2", 1);
   CHECK(message().find("unknown axis 'zz'") != std::string::npos);
@@ -328,7 +329,7 @@ TEST_CASE("comm: per-axis backends; unknown names, unknown axes and nccl without
   report("comm: axis_backend dp=gloo, tp=gloo on dp=2,tp=2:", diffs);
 
   comm::WorldInfo info;
-  info.shape = comm::parse_mesh("dp=1");
+  info.mesh = comm::parse_mesh("dp=1");
   auto error_of = [&](const comm::CommOptions& o) {
     try {
       comm::init_comm_with_store(info, c10::make_intrusive<c10d::HashStore>(), o);
@@ -350,7 +351,7 @@ TEST_CASE("comm: per-axis backends; unknown names, unknown axes and nccl without
   o.axis_backend = {{"zz", "gloo"}};
   e = error_of(o);
   has(e, "axis 'zz'");
-  has(e, "dp, tp, pp, ep and edp");
+  has(e, "tp, cp, dp, pp, dp_cp, ep and edp");
 
   o.axis_backend = {};
   o.backend = "mpi";

@@ -61,7 +61,7 @@ at::Tensor reference(Moe& m, const at::Tensor& x) {
 
 // dp = ep = n: one ep group of everyone.
 void run_world(int n, const std::function<void(comm::Comm&, int)>& fn) {
-  dtrain::testing::run_world(dtrain::mesh::Shape{n, 1, 1, n}, fn);
+  dtrain::testing::run_world(dtrain::mesh::make_mesh(n, 1, 1, n), fn);
 }
 
 }  // namespace
@@ -228,7 +228,7 @@ void check_tp_shares(int ep_size) {
   (ry * w).sum().backward();
   std::mutex mu;
   double worst = 0;
-  dtrain::testing::run_world(dtrain::mesh::Shape{1, 2, 1, ep_size}, [&](comm::Comm& c, int rank) {
+  dtrain::testing::run_world(dtrain::mesh::make_mesh(1, 2, 1, ep_size), [&](comm::Comm& c, int rank) {
     comm::Group &t = c.axis("tp"), &g = c.axis("ep"), &edp = c.axis("edp");
     Moe m = make_layer(cfg, C, 7);
     const int64_t L = cfg.experts / g.size(), first = g.rank() * L;

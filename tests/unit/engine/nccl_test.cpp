@@ -37,7 +37,7 @@ bool have_gpu() {
 
 std::unique_ptr<comm::Comm> one_rank(const std::string& backend, c10::Device d) {
   comm::WorldInfo info;
-  info.shape = comm::parse_mesh("dp=1");
+  info.mesh = comm::parse_mesh("dp=1");
   comm::CommOptions o;
   o.backend = backend;
   o.device = d;
@@ -98,7 +98,7 @@ TEST_CASE("nccl: per-axis backends mix NCCL and Gloo groups in one Comm") {
   const c10::Device gpu = device::select("cuda", 0, 1);
   const c10::Device cpu(c10::DeviceType::CPU);
   comm::WorldInfo info;
-  info.shape = comm::parse_mesh("dp=1");
+  info.mesh = comm::parse_mesh("dp=1");
   // The data backend Gloo with dp on NCCL, and the reverse with tp on Gloo.
   for (const std::string world_backend : {"gloo", "nccl"}) {
     CAPTURE(world_backend);

@@ -46,7 +46,7 @@ TEST_CASE("advertise: the route's source address, or a given one that is local")
 
 TEST_CASE("worker env: GLOO_SOCKET_IFNAME is the advertised interface unless loopback or set") {
   rendezvous::Assignment a;
-  a.mesh = {1, 1, 1, 1};
+  a.mesh = dtrain::mesh::make_mesh(1, 1, 1, 1);
   a.world = 1;
   a.master_addr = "10.0.0.1";
   rendezvous::RankPlacement p;

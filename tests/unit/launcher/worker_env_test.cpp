@@ -25,7 +25,7 @@ rendezvous::Assignment two_node_assignment() {
   a.round = 3;
   a.node_rank = 1;
   a.num_nodes = 2;
-  a.mesh = {2, 2, 2, 1};
+  a.mesh = mesh::make_mesh(2, 2, 2, 1);
   a.world = 8;
   a.master_addr = "10.0.0.1";
   a.master_port = 29500;
@@ -34,9 +34,7 @@ rendezvous::Assignment two_node_assignment() {
     p.rank = 4 + d;
     p.node = 1;
     p.device = d;
-    p.tp = d % 2;
-    p.dp = d / 2;
-    p.pp = 1;
+    p.coord = mesh::coord_of(a.mesh, p.rank);  // tp = d % 2, dp = d / 2, pp = 1
     a.local_ranks.push_back(p);
   }
   return a;
@@ -70,8 +68,8 @@ TEST_CASE("worker_env: torchrun names, DTRAIN_*, overrides") {
   CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "2");
   CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "3");
   CHECK(env.count("TORCHELASTIC_USE_AGENT_STORE") == 0);  // rank 0 hosts the store
-  CHECK(env["DTRAIN_MESH"] == "dp=2,tp=2,pp=2,ep=1");
-  CHECK(env["DTRAIN_COORD"] == "dp=1,tp=1,pp=1,ep=0");
+  CHECK(env["DTRAIN_MESH"] == "tp=2,cp=1,dp=2,pp=2,ep=1");  // axes innermost first
+  CHECK(env["DTRAIN_COORD"] == "tp=1,cp=0,dp=1,pp=1,ep=0");
   CHECK(env["DTRAIN_RESTART"] == "2");
   CHECK(env["DTRAIN_SPEC"] == "/r/spec.resolved.yaml");
   CHECK(env["DTRAIN_RUN_DIR"] == "/r");

@@ -17,7 +17,7 @@ ServerOptions elastic_options(int global_batch) {
   o.token = "t";
   o.min_nodes = 2;
   o.max_nodes = 3;
-  o.mesh.dp = 3;
+  o.mesh.size(dtrain::mesh::Axis::dp) = 3;
   o.last_call_s = 1.0;
   o.heartbeat_s = 0.5;
   o.grad_accum_auto = true;
@@ -44,7 +44,7 @@ TEST_CASE("elastic round: 3 -> 2 nodes on a lost heartbeat, then 3 again when th
     CHECK_FALSE(s.join(node("n" + std::to_string(i), i), uint64_t(i + 1), t, TimePoint::max()));
   auto out = s.poll(t);
   REQUIRE(out.size() == 3);
-  CHECK(out[0].closed->placement.mesh.dp == 3);
+  CHECK(out[0].closed->placement.mesh.dp() == 3);
 
   // n2 stops beating; n0 and n1 keep going. 3 x 0.5 s later n2 is dead.
   for (int k = 1; k <= 4; ++k) {
@@ -65,7 +65,7 @@ TEST_CASE("elastic round: 3 -> 2 nodes on a lost heartbeat, then 3 again when th
   CHECK(s.poll(t + milliseconds(999)).empty());
   out = s.poll(t + milliseconds(1000));
   REQUIRE(out.size() == 2);
-  CHECK(out[0].closed->placement.mesh.dp == 2);
+  CHECK(out[0].closed->placement.mesh.dp() == 2);
   CHECK(out[0].closed->round == 2);
   t += milliseconds(1000);
 
@@ -78,7 +78,7 @@ TEST_CASE("elastic round: 3 -> 2 nodes on a lost heartbeat, then 3 again when th
   CHECK_FALSE(s.join(node("n1", 1), 8, t, TimePoint::max()));
   out = s.poll(t);  // max reached: no last call
   REQUIRE(out.size() == 3);
-  CHECK(out[0].closed->placement.mesh.dp == 3);
+  CHECK(out[0].closed->placement.mesh.dp() == 3);
   CHECK(out[0].closed->node_ids == std::vector<std::string>{"n0", "n1", "n2b"});
 }
 
@@ -102,7 +102,7 @@ TEST_CASE("elastic round: grad_accum auto refuses a round whose dp does not divi
   out = s.poll(t + milliseconds(1000));
   REQUIRE(out.size() == 2);
   REQUIRE(out[0].closed);
-  CHECK(out[0].closed->placement.mesh.dp == 2);
+  CHECK(out[0].closed->placement.mesh.dp() == 2);
 }
 
 TEST_CASE("elastic round: a fixed grad_accum with train.global_batch refuses a round that changes it") {

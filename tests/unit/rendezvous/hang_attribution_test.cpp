@@ -35,7 +35,7 @@ RankProgress rank_at(int rank, uint64_t entered, uint64_t done, int64_t step, co
 }  // namespace
 
 TEST_CASE("hang: the rank that never entered the collective is named with its last one") {
-  Mesh mesh{3, 1, 1, 1};
+  dtrain::mesh::Mesh mesh = dtrain::mesh::make_mesh(3, 1, 1, 1);
   std::map<int, RankProgress> ranks = {{0, rank_at(0, 13, 12, 6, "backward")},
                                        {1, rank_at(1, 13, 12, 6, "backward")},
                                        {2, rank_at(2, 12, 12, 5, "checkpoint")}};
@@ -54,7 +54,7 @@ TEST_CASE("hang: the rank that never entered the collective is named with its la
 }
 
 TEST_CASE("hang: everyone entered (a stuck link) is told apart from a missing rank") {
-  Mesh mesh{2, 1, 1, 1};
+  dtrain::mesh::Mesh mesh = dtrain::mesh::make_mesh(2, 1, 1, 1);
   std::map<int, RankProgress> ranks = {{0, rank_at(0, 5, 4, 2, "backward")},
                                        {1, rank_at(1, 5, 4, 2, "backward")}};
   HangReport h = attribute_hang(mesh, ranks, {}, 3, 2);
@@ -63,7 +63,7 @@ TEST_CASE("hang: everyone entered (a stuck link) is told apart from a missing ra
 }
 
 TEST_CASE("hang: groups of the mesh, and world/control over every rank") {
-  Mesh mesh{2, 2, 2, 1};  // 8 ranks: tp innermost, then dp, then pp
+  dtrain::mesh::Mesh mesh = dtrain::mesh::make_mesh(2, 2, 2, 1);  // 8 ranks: tp innermost, then dp, then pp
   CHECK(group_members(mesh, "tp", 5) == std::vector<int>{4, 5});
   CHECK(group_members(mesh, "dp", 5) == std::vector<int>{5, 7});
   CHECK(group_members(mesh, "pp", 5) == std::vector<int>{1, 5});
@@ -75,7 +75,7 @@ TEST_CASE("round: a stall longer than hang_timeout_s while ranks wait is a failu
   ServerOptions o;
   o.token = "t";
   o.min_nodes = o.max_nodes = 3;
-  o.mesh.dp = 3;
+  o.mesh.size(dtrain::mesh::Axis::dp) = 3;
   o.heartbeat_s = 1;
   o.hang_timeout_s = 5;
   RoundState s(o);
@@ -114,7 +114,7 @@ TEST_CASE("round: no hang when ranks stall outside collectives, or when detectio
   for (double timeout : {5.0, 0.0}) {
     ServerOptions o;
     o.token = "t";
-    o.mesh.dp = 1;
+    o.mesh.size(dtrain::mesh::Axis::dp) = 1;
     o.hang_timeout_s = timeout;
     o.heartbeat_s = 100;
     RoundState s(o);

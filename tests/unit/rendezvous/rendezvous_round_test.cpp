@@ -15,7 +15,7 @@ ServerOptions round_options(int min_nodes, int max_nodes) {
   o.token = "t";
   o.min_nodes = min_nodes;
   o.max_nodes = max_nodes;
-  o.mesh.dp = max_nodes;
+  o.mesh.size(dtrain::mesh::Axis::dp) = max_nodes;
   o.last_call_s = 1.0;
   o.heartbeat_s = 1.0;
   return o;
@@ -66,7 +66,7 @@ TEST_CASE("round: elastic last call, heartbeat death, one restart per failure") 
   CHECK(s.poll(t0 + milliseconds(999)).empty());  // last call still running
   auto out = s.poll(t0 + milliseconds(1000));
   REQUIRE(out.size() == 1);
-  CHECK(out[0].closed->placement.mesh.dp == 1);  // dp scales to what came
+  CHECK(out[0].closed->placement.mesh.dp() == 1);  // dp scales to what came
 
   TimePoint t1 = t0 + milliseconds(1000);
   CHECK(s.heartbeat("n0", 1, t1 + milliseconds(2500)).known);

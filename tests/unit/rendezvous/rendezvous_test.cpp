@@ -29,7 +29,7 @@ namespace {
 
 const char* kToken = "s3cret-token";
 
-ServerOptions server_options(int min_nodes, int max_nodes, Mesh mesh) {
+ServerOptions server_options(int min_nodes, int max_nodes, dtrain::mesh::Mesh mesh) {
   ServerOptions o;
   o.job = "job-a";
   o.token = kToken;
@@ -98,12 +98,11 @@ Error join_error(const TestServer& s, const JoinInfo& info, const std::string& t
 }
 
 bool same(const RankPlacement& a, const RankPlacement& b) {
-  return a.rank == b.rank && a.node == b.node && a.device == b.device && a.dp == b.dp &&
-         a.tp == b.tp && a.pp == b.pp && a.ep == b.ep;
+  return a.rank == b.rank && a.node == b.node && a.device == b.device && a.coord == b.coord;
 }
 
 // n agents with `slots` each; agent i requests node_rank requested[i] (or -1).
-void check_round(int n, int slots, Mesh mesh, std::vector<int> requested) {
+void check_round(int n, int slots, dtrain::mesh::Mesh mesh, std::vector<int> requested) {
   TestServer s(server_options(n, n, mesh));
   std::vector<std::future<Assignment>> futures;
   for (int i = 0; i < n; ++i)
@@ -172,13 +171,13 @@ void check_round(int n, int slots, Mesh mesh, std::vector<int> requested) {
 }  // namespace
 
 TEST_CASE("rendezvous: 1, 2 and 4 agents get disjoint ranks equal to place_ranks") {
-  check_round(1, 4, {2, 2, 1, 1}, {});
-  check_round(2, 2, {2, 2, 1, 1}, {});
-  check_round(4, 2, {2, 2, 2, 1}, {3, 2, 1, 0});  // requested node ranks are honoured
+  check_round(1, 4, dtrain::mesh::make_mesh(2, 2, 1, 1), {});
+  check_round(2, 2, dtrain::mesh::make_mesh(2, 2, 1, 1), {});
+  check_round(4, 2, dtrain::mesh::make_mesh(2, 2, 2, 1), {3, 2, 1, 0});  // requested node ranks are honoured
 }
 
 TEST_CASE("rendezvous: wrong token, wrong job, duplicate node, too many nodes") {
-  TestServer s(server_options(2, 2, {4, 1, 1, 1}));
+  TestServer s(server_options(2, 2, dtrain::mesh::make_mesh(4, 1, 1, 1)));
   Error bad_token = join_error(s, agent(0, 2), "not-the-token");
   CHECK(bad_token.code() == ErrorCode::rendezvous);
   // Another token derives another certificate: the agent refuses the server
@@ -210,7 +209,7 @@ TEST_CASE("rendezvous: wrong token, wrong job, duplicate node, too many nodes") 
 }
 
 TEST_CASE("rendezvous: join timeout says how many nodes joined") {
-  TestServer s(server_options(2, 2, {2, 1, 1, 1}));
+  TestServer s(server_options(2, 2, dtrain::mesh::make_mesh(2, 1, 1, 1)));
   // Two joins with a short and a 10x longer timeout: each returns when its
   // own timeout ends (compared with each other, not with a fixed bound).
   double took[2];
@@ -230,7 +229,7 @@ TEST_CASE("rendezvous: join timeout says how many nodes joined") {
 }
 
 TEST_CASE("rendezvous: elastic min:max closes at min after the last call") {
-  TestServer s(server_options(2, 4, {1, 1, 1, 1}));
+  TestServer s(server_options(2, 4, dtrain::mesh::make_mesh(1, 1, 1, 1)));
   auto t0 = std::chrono::steady_clock::now();
   auto a = join_async(s, agent(0, 1));
   auto b = join_async(s, agent(1, 1));
@@ -238,12 +237,12 @@ TEST_CASE("rendezvous: elastic min:max closes at min after the last call") {
   double took = Seconds(std::chrono::steady_clock::now() - t0).count();
   CHECK(took >= 0.3);
   CHECK(ra.num_nodes == 2);
-  CHECK(ra.mesh.dp == 2);  // dp scales with the nodes that came
+  CHECK(ra.mesh.dp() == 2);  // dp scales with the nodes that came
   CHECK(rb.world == 2);
 }
 
 TEST_CASE("rendezvous: a node that stops beating is declared dead; a new round opens, no restart") {
-  TestServer s(server_options(2, 2, {2, 1, 1, 1}));
+  TestServer s(server_options(2, 2, dtrain::mesh::make_mesh(2, 1, 1, 1)));
   auto a = join_async(s, agent(0, 1));
   Assignment rb = s.client().join(agent(1, 1), 5);
   Assignment ra = a.get();
@@ -271,7 +270,7 @@ TEST_CASE("rendezvous: a node that stops beating is declared dead; a new round o
 }
 
 TEST_CASE("rendezvous: ReportFailure restarts once per round") {
-  TestServer s(server_options(2, 2, {2, 1, 1, 1}));
+  TestServer s(server_options(2, 2, dtrain::mesh::make_mesh(2, 1, 1, 1)));
   auto a = join_async(s, agent(0, 1));
   Assignment rb = s.client().join(agent(1, 1), 5);
   Assignment ra = a.get();
@@ -294,7 +293,7 @@ TEST_CASE("rendezvous: ReportFailure restarts once per round") {
 }
 
 TEST_CASE("rendezvous: a late joiner waits for the next round") {
-  TestServer s(server_options(1, 2, {1, 1, 1, 1}));  // elastic 1:2, last call 0.3 s
+  TestServer s(server_options(1, 2, dtrain::mesh::make_mesh(1, 1, 1, 1)));  // elastic 1:2, last call 0.3 s
   Assignment first = s.client().join(agent(0, 1), 5);
   CHECK(first.num_nodes == 1);
   auto late = join_async(s, agent(1, 1));
@@ -315,14 +314,14 @@ TEST_CASE("rendezvous: a late joiner waits for the next round") {
 }
 
 TEST_CASE("rendezvous: a clean leave opens no round; shutdown answers waiting joins") {
-  TestServer s(server_options(1, 1, {1, 1, 1, 1}));
+  TestServer s(server_options(1, 1, dtrain::mesh::make_mesh(1, 1, 1, 1)));
   Assignment a = s.client().join(agent(0, 1), 5);
   s.client().leave("node-0", true);
   ServerStatus st = s.client().status();
   CHECK(st.round == a.round);
   CHECK_FALSE(st.round_open);
 
-  TestServer t(server_options(2, 2, {2, 1, 1, 1}));
+  TestServer t(server_options(2, 2, dtrain::mesh::make_mesh(2, 1, 1, 1)));
   auto waiting = join_async(t, agent(0, 1));
   wait_for_waiting(t, 1);
   t.server.shutdown();
@@ -332,7 +331,7 @@ TEST_CASE("rendezvous: a clean leave opens no round; shutdown answers waiting jo
 TEST_CASE("rendezvous: no server gives a clear error") {
   std::string endpoint;
   {
-    TestServer gone(server_options(1, 1, {1, 1, 1, 1}));
+    TestServer gone(server_options(1, 1, dtrain::mesh::make_mesh(1, 1, 1, 1)));
     endpoint = gone.endpoint;
   }
   ClientOptions c;

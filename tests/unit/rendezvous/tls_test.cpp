@@ -39,7 +39,7 @@ struct CaServer {
     o.job = "job-ca";
     o.token = "ca-token";
     o.tls = std::move(tls);
-    o.mesh = {1, 1, 1, 1};
+    o.mesh = dtrain::mesh::make_mesh(1, 1, 1, 1);
     return o;
   }
   // Join (waits for the server) from a client with `tls`: the error.

@@ -25,7 +25,7 @@ ServerOptions one_node(const std::string& token) {
   ServerOptions o;
   o.job = "job-wire";
   o.token = token;
-  o.mesh = {1, 1, 1, 1};
+  o.mesh = dtrain::mesh::make_mesh(1, 1, 1, 1);
   o.heartbeat_s = 0.2;
   return o;
 }

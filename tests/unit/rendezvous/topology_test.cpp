@@ -21,6 +21,8 @@
 
 using namespace dtrain::rendezvous;
 using dtrain::Error;
+using dtrain::mesh::Mesh;
+using dtrain::mesh::make_mesh;
 using dtrain::ErrorCode;
 
 namespace {
@@ -29,7 +31,17 @@ std::vector<Mesh> factorisations(int world) {
   std::vector<Mesh> out;
   for (int tp = 1; tp <= world; ++tp)
     for (int pp = 1; tp * pp <= world; ++pp)
-      if (world % (tp * pp) == 0) out.push_back({world / (tp * pp), tp, pp, 1});
+      if (world % (tp * pp) == 0) out.push_back(make_mesh(world / (tp * pp), tp, pp, 1));
+  // Context parallelism: cp 2 beside tp and pp, in the default order and in
+  // one where cp is outside dp.
+  for (int tp : {1, 2})
+    for (int pp : {1, 2})
+      if (world % (2 * tp * pp) == 0) {
+        out.push_back(make_mesh(world / (2 * tp * pp), tp, pp, 1, 2));
+        out.push_back(make_mesh(world / (2 * tp * pp), tp, pp, 1, 2,
+                                {dtrain::mesh::Axis::tp, dtrain::mesh::Axis::dp, dtrain::mesh::Axis::cp,
+                                 dtrain::mesh::Axis::pp}));
+      }
   return out;
 }
 
@@ -62,21 +74,24 @@ std::string check_structure(const Cluster& c, const Mesh& m, const Placement& p)
   std::ostringstream err;
   if (static_cast<int>(p.ranks.size()) != m.world()) return "wrong number of ranks";
   std::set<std::pair<int, int>> used;
-  dtrain::mesh::Shape shape{m.dp, m.tp, m.pp, m.ep};
   for (int r = 0; r < m.world(); ++r) {
     const RankPlacement& x = p.ranks[r];
-    auto coord = dtrain::mesh::coord_of(shape, r);
+    auto coord = dtrain::mesh::coord_of(m, r);
     if (x.rank != r) err << "rank " << r << " stored as " << x.rank << "; ";
     if (x.node < 0 || x.node >= static_cast<int>(c.nodes.size()) || x.device < 0 ||
         x.device >= c.nodes[x.node].devices)
       err << "rank " << r << " on bad slot " << x.node << "/" << x.device << "; ";
     if (!used.insert({x.node, x.device}).second) err << "slot reused by rank " << r << "; ";
-    if (x.dp != coord.dp || x.tp != coord.tp || x.pp != coord.pp || x.ep != coord.ep)
-      err << "rank " << r << " coordinates differ from common/mesh.h; ";
+    if (!(x.coord == coord)) err << "rank " << r << " coordinates differ from common/mesh.h; ";
   }
-  std::vector<std::string> axes = {"tp", "dp", "pp"};
-  if (m.ep > 1) axes.push_back("ep");
-  for (const auto& axis : axes) {
+  using K = dtrain::mesh::GroupKind;
+  std::vector<K> kinds = {K::tp, K::dp, K::pp};
+  if (m.cp() > 1) kinds = {K::tp, K::cp, K::dp_cp, K::pp};
+  if (m.ep > 1) kinds.push_back(K::ep);
+  std::vector<std::string> axes;
+  for (K kind : kinds) {
+    const std::string axis = dtrain::mesh::group_name(kind);
+    axes.push_back(axis);
     std::vector<int> seen(m.world(), 0);
     std::vector<std::vector<int>> groups;
     for (const auto& g : p.groups)
@@ -86,16 +101,18 @@ std::string check_structure(const Cluster& c, const Mesh& m, const Placement& p)
       }
     for (int r = 0; r < m.world(); ++r)
       if (seen[r] != 1) err << "rank " << r << " in " << seen[r] << " " << axis << " groups; ";
-    if (groups != dtrain::mesh::axis_groups(shape, axis)) err << axis << " groups differ from mesh.h; ";
+    if (groups != dtrain::mesh::groups(m, kind)) err << axis << " groups differ from mesh.h; ";
   }
   for (const auto& g : p.groups)
     if (std::find(axes.begin(), axes.end(), g.axis) == axes.end()) err << "stray axis " << g.axis << "; ";
   return err.str();
 }
 
+// Pipeline neighbours (the same coordinates but pp, stages s and s + 1) on one node.
 int pp_pairs_on_one_node(const Mesh& m, const Placement& p) {
-  int stage = m.dp * m.tp, bad = 0;
-  for (int r = 0; r + stage < m.world(); ++r) bad += p.ranks[r].node == p.ranks[r + stage].node;
+  int bad = 0;
+  for (const auto& g : dtrain::mesh::groups(m, dtrain::mesh::GroupKind::pp))
+    for (size_t i = 1; i < g.size(); ++i) bad += p.ranks[g[i - 1]].node == p.ranks[g[i]].node;
   return bad;
 }
 
@@ -108,14 +125,11 @@ void check_case(const Cluster& c, Mesh m, Tally& tally) {
   int nodes = static_cast<int>(c.nodes.size()), per_node = c.nodes[0].devices;
   CAPTURE(nodes);
   CAPTURE(per_node);
-  CAPTURE(m.dp);
-  CAPTURE(m.tp);
-  CAPTURE(m.pp);
-  CAPTURE(m.ep);
+  CAPTURE(dtrain::mesh::format_mesh(m));
   CAPTURE(island_sizes_of(c).size());
   CAPTURE(island_sizes_of(c)[0]);
   TrafficModel t;
-  bool exists = tp_layout_exists(c, m.tp);
+  bool exists = tp_layout_exists(c, m.tp());
   if (!exists) {
     ++tally.refused;
     CHECK_THROWS_AS(place_ranks(c, m, t), Error);
@@ -137,8 +151,8 @@ void check_case(const Cluster& c, Mesh m, Tally& tally) {
   }
   // PP neighbours on other nodes: achievable whenever TP groups tile nodes
   // evenly (tp | devices per node, or whole nodes per TP group).
-  bool tiles = per_node % m.tp == 0 || m.tp % per_node == 0;
-  if (nodes > 1 && m.pp > 1 && tiles) {
+  bool tiles = per_node % m.tp() == 0 || m.tp() % per_node == 0;
+  if (nodes > 1 && m.pp() > 1 && tiles) {
     ++tally.pp_checked;
     CHECK_MESSAGE(pp_pairs_on_one_node(m, p) == 0, "PP neighbours share a node");
     CHECK(p.warnings.empty());
@@ -170,8 +184,8 @@ TEST_CASE("placement: every factorisation over every cluster shape") {
           Cluster c = make_cluster(nodes, per_node, domain, /*gpu=*/true);
           check_case(c, mesh, tally);
           // EP: the smallest ep > 1 that divides dp*tp, groups formed in-stage.
-          for (int ep = 2; ep <= mesh.dp * mesh.tp; ++ep)
-            if ((mesh.dp * mesh.tp) % ep == 0) {
+          for (int ep = 2; mesh.cp() == 1 && ep <= mesh.dp() * mesh.tp(); ++ep)
+            if ((mesh.dp() * mesh.tp()) % ep == 0) {
               Mesh with_ep = mesh;
               with_ep.ep = ep;
               check_case(c, with_ep, tally);
@@ -189,7 +203,7 @@ TEST_CASE("placement: every factorisation over every cluster shape") {
 
 TEST_CASE("placement: gpt-3d on 2 nodes x 4 GPUs keeps TP in a node, PP across nodes") {
   Cluster c = make_cluster(2, 4, 0, true);
-  Placement p = place_ranks(c, {2, 2, 2, 1}, TrafficModel{});
+  Placement p = place_ranks(c, make_mesh(2, 2, 2, 1), TrafficModel{});
   for (const auto& g : p.groups) {
     if (g.axis == "tp") {
       CHECK(p.ranks[g.ranks[0]].node == p.ranks[g.ranks[1]].node);
@@ -205,8 +219,8 @@ TEST_CASE("placement: gpt-3d on 2 nodes x 4 GPUs keeps TP in a node, PP across n
 TEST_CASE("placement: stages smaller than a node alternate nodes") {
   // 2 nodes x 8, dp=2 tp=2 pp=4: in rank order stages 0,1 would share node 0.
   Cluster c = make_cluster(2, 8, 0, true);
-  Placement p = place_ranks(c, {2, 2, 4, 1}, TrafficModel{});
-  for (const auto& r : p.ranks) CHECK(r.node == r.pp % 2);
+  Placement p = place_ranks(c, make_mesh(2, 2, 4, 1), TrafficModel{});
+  for (const auto& r : p.ranks) CHECK(r.node == r.coord[dtrain::mesh::Axis::pp] % 2);
   for (const auto& g : p.groups)
     if (g.axis == "dp") CHECK(g.tier == LinkTier::nvlink);  // a stage stays on one node
 }
@@ -215,7 +229,7 @@ TEST_CASE("placement: islands spanning nodes (NVL72-like) carry TP over nvlink")
   Cluster c = make_cluster(4, 4, 8, true);  // islands {node0,node1}, {node2,node3}
   CHECK(c.nodes[1].island_of_device[0] == c.nodes[0].island_of_device[0]);
   CHECK(c.nodes[2].island_of_device[0] != c.nodes[0].island_of_device[0]);
-  Placement p = place_ranks(c, {1, 8, 2, 1}, TrafficModel{});
+  Placement p = place_ranks(c, make_mesh(1, 8, 2, 1), TrafficModel{});
   for (const auto& g : p.groups) {
     if (g.axis == "tp") CHECK(g.tier == LinkTier::nvlink);
     if (g.axis == "pp") CHECK(g.tier == LinkTier::ib);
@@ -223,9 +237,9 @@ TEST_CASE("placement: islands spanning nodes (NVL72-like) carry TP over nvlink")
 }
 
 TEST_CASE("placement: tiers of CPU nodes and of GPU islands inside a node") {
-  Placement cpu = place_ranks(make_cluster(1, 8, 0, false), {2, 2, 2, 1}, TrafficModel{});
+  Placement cpu = place_ranks(make_cluster(1, 8, 0, false), make_mesh(2, 2, 2, 1), TrafficModel{});
   for (const auto& g : cpu.groups) CHECK(g.tier == LinkTier::loopback);
-  Placement split = place_ranks(make_cluster(1, 8, 4, true), {2, 4, 1, 1}, TrafficModel{});
+  Placement split = place_ranks(make_cluster(1, 8, 4, true), make_mesh(2, 4, 1, 1), TrafficModel{});
   for (const auto& g : split.groups)
     CHECK(g.tier == (g.axis == "dp" ? LinkTier::pcie : LinkTier::nvlink));  // pp: 1 rank
   CHECK(std::string(link_tier_name(LinkTier::pcie)) == "pcie");
@@ -236,7 +250,7 @@ TEST_CASE("placement: tiers of CPU nodes and of GPU islands inside a node") {
 TEST_CASE("placement: errors name every factor, the TP group and the island sizes") {
   Cluster c = make_cluster(2, 4, 0, true);
   try {
-    place_ranks(c, {2, 2, 4, 1}, TrafficModel{});
+    place_ranks(c, make_mesh(2, 2, 4, 1), TrafficModel{});
     FAIL("expected an error");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::config);
@@ -245,7 +259,7 @@ TEST_CASE("placement: errors name every factor, the TP group and the island size
     CHECK(msg.find("2 nodes x 4 devices = 8") != std::string::npos);
   }
   try {
-    place_ranks(make_cluster(2, 8, 2, true), {2, 4, 2, 1}, TrafficModel{});
+    place_ranks(make_cluster(2, 8, 2, true), make_mesh(2, 4, 2, 1), TrafficModel{});
     FAIL("expected an error");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::config);
@@ -256,16 +270,16 @@ TEST_CASE("placement: errors name every factor, the TP group and the island size
     CHECK(e.hint().find("{1, 2}") != std::string::npos);
     CHECK(e.hint().find("--allow-slow") != std::string::npos);
   }
-  Placement slow = place_ranks(make_cluster(2, 8, 2, true), {2, 4, 2, 1}, TrafficModel{}, true);
+  Placement slow = place_ranks(make_cluster(2, 8, 2, true), make_mesh(2, 4, 2, 1), TrafficModel{}, true);
   REQUIRE(slow.warnings.size() == 1);
   CHECK(slow.warnings[0].find("allow-slow") != std::string::npos);
-  CHECK_THROWS_AS(place_ranks(c, {3, 1, 1, 2}, TrafficModel{}), Error);  // ep does not divide
-  CHECK_THROWS_AS(place_ranks(c, {0, 1, 1, 1}, TrafficModel{}), Error);
+  CHECK_THROWS_AS(place_ranks(c, make_mesh(3, 1, 1, 2), TrafficModel{}), Error);  // ep does not divide
+  CHECK_THROWS_AS(place_ranks(c, make_mesh(0, 1, 1, 1), TrafficModel{}), Error);
   CHECK_THROWS_AS(make_cluster(2, 4, 6, true), Error);  // spans nodes, not a multiple
   CHECK_THROWS_AS(make_cluster(0, 4, 0, true), Error);
   Cluster bad = c;
   bad.nodes[1].island_of_device = {0, 1};
-  CHECK_THROWS_AS(place_ranks(bad, {2, 2, 2, 1}, TrafficModel{}), Error);
+  CHECK_THROWS_AS(place_ranks(bad, make_mesh(2, 2, 2, 1), TrafficModel{}), Error);
 }
 
 TEST_CASE("placement: heterogeneous cluster from agents (rendezvous input)") {
@@ -273,8 +287,8 @@ TEST_CASE("placement: heterogeneous cluster from agents (rendezvous input)") {
   c.nodes.push_back({"a", 4, true, {7, 7, 9, 9}});
   c.nodes.push_back({"b", 2, true, {}});  // reported no islands: one per node
   c.nodes.push_back({"c", 2, false, {}});
-  Placement p = place_ranks(c, {4, 2, 1, 1}, TrafficModel{});
-  CHECK(check_structure(c, {4, 2, 1, 1}, p).empty());
+  Placement p = place_ranks(c, make_mesh(4, 2, 1, 1), TrafficModel{});
+  CHECK(check_structure(c, make_mesh(4, 2, 1, 1), p).empty());
   for (const auto& g : p.groups)
     if (g.axis == "tp") CHECK(p.ranks[g.ranks[0]].node == p.ranks[g.ranks[1]].node);
 }
@@ -294,7 +308,7 @@ TEST_CASE("traffic: bytes per step on a hand-computed case") {
   TrafficModel t = traffic_model_from_spec(spec);
   CHECK(t.params == 867072);
   CHECK(t.bytes_per_elem == 4);
-  Placement p = place_ranks(make_cluster(1, 8, 0, false), mesh_from_spec(spec), t);
+  Placement p = place_ranks(make_cluster(1, 8, 0, false), spec.mesh(), t);
   std::map<std::string, uint64_t> bytes;
   for (const auto& g : p.groups) bytes[g.axis] = g.bytes_per_step;
   uint64_t act = 8 * 64 * 128 * 4;  // micro_batch x seq_len x d_model x 4 bytes = 262144
@@ -307,7 +321,7 @@ TEST_CASE("traffic: bytes per step on a hand-computed case") {
   for (const auto& g : p.groups)
     if (g.axis == "tp") {
       ++tp_groups;
-      if (p.ranks[g.ranks[0]].pp == 0) CHECK(g.bytes_per_step == 2 * (2 * 4 + 1) * act + 8);
+      if (p.ranks[g.ranks[0]].coord[dtrain::mesh::Axis::pp] == 0) CHECK(g.bytes_per_step == 2 * (2 * 4 + 1) * act + 8);
       else CHECK(g.bytes_per_step == 2 * ((2 * 4 + 1) * act + 3 * 8 * 64 * 4) + 8);
     }
   CHECK(tp_groups == 4);
@@ -316,21 +330,21 @@ TEST_CASE("traffic: bytes per step on a hand-computed case") {
   // Uneven stages (parallel.pipeline.layers_per_stage [1, 3]): each stage's
   // tp group counts its own blocks.
   spec.parallel.pipeline_layers_per_stage = {1, 3};
-  Placement uneven = place_ranks(make_cluster(1, 8, 0, false), mesh_from_spec(spec), traffic_model_from_spec(spec));
+  Placement uneven = place_ranks(make_cluster(1, 8, 0, false), spec.mesh(), traffic_model_from_spec(spec));
   for (const auto& g : uneven.groups)
     if (g.axis == "tp") {
-      if (uneven.ranks[g.ranks[0]].pp == 0) CHECK(g.bytes_per_step == 2 * (1 * 4 + 1) * act + 8);
+      if (uneven.ranks[g.ranks[0]].coord[dtrain::mesh::Axis::pp] == 0) CHECK(g.bytes_per_step == 2 * (1 * 4 + 1) * act + 8);
       else CHECK(g.bytes_per_step == 2 * ((3 * 4 + 1) * act + 3 * 8 * 64 * 4) + 8);
     }
   spec.parallel.pipeline_layers_per_stage.clear();
   t.zero = 3;
-  Placement z3 = place_ranks(make_cluster(1, 8, 0, false), mesh_from_spec(spec), t);
+  Placement z3 = place_ranks(make_cluster(1, 8, 0, false), spec.mesh(), t);
   for (const auto& g : z3.groups)
     if (g.axis == "dp") CHECK(g.bytes_per_step == 867072 * 3 / 2);
   // dp = 4 ring: 2 * 3/4 of the gradient bytes (1000 params x 4 bytes).
   TrafficModel small;
   small.params = 1000;
-  Placement dp4 = place_ranks(make_cluster(1, 4, 0, false), {4, 1, 1, 1}, small);
+  Placement dp4 = place_ranks(make_cluster(1, 4, 0, false), make_mesh(4, 1, 1, 1), small);
   int dp_groups = 0;
   for (const auto& g : dp4.groups)
     if (g.axis == "dp") {
@@ -353,7 +367,7 @@ TEST_CASE("traffic: tp bytes per step equal the engine's tp_bytes_sent (pp = 1)"
   spec.train.micro_batch = 8;
   spec.parallel.tp = 2;
   auto tp_bytes = [&](int procs) {
-    Placement p = place_ranks(make_cluster(1, procs, 0, false), mesh_from_spec(spec),
+    Placement p = place_ranks(make_cluster(1, procs, 0, false), spec.mesh(),
                               traffic_model_from_spec(spec));
     for (const auto& g : p.groups)
       if (g.axis == "tp") return g.bytes_per_step;
@@ -384,7 +398,7 @@ TEST_CASE("traffic: MoE blocks under tp all-gather the token shares; ep sends th
   spec.parallel.dp = 2;
   spec.parallel.tp = 2;
   spec.parallel.ep = 2;
-  Placement p = place_ranks(make_cluster(1, 4, 0, false), mesh_from_spec(spec), traffic_model_from_spec(spec));
+  Placement p = place_ranks(make_cluster(1, 4, 0, false), spec.mesh(), traffic_model_from_spec(spec));
   uint64_t tp = 0, ep = 0;
   for (const auto& g : p.groups) {
     if (g.axis == "tp") tp = g.bytes_per_step;
@@ -399,7 +413,7 @@ TEST_CASE("traffic: MoE blocks under tp all-gather the token shares; ep sends th
 
 TEST_CASE("renderings: JSON schema, text table, SVG") {
   Cluster c = make_cluster(2, 4, 0, true);
-  Placement p = place_ranks(c, {2, 2, 2, 1}, TrafficModel{});
+  Placement p = place_ranks(c, make_mesh(2, 2, 2, 1), TrafficModel{});
   auto j = nlohmann::json::parse(placement_to_json(p));
   CHECK(j["world"] == 8);
   CHECK(j["mesh"] == nlohmann::json({{"dp", 2}, {"tp", 2}, {"pp", 2}, {"ep", 1}}));
