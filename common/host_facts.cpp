@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "common/machine_facts.h"
-#include "common/model_size.h"
+#include "common/machine_memory.h"
 
 namespace dtrain {
 namespace {

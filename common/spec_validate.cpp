@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "common/byte_size.h"
-#include "common/model_size.h"
 #include "common/spec_detail.h"
 
 namespace dtrain::detail {
@@ -326,24 +325,8 @@ void check_sizes(const Checker& c) {
                            "maximum " + std::to_string(kMaxGlobalBatch) +
                            "; use a smaller train.micro_batch");
   }
-  const ModelSpec& m = s.model;
-  if (c.bad({"model.vocab", "model.layers", "model.d_model", "model.seq_len"}) || m.vocab < 1 ||
-      m.layers < 1 || m.d_model < 1 || m.seq_len < 1)
-    return;
-  const double params = model_size(s).params;
-  if (params > kMaxParams) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.3g", params);
-    const bool moe = m.moe.experts > 0;
-    c.problems.error(c.origin.where_any({"model.d_model", "model.layers", "model.vocab",
-                                         "model.seq_len", "model.moe.experts"}),
-                     "model.d_model = " + str(m.d_model) + ", model.layers = " + str(m.layers) +
-                         ", model.vocab = " + str(m.vocab) +
-                         (moe ? ", model.moe.experts = " + str(m.moe.experts) : std::string()) + ": " +
-                         text + " parameters, more than the maximum 1e12 (16 TB of fp32 training "
-                         "state); use a smaller model.d_model or model.layers" +
-                         (moe ? " or fewer model.moe.experts" : ""));
-  }
+  // The model's parameter count against its maximum is plan/'s check
+  // (plan/model_size.h): the count is stated once, there.
 }
 
 // The fault section's relations: what each kind needs, and its announcement.

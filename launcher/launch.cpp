@@ -24,7 +24,7 @@
 #include "common/checkpoint_dir.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "common/model_size.h"
+#include "plan/model_size.h"
 #include "common/safe_output.h"
 #include "launcher/advertise.h"
 #include "launcher/agent.h"
@@ -210,7 +210,7 @@ std::string self_dir() {
 int launch(const JobSpec& spec, const LaunchOptions& options) {
   check_devices(spec);  // before anything starts
   check_data_file(spec);
-  check_fits_memory(spec, options.allow_large);
+  plan::check_fits_memory(spec, options.allow_large);
   // Its refusals (an archive as checkpoint.dir, a `latest` outside it)
   // before any directory is created or locked; applied under the lock below.
   check_checkpoint_start(spec.checkpoint.dir.empty() ? "" : absolute_dir(spec.checkpoint.dir),

@@ -19,7 +19,7 @@ struct LaunchOptions {
   std::vector<std::string> extra_env;  // "K=V" added to every worker's environment
   std::string resume_from;  // a checkpoint to load first ("" = checkpoint.dir's latest, if any)
   bool fresh = false;       // move checkpoint.dir's old steps aside and start from scratch
-  bool allow_large = false; // skip the training-state-fits-in-memory check (common/model_size.h)
+  bool allow_large = false; // skip the training-state-fits-in-memory check (plan/model_size.h)
 };
 
 // Returns the job's exit code (0 when every worker of the final round

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/mesh.h"
+#include "plan/traffic.h"
 
 namespace dtrain {
 struct JobSpec;
@@ -40,21 +41,10 @@ struct Cluster {
 // per node; larger than devices_per_node = islands that span consecutive nodes).
 Cluster make_cluster(int nodes, int devices_per_node, int nvlink_domain, bool gpu);
 
-// Per-step traffic inputs (bytes per element included), from the job spec.
-struct TrafficModel {
-  uint64_t params = 0;       // parameters of the whole model
-  int bytes_per_elem = 4;    // gradient / activation element size
-  int zero = 0;
-  int micro_batch = 1;
-  int grad_accum = 1;        // = pipeline micro-batches
-  int seq_len = 1;
-  int d_model = 1;
-  int layers = 1;
-  std::vector<int> stage_layers;  // blocks per global pipeline stage (pp x virtual stages); empty: even
-  int moe_layers = 0;        // MoE blocks (model.moe): their all-to-all over ep
-  int experts = 0, top_k = 1;
-};
-TrafficModel traffic_model_from_spec(const JobSpec& spec);
+// Per-step traffic inputs and bytes per axis group: the cost model's
+// (plan/traffic.h); placement weighs groups by them.
+using plan::TrafficModel;
+using plan::traffic_model_from_spec;
 
 struct RankPlacement {
   int rank = 0;

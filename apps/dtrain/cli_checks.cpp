@@ -9,7 +9,7 @@
 #include "apps/dtrain/command.h"
 #include "common/error.h"
 #include "common/spec_detail.h"
-#include "engine/parallel/pipeline/plan.h"
+#include "plan/pipeline_plan.h"
 
 namespace dtrain::app {
 
@@ -29,12 +29,8 @@ void check_node_and_ranks(const JobSpec& spec, int node_rank, const std::vector<
 }
 
 std::string checked_pipeline_plan(const JobSpec& spec) {
-  namespace pl = engine::parallel::pipeline;
-  pl::PlanSpec p;
-  p.kind = spec.parallel.pipeline_schedule;
-  p.stages = spec.parallel.pp;
-  p.micro = spec.train.grad_accum;
-  p.virtual_stages = spec.parallel.pipeline_virtual_stages;
+  namespace pl = plan::pipeline;
+  const pl::PlanSpec p = pl::plan_spec_from(spec);
   const pl::Plan plan = pl::build_plan(p);
   const pl::SimResult sim = pl::simulate(p, plan);
   if (!sim.ok)

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "launcher/launch.h"
 #include "launcher/slurm.h"
+#include "plan/combinations.h"
 
 namespace dtrain::app {
 namespace {
@@ -93,6 +94,7 @@ int run_launch(const LaunchArgs& args) {
   for (const auto& w : warnings) DTRAIN_WARN("{}", w);
 
   check_node_and_ranks(spec, args.node_rank, args.ranks);
+  plan::check_combinations(spec);  // what the engine cannot run together
   if (spec.parallel.pp > 1 && spec.builtin_entrypoint()) checked_pipeline_plan(spec);
   // `dtrain plan`'s need per rank against cluster.memory_per_rank and this
   // machine's memory, before anything starts.

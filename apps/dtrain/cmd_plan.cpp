@@ -3,8 +3,8 @@
 // and the bytes every group moves (the same numbers `dtrain topo` shows);
 // `--format json`; `--memory-per-rank` (or cluster.memory_per_rank) refuses
 // a layout over budget with the cheapest change that fits. CLI wiring and
-// printing only: the model is engine/planner (pure C++), the traffic
-// rendezvous/topology.
+// printing only: the figures are plan/ (memory_plan.h, traffic.h through
+// rendezvous/topology's placement).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -22,15 +22,16 @@
 #include "common/byte_size.h"
 #include "common/error.h"
 #include "common/job_spec.h"
-#include "engine/parallel/pipeline/plan.h"
-#include "engine/planner/memory_plan.h"
 #include "launcher/launch.h"
+#include "plan/memory_plan.h"
+#include "plan/model_size.h"
+#include "plan/pipeline_plan.h"
 #include "rendezvous/topology.h"
 
 namespace dtrain::app {
 namespace {
 
-namespace pl = engine::planner;
+namespace pl = dtrain::plan;
 
 struct PlanOptions {
   std::string spec;
@@ -76,12 +77,7 @@ double step_time_s(const JobSpec& spec, const pl::MemoryPlan& plan, double gflop
   if (gflops <= 0) return 0;
   double bubble = 0;
   if (spec.parallel.pp > 1) {
-    engine::parallel::pipeline::PlanSpec p;
-    p.kind = spec.parallel.pipeline_schedule;
-    p.stages = spec.parallel.pp;
-    p.micro = spec.train.grad_accum;
-    p.virtual_stages = spec.parallel.pipeline_virtual_stages;
-    bubble = engine::parallel::pipeline::ideal_bubble(p);
+    bubble = pl::pipeline::ideal_bubble(pl::pipeline::plan_spec_from(spec));
   }
   return plan.flops_per_step / spec.world() / (gflops * 1e9) / (1.0 - bubble);
 }
@@ -201,6 +197,7 @@ void print_suggestions(const JobSpec& base, int world, int64_t budget, double gf
 void run_plan(const PlanOptions& o) {
   std::vector<std::string> warnings;
   JobSpec spec = load_job_spec(o.spec, o.sets, &warnings);
+  pl::check_model_size(spec);
   int64_t budget = 0;
   if (!o.memory_per_rank.empty()) {
     budget = parse_byte_size(o.memory_per_rank);

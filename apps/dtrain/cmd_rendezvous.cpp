@@ -12,6 +12,7 @@
 #include "apps/dtrain/command.h"
 #include "common/error.h"
 #include "common/job_spec.h"
+#include "plan/model_size.h"
 #include "rendezvous/rendezvous_server.h"
 #include "rendezvous/tls.h"
 #include "rendezvous/token.h"
@@ -56,6 +57,7 @@ std::string tls_summary(const rendezvous::ServerOptions& o, const JobSpec& spec)
 void run_rendezvous(const RendezvousCmdOptions& o) {
   std::vector<std::string> warnings;
   JobSpec spec = load_job_spec(o.spec, o.sets, &warnings);
+  plan::check_model_size(spec);  // the placement weighs groups by the model's bytes
   for (const auto& w : warnings) std::cerr << "dtrain: warning: " << w << "\n";
   std::string token = rendezvous::read_token(spec.cluster.rendezvous.token_file);
   int port = o.port >= 0 ? o.port : endpoint_port(spec.cluster.rendezvous.endpoint);

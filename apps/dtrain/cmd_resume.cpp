@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/resume_spec.h"
 #include "launcher/launch.h"
+#include "plan/combinations.h"
 
 namespace dtrain::app {
 namespace {
@@ -52,6 +53,7 @@ int run_resume(const ResumeArgs& args) {
                 "use --set train.steps=<more>", x.step, spec.train.steps);
 
   check_node_and_ranks(spec, args.node_rank, args.ranks);
+  plan::check_combinations(spec);  // a --set may ask for what the engine cannot run together
   // The same memory check as launch, after --set (a resume may change sizes).
   check_memory_budget(spec, {0, !args.allow_large});
   launcher::LaunchOptions options;

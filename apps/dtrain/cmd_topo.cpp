@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/job_spec.h"
 #include "common/safe_output.h"
+#include "plan/model_size.h"
 #include "rendezvous/topology.h"
 
 namespace dtrain::app {
@@ -65,6 +66,7 @@ void print_schedule(const JobSpec& spec) {
 void run_topo(const TopoOptions& o) {
   std::vector<std::string> warnings;
   JobSpec spec = load_job_spec(o.spec, topo_overrides(o), &warnings);
+  plan::check_model_size(spec);
   if (o.nvlink_domain >= 0 && spec.cluster.device != "cuda")
     warnings.push_back("--nvlink-domain is ignored on a CPU cluster (cluster.device = " +
                        spec.cluster.device + "); give --gpus-per-node to describe GPU nodes");

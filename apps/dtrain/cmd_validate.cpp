@@ -1,6 +1,7 @@
 // `dtrain validate SPEC [--set k=v]... [--format text|json]`: load and check a
 // job spec, print it resolved (every field, defaults filled in), then the
-// derived values and warnings. Only CLI wiring: the rules are common/job_spec.
+// derived values and warnings. Only CLI wiring: the rules are common/job_spec
+// and plan/combinations.h.
 // stdout stays machine-readable: text is YAML (derived values as # comments)
 // that load_job_spec reads back; json is one JSON object. The predicted
 // memory per rank (`dtrain plan`'s, apps/dtrain/plan_check.h) must fit
@@ -17,8 +18,9 @@
 #include "apps/dtrain/plan_check.h"
 #include "common/error.h"
 #include "common/job_spec.h"
-#include "common/model_size.h"
-#include "engine/planner/memory_plan.h"
+#include "plan/combinations.h"
+#include "plan/memory_plan.h"
+#include "plan/model_size.h"
 
 namespace dtrain::app {
 namespace {
@@ -39,11 +41,11 @@ nlohmann::ordered_json derived_json(const JobSpec& s) {
   d["ranks_per_node"] = s.ranks_per_node();
   d["global_batch"] = s.global_batch();
   d["tokens_per_step"] = s.tokens_per_step();
-  const ModelSize size = model_size(s);
+  const plan::ModelSize size = plan::model_size(s);
   d["params"] = size.params;
   d["train_state_bytes_per_rank"] = size.rank_bytes;
   try {
-    d["predicted_peak_bytes_per_rank"] = engine::planner::plan_memory(s).max_need_bytes();
+    d["predicted_peak_bytes_per_rank"] = plan::plan_memory(s).max_need_bytes();
   } catch (const Error&) {
     d["predicted_peak_bytes_per_rank"] = nullptr;  // a layout only the engine refuses
   }
@@ -72,6 +74,7 @@ void print_text(const JobSpec& spec, const std::vector<std::string>& warnings) {
 void run_validate(const ValidateOptions& o) {
   std::vector<std::string> warnings;
   JobSpec spec = load_job_spec(o.spec, o.sets, &warnings);
+  plan::check_combinations(spec);  // what the engine cannot run together, before the figures
   check_memory_budget(spec, {0, !o.allow_large});
   if (o.format == "json")
     print_json(spec, warnings);

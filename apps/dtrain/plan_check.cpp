@@ -12,13 +12,13 @@
 
 #include "common/byte_size.h"
 #include "common/error.h"
-#include "common/model_size.h"
-#include "engine/planner/memory_plan.h"
+#include "common/machine_memory.h"
+#include "plan/memory_plan.h"
 
 namespace dtrain::app {
 namespace {
 
-namespace pl = engine::planner;
+namespace pl = dtrain::plan;
 
 std::string fmt_value(int v) { return std::to_string(v); }
 std::string fmt_value(const std::string& v) { return v; }

@@ -1,5 +1,5 @@
 // The memory budget check shared by `dtrain plan`, `validate` and `launch`:
-// a spec whose predicted need per rank (engine/planner: model states, MoE
+// a spec whose predicted need per rank (plan/memory_plan.h: model states, MoE
 // experts, activations, temporaries, the dataset's host copy) exceeds the
 // budget is refused with the plan's table and the cheapest change that fits.
 // CLI only.

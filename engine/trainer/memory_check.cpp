@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "common/log.h"
-#include "engine/planner/memory_plan.h"
+#include "plan/memory_plan.h"
 
 namespace dtrain::engine::trainer {
 
@@ -13,9 +13,9 @@ MemoryCheck::MemoryCheck(const JobSpec& spec, int rank, bool cpu)
     : spec_(spec), rank_(rank), enabled_(cpu), check_step_(spec.train.steps >= 2 ? 2 : 1) {}
 
 void MemoryCheck::compare(const MemoryStats& m, bool log_rank) const {
-  planner::RankMemory p;
+  plan::RankMemory p;
   try {
-    p = planner::plan_rank(spec_, rank_);
+    p = plan::plan_rank(spec_, rank_);
   } catch (const std::exception& e) {
     DTRAIN_WARN("memory plan: not available for this spec ({})", e.what());
     return;

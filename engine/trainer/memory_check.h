@@ -1,6 +1,6 @@
 // The planner checked against the engine: after the first steady step, this
 // rank's measured bytes (GradSync::memory, AdamW's moments, the counting
-// allocator's step peak) next to what engine/planner predicts for it, logged,
+// allocator's step peak) next to what plan/memory_plan.h predicts for it, logged,
 // with a warning past 20%. Knows no parallelism: the planner does.
 #pragma once
 

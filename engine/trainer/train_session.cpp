@@ -16,42 +16,10 @@
 #include "engine/device/device.h"
 #include "engine/doctor/blas_check.h"
 #include "engine/doctor/engine_facts.h"
+#include "plan/combinations.h"
 
 namespace dtrain::engine::trainer {
 namespace {
-
-// The builtin engine runs DDP or ZeRO-1/2/3 with TP, SP, PP and EP in fp32 or bf16 (autocast)
-// on CPU or CUDA; the combinations below are a clear error rather than a silently different run.
-void check_supported(const JobSpec& spec) {
-  std::vector<std::string> problems;
-  if (spec.parallel.pp > 1 && spec.parallel.zero == 3)
-    problems.push_back("parallel.zero = 3 with parallel.pp = " + std::to_string(spec.parallel.pp) +
-                       " is not implemented yet; use zero 0, 1 or 2 with pp");
-  if (spec.model.moe.experts > 0 && spec.parallel.pp > 1)
-    problems.push_back("model.moe.experts = " + std::to_string(spec.model.moe.experts) + " with parallel.pp = " +
-                       std::to_string(spec.parallel.pp) + ": mixture of experts runs with pp 1 for now");
-  // Under TP each rank of the tp group dispatches 1/tp of a micro-batch's
-  // tokens (they are the same on every TP rank without sequence parallelism).
-  if (spec.model.moe.experts > 0 && spec.parallel.tp > 1 && spec.parallel.sequence_parallel)
-    problems.push_back("model.moe.experts = " + std::to_string(spec.model.moe.experts) +
-                       " with parallel.sequence_parallel is not implemented yet; use sequence_parallel false");
-  if (spec.model.moe.experts > 0 && spec.parallel.tp > 1 &&
-      (int64_t(spec.train.micro_batch) * spec.model.seq_len) % spec.parallel.tp != 0)
-    problems.push_back("train.micro_batch * model.seq_len = " +
-                       std::to_string(int64_t(spec.train.micro_batch) * spec.model.seq_len) +
-                       " tokens do not split over parallel.tp = " + std::to_string(spec.parallel.tp) +
-                       " (each TP rank dispatches its share to the experts); use a micro_batch or seq_len "
-                       "making them a multiple of tp");
-  if (spec.train.precision != "fp32" && spec.train.precision != "bf16")
-    problems.push_back("train.precision = " + spec.train.precision +
-                       " is not implemented yet; use precision fp32 or bf16");
-  if (spec.model.kind != "gpt")
-    problems.push_back("model.kind = " + spec.model.kind + " is unknown; use kind gpt");
-  if (problems.empty()) return;
-  std::string msg = spec.source + ": this spec asks for what the builtin engine cannot run:";
-  for (auto& p : problems) msg += "\n  " + p;
-  throw Error(ErrorCode::config, msg, "change the fields above, or run your own entrypoint");
-}
 
 std::unique_ptr<data::TokenDataset> open_data(const JobSpec& spec) {
   const auto& d = spec.data;
@@ -105,7 +73,7 @@ std::unique_ptr<TrainSession> make_train_session() {
   device::install_counting_cpu_allocator();
   s->spec = load_job_spec(s->info.spec_path);
   const JobSpec& spec = s->spec;
-  check_supported(spec);
+  plan::check_combinations(spec);  // the CLI checked it too; a worker may be given a spec some other way
   if (spec.fault.active())
     DTRAIN_WARN("FAULT INJECTION ON: fault.kind = {} (rank {}, step {}); this run fails on purpose",
                 spec.fault.kind, spec.fault.rank, spec.fault.step);

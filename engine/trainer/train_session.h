@@ -49,7 +49,7 @@ struct TrainSession {
 // Reads WorldInfo and DTRAIN_SPEC, sets one intra-op thread, picks the
 // device (cuda:LOCAL_RANK for cluster.device cuda), builds the groups
 // (collective) and everything else. Throws dtrain::Error(config) for the combinations
-// this engine does not run (check_supported: ZeRO-3 or MoE with pp, fp16, ...).
+// this engine does not run (plan/combinations.h: ZeRO-3 or MoE with pp, fp16, ...).
 std::unique_ptr<TrainSession> make_train_session();
 
 }  // namespace dtrain::engine::trainer

@@ -1,5 +1,6 @@
 // The user-facing commands around a job, with the real binaries: `dtrain
-// validate` (derived sizes in JSON, a bad spec refused naming the field) and
+// validate` (derived sizes in JSON, a bad spec refused naming the field),
+// `dtrain launch` refusing what the engine cannot run before it starts, and
 // scripts/plot-metrics (a well-formed SVG whose curve is the run's losses).
 // Training runs are 1 process and a dozen steps of a tiny model.
 #include <doctest/doctest.h>
@@ -8,6 +9,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -83,6 +85,15 @@ TEST_CASE("validate: a bad spec exits 2 naming the file, the field and the fix")
       {"unknown key", "job: {name: x}\nparalel: {dp: 1}\n", {},
        {"spec.yaml:2:1: unknown key 'paralel' (did you mean parallel?)"}},
       {"bad value", "parallel: {dp: 0}\n", {}, {"spec.yaml:1:16: parallel.dp = 0: must be >= 1"}},
+      // Features the engine cannot run together (plan/combinations.h), and the parameter maximum.
+      {"zero 3 with pp", kSpec, {"--set", "parallel.zero=3"},
+       {"spec.yaml: this spec asks for what the builtin engine cannot run:",
+        "parallel.zero = 3 with parallel.pp = 2 is not implemented yet; use zero 0, 1 or 2 with pp"}},
+      {"moe with pp", kSpec, {"--set", "model.moe.experts=4"},
+       {"model.moe.experts = 4 with parallel.pp = 2: mixture of experts runs with pp 1 for now"}},
+      {"too many parameters", kSpec, {"--set", "model.d_model=4096", "--set", "model.layers=100000"},
+       {"spec.yaml: model.d_model = 4096, model.layers = 100000, model.vocab = 256: 2.01e+13 parameters, "
+        "more than the maximum 1e12"}},
   };
   for (const auto& c : cases) {
     CAPTURE(c.name);
@@ -95,6 +106,18 @@ TEST_CASE("validate: a bad spec exits 2 naming the file, the field and the fix")
     for (const auto& e : c.expect) CHECK(out.find(e) != std::string::npos);
     CHECK(out.find("\"derived\"") == std::string::npos);  // nothing printed as if valid
   }
+}
+
+TEST_CASE("launch: features the engine cannot run together exit 2 before anything starts") {
+  TempDir dir;
+  dtrain::testing::write_file(dir / "spec.yaml", std::string(kSpec) + "log: {dir: " + (dir / "run") + "}\n");
+  auto [code, out] = dtrain_cmd(dir, "launch_zero3_pp",
+                                {"launch", dir / "spec.yaml", "--set", "cluster.nodes=1", "--set",
+                                 "cluster.procs_per_node=8", "--set", "parallel.zero=3"});
+  INFO(out);
+  CHECK(code == 2);
+  CHECK(out.find("parallel.zero = 3 with parallel.pp = 2 is not implemented yet") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir / "run"));  // no log dir: no rendezvous, no worker
 }
 
 TEST_CASE("plot-metrics: a well-formed SVG whose polyline is the run's loss curve") {

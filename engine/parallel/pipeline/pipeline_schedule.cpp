@@ -22,10 +22,11 @@
 #include "common/log.h"
 #include "engine/comm/traced_group.h"
 #include "engine/parallel/autocast_scope.h"
-#include "engine/parallel/pipeline/plan.h"
 #include "engine/parallel/pipeline/split_backward.h"
+#include "plan/pipeline_plan.h"
 
 namespace dtrain::engine::parallel {
+namespace pipeline = plan::pipeline;  // the plan this runtime executes (plan/pipeline_plan.h)
 namespace {
 
 using pipeline::Action;

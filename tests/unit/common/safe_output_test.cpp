@@ -14,8 +14,10 @@
 #include "common/checkpoint_dir.h"
 #include "common/error.h"
 #include "common/job_spec.h"
-#include "common/model_size.h"
+#include "common/machine_memory.h"
 #include "common/safe_output.h"
+#include "plan/combinations.h"
+#include "plan/model_size.h"
 #include "tests/support/child.h"
 
 namespace fs = std::filesystem;
@@ -150,24 +152,25 @@ TEST_CASE("job spec sizes: products are checked against stated maxima, not overf
   CHECK(has(e, "train.micro_batch(1000000000) * train.grad_accum(1) * parallel.dp(1) = 1000000000"));
   CHECK(has(e, "maximum 16777216"));
   CHECK_FALSE(has(e, "-294967296"));
+  // The parameter count's maximum is the cost model's (plan/), checked before any worker starts.
   e = config_error([] {
-    dtrain::parse_job_spec("", "s.yaml", {"model.d_model=1000000", "model.heads=1"});
+    dtrain::plan::check_combinations(dtrain::parse_job_spec("", "s.yaml", {"model.d_model=1000000", "model.heads=1"}));
   });
   CHECK(has(e, "model.d_model = 1000000"));
   CHECK(has(e, "more than the maximum 1e12"));
   // Within the maxima: no error, and the parameter count follows the GPT.
   dtrain::JobSpec s = dtrain::parse_job_spec("", "s.yaml", {"model.d_model=64", "model.layers=2"});
   const double d = 64, v = 256, T = 64;
-  CHECK(dtrain::model_size(s).params == doctest::Approx(2 * v * d + T * d + 2 * (12 * d * d + 13 * d) + 2 * d));
+  CHECK(dtrain::plan::model_size(s).params == doctest::Approx(2 * v * d + T * d + 2 * (12 * d * d + 13 * d) + 2 * d));
 }
 
 TEST_CASE("memory check: training state larger than this machine is refused unless allowed") {
   dtrain::JobSpec s = dtrain::parse_job_spec("", "big.yaml", {"model.d_model=16384", "model.heads=1", "model.layers=64"});
   REQUIRE(dtrain::machine_memory_bytes() > 0);
-  std::string e = config_error([&] { dtrain::check_fits_memory(s, false); });
+  std::string e = config_error([&] { dtrain::plan::check_fits_memory(s, false); });
   CHECK(has(e, "model.d_model = 16384"));
   CHECK(has(e, "--allow-large"));
-  CHECK(config_error([&] { dtrain::check_fits_memory(s, true); }) == "");
+  CHECK(config_error([&] { dtrain::plan::check_fits_memory(s, true); }) == "");
   dtrain::JobSpec small = dtrain::parse_job_spec("", "small.yaml");
-  CHECK(config_error([&] { dtrain::check_fits_memory(small, false); }) == "");
+  CHECK(config_error([&] { dtrain::plan::check_fits_memory(small, false); }) == "");
 }

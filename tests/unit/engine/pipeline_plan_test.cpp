@@ -3,7 +3,7 @@
 // in-flight counts and bubble that theory predicts; hand-broken plans (missing
 // receive, deadlock, wrong or reordered send, missing backward) are rejected
 // with a message naming the rank and action; bad specs name their field.
-#include "engine/parallel/pipeline/plan.h"
+#include "plan/pipeline_plan.h"
 
 #include <doctest/doctest.h>
 
@@ -15,7 +15,7 @@
 
 using dtrain::Error;
 using dtrain::ErrorCode;
-using namespace dtrain::engine::parallel::pipeline;
+using namespace dtrain::plan::pipeline;
 
 namespace {
 

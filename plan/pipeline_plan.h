@@ -2,13 +2,18 @@
 // build_plan turns a PlanSpec into one list of actions per pipeline rank, simulate
 // checks a plan against the runtime's model (dependencies, message order, deadlock,
 // in-flight micro-batches) and times it, format_plan prints it. Pure C++: no
-// LibTorch, no communication; the runtime that executes a Plan lives elsewhere.
+// LibTorch, no communication; the engine's runtime executes a Plan
+// (engine/parallel/pipeline/pipeline_schedule.h).
 #pragma once
 
 #include <string>
 #include <vector>
 
-namespace dtrain::engine::parallel::pipeline {
+namespace dtrain {
+struct JobSpec;
+}
+
+namespace dtrain::plan::pipeline {
 
 // Stages: p ranks hold v chunks each; global stage s = chunk * p + rank
 // (Megatron's interleaved placement), P = p * v stages in all. Stage 0 reads
@@ -54,6 +59,10 @@ struct PlanSpec {
   int micro = 1;              // m: micro-batches per step (train.grad_accum)
   int virtual_stages = 1;     // v: chunks per rank (interleaved_1f1b only)
 };
+
+// The plan a job spec asks for: parallel.pipeline.schedule, parallel.pp,
+// train.grad_accum and parallel.pipeline.virtual_stages.
+PlanSpec plan_spec_from(const JobSpec& spec);
 
 // One list per pipeline rank 0..stages-1, run in order.
 using Plan = std::vector<std::vector<Action>>;
@@ -133,4 +142,4 @@ std::string format_plan(const PlanSpec& spec, const Plan& plan);
 // (each stage idle p-1 ticks of F + B - W, Qi et al.'s estimate).
 double ideal_bubble(const PlanSpec& spec);
 
-}  // namespace dtrain::engine::parallel::pipeline
+}  // namespace dtrain::plan::pipeline

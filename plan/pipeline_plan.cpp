@@ -2,7 +2,7 @@
 // of actions, and the checker that runs them against the runtime's model
 // (buffered sends, blocking receives, messages matched in order per peer and
 // direction). Pure C++; nothing here touches tensors or sockets.
-#include "engine/parallel/pipeline/plan.h"
+#include "plan/pipeline_plan.h"
 
 #include <algorithm>
 #include <climits>
@@ -12,8 +12,19 @@
 #include <tuple>
 
 #include "common/error.h"
+#include "common/job_spec.h"
 
-namespace dtrain::engine::parallel::pipeline {
+namespace dtrain::plan::pipeline {
+
+PlanSpec plan_spec_from(const JobSpec& spec) {
+  PlanSpec p;
+  p.kind = spec.parallel.pipeline_schedule;
+  p.stages = spec.parallel.pp;
+  p.micro = spec.train.grad_accum;
+  p.virtual_stages = spec.parallel.pipeline_virtual_stages;
+  return p;
+}
+
 namespace {
 
 bool is_compute(Op op) {
@@ -470,4 +481,4 @@ std::string format_plan(const PlanSpec& spec, const Plan& plan) {
   return out + "\n";
 }
 
-}  // namespace dtrain::engine::parallel::pipeline
+}  // namespace dtrain::plan::pipeline

@@ -1,12 +1,13 @@
-// The memory and compute planner: what each rank of a job spec will hold
-// before it runs. Parameter, gradient and AdamW bytes exactly as the engine
-// lays them out (tensor-parallel slices, pipeline stages, ZeRO's padded flat
-// units), activation bytes per micro-batch from the tensors autograd saves
-// in this GPT (Korthikanti et al. 2022, adapted: recompute, sequence
-// parallelism, tiled attention, dropout masks) times the micro-batches the
-// pipeline schedule keeps in flight, backward's largest temporaries, MoE
-// experts, the dataset's host copy and FLOPs per step. Pure C++ (no LibTorch): `dtrain plan` and the trainer's
-// predicted-vs-measured check share it. Communication is topology's business.
+// The memory planner: what each rank of a job spec will hold before it
+// runs. Parameter, gradient and AdamW bytes exactly as the engine lays them
+// out (the tensors of gpt_params.h, tensor-parallel slices, pipeline stages,
+// ZeRO's padded flat units), activation bytes per micro-batch from the
+// tensors autograd saves in this GPT (Korthikanti et al. 2022, adapted:
+// recompute, sequence parallelism, tiled attention, dropout masks) times the
+// micro-batches the pipeline schedule keeps in flight (pipeline_plan.h),
+// backward's largest temporaries, MoE experts, the dataset's host copy; and
+// FLOPs per step (flops.h). `dtrain plan` and the trainer's
+// predicted-vs-measured check share it. Communication: traffic.h.
 #pragma once
 
 #include <algorithm>
@@ -16,7 +17,7 @@
 
 #include "common/job_spec.h"
 
-namespace dtrain::engine::planner {
+namespace dtrain::plan {
 
 struct RankMemory {
   int rank = 0;
@@ -57,4 +58,4 @@ std::string format_bytes(double bytes);
 // The table `dtrain plan` prints (one line per rank) and its JSON form.
 std::string plan_to_text(const JobSpec& spec, const MemoryPlan& plan);
 
-}  // namespace dtrain::engine::planner
+}  // namespace dtrain::plan

@@ -1,32 +1,21 @@
-// model_size and check_fits_memory (model_size.h). The parameter count
-// follows engine/model/gpt.cpp: untied embedding and head, wpe of seq_len
-// rows, per block 12 d^2 + 13 d (qkv, proj, fc, proj with biases, two norms);
-// a MoE block (engine/model/moe.h) trades the MLP (8 d^2 + 5 d) for a router
-// (d E) and E experts of 2 d F + F + d, of which a rank holds E / ep.
-#include "common/model_size.h"
-
-#include <unistd.h>
+// model_size, model_size_problems and check_fits_memory (model_size.h),
+// from gpt_param_count. A rank holds 1 / (tp * pp) of the dense parameters
+// (an even share: memory_plan.h has the exact units) and E / ep experts.
+#include "plan/model_size.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <fstream>
 
 #include "common/error.h"
+#include "common/machine_memory.h"
+#include "plan/gpt_params.h"
 
-namespace dtrain {
+namespace dtrain::plan {
 
 ModelSize model_size(const JobSpec& spec) {
-  const ModelSpec& m = spec.model;
-  const double d = m.d_model, v = m.vocab, t = m.seq_len, l = m.layers;
+  const ParamCount count = gpt_param_count(spec.model);
   ModelSize s;
-  const MoeSpec& moe = m.moe;
-  const double experts = std::max(0, moe.experts), f = moe.d_ff > 0 ? moe.d_ff : 4 * d;
-  const double moe_blocks = experts > 0 ? std::ceil(l / std::max(1, moe.every)) : 0;
-  const double expert_params = moe_blocks * experts * (2 * d * f + f + d);
-  const double dense = 2 * v * d + t * d + l * (12 * d * d + 13 * d) + 2 * d +
-                       moe_blocks * (d * experts - (8 * d * d + 5 * d));
-  s.params = dense + expert_params;
+  s.params = count.total();
   s.state_bytes = s.params * kStateBytesPerParam;
   const ParallelSpec& p = spec.parallel;
   const double split = double(std::max(1, p.tp)) * double(std::max(1, p.pp));
@@ -36,25 +25,31 @@ ModelSize model_size(const JobSpec& spec) {
   // Experts: E / ep per rank, never ZeRO-sharded.
   const double weights = 4 / (p.zero >= 3 ? dp : 1), grads = 4 / (p.zero >= 2 ? dp : 1),
                optim = 8 / (p.zero >= 1 ? dp : 1);
-  s.rank_bytes = dense / split * (weights + grads + optim) +
-                 expert_params / std::max(1, p.ep) * kStateBytesPerParam;
+  s.rank_bytes = count.dense / split * (weights + grads + optim) +
+                 count.experts / std::max(1, p.ep) * kStateBytesPerParam;
   s.node_bytes = s.rank_bytes * std::max(1, spec.cluster.procs_per_node);
   return s;
 }
 
-uint64_t machine_memory_bytes() {
-  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  uint64_t bytes = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
-  std::ifstream cg("/sys/fs/cgroup/memory.max");
-  unsigned long long limit = 0;
-  if (cg >> limit && limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;  // "max" reads as 0
-  return bytes;
+std::vector<std::string> model_size_problems(const JobSpec& spec) {
+  const ModelSpec& m = spec.model;
+  if (m.vocab < 1 || m.layers < 1 || m.d_model < 1 || m.seq_len < 1) return {};  // the parser's errors
+  const double params = gpt_param_count(m).total();
+  if (params <= kMaxParams) return {};
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", params);
+  const bool moe = m.moe.experts > 0;
+  return {"model.d_model = " + std::to_string(m.d_model) + ", model.layers = " + std::to_string(m.layers) +
+          ", model.vocab = " + std::to_string(m.vocab) +
+          (moe ? ", model.moe.experts = " + std::to_string(m.moe.experts) : std::string()) + ": " + text +
+          " parameters, more than the maximum 1e12 (16 TB of fp32 training state); use a smaller "
+          "model.d_model or model.layers" + (moe ? " or fewer model.moe.experts" : "")};
 }
 
-std::string gigabytes(double bytes) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.2f GB", bytes / 1e9);
-  return buf;
+void check_model_size(const JobSpec& spec) {
+  const std::vector<std::string> problems = model_size_problems(spec);
+  if (!problems.empty())
+    throw Error(ErrorCode::config, spec.source + ": " + problems.front(), "shrink the model fields named above");
 }
 
 void check_fits_memory(const JobSpec& spec, bool allow_large) {
@@ -76,4 +71,4 @@ void check_fits_memory(const JobSpec& spec, bool allow_large) {
               "pass --allow-large to try anyway");
 }
 
-}  // namespace dtrain
+}  // namespace dtrain::plan

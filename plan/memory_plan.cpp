@@ -1,6 +1,6 @@
 // plan_memory (memory_plan.h). Model states follow the engine's code:
-// engine/model/gpt.cpp (parameter shapes), engine/parallel/tensor (which are
-// split by tp), engine/parallel/pipeline (which blocks a stage holds) and
+// gpt_params.h (parameter shapes and which tp splits, as engine/model and
+// engine/parallel/tensor build them), engine/parallel/pipeline (which blocks a stage holds) and
 // engine/parallel/zero/flat_layout.h (units padded to a multiple of dp, rank
 // r's shard). Activations count, per micro-batch, the fp32 tensors autograd
 // saves in this GPT's forward (see activation_elems); the pipeline's
@@ -11,7 +11,7 @@
 // Legend: b = micro_batch, s = seq_len, h = d_model, a = heads, V = vocab,
 // t = tp, tsp = t with sequence parallelism (else 1), L = layers,
 // E = experts, K = top_k, F = an expert's hidden width, N = bs tokens.
-#include "engine/planner/memory_plan.h"
+#include "plan/memory_plan.h"
 
 #include <algorithm>
 #include <cctype>
@@ -23,9 +23,11 @@
 
 #include "common/error.h"
 #include "common/mesh.h"
-#include "engine/parallel/pipeline/plan.h"
+#include "plan/flops.h"
+#include "plan/gpt_params.h"
+#include "plan/pipeline_plan.h"
 
-namespace dtrain::engine::planner {
+namespace dtrain::plan {
 namespace {
 
 constexpr int64_t kFloat = 4;  // bytes per fp32 element
@@ -35,7 +37,9 @@ struct Dims {
   bool drop, tiled;
   std::string recompute;
   int64_t E = 0, K = 1, F = 0, every = 1, ep = 1;  // MoE (E = 0: dense)
-  bool moe_block(int64_t layer) const { return E > 0 && layer % every == 0; }
+  const ModelSpec* model = nullptr;  // the tensors (gpt_params.h)
+  TpView view;
+  bool moe_block(int64_t layer) const { return is_moe_block(*model, layer); }
 };
 
 Dims dims_of(const JobSpec& spec) {
@@ -52,30 +56,23 @@ Dims dims_of(const JobSpec& spec) {
   d.drop = spec.model.dropout > 0.0;
   d.tiled = spec.model.attention == "tiled";
   d.recompute = spec.train.recompute;
+  d.model = &spec.model;
+  d.view = tp_view(spec);
   const MoeSpec& m = spec.model.moe;
   if (m.experts > 0) {
     d.E = m.experts, d.K = std::max(1, m.top_k), d.every = std::max(1, m.every);
-    d.F = m.d_ff > 0 ? m.d_ff : 4 * d.h;
+    d.F = expert_hidden(spec.model);
     d.ep = std::max(1, spec.parallel.ep);
   }
   return d;
 }
 
-// Parameter elements of each unit on one tp rank: embeddings (wte rows split
-// when vocab-parallel, wpe whole), a block (qkv and mlp.fc rows and biases,
-// attn.proj and mlp.proj columns split; LayerNorms and row-parallel biases
-// whole), the head (ln_f whole, head rows split when vocab-parallel).
-int64_t embedding_numel(const Dims& d) { return d.V * d.h / d.vt + d.s * d.h; }
-// A MoE block holds the router (h x E, whole) in place of the MLP; its
-// experts are expert_numel.
-int64_t block_numel(const Dims& d, int64_t layer) {
-  const int64_t h = d.h;
-  const int64_t mlp = d.moe_block(layer) ? h * d.E : (4 * h * h + 4 * h) / d.t + 4 * h * h / d.t + h;
-  return 2 * h + (3 * h * h + 3 * h) / d.t + h * h / d.t + h + 2 * h + mlp;
-}
-// One rank's experts of one MoE block: E / ep of them, fc (F x h + F) and proj (h x F + h).
-int64_t expert_numel(const Dims& d) { return d.E / d.ep * (2 * d.h * d.F + d.F + d.h); }
-int64_t head_numel(const Dims& d) { return 2 * d.h + d.V * d.h / d.vt; }
+// Parameter elements of each unit on one tp rank (gpt_params.h: which
+// tensors tp slices). One rank's experts of one MoE block: E / ep of them.
+int64_t embedding_numel(const Dims& d) { return rank_numel(embedding_tensors(*d.model), d.view); }
+int64_t block_numel(const Dims& d, int64_t layer) { return rank_numel(block_tensors(*d.model, layer), d.view); }
+int64_t expert_numel(const Dims& d) { return d.E / d.ep * rank_numel(expert_tensors(*d.model), TpView{}); }
+int64_t head_numel(const Dims& d) { return rank_numel(head_tensors(*d.model), d.view); }
 
 // The blocks a pipeline rank holds, in order: its chunks c are the global
 // stages c * pp + pp_rank, of spec.stage_layers() blocks each
@@ -206,12 +203,8 @@ double backward_transient_elems(const Dims& d, bool has_head) {
 
 int in_flight_of(const JobSpec& spec, int pp_rank) {
   if (spec.parallel.pp == 1) return 1;
-  parallel::pipeline::PlanSpec p;
-  p.kind = spec.parallel.pipeline_schedule;
-  p.stages = spec.parallel.pp;
-  p.micro = spec.train.grad_accum;
-  p.virtual_stages = spec.parallel.pipeline_virtual_stages;
-  const auto sim = parallel::pipeline::simulate(p, parallel::pipeline::build_plan(p));
+  const pipeline::PlanSpec p = pipeline::plan_spec_from(spec);
+  const auto sim = pipeline::simulate(p, pipeline::build_plan(p));
   if (!sim.ok) throw Error(ErrorCode::config, "parallel.pipeline: the simulator rejects the plan: " + sim.error);
   return sim.max_in_flight[size_t(pp_rank)];
 }
@@ -280,18 +273,7 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
 MemoryPlan plan_memory(const JobSpec& spec) {
   MemoryPlan plan;
   for (int r = 0; r < spec.world(); ++r) plan.ranks.push_back(plan_rank(spec, r));
-  // FLOPs: 2 per multiply-add; a forward's matmuls are 24bsh^2 + 4bs^2h per
-  // layer (causal: half the score work is skipped only by tiled) plus the
-  // head's 2bshV; backward is twice the forward; recompute adds a forward
-  // of the blocks (full) or of the attention core (selective).
-  const Dims d = dims_of(spec);
-  const double bs = double(d.b) * d.s, gb = double(spec.global_batch()) / d.b;
-  const double layer_mm = 24.0 * bs * d.h * d.h, layer_att = 4.0 * bs * d.s * d.h * (d.tiled ? 0.5 : 1.0);
-  const double fwd = d.L * (layer_mm + layer_att) + 2.0 * bs * d.h * d.V;
-  double re = 0;
-  if (d.recompute == "full") re = d.L * (layer_mm + layer_att);
-  if (d.recompute == "selective") re = d.L * layer_att;
-  plan.flops_per_step = gb * (3 * fwd + re);
+  plan.flops_per_step = flops_per_step(spec);
   return plan;
 }
 
@@ -338,4 +320,4 @@ std::string plan_to_text(const JobSpec& spec, const MemoryPlan& plan) {
   return out;
 }
 
-}  // namespace dtrain::engine::planner
+}  // namespace dtrain::plan

@@ -1,16 +1,16 @@
-// How big a job's model and training state are, from the spec alone (no
-// LibTorch): parameter count of the GPT, fp32 training state (parameters,
+// How big a job's model and training state are, from the spec alone:
+// parameter count (gpt_params.h), fp32 training state (parameters,
 // gradients, AdamW's two moments) for the whole model, one rank and one
-// machine, and whether that fits this machine's memory. Activations and
-// communication buffers are not counted (they scale with the batch).
+// machine; the largest model dtrain accepts, and whether a job's state fits
+// this machine. Activations and buffers: memory_plan.h.
 #pragma once
 
-#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/job_spec.h"
 
-namespace dtrain {
+namespace dtrain::plan {
 
 // Largest model dtrain accepts: 10^12 parameters (16 TB of fp32 state).
 constexpr double kMaxParams = 1e12;
@@ -26,15 +26,18 @@ struct ModelSize {
 
 ModelSize model_size(const JobSpec& spec);
 
-// Physical memory of this machine (or the cgroup's limit when lower); 0 = unknown.
-uint64_t machine_memory_bytes();
-
-// "1.50 GB"
-std::string gigabytes(double bytes);
+// The model's problem when it has more than kMaxParams parameters (the
+// fields to change and the count), else nothing. Every later figure
+// assumes a model below the limit.
+std::vector<std::string> model_size_problems(const JobSpec& spec);
+// Throws dtrain::Error(config) with that problem. Every command that
+// computes figures from a spec calls it first (the parser does not know
+// the parameter count).
+void check_model_size(const JobSpec& spec);
 
 // Throws dtrain::Error(config) when cluster.device = cpu and one machine's
 // ranks need more memory for their training state than this machine has,
 // unless allow_large. GPU memory is the device's: not checked here.
 void check_fits_memory(const JobSpec& spec, bool allow_large);
 
-}  // namespace dtrain
+}  // namespace dtrain::plan
