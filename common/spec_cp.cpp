@@ -1,8 +1,8 @@
-// The job spec's mesh-order and context-parallelism rules: parallel.order
+// The job spec's mesh-order and context-parallelism fields: parallel.order
 // names every axis once; parallel.cp splits model.seq_len into 2 x cp chunks
-// (two per rank, load-balanced for the causal mask) and composes with dp, tp,
-// pp and ZeRO, not yet with MoE, sequence parallelism or the naive attention.
-// Problems are collected like the rest of validate_spec; nothing throws.
+// (two per rank, load-balanced for the causal mask). Which features cp runs
+// with is the cost model's rule (plan/combinations.cpp). Problems are
+// collected like the rest of validate_spec; nothing throws.
 #include <string>
 
 #include "common/spec_detail.h"
@@ -30,17 +30,6 @@ void validate_cp(const JobSpec& s, const SpecOrigin& origin, Problems& problems)
                              " divisible by 2 x cp = " + std::to_string(2 * p.cp) +
                              " (each rank holds two chunks of seq_len / (2 cp) tokens); use a seq_len that is a "
                              "multiple of " + std::to_string(2 * p.cp) + " or a smaller cp");
-  if (!bad({"model.moe.experts"}) && s.model.moe.experts > 0)
-    error("parallel.cp", cp + " with model.moe.experts = " + std::to_string(s.model.moe.experts) +
-                             ": mixture of experts does not run under context parallelism yet; use parallel.cp 1 "
-                             "or a dense model (model.moe.experts 0)");
-  if (p.sequence_parallel)
-    error("parallel.cp", cp + " with parallel.sequence_parallel = true: the two do not compose yet; set "
-                             "parallel.sequence_parallel false (cp already splits the activations by sequence)");
-  if (!bad({"model.attention"}) && s.model.attention != "tiled")
-    error("model.attention", "model.attention = " + s.model.attention + " with " + cp +
-                                 ": context parallelism runs ring attention over the tiled kernel; set "
-                                 "model.attention: tiled");
 }
 
 }  // namespace dtrain::detail

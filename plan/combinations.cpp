@@ -41,6 +41,24 @@ void moe_rules(const JobSpec& spec, Problems& out) {
                   "making them a multiple of tp");
 }
 
+// Context parallelism: ring attention over the tiled kernel, dense blocks,
+// and the sequence split by cp alone.
+void context_rules(const JobSpec& spec, Problems& out) {
+  const int cp = spec.parallel.cp;
+  if (cp <= 1) return;
+  const std::string at = "parallel.cp = " + std::to_string(cp);
+  if (spec.model.moe.experts > 0)
+    out.push_back(at + " with model.moe.experts = " + std::to_string(spec.model.moe.experts) +
+                  ": mixture of experts does not run under context parallelism yet; use parallel.cp 1 or a "
+                  "dense model (model.moe.experts 0)");
+  if (spec.parallel.sequence_parallel)
+    out.push_back(at + " with parallel.sequence_parallel = true: the two do not compose yet; set "
+                       "parallel.sequence_parallel false (cp already splits the activations by sequence)");
+  if (spec.model.attention != "tiled")
+    out.push_back("model.attention = " + spec.model.attention + " with " + at +
+                  ": context parallelism runs ring attention over the tiled kernel; set model.attention: tiled");
+}
+
 void precision_rules(const JobSpec& spec, Problems& out) {
   if (spec.train.precision != "fp32" && spec.train.precision != "bf16")
     out.push_back("train.precision = " + spec.train.precision +
@@ -51,9 +69,10 @@ void model_rules(const JobSpec& spec, Problems& out) {
   if (spec.model.kind != "gpt") out.push_back("model.kind = " + spec.model.kind + " is unknown; use kind gpt");
 }
 
-// In the order the engine reported them. A new parallelism (e.g. context
-// parallelism: parallel.cp) adds one row with its own rules.
-constexpr void (*kRules[])(const JobSpec&, Problems&) = {pipeline_rules, moe_rules, precision_rules, model_rules};
+// In the order the engine reported them. A new parallelism adds one row
+// with its own rules.
+constexpr void (*kRules[])(const JobSpec&, Problems&) = {pipeline_rules, moe_rules, context_rules, precision_rules,
+                                                         model_rules};
 
 }  // namespace
 

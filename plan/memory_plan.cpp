@@ -45,7 +45,7 @@ struct Dims {
 Dims dims_of(const JobSpec& spec) {
   Dims d;
   d.b = spec.train.micro_batch;
-  d.s = spec.model.seq_len;
+  d.s = spec.model.seq_len / std::max(1, spec.parallel.cp);  // this rank's tokens: cp splits the sequence
   d.h = spec.model.d_model;
   d.a = spec.model.heads;
   d.V = spec.model.vocab;
@@ -103,8 +103,10 @@ std::vector<int64_t> units_of_stage(const JobSpec& spec, const Dims& d, int pp_r
   return units;
 }
 
+// ZeRO shards over every replica of the shard: dp x cp ranks (dp_rank: the
+// rank's index among them).
 void model_states(const JobSpec& spec, const std::vector<int64_t>& units, int dp_rank, RankMemory& r) {
-  const int n = spec.parallel.dp, z = spec.parallel.zero;
+  const int n = spec.parallel.dp * std::max(1, spec.parallel.cp), z = spec.parallel.zero;
   int64_t numel = 0, padded = 0, shard = 0, owned = 0;
   for (int64_t u : units) {
     const int64_t pad = std::max<int64_t>((u + n - 1) / n * n, n);
@@ -213,13 +215,16 @@ int in_flight_of(const JobSpec& spec, int pp_rank) {
 
 RankMemory plan_rank(const JobSpec& spec, int rank) {
   const Dims d = dims_of(spec);
-  const mesh::Coord mc = mesh::coord_of(spec.mesh(), rank);
+  const mesh::Mesh m = spec.mesh();
+  const mesh::Coord mc = mesh::coord_of(m, rank);
+  const std::vector<int> replicas = mesh::group_of(m, mesh::GroupKind::dp_cp, rank);
+  const int replica = int(std::find(replicas.begin(), replicas.end(), rank) - replicas.begin());
   const struct { int dp, tp, pp; } c{mc[mesh::Axis::dp], mc[mesh::Axis::tp], mc[mesh::Axis::pp]};
   RankMemory r;
   r.rank = rank;
-  r.dp = c.dp, r.tp = c.tp, r.pp = c.pp;
+  r.dp = c.dp, r.tp = c.tp, r.pp = c.pp, r.cp = mc[mesh::Axis::cp];
   const std::vector<int64_t> units = units_of_stage(spec, d, c.pp);
-  model_states(spec, units, c.dp, r);
+  model_states(spec, units, replica, r);
   int64_t moe_blocks = 0, unit_numel = 0;
   const std::vector<int64_t> rank_blocks = blocks_of_stage(spec, d, c.pp);
   for (int64_t l : rank_blocks)
@@ -257,12 +262,13 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   // The expert sync all-reduces one flat copy of the experts' gradients
   // over the ranks holding the same experts (dp x tp / ep of them).
   if (experts > 0 && spec.parallel.dp * spec.parallel.tp / d.ep > 1) transient += double(experts);
-  if (spec.parallel.zero == 3 && spec.parallel.dp > 1) {
+  const int shards = spec.parallel.dp * std::max(1, spec.parallel.cp);  // ZeRO's shard group: dp x cp
+  if (spec.parallel.zero == 3 && shards > 1) {
     // Gathered units: the running one and the prefetched one in forward;
     // in backward the unit's full gradient too.
     const int64_t largest = *std::max_element(units.begin(), units.end());
     transient += double(largest) * (spec.parallel.fsdp_prefetch ? 3 : 2);
-  } else if (spec.parallel.zero == 2 && spec.parallel.dp > 1) {
+  } else if (spec.parallel.zero == 2 && shards > 1) {
     transient += double(*std::max_element(units.begin(), units.end()));  // a unit's full gradient
   }
   r.transient_bytes = int64_t(kFloat * transient);
@@ -306,7 +312,8 @@ std::string plan_to_text(const JobSpec& spec, const MemoryPlan& plan) {
                 "need");
   out += line;
   for (const auto& r : plan.ranks) {
-    const std::string coord = "dp" + std::to_string(r.dp) + " tp" + std::to_string(r.tp) + " pp" + std::to_string(r.pp);
+    std::string coord = "dp" + std::to_string(r.dp) + " tp" + std::to_string(r.tp) + " pp" + std::to_string(r.pp);
+    if (spec.parallel.cp > 1) coord += " cp" + std::to_string(r.cp);
     std::snprintf(line, sizeof line, "%-5d %-14s %12s %12s %12s %12s %12s %12s %12s %9d %12s %12s\n", r.rank,
                   coord.c_str(),
                   format_bytes(double(r.param_bytes)).c_str(), format_bytes(double(r.grad_bytes)).c_str(),

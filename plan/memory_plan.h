@@ -21,7 +21,7 @@ namespace dtrain::plan {
 
 struct RankMemory {
   int rank = 0;
-  int dp = 0, tp = 0, pp = 0;  // coordinates (common/mesh.h)
+  int dp = 0, tp = 0, pp = 0, cp = 0;  // coordinates (common/mesh.h)
   int64_t param_bytes = 0;      // as GradSync::memory() reports them
   int64_t grad_bytes = 0;
   int64_t optimizer_bytes = 0;  // AdamW's two moments (allocated in step 1)
