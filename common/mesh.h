@@ -44,6 +44,9 @@ struct GroupDef {
   const char* role;           // what uses it (docs, `dtrain topo`)
 };
 const std::vector<GroupDef>& group_defs();
+// Where gradients are reduced: every replica of a shard, dp x cp; the dp
+// group itself (its name in logs and hang reports) when cp = 1.
+inline GroupKind gradient_group(int cp) { return cp > 1 ? GroupKind::dp_cp : GroupKind::dp; }
 const char* group_name(GroupKind kind);
 bool parse_group(std::string_view name, GroupKind* out);
 

@@ -89,7 +89,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     out.groups.push_back(std::make_unique<comm::NoSyncGroup>(comm.group(kind)));
     return *out.groups.back();
   };
-  comm::Group& replicas = grad_group(mesh::GroupKind::dp_cp);
+  comm::Group& replicas = grad_group(mesh::gradient_group(comm.info().mesh.cp()));
   if (spec.parallel.zero > 0) {
     ZeroOptions z;
     z.stage = spec.parallel.zero;

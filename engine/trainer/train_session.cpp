@@ -97,7 +97,7 @@ std::unique_ptr<TrainSession> make_train_session() {
   copt.shm = spec.cluster.shm;
   copt.gloo_native_reduce_scatter = spec.cluster.gloo_reduce_scatter == "native";
   s->comm = comm::init_comm(s->info, copt);
-  s->dp = &s->comm->group(mesh::GroupKind::dp_cp);  // every replica of this shard: dp x cp
+  s->dp = &s->comm->group(mesh::gradient_group(s->info.mesh.cp()));  // every replica of this shard: dp x cp
   // Every rank, into its own log: the coordinates `dtrain topo` shows for it.
   DTRAIN_INFO("rank {} coordinates {} in mesh {}", s->info.rank, mesh::describe(s->info.mesh, s->info.coord),
               mesh::describe(s->info.mesh));
