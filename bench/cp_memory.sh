@@ -43,18 +43,20 @@ say("# measured peak = memory.tsv peak_bytes of rank 0 (largest step peak, count
 say("#   gradients, optimizer state and activations); plan = dtrain plan's rank 0 peak and activation bytes;")
 say("# tokens/s = median over steps 2.. of metrics.jsonl (all ranks share this machine's cores)")
 say(f"# load average at start: {load0}; reproduce: {cmd}")
-say(f"{'cp':>3} {'measured_peak_B':>16} {'plan_peak_B':>12} {'plan/meas':>9} {'plan_act_B':>12} {'peak vs cp1':>11} {'act vs cp1':>10} {'tokens/s':>9}")
+say("# measured act = measured peak - (param + grad + optimizer bytes of memory.tsv): what the step adds on top")
+say(f"{'cp':>3} {'measured_peak_B':>16} {'plan_peak_B':>12} {'plan/meas':>9} {'measured_act_B':>15} {'plan_act_B':>12} {'meas act vs cp1':>15} {'plan act vs cp1':>15} {'tokens/s':>9}")
 base = None
 for cp in cps.split():
     name = f"cp{cp}"
     rows = [l.split("\t") for l in open(os.path.join(tmp, name, "memory.tsv")).read().splitlines()[1:]]
     meas = int(rows[0][4])
+    meas_act = meas - int(rows[0][1]) - int(rows[0][2]) - int(rows[0][3])
     r0 = json.load(open(os.path.join(tmp, name + ".plan.json")))["ranks"][0]
     recs = [json.loads(l) for l in open(os.path.join(tmp, name, "metrics.jsonl"))]
     tps = sorted(r["tokens_per_s"] for r in recs if "tokens_per_s" in r and r.get("step", 0) >= 2)
     tp = tps[len(tps) // 2] if tps else float("nan")
-    base = base or (meas, r0["activation_bytes"])
-    say(f"{cp:>3} {meas:>16} {r0['peak_bytes']:>12} {r0['peak_bytes'] / meas:>9.3f} {r0['activation_bytes']:>12} "
-        f"{meas / base[0]:>11.3f} {r0['activation_bytes'] / base[1]:>10.3f} {tp:>9.0f}")
+    base = base or (meas_act, r0["activation_bytes"])
+    say(f"{cp:>3} {meas:>16} {r0['peak_bytes']:>12} {r0['peak_bytes'] / meas:>9.3f} {meas_act:>15} {r0['activation_bytes']:>12} "
+        f"{meas_act / base[0]:>15.3f} {r0['activation_bytes'] / base[1]:>15.3f} {tp:>9.0f}")
 open(out_path, "w").write("\n".join(lines) + "\n")
 PYEOF

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/support/parity.h"
 
 namespace {
@@ -65,7 +67,21 @@ void check_ring_bytes(const std::string& name, int dp, int cp, int tp, int pp) {
     ++rows;
   }
   CHECK(rows == dp * cp * tp * pp);
-  MESSAGE(name << ": every rank's cp group carried " << want << " bytes in the last step (the ring's formula)");
+  // `dtrain topo` predicts the same bytes for every cp group.
+  std::vector<std::string> argv = {dtrain::testing::dtrain_bin(), "topo", p.dir / "spec.yaml", "--format", "json"};
+  for (const auto& set : with(kCommon, layout(dp, cp, tp, pp))) argv.insert(argv.end(), {"--set", set});
+  auto [code, out] = dtrain::testing::run_command(argv, p.dir / (name + ".topo.json"));
+  REQUIRE(code == 0);
+  int groups = 0;
+  const nlohmann::json topo = nlohmann::json::parse(out);
+  for (const auto& g : topo["groups"])
+    if (g["axis"] == "cp") {
+      CHECK(g["bytes_per_step"].get<long long>() == want);
+      ++groups;
+    }
+  CHECK(groups == dp * tp * pp);
+  MESSAGE(name << ": every rank's cp group carried " << want << " bytes in the last step, as `dtrain topo` predicts for "
+               << groups << " cp groups (the ring's formula)");
 }
 
 }  // namespace
@@ -88,6 +104,22 @@ TEST_CASE("cp parity: dp 2 x cp 2 x tp 2, cp 2 x pp 2 and dp 2 x cp 2 with ZeRO-
   check_ring_bytes("cp2_pp2", 1, 2, 1, 2);
   compare("dp2_cp2_zero3 vs 1 process", cached("dp2_cp2_zero3", with(layout(2, 2), {"parallel.zero=3"})), nullptr,
           ref);
+}
+
+TEST_CASE("dtrain plan: a rank's activation bytes fall as 1/cp at seq_len 512") {
+  auto& p = Parity::get();
+  std::vector<long long> act;
+  for (int cp : {1, 2, 4}) {
+    std::vector<std::string> argv = {dtrain::testing::dtrain_bin(), "plan", p.dir / "spec.yaml", "--format", "json",
+                                     "--no-probe"};
+    for (const auto& set : with(kCommon, with(layout(1, cp), {"model.seq_len=512"}))) argv.insert(argv.end(), {"--set", set});
+    auto [code, out] = dtrain::testing::run_command(argv, p.dir / ("plan_cp" + std::to_string(cp) + ".json"));
+    REQUIRE(code == 0);
+    act.push_back(nlohmann::json::parse(out)["ranks"][0]["activation_bytes"].get<long long>());
+  }
+  MESSAGE("plan's rank 0 activation bytes at cp 1, 2, 4: " << act[0] << ", " << act[1] << ", " << act[2]);
+  CHECK(act[1] * 2 == act[0]);
+  CHECK(act[2] * 4 == act[0]);
 }
 
 TEST_CASE("a cp 2 checkpoint resumes at cp 1 and at cp 4 within 1e-5 of the straight run") {
