@@ -151,8 +151,8 @@ struct TrainSpec {
 };
 
 struct DataSpec {
-  std::string path = "data/corpus.txt";
-  std::string format = "bytes";  // bytes | tokens-u16 | synthetic
+  std::string path = "data/corpus.txt";  // for indexed: PREFIX of PREFIX.idx + PREFIX.bin
+  std::string format = "bytes";  // bytes | tokens-u16 | tokens-u32 | indexed (Megatron) | synthetic
 };
 
 struct CheckpointSpec {

@@ -165,7 +165,7 @@ void check_enums(const Checker& c) {
   if (!s.cluster.memory_per_rank.empty() && parse_byte_size(s.cluster.memory_per_rank) <= 0)
     c.error("cluster.memory_per_rank", "cluster.memory_per_rank = " + s.cluster.memory_per_rank +
                                            " is not a size; write e.g. 80GiB, 512MiB or a byte count");
-  c.one_of("data.format", s.data.format, {"bytes", "tokens-u16", "synthetic"});
+  c.one_of("data.format", s.data.format, {"bytes", "tokens-u16", "tokens-u32", "indexed", "synthetic"});
   if (!c.bad({"parallel.zero"}) && (s.parallel.zero < 0 || s.parallel.zero > 3))
     c.error("parallel.zero", "parallel.zero = " + str(s.parallel.zero) +
                                  ": must be 0 (DDP), 1, 2 or 3 (FSDP full shard)");

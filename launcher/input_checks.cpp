@@ -1,5 +1,7 @@
 // check_data_file (input_checks.h): stat(2) only; the tokens are counted
-// from the file size (1 byte per token for bytes, 2 for tokens-u16).
+// from the file size (1 byte per token for bytes, 2 for tokens-u16, 4 for
+// tokens-u32). An indexed dataset's header and sizes are checked by
+// read_indexed_header; its tokens are checked by the engine at open.
 #include "launcher/input_checks.h"
 
 #include <sys/stat.h>
@@ -8,11 +10,16 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/indexed_format.h"
 
 namespace dtrain::launcher {
 
 void check_data_file(const JobSpec& spec) {
   if (!spec.builtin_entrypoint() || spec.data.format == "synthetic") return;
+  if (spec.data.format == "indexed") {
+    read_indexed_header(spec.data.path);
+    return;
+  }
   const std::string& path = spec.data.path;
   const std::string field = "data.path = " + path;
   const std::string hint = "give data.path a file of tokens (scripts/make-corpus writes one), or "
@@ -25,7 +32,7 @@ void check_data_file(const JobSpec& spec) {
   if (!S_ISREG(st.st_mode))
     throw Error(ErrorCode::config, field + " is not a regular file (a FIFO, socket or device)",
                 hint);
-  const int64_t token_bytes = spec.data.format == "tokens-u16" ? 2 : 1;
+  const int64_t token_bytes = spec.data.format == "tokens-u16" ? 2 : spec.data.format == "tokens-u32" ? 4 : 1;
   const int64_t tokens = int64_t(st.st_size) / token_bytes;
   if (tokens < int64_t(spec.model.seq_len) + 1)
     throw Error(ErrorCode::config,

@@ -1,6 +1,7 @@
 // The token sources of dataset.h: "bytes" (the file read into memory, one
-// token per byte), "tokens-u16" (little-endian uint16 read per sample with
-// pread, checked against the vocabulary at open and per read) and
+// token per byte), "tokens-u16"/"tokens-u32" (little-endian uint16/uint32 read
+// per sample with pread, checked against the vocabulary at open and per read),
+// "indexed" (Megatron's .idx/.bin pair, indexed_tokens.h) and
 // "synthetic" (repeated random phrases with noise, deterministic from the
 // seed, so a model can learn it). File-backed sources stop the run when their
 // file changes under it (data_file.h). Sample i is tokens [i*T, i*T + T]
@@ -9,6 +10,7 @@
 
 #include "common/error.h"
 #include "engine/data/data_file.h"
+#include "engine/data/indexed_tokens.h"
 
 #include <ATen/ops/empty.h>
 
@@ -105,24 +107,28 @@ class ByteDataset final : public TokenDataset {
 
 // ---------------------------------------------------------------------------
 
-// Little-endian uint16 tokens read with pread (data_file.h says why not mmap):
-// the whole file once at open for the vocabulary check, then each sample's
-// window per batch, its tokens checked again (a rewrite that kept size and
-// mtime must not index past the embedding).
-class U16Dataset final : public TokenDataset {
+// Little-endian uint16 or uint32 tokens (`width` bytes) read with pread
+// (data_file.h says why not mmap): the whole file once at open for the
+// vocabulary check, then each sample's window per batch, its tokens checked
+// again (a rewrite that kept size and mtime must not index past the embedding).
+class RawTokenDataset final : public TokenDataset {
  public:
-  U16Dataset(const std::string& path, int seq_len, int vocab) : file_(path, kCorpusHint), seq_len_(seq_len), vocab_(vocab) {
+  RawTokenDataset(const std::string& path, int width, int seq_len, int vocab)
+      : file_(path, kCorpusHint), width_(width), seq_len_(seq_len), vocab_(vocab) {
     const int64_t size = file_.size();
-    if (size % 2 != 0)
-      fail(path, "size " + std::to_string(size) + " bytes is odd, not a file of uint16 tokens",
-           "format tokens-u16 expects little-endian uint16 tokens; use format bytes for text");
-    check_windows(path, size / 2, seq_len);
-    num_samples_ = windows(size / 2, seq_len);
+    const std::string format = "tokens-u" + std::to_string(8 * width);
+    if (size % width != 0)
+      fail(path, "size " + std::to_string(size) + " bytes is not a multiple of " + std::to_string(width) +
+                     ", not a file of uint" + std::to_string(8 * width) + " tokens",
+           "format " + format + " expects little-endian uint" + std::to_string(8 * width) +
+               " tokens; use format bytes for text");
+    check_windows(path, size / width, seq_len);
+    num_samples_ = windows(size / width, seq_len);
     std::vector<unsigned char> chunk(size_t(1) << 20);
     for (int64_t off = 0; off < size; off += int64_t(chunk.size())) {
       const size_t n = size_t(std::min<int64_t>(int64_t(chunk.size()), size - off));
       file_.read(off, n, chunk.data());
-      for (size_t i = 0; i < n; i += 2) check_token(token(&chunk[i]), off + int64_t(i));
+      for (size_t i = 0; i < n; i += size_t(width)) check_token(token(&chunk[i]), off + int64_t(i));
     }
   }
 
@@ -130,20 +136,24 @@ class U16Dataset final : public TokenDataset {
   int seq_len() const override { return seq_len_; }
   void get_batch(const std::vector<int64_t>& ids, at::Tensor& inputs, at::Tensor& targets) const override {
     file_.check();
-    const int64_t T = seq_len_;
-    std::vector<unsigned char> buf(size_t(2 * (T + 1)));
+    const int64_t T = seq_len_, w = width_;
+    std::vector<unsigned char> buf(size_t(w * (T + 1)));
     fill_batch(ids, seq_len_, num_samples_,
-               [&](int64_t id, int64_t* w) {
-                 const int64_t off = 2 * id * T;
+               [&](int64_t id, int64_t* out) {
+                 const int64_t off = w * id * T;
                  file_.read(off, buf.size(), buf.data());
-                 for (int64_t t = 0; t <= T; ++t) w[t] = check_token(token(&buf[size_t(2 * t)]), off + 2 * t);
+                 for (int64_t t = 0; t <= T; ++t) out[t] = check_token(token(&buf[size_t(w * t)]), off + w * t);
                },
                inputs, targets);
   }
 
  private:
   // Little-endian whatever the host's byte order.
-  static int64_t token(const unsigned char* p) { return int64_t(p[0]) | (int64_t(p[1]) << 8); }
+  int64_t token(const unsigned char* p) const {
+    int64_t v = 0;
+    for (int i = width_ - 1; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+  }
   int64_t check_token(int64_t t, int64_t byte_offset) const {
     if (t >= vocab_)
       fail(file_.path(), "token " + std::to_string(t) + " at byte offset " + std::to_string(byte_offset) +
@@ -153,8 +163,35 @@ class U16Dataset final : public TokenDataset {
   }
 
   DataFile file_;
+  int width_;
   int seq_len_;
   int vocab_;
+  int64_t num_samples_ = 0;
+};
+
+// Windows over the concatenated sequences of a Megatron indexed dataset, in
+// index order (documents are not shuffled).
+class IndexedDataset final : public TokenDataset {
+ public:
+  IndexedDataset(const std::string& prefix, int seq_len, int vocab) : tokens_(prefix, vocab), seq_len_(seq_len) {
+    if (windows(tokens_.num_tokens(), seq_len) < 1)
+      fail(prefix, tokens_.header().idx_path + " lists " + std::to_string(tokens_.num_tokens()) +
+                       " tokens, too few for one sample of seq_len + 1 = " + std::to_string(seq_len + 1),
+           "use a larger dataset or a smaller model.seq_len");
+    num_samples_ = windows(tokens_.num_tokens(), seq_len);
+  }
+  int64_t num_samples() const override { return num_samples_; }
+  int seq_len() const override { return seq_len_; }
+  void get_batch(const std::vector<int64_t>& ids, at::Tensor& inputs, at::Tensor& targets) const override {
+    tokens_.check();
+    const int64_t T = seq_len_;
+    fill_batch(ids, seq_len_, num_samples_, [&](int64_t id, int64_t* w) { tokens_.read(id * T, T + 1, w); },
+               inputs, targets);
+  }
+
+ private:
+  IndexedTokens tokens_;
+  int seq_len_;
   int64_t num_samples_ = 0;
 };
 
@@ -223,10 +260,13 @@ std::unique_ptr<TokenDataset> open_dataset(const std::string& format, const std:
   if (format == "tokens-u16") {
     if (vocab > 65536) {
       throw Error(ErrorCode::config, "model.vocab = " + std::to_string(vocab) +
-                                         " does not fit format tokens-u16 (at most 65536)");
+                                         " does not fit format tokens-u16 (at most 65536)",
+                  "write the tokens as uint32 and use format tokens-u32");
     }
-    return std::make_unique<U16Dataset>(path, seq_len, vocab);
+    return std::make_unique<RawTokenDataset>(path, 2, seq_len, vocab);
   }
+  if (format == "tokens-u32") return std::make_unique<RawTokenDataset>(path, 4, seq_len, vocab);
+  if (format == "indexed") return std::make_unique<IndexedDataset>(path, seq_len, vocab);
   if (format == "synthetic") {
     if (vocab > 65536) {
       throw Error(ErrorCode::config, "model.vocab = " + std::to_string(vocab) +
@@ -235,7 +275,7 @@ std::unique_ptr<TokenDataset> open_dataset(const std::string& format, const std:
     return std::make_unique<SyntheticDataset>(seq_len, vocab, seed);
   }
   throw Error(ErrorCode::config, "data.format = '" + format + "' is unknown",
-              "use bytes, tokens-u16 or synthetic");
+              "use bytes, tokens-u16, tokens-u32, indexed or synthetic");
 }
 
 }  // namespace dtrain::engine::data

@@ -1,7 +1,7 @@
 // Token sources (docs/ARCHITECTURE.md, 'The engine's folders'): byte-level text
-// (vocab 256), uint16 token files, and a synthetic source. A sample i is the
-// window of seq_len+1 tokens starting at a position fixed by i, so any rank can
-// read any sample. Does not decide which rank reads which sample (sampler.h
+// (vocab 256), uint16/uint32 token files, Megatron indexed datasets and a
+// synthetic source. A sample i is the window of seq_len+1 tokens starting at
+// a position fixed by i, so any rank can read any sample. Does not decide which rank reads which sample (sampler.h
 // does).
 #pragma once
 
@@ -24,8 +24,10 @@ class TokenDataset {
                          at::Tensor& targets) const = 0;
 };
 
-// format: "bytes" (any file, one token per byte), "tokens-u16"
-// (little-endian uint16), "synthetic" (deterministic from seed; path unused).
+// format: "bytes" (any file, one token per byte), "tokens-u16" / "tokens-u32"
+// (little-endian uint16 / uint32), "indexed" (path is the prefix of a
+// Megatron PREFIX.idx + PREFIX.bin pair), "synthetic" (deterministic from
+// seed; path unused).
 // Throws dtrain::Error(config) naming data.path when the file is missing or
 // too short for one sample; get_batch throws it when the file changed
 // (size or modification time) since open.

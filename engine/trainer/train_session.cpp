@@ -23,7 +23,8 @@ namespace {
 
 std::unique_ptr<data::TokenDataset> open_data(const JobSpec& spec) {
   const auto& d = spec.data;
-  if (d.format != "synthetic" && !std::filesystem::exists(d.path))
+  // An indexed dataset's path is a prefix: its files are checked by name in open_dataset.
+  if (d.format != "synthetic" && d.format != "indexed" && !std::filesystem::exists(d.path))
     throw Error(ErrorCode::config,
                 "data.path = " + d.path + " does not exist (working directory " +
                     std::filesystem::current_path().string() + ")",

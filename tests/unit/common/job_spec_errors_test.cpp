@@ -194,7 +194,7 @@ TEST_CASE("spec errors: enums list the choices") {
   CHECK(has(error_of("parallel: {pipeline: {schedule: 1f1c}}"),
             "parallel.pipeline.schedule = 1f1c: must be gpipe, 1f1b, interleaved_1f1b or zb_h1 (did you mean 1f1b?)"));
   CHECK(has(error_of("data: {format: text}"),
-            "data.format = text: must be bytes, tokens-u16 or synthetic"));
+            "data.format = text: must be bytes, tokens-u16, tokens-u32, indexed or synthetic"));
   CHECK(has(error_of("train: {precision: fp8}"),
             "train.precision = fp8: must be fp32, bf16 or fp16"));
   CHECK(has(error_of("model: {kind: llama}"), "model.kind = llama: must be gpt"));
