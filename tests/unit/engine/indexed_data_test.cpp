@@ -95,7 +95,7 @@ int64_t window_misses(const std::string& prefix, const std::vector<int64_t>& str
 TEST_CASE("indexed: megatron-core's uint16 and int32 datasets give the same tokens in every window") {
   const Reference& r = reference();
   MESSAGE(r.log);
-  for (const char* name : {"u16", "i32"}) {
+  for (const std::string name : {"u16", "i32"}) {
     CAPTURE(name);
     const std::vector<int64_t> stream = r.expected(name);
     REQUIRE(stream.size() > 500);
@@ -114,6 +114,34 @@ TEST_CASE("indexed: megatron-core's uint16 and int32 datasets give the same toke
   const int64_t misses = window_misses(bad.string(), stream, 7, 200000);
   MESSAGE("int32 read as uint16: " << misses << " of " << 2 * 7 * ((stream.size() - 1) / 7) << " tokens differ");
   CHECK(misses > int64_t(stream.size()));
+}
+
+// Megatron's builder writes sequences back to back; the format allows any
+// pointers. The uint16 reference with its sequences stored in reverse order
+// in .bin (pointers rewritten) reads as the same stream.
+TEST_CASE("indexed: sequences stored out of order in .bin read in index order") {
+  const Reference& r = reference();
+  std::string idx = slurp(r.dir / "u16.idx");
+  const std::string bin = slurp(r.dir / "u16.bin");
+  uint64_t n = 0;
+  std::memcpy(&n, idx.data() + 18, 8);
+  const size_t lengths_at = 34, pointers_at = 34 + 4 * n;
+  std::string reversed;
+  for (size_t i = n; i-- > 0;) {
+    int32_t len = 0;
+    int64_t ptr = 0;
+    std::memcpy(&len, idx.data() + lengths_at + 4 * i, 4);
+    std::memcpy(&ptr, idx.data() + pointers_at + 8 * i, 8);
+    const int64_t moved = int64_t(reversed.size());
+    reversed += bin.substr(size_t(ptr), size_t(2 * len));
+    std::memcpy(&idx[pointers_at + 8 * i], &moved, 8);
+  }
+  REQUIRE(reversed.size() == bin.size());
+  const std::string p = r.prefix("reversed");
+  spit(p + ".idx", idx);
+  spit(p + ".bin", reversed);
+  CHECK(window_misses(p, r.expected("u16"), 7, 65536) == 0);
+  CHECK(window_misses(p, r.expected("u16"), 64, 65536) == 0);
 }
 
 TEST_CASE("indexed: every damaged pair is a config error naming the file and what was found") {
