@@ -11,7 +11,8 @@ namespace dtrain::launcher {
 
 // data.path of the builtin trainer: a regular file holding at least
 // model.seq_len + 1 tokens of data.format (nothing for synthetic data or a
-// custom entrypoint). Throws dtrain::Error(config) naming data.path.
+// custom entrypoint); for indexed, the PREFIX.idx/.bin pair's header and
+// sizes (common/indexed_format.h). Throws dtrain::Error(config) naming the file.
 void check_data_file(const JobSpec& spec);
 
 }  // namespace dtrain::launcher
