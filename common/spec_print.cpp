@@ -40,6 +40,7 @@ struct TextOf {
     return e.c_str();
   }
   std::string operator()(AutoIntRef r) const { return *r.is_auto ? "auto" : std::to_string(*r.value); }
+  std::string operator()(EnumRef r) const { return yaml_scalar((*r.names)[r.get(r.member)]); }
   std::string operator()(std::vector<int>* v) const {
     std::string out = "[";
     for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + std::to_string((*v)[i]);
@@ -67,6 +68,7 @@ struct JsonOf {
     if (*r.is_auto) return "auto";
     return *r.value;
   }
+  json operator()(EnumRef r) const { return (*r.names)[r.get(r.member)]; }
 };
 
 std::vector<std::string> split(const std::string& path) {

@@ -18,7 +18,7 @@ namespace dtrain::plan::pipeline {
 
 PlanSpec plan_spec_from(const JobSpec& spec) {
   PlanSpec p;
-  p.kind = spec.parallel.pipeline_schedule;
+  p.kind = to_string(spec.parallel.pipeline_schedule);
   p.stages = spec.parallel.pp;
   p.micro = spec.train.grad_accum;
   p.virtual_stages = spec.parallel.pipeline_virtual_stages;

@@ -57,7 +57,7 @@ std::string stage_blocks(const JobSpec& spec) {
 // simulator rejects is an error here, before any worker runs.
 void print_schedule(const JobSpec& spec) {
   const std::string plan = checked_pipeline_plan(spec);
-  std::cout << "\npipeline schedule " << spec.parallel.pipeline_schedule << ", pp " << spec.parallel.pp << ", "
+  std::cout << "\npipeline schedule " << to_string(spec.parallel.pipeline_schedule) << ", pp " << spec.parallel.pp << ", "
             << spec.train.grad_accum << " micro-batch(es) per step (train.grad_accum), blocks per stage "
             << stage_blocks(spec) << ":\n"
             << plan;

@@ -44,7 +44,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     const int tp_size = comm.group(mesh::GroupKind::tp).size();
     const int64_t t = (spec.parallel.sequence_parallel ? spec.model.seq_len / tp_size : spec.model.seq_len) /
                       spec.parallel.cp;  // the tokens this rank holds
-    out.schedule = make_pipeline_schedule(spec.parallel.pipeline_schedule, spec.train.grad_accum, pp, stage,
+    out.schedule = make_pipeline_schedule(to_string(spec.parallel.pipeline_schedule), spec.train.grad_accum, pp, stage,
                                           {spec.train.micro_batch, t, spec.model.d_model}, fault("no_pp_grad"));
   } else {
     out.schedule = make_no_pipeline();
@@ -53,7 +53,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   comm::Group& tp = comm.group(mesh::GroupKind::tp);
   if (tp.size() > 1) {
     out.parts.layouts = apply_tensor_parallel(*out.parts.model, out.parts.named_params, tp,
-                                              spec.parallel.sequence_parallel, spec.model.tp_vocab == "parallel",
+                                              spec.parallel.sequence_parallel, spec.model.tp_vocab == TpVocab::parallel,
                                               fault("no_tp_reduce"));
   } else {
     for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
@@ -68,7 +68,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     };
   }
   // 3. Activation checkpointing of the (sharded) blocks this rank holds.
-  apply_activation_checkpointing(*out.parts.model, spec.train.recompute,
+  apply_activation_checkpointing(*out.parts.model, to_string(spec.train.recompute),
                                  fault("recompute_redraw"));
   // 4. Expert parallelism over the ep group: each rank keeps E / ep experts
   //    of every MoE layer; their gradients go over edp (below), the rest
@@ -109,14 +109,14 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     DdpOptions dopt;
     dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
     dopt.overlap = spec.parallel.ddp_overlap;
-    dopt.reduce_bf16 = spec.parallel.reduce_dtype == "bf16";
+    dopt.reduce_bf16 = spec.parallel.reduce_dtype == ReduceDtype::bf16;
     out.grad_sync = make_ddp_sync(named, layouts, replicas, tp, pp, dopt);
   }
   if (moe)  // the experts' gradients over edp, wrapped around the dense sync; counters over the real dp
     out.grad_sync = make_moe_sync(std::move(out.grad_sync), std::move(split.experts), *out.parts.model,
                                   comm.group(mesh::GroupKind::dp), tp, comm.group(mesh::GroupKind::ep),
                                   grad_group(mesh::GroupKind::edp),
-                                  {spec.model.moe.balance == "bias", spec.model.moe.bias_rate});
+                                  {spec.model.moe.balance == MoeBalance::bias, spec.model.moe.bias_rate});
   return out;
 }
 

@@ -46,8 +46,8 @@ model::GptConfig gpt_config(const ModelSpec& m) {
   c.moe.aux_loss_coef = m.moe.aux_loss_coef;
   c.moe.every = m.moe.every;
   c.moe.d_ff = m.moe.d_ff;
-  c.moe.bias_balance = m.moe.balance == "bias";
-  c.attention = m.attention;
+  c.moe.bias_balance = m.moe.balance == MoeBalance::bias;
+  c.attention = to_string(m.attention);  // the model's own name for its core (attention_core.h)
   return c;
 }
 
@@ -140,7 +140,7 @@ std::unique_ptr<TrainSession> make_train_session() {
     DTRAIN_INFO("doctor: BLAS {} {} ({}), start-up check max rel err {:.1e}; matmul {:.1f} GFLOP/s "
                 "{} per rank ({}); MFU peak {:.1f} GFLOP/s over {} ranks ({} cores here, {} local ranks)",
                 blas.name, blas.version, blas.core, blas_check.max_rel_err, s->peak.measured_gflops,
-                spec.train.precision, s->device.is_cpu() ? "1 thread, CPU time" : s->device.str(),
+                to_string(spec.train.precision), s->device.is_cpu() ? "1 thread, CPU time" : s->device.str(),
                 s->peak.total_flops / 1e9, s->info.world, s->peak.cores, s->info.local_world);
   }
   if (s->is_log_rank())
@@ -148,7 +148,7 @@ std::unique_ptr<TrainSession> make_train_session() {
                 "schedule {}; device {}, {}",
                 model_params, s->par.parts.named_params.size(),
                 s->data->num_samples(), spec.model.seq_len, s->par.grad_sync->describe(),
-                s->par.schedule->name(), s->device.str(), spec.train.precision);
+                s->par.schedule->name(), s->device.str(), to_string(spec.train.precision));
   return s;
 }
 

@@ -92,7 +92,7 @@ TEST_CASE("job spec: every field of every section is read") {
   CHECK(s.parallel.pp == 2);
   CHECK(s.parallel.ep == 2);
   CHECK(s.parallel.zero == 2);
-  CHECK(s.parallel.pipeline_schedule == "gpipe");
+  CHECK(s.parallel.pipeline_schedule == dtrain::PipelineSchedule::gpipe);
   CHECK(s.parallel.ddp_bucket_mb == 12.5);
   CHECK(s.parallel.ddp_overlap == false);
   CHECK(s.model.vocab == 512);
@@ -111,7 +111,7 @@ TEST_CASE("job spec: every field of every section is read") {
   CHECK(s.train.beta1 == 0.8);
   CHECK(s.train.beta2 == 0.99);
   CHECK(s.train.grad_clip == 0.0);
-  CHECK(s.train.precision == "bf16");
+  CHECK(s.train.precision == dtrain::Precision::bf16);
   CHECK(s.data.path == "/data/tokens.bin");
   CHECK(s.data.format == "tokens-u16");
   CHECK(s.checkpoint.dir == "ck");
