@@ -44,7 +44,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     const int tp_size = comm.group(mesh::GroupKind::tp).size();
     const int64_t t = (spec.parallel.sequence_parallel ? spec.model.seq_len / tp_size : spec.model.seq_len) /
                       spec.parallel.cp;  // the tokens this rank holds
-    out.schedule = make_pipeline_schedule(to_string(spec.parallel.pipeline_schedule), spec.train.grad_accum, pp, stage,
+    out.schedule = make_pipeline_schedule(spec.parallel.pipeline_schedule, spec.train.grad_accum, pp, stage,
                                           {spec.train.micro_batch, t, spec.model.d_model}, fault("no_pp_grad"));
   } else {
     out.schedule = make_no_pipeline();
@@ -68,7 +68,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     };
   }
   // 3. Activation checkpointing of the (sharded) blocks this rank holds.
-  apply_activation_checkpointing(*out.parts.model, to_string(spec.train.recompute),
+  apply_activation_checkpointing(*out.parts.model, spec.train.recompute,
                                  fault("recompute_redraw"));
   // 4. Expert parallelism over the ep group: each rank keeps E / ep experts
   //    of every MoE layer; their gradients go over edp (below), the rest
