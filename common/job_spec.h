@@ -147,13 +147,13 @@ struct TrainSpec {
   // on every rank, and no checkpoint is written after it. stop: the run stops
   // (exit 2) after nonfinite_patience such steps in a row; skip_step: training
   // goes on past any number of them (a warning each).
-  std::string nonfinite = "stop";  // stop | skip_step
+  NonfiniteAction nonfinite = NonfiniteAction::stop;  // stop | skip_step
   int nonfinite_patience = 3;
 };
 
 struct DataSpec {
   std::string path = "data/corpus.txt";
-  std::string format = "bytes";  // bytes | tokens-u16 | synthetic
+  DataFormat format = DataFormat::bytes;  // bytes | tokens-u16 | synthetic
 };
 
 struct CheckpointSpec {

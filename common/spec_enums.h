@@ -18,6 +18,8 @@ enum class MoeBalance { aux, bias };                                           /
 enum class AttentionImpl { naive, tiled };                                     // model.attention
 enum class Precision { fp32, bf16, fp16 };                                     // train.precision
 enum class Recompute { none, full, selective };                                // train.recompute
+enum class NonfiniteAction { stop, skip_step };                                // train.nonfinite
+enum class DataFormat { bytes, tokens_u16, synthetic };                        // data.format
 
 // names[i] is the spelling of E(i), in the order messages list them.
 template <typename E>
@@ -49,6 +51,14 @@ struct SpecEnumNames<Precision> {
 template <>
 struct SpecEnumNames<Recompute> {
   static inline const std::vector<std::string> names = {"none", "full", "selective"};
+};
+template <>
+struct SpecEnumNames<NonfiniteAction> {
+  static inline const std::vector<std::string> names = {"stop", "skip_step"};
+};
+template <>
+struct SpecEnumNames<DataFormat> {
+  static inline const std::vector<std::string> names = {"bytes", "tokens-u16", "synthetic"};
 };
 
 template <typename E>

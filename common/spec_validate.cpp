@@ -162,7 +162,7 @@ void check_enums(const Checker& c) {
   c.one_of("model.kind", s.model.kind, {"gpt"});
   c.one_of("train.precision");
   c.one_of("train.recompute");
-  c.one_of("train.nonfinite", s.train.nonfinite, {"stop", "skip_step"});
+  c.one_of("train.nonfinite");
   c.at_least("train.nonfinite_patience", s.train.nonfinite_patience, 1,
              "e.g. 3 (1 stops at the first non-finite step)");
   c.one_of("model.attention");
@@ -175,7 +175,7 @@ void check_enums(const Checker& c) {
   if (!s.cluster.memory_per_rank.empty() && parse_byte_size(s.cluster.memory_per_rank) <= 0)
     c.error("cluster.memory_per_rank", "cluster.memory_per_rank = " + s.cluster.memory_per_rank +
                                            " is not a size; write e.g. 80GiB, 512MiB or a byte count");
-  c.one_of("data.format", s.data.format, {"bytes", "tokens-u16", "synthetic"});
+  c.one_of("data.format");
   if (!c.bad({"parallel.zero"}) && (s.parallel.zero < 0 || s.parallel.zero > 3))
     c.error("parallel.zero", "parallel.zero = " + str(s.parallel.zero) +
                                  ": must be 0 (DDP), 1, 2 or 3 (FSDP full shard)");
@@ -388,8 +388,8 @@ void check_warnings(const Checker& c) {
   if (p.zero > 0 && p.dp == 1)
     c.problems.warn("parallel.zero = " + str(p.zero) +
                     " with parallel.dp = 1: there is nothing to shard across; ZeRO has no effect");
-  if (s.train.nonfinite == "skip_step" && s.train.nonfinite_patience != TrainSpec{}.nonfinite_patience &&
-      !c.bad({"train.nonfinite_patience"}))
+  if (s.train.nonfinite == NonfiniteAction::skip_step &&
+      s.train.nonfinite_patience != TrainSpec{}.nonfinite_patience && !c.bad({"train.nonfinite_patience"}))
     c.problems.warn("train.nonfinite_patience = " + str(s.train.nonfinite_patience) +
                     " is ignored: train.nonfinite = skip_step never stops for non-finite steps "
                     "(train.nonfinite: stop stops after that many in a row)");

@@ -12,7 +12,7 @@
 namespace dtrain::launcher {
 
 void check_data_file(const JobSpec& spec) {
-  if (!spec.builtin_entrypoint() || spec.data.format == "synthetic") return;
+  if (!spec.builtin_entrypoint() || spec.data.format == DataFormat::synthetic) return;
   const std::string& path = spec.data.path;
   const std::string field = "data.path = " + path;
   const std::string hint = "give data.path a file of tokens (scripts/make-corpus writes one), or "
@@ -25,11 +25,11 @@ void check_data_file(const JobSpec& spec) {
   if (!S_ISREG(st.st_mode))
     throw Error(ErrorCode::config, field + " is not a regular file (a FIFO, socket or device)",
                 hint);
-  const int64_t token_bytes = spec.data.format == "tokens-u16" ? 2 : 1;
+  const int64_t token_bytes = spec.data.format == DataFormat::tokens_u16 ? 2 : 1;
   const int64_t tokens = int64_t(st.st_size) / token_bytes;
   if (tokens < int64_t(spec.model.seq_len) + 1)
     throw Error(ErrorCode::config,
-                field + " holds " + std::to_string(tokens) + " tokens (" + spec.data.format +
+                field + " holds " + std::to_string(tokens) + " tokens (" + to_string(spec.data.format) +
                     "), fewer than one sample of model.seq_len + 1 = " +
                     std::to_string(spec.model.seq_len + 1),
                 "use a longer file or a smaller model.seq_len");

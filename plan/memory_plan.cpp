@@ -166,7 +166,7 @@ double moe_route_transient_elems(const Dims& d) { return 3.0 * 2.0 * d.K * doubl
 // reallocates); tokens-u16 maps the file (page cache, shared by the ranks);
 // synthetic is a small table.
 int64_t data_buffer_bytes(const JobSpec& spec) {
-  if (!spec.builtin_entrypoint() || spec.data.format != "bytes") return 0;
+  if (!spec.builtin_entrypoint() || spec.data.format != DataFormat::bytes) return 0;
   struct stat st {};
   if (::stat(spec.data.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
   return 2 * int64_t(st.st_size);

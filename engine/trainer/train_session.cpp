@@ -23,13 +23,13 @@ namespace {
 
 std::unique_ptr<data::TokenDataset> open_data(const JobSpec& spec) {
   const auto& d = spec.data;
-  if (d.format != "synthetic" && !std::filesystem::exists(d.path))
+  if (d.format != DataFormat::synthetic && !std::filesystem::exists(d.path))
     throw Error(ErrorCode::config,
                 "data.path = " + d.path + " does not exist (working directory " +
                     std::filesystem::current_path().string() + ")",
                 d.path == "data/corpus.txt" ? "run scripts/make-corpus to build data/corpus.txt"
                                             : "point data.path at an existing file");
-  return data::open_dataset(d.format, d.path, spec.model.seq_len, spec.model.vocab, spec.job.seed);
+  return data::open_dataset(to_string(d.format), d.path, spec.model.seq_len, spec.model.vocab, spec.job.seed);
 }
 
 model::GptConfig gpt_config(const ModelSpec& m) {

@@ -113,7 +113,7 @@ TEST_CASE("job spec: every field of every section is read") {
   CHECK(s.train.grad_clip == 0.0);
   CHECK(s.train.precision == dtrain::Precision::bf16);
   CHECK(s.data.path == "/data/tokens.bin");
-  CHECK(s.data.format == "tokens-u16");
+  CHECK(s.data.format == dtrain::DataFormat::tokens_u16);
   CHECK(s.checkpoint.dir == "ck");
   CHECK(s.checkpoint.every == 3);
   CHECK(s.checkpoint.keep == 1);

@@ -42,6 +42,10 @@ TEST_CASE("moe spec: defaults are dense, and a valid MoE spec loads") {
   CHECK(s.model.moe.every == 2);
 }
 
+TEST_CASE("moe spec: an unknown balance is an error for a dense model too") {
+  CHECK(has(error_of("model: {moe: {balance: bais}}"), "model.moe.balance = bais: must be aux or bias (did you mean bias?)"));
+}
+
 TEST_CASE("moe spec: experts not divisible by ep") {
   std::string e = error_of(kMoe, {"model.moe.experts=6", "parallel.ep=4"});
   CHECK(has(e, "--set model.moe.experts=6: model.moe.experts = 6 is not divisible by parallel.ep = 4"));
