@@ -39,8 +39,8 @@ struct ClusterSpec {
   int nodes_min = 1;  // "nodes: 2" -> min = max = 2; "nodes: 1:4" elastic
   int nodes_max = 1;
   int procs_per_node = 1;
-  std::string device = "cpu";    // cpu | cuda
-  std::string backend = "auto";  // auto | gloo | nccl
+  DeviceKind device = DeviceKind::cpu;             // cpu | cuda
+  CommBackend backend = CommBackend::automatic;  // auto | gloo | nccl
   // Gloo groups whose ranks share a machine all-reduce through shared
   // memory (false: over Gloo's TCP, as PyTorch does).
   bool shm = true;

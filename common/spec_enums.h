@@ -11,6 +11,8 @@
 
 namespace dtrain {
 
+enum class DeviceKind { cpu, cuda };                                           // cluster.device
+enum class CommBackend { automatic, gloo, nccl };                              // cluster.backend
 enum class PipelineSchedule { gpipe, one_f_one_b, interleaved_1f1b, zb_h1 };  // parallel.pipeline.schedule
 enum class ReduceDtype { fp32, bf16 };                                         // parallel.reduce_dtype
 enum class TpVocab { parallel, replicated };                                   // model.tp_vocab
@@ -24,6 +26,14 @@ enum class DataFormat { bytes, tokens_u16, synthetic };                        /
 // names[i] is the spelling of E(i), in the order messages list them.
 template <typename E>
 struct SpecEnumNames;
+template <>
+struct SpecEnumNames<DeviceKind> {
+  static inline const std::vector<std::string> names = {"cpu", "cuda"};
+};
+template <>
+struct SpecEnumNames<CommBackend> {
+  static inline const std::vector<std::string> names = {"auto", "gloo", "nccl"};
+};
 template <>
 struct SpecEnumNames<PipelineSchedule> {
   static inline const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"};

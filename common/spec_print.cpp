@@ -125,7 +125,7 @@ std::string job_spec_summary(const JobSpec& spec) {
   out += "world = dp(" + s(p.dp) + (p.dp_auto ? ", auto" : "") + ") x tp(" + s(p.tp) + ") x pp(" + s(p.pp) + ")" +
          (p.cp > 1 ? " x cp(" + s(p.cp) + ")" : std::string()) + " = " + s(spec.world()) + " ranks (ep " + s(p.ep) + ", zero " + s(p.zero) + ")\n";
   out += "ranks per node = " + s(spec.ranks_per_node()) + " on " + nodes + " node(s), device " +
-         spec.cluster.device + "\n";
+         to_string(spec.cluster.device) + "\n";
   out += "GBS = micro_batch(" + s(t.micro_batch) + ") x grad_accum(" + s(t.grad_accum) +
          (t.grad_accum_auto ? ", auto" : "") + ") x dp(" + s(p.dp) + ") = " +
          s(spec.global_batch()) + " sequences" + (t.global_batch > 0 ? " (train.global_batch)" : "") +

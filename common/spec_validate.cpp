@@ -119,8 +119,8 @@ void check_ranges(const Checker& c) {
 
 void check_enums(const Checker& c) {
   const JobSpec& s = c.spec;
-  c.one_of("cluster.device", s.cluster.device, {"cpu", "cuda"});
-  c.one_of("cluster.backend", s.cluster.backend, {"auto", "gloo", "nccl"});
+  c.one_of("cluster.device");
+  c.one_of("cluster.backend");
   c.one_of("cluster.gloo_reduce_scatter", s.cluster.gloo_reduce_scatter, {"ring", "native"});
   c.one_of("fault.kind", s.fault.kind,
            {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync",
@@ -179,8 +179,8 @@ void check_enums(const Checker& c) {
   if (!c.bad({"parallel.zero"}) && (s.parallel.zero < 0 || s.parallel.zero > 3))
     c.error("parallel.zero", "parallel.zero = " + str(s.parallel.zero) +
                                  ": must be 0 (DDP), 1, 2 or 3 (FSDP full shard)");
-  if (!c.bad({"cluster.backend", "cluster.device"}) && s.cluster.backend == "nccl" &&
-      s.cluster.device == "cpu")
+  if (!c.bad({"cluster.backend", "cluster.device"}) && s.cluster.backend == CommBackend::nccl &&
+      s.cluster.device == DeviceKind::cpu)
     c.error("cluster.backend", "cluster.backend = nccl: NCCL needs cluster.device = cuda, "
                                "the device is cpu; use backend gloo (or auto), or device cuda");
   const std::string& ep = s.cluster.rendezvous.endpoint;

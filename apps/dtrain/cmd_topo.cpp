@@ -67,9 +67,9 @@ void run_topo(const TopoOptions& o) {
   std::vector<std::string> warnings;
   JobSpec spec = load_job_spec(o.spec, topo_overrides(o), &warnings);
   plan::check_model_size(spec);
-  if (o.nvlink_domain >= 0 && spec.cluster.device != "cuda")
+  if (o.nvlink_domain >= 0 && spec.cluster.device != DeviceKind::cuda)
     warnings.push_back("--nvlink-domain is ignored on a CPU cluster (cluster.device = " +
-                       spec.cluster.device + "); give --gpus-per-node to describe GPU nodes");
+                       to_string(spec.cluster.device) + "); give --gpus-per-node to describe GPU nodes");
   rendezvous::Placement placement = rendezvous::place_job(spec, spec.cluster.topology.allow_slow, warnings);
   rendezvous::Cluster cluster = rendezvous::cluster_from_spec(spec);
   if (!o.svg.empty())

@@ -139,7 +139,7 @@ void check_memory_budget(const JobSpec& spec, BudgetSources sources) {
     budget = parse_byte_size(spec.cluster.memory_per_rank);
     what = "cluster.memory_per_rank = " + pl::format_bytes(double(budget));
   }
-  const uint64_t machine = sources.machine && spec.cluster.device == "cpu" ? machine_memory_bytes() : 0;
+  const uint64_t machine = sources.machine && spec.cluster.device == DeviceKind::cpu ? machine_memory_bytes() : 0;
   const int procs = std::max(1, spec.cluster.procs_per_node);
   if (machine > 0 && (budget <= 0 || int64_t(machine / uint64_t(procs)) < budget)) {
     budget = int64_t(machine / uint64_t(procs));

@@ -87,12 +87,12 @@ std::unique_ptr<TrainSession> make_train_session() {
   // use this generator (it draws from its own, seeded by job.seed).
   at::manual_seed(spec.job.seed + 7919ULL * uint64_t(s->info.rank));
 
-  s->device = device::select(spec.cluster.device, s->info.local_rank, s->info.local_world);
+  s->device = device::select(to_string(spec.cluster.device), s->info.local_rank, s->info.local_world);
 
   comm::CommOptions copt;
-  copt.backend = spec.cluster.backend != "auto" ? spec.cluster.backend
-                 : s->device.is_cpu()           ? "gloo"
-                                                : "nccl";
+  copt.backend = spec.cluster.backend != CommBackend::automatic ? to_string(spec.cluster.backend)
+                 : s->device.is_cpu()                           ? "gloo"
+                                                                : "nccl";
   copt.device = s->device;
   copt.shm = spec.cluster.shm;
   copt.gloo_native_reduce_scatter = spec.cluster.gloo_reduce_scatter == "native";

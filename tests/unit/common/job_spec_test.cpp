@@ -77,8 +77,8 @@ TEST_CASE("job spec: every field of every section is read") {
   CHECK(s.cluster.nodes_min == 2);
   CHECK(s.cluster.nodes_max == 4);
   CHECK(s.cluster.procs_per_node == 2);
-  CHECK(s.cluster.device == "cuda");
-  CHECK(s.cluster.backend == "nccl");
+  CHECK(s.cluster.device == dtrain::DeviceKind::cuda);
+  CHECK(s.cluster.backend == dtrain::CommBackend::nccl);
   CHECK(s.cluster.max_restarts == 3);
   CHECK(s.cluster.grace_s == 7.5);
   CHECK(s.cluster.rendezvous.endpoint == "node0:1234");
@@ -210,7 +210,7 @@ TEST_CASE("job spec: the shipped configs load") {
   CHECK(q.world() == 4);
   CHECK(q.parallel.dp == 4);
   CHECK(q.cluster.procs_per_node == 4);
-  CHECK(q.cluster.device == "cpu");
+  CHECK(q.cluster.device == dtrain::DeviceKind::cpu);
   JobSpec g = dtrain::load_job_spec(dir + "gpt-3d.yaml", {}, &warnings);
   CHECK(g.world() == 8);
   CHECK(g.parallel.tp == 2);
