@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/mesh.h"
+#include "common/spec_enums.h"
 
 namespace dtrain {
 
@@ -38,8 +39,8 @@ struct ClusterSpec {
   int nodes_min = 1;  // "nodes: 2" -> min = max = 2; "nodes: 1:4" elastic
   int nodes_max = 1;
   int procs_per_node = 1;
-  std::string device = "cpu";    // cpu | cuda
-  std::string backend = "auto";  // auto | gloo | nccl
+  DeviceKind device = DeviceKind::cpu;             // cpu | cuda
+  CommBackend backend = CommBackend::automatic;  // auto | gloo | nccl
   // Gloo groups whose ranks share a machine all-reduce through shared
   // memory (false: over Gloo's TCP, as PyTorch does).
   bool shm = true;
@@ -70,7 +71,7 @@ struct ParallelSpec {
   // The rank order, innermost first (common/mesh.h): every axis once.
   std::string order = "tp-cp-dp-pp";
   int zero = 0;                            // 0 = DDP, 1, 2, 3 (= FSDP full shard)
-  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b
+  PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;  // gpipe | 1f1b | interleaved_1f1b | zb_h1
   int pipeline_virtual_stages = 1;         // chunks per pp rank (interleaved_1f1b)
   // Blocks per pipeline stage, one entry per global stage (pp x virtual_stages,
   // stage s = chunk * pp + rank); empty: model.layers split evenly.
@@ -85,7 +86,7 @@ struct ParallelSpec {
   bool sequence_parallel = false;
   // The dtype gradients are reduced in over dp (bf16 halves the traffic; the
   // optimizer still sees fp32 gradients).
-  std::string reduce_dtype = "fp32";  // fp32 | bf16
+  ReduceDtype reduce_dtype = ReduceDtype::fp32;  // fp32 | bf16
 };
 
 // Mixture of experts: the MLP of every `every`-th block (blocks 0, every,
@@ -100,7 +101,7 @@ struct MoeSpec {
   double capacity_factor = 1.25;
   double aux_loss_coef = 0.01;
   int every = 1;
-  std::string balance = "aux";  // aux | bias
+  MoeBalance balance = MoeBalance::aux;  // aux | bias
   double bias_rate = 0.001;     // balance bias: the step of the bias per optimizer step
   int d_ff = 0;                 // an expert MLP's hidden width; 0 = 4 * d_model (the dense MLP's)
 };
@@ -115,11 +116,11 @@ struct ModelSpec {
   double dropout = 0.0;
   // Under tensor parallelism: the embedding and the head split by vocab rows
   // (parallel, with a vocab-parallel cross-entropy) or whole on every rank.
-  std::string tp_vocab = "parallel";
+  TpVocab tp_vocab = TpVocab::parallel;
   MoeSpec moe;
   // The attention core: naive (the [T, T] scores materialised) or tiled
   // (FlashAttention: O(T x d) memory, scores recomputed per tile in backward).
-  std::string attention = "naive";
+  AttentionImpl attention = AttentionImpl::naive;
 };
 
 struct TrainSpec {
@@ -137,22 +138,22 @@ struct TrainSpec {
   double beta2 = 0.95;
   double adam_eps = 1e-8;  // AdamW's epsilon (torch.optim.AdamW's eps)
   double grad_clip = 1.0;  // 0 = off
-  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  Precision precision = Precision::fp32;  // fp32 | bf16 | fp16
   // Activation checkpointing: none; full (each block keeps only its input
   // and recomputes its forward in backward); selective (only the attention
   // core: scores, softmax, dropout).
-  std::string recompute = "none";
+  Recompute recompute = Recompute::none;
   // A step whose gradient norm (or logged loss) is not finite updates nothing,
   // on every rank, and no checkpoint is written after it. stop: the run stops
   // (exit 2) after nonfinite_patience such steps in a row; skip_step: training
   // goes on past any number of them (a warning each).
-  std::string nonfinite = "stop";  // stop | skip_step
+  NonfiniteAction nonfinite = NonfiniteAction::stop;  // stop | skip_step
   int nonfinite_patience = 3;
 };
 
 struct DataSpec {
   std::string path = "data/corpus.txt";  // for indexed: PREFIX of PREFIX.idx + PREFIX.bin
-  std::string format = "bytes";  // bytes | tokens-u16 | tokens-u32 | indexed (Megatron) | synthetic
+  DataFormat format = DataFormat::bytes;  // bytes | tokens-u16 | tokens-u32 | indexed (Megatron) | synthetic
 };
 
 struct CheckpointSpec {

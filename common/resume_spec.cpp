@@ -43,7 +43,7 @@ bool given(const std::vector<std::string>& overrides, const std::string& field) 
 
 std::vector<std::string> resume_trusted_fields(const JobSpec& spec, bool rdzv_given) {
   std::vector<std::string> f = {"entrypoint", "log.dir"};
-  if (spec.data.format != "synthetic") f.push_back("data.path");
+  if (spec.data.format != DataFormat::synthetic) f.push_back("data.path");
   f.push_back("cluster.rendezvous.token_file");
   if (spec.cluster.nodes_max > 1 && !rdzv_given) f.push_back("cluster.rendezvous.endpoint");
   return f;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "common/spec_detail.h"
@@ -44,6 +45,7 @@ bool parse_int64(const std::string& s, long long& out) {
 // Reads one node into one member; returns "" or what was expected.
 struct Reader {
   const YAML::Node& node;
+  std::optional<std::string>* unknown_name;  // set to an enum field's text that is none of its names
 
   std::string operator()(int* out) const {
     long long v = 0;
@@ -133,6 +135,17 @@ struct Reader {
     *out = words;
     return "";
   }
+  std::string operator()(EnumRef ref) const {
+    if (!node.IsNull() && !node.IsScalar()) return "a string";
+    std::string text = node.IsNull() ? std::string() : node.Scalar();
+    for (size_t i = 0; i < ref.names->size(); ++i)
+      if ((*ref.names)[i] == text) {
+        ref.set(ref.member, static_cast<int>(i));
+        return "";
+      }
+    *unknown_name = text;
+    return "";
+  }
   std::string operator()(std::vector<int>* out) const {
     const char* expected = "a list of integers like [2, 2]";
     if (node.IsNull()) {
@@ -159,7 +172,12 @@ void convert_fields(SpecOrigin& origin, JobSpec& spec, Problems& problems) {
   for (const auto& field : spec_fields()) {
     YAML::Node node = find_node(origin.root, field.path);
     if (!node) continue;  // missing: keep the default
-    std::string expected = std::visit(Reader{node}, field.bind(spec));
+    std::optional<std::string> unknown_name;
+    std::string expected = std::visit(Reader{node, &unknown_name}, field.bind(spec));
+    if (unknown_name) {
+      origin.unknown_names[field.path] = *unknown_name;
+      origin.bad_fields.insert(field.path);
+    }
     if (expected.empty()) continue;
     origin.bad_fields.insert(field.path);
     std::string path = field.path;

@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -29,9 +30,27 @@ struct AutoIntRef {
   bool* is_auto;
 };
 
+// An enum member (common/spec_enums.h), read and written by its names.
+struct EnumRef {
+  void* member;
+  const std::vector<std::string>* names;
+  int (*get)(const void* member);
+  void (*set)(void* member, int index);
+};
+
 // What a field binds to; the alternative decides how its YAML value is read.
 using FieldRef = std::variant<int*, uint64_t*, double*, bool*, std::string*, NodesRef,
-                              std::vector<std::string>*, std::vector<int>*, AutoIntRef>;
+                              std::vector<std::string>*, std::vector<int>*, AutoIntRef, EnumRef>;
+
+template <typename T>
+FieldRef field_ref(T* member) {
+  if constexpr (std::is_enum_v<T>)
+    return EnumRef{member, &enum_names<T>(),
+                   [](const void* m) { return static_cast<int>(*static_cast<const T*>(m)); },
+                   [](void* m, int i) { *static_cast<T*>(m) = static_cast<T>(i); }};
+  else
+    return member;
+}
 
 struct Field {
   const char* path;  // "parallel.tp"
@@ -52,6 +71,9 @@ struct SpecOrigin {
   YAML::Node root;                                // the tree after overrides
   std::map<std::string, std::string> overridden;  // path -> "--set path=value"
   std::set<std::string> bad_fields;               // failed to convert: skip checks on them
+  // Enum fields whose text is none of their names: path -> the text (the field
+  // keeps its default and is in bad_fields; the validator reports it in its turn).
+  std::map<std::string, std::string> unknown_names;
 
   // "file:12:7" (1-based), "--set parallel.tp=3", or the file name alone.
   std::string where(const std::string& path) const;
@@ -85,6 +107,9 @@ void resolve_auto_fields(SpecOrigin& origin, JobSpec& spec, Problems& problems);
 
 // spec_validate.cpp
 void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
+// "PATH = TEXT: must be A, B or C" (and did-you-mean) when the enum field at
+// `path` held an unknown name; nothing otherwise.
+void check_enum_name(const SpecOrigin& origin, Problems& problems, const std::string& path);
 // spec_moe.cpp: model.moe's rules (called by validate_spec).
 void validate_moe(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 // spec_cp.cpp: parallel.order and parallel.cp's rules (called by validate_spec).

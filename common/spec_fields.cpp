@@ -10,7 +10,7 @@
 namespace dtrain::detail {
 
 #define DTRAIN_FIELD(path, member) \
-  Field { path, [](JobSpec& s) -> FieldRef { return &s.member; } }
+  Field { path, [](JobSpec& s) -> FieldRef { return field_ref(&s.member); } }
 
 const std::vector<Field>& spec_fields() {
   static const std::vector<Field> fields = {

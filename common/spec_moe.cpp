@@ -26,6 +26,8 @@ void validate_moe(const JobSpec& s, const SpecOrigin& origin, Problems& problems
     error("model.moe.experts", "model.moe.experts = " + E + " is not divisible by parallel.ep = " +
                                    std::to_string(ep) + " (each EP rank holds experts / ep experts); use a "
                                    "multiple of " + std::to_string(ep) + " experts, or an ep dividing " + E);
+  // Checked for a dense model too: an unknown name has no enum value to keep.
+  check_enum_name(origin, problems, "model.moe.balance");
   if (m.experts <= 0 || bad({"model.moe.experts"})) {
     return;  // dense: the other moe fields are unused
   }
@@ -42,18 +44,15 @@ void validate_moe(const JobSpec& s, const SpecOrigin& origin, Problems& problems
   if (!bad({"model.moe.every"}) && m.every < 1)
     error("model.moe.every", "model.moe.every = " + std::to_string(m.every) +
                                  ": must be >= 1 (1: every block is MoE, 2: blocks 0, 2, 4, ...)");
-  if (!bad({"model.moe.balance"}) && m.balance != "aux" && m.balance != "bias")
-    error("model.moe.balance", "model.moe.balance = " + (m.balance.empty() ? std::string("\"\"") : m.balance) +
-                                   ": must be aux or bias" + did_you_mean(m.balance, {"aux", "bias"}));
   if (!bad({"model.moe.d_ff"}) && m.d_ff < 0)
     error("model.moe.d_ff", "model.moe.d_ff = " + std::to_string(m.d_ff) + ": must be >= 0 (0: 4 * model.d_model = " +
                                 std::to_string(4 * s.model.d_model) + ", the dense MLP's width)");
   if (!bad({"model.moe.bias_rate"}) && !(m.bias_rate >= 0.0))
     error("model.moe.bias_rate", "model.moe.bias_rate = " + format_double(m.bias_rate) +
                                      ": must be >= 0; e.g. 0.001 (DeepSeek-V3's gamma)");
-  if (m.balance != "bias" && m.bias_rate != MoeSpec{}.bias_rate && !bad({"model.moe.bias_rate"}))
+  if (m.balance != MoeBalance::bias && m.bias_rate != MoeSpec{}.bias_rate && !bad({"model.moe.bias_rate"}))
     problems.warn("model.moe.bias_rate = " + format_double(m.bias_rate) +
-                  " is ignored: only model.moe.balance = bias uses it (balance = " + m.balance + ")");
+                  " is ignored: only model.moe.balance = bias uses it (balance = " + to_string(m.balance) + ")");
 }
 
 }  // namespace dtrain::detail

@@ -40,6 +40,7 @@ struct TextOf {
     return e.c_str();
   }
   std::string operator()(AutoIntRef r) const { return *r.is_auto ? "auto" : std::to_string(*r.value); }
+  std::string operator()(EnumRef r) const { return yaml_scalar((*r.names)[r.get(r.member)]); }
   std::string operator()(std::vector<int>* v) const {
     std::string out = "[";
     for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + std::to_string((*v)[i]);
@@ -67,6 +68,7 @@ struct JsonOf {
     if (*r.is_auto) return "auto";
     return *r.value;
   }
+  json operator()(EnumRef r) const { return (*r.names)[r.get(r.member)]; }
 };
 
 std::vector<std::string> split(const std::string& path) {
@@ -123,7 +125,7 @@ std::string job_spec_summary(const JobSpec& spec) {
   out += "world = dp(" + s(p.dp) + (p.dp_auto ? ", auto" : "") + ") x tp(" + s(p.tp) + ") x pp(" + s(p.pp) + ")" +
          (p.cp > 1 ? " x cp(" + s(p.cp) + ")" : std::string()) + " = " + s(spec.world()) + " ranks (ep " + s(p.ep) + ", zero " + s(p.zero) + ")\n";
   out += "ranks per node = " + s(spec.ranks_per_node()) + " on " + nodes + " node(s), device " +
-         spec.cluster.device + "\n";
+         to_string(spec.cluster.device) + "\n";
   out += "GBS = micro_batch(" + s(t.micro_batch) + ") x grad_accum(" + s(t.grad_accum) +
          (t.grad_accum_auto ? ", auto" : "") + ") x dp(" + s(p.dp) + ") = " +
          s(spec.global_batch()) + " sequences" + (t.global_batch > 0 ? " (train.global_batch)" : "") +

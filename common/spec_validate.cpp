@@ -23,6 +23,15 @@ std::vector<int> divisors(int n) {
   return out;
 }
 
+// "PATH = VALUE: must be A, B or C (did you mean B?)"
+std::string not_one_of(const std::string& path, const std::string& value,
+                       const std::vector<std::string>& choices) {
+  std::string list;
+  for (size_t i = 0; i < choices.size(); ++i)
+    list += (i ? (i + 1 == choices.size() ? " or " : ", ") : "") + choices[i];
+  return path + " = " + (value.empty() ? "\"\"" : value) + ": must be " + list + did_you_mean(value, choices);
+}
+
 struct Checker {
   const JobSpec& spec;
   const SpecOrigin& origin;
@@ -45,14 +54,12 @@ struct Checker {
   void one_of(const std::string& path, const std::string& value,
               const std::vector<std::string>& choices) const {
     if (bad({path})) return;
-    std::string list;
-    for (size_t i = 0; i < choices.size(); ++i) {
-      if (value == choices[i]) return;
-      list += (i ? (i + 1 == choices.size() ? " or " : ", ") : "") + choices[i];
-    }
-    error(path, path + " = " + (value.empty() ? "\"\"" : value) + ": must be " + list +
-                    did_you_mean(value, choices));
+    for (const auto& choice : choices)
+      if (value == choice) return;
+    error(path, not_one_of(path, value, choices));
   }
+  // An enum field: its text was read against its names when it was converted.
+  void one_of(const std::string& path) const { check_enum_name(origin, problems, path); }
 };
 
 void check_ranges(const Checker& c) {
@@ -112,28 +119,30 @@ void check_ranges(const Checker& c) {
 
 void check_enums(const Checker& c) {
   const JobSpec& s = c.spec;
-  c.one_of("cluster.device", s.cluster.device, {"cpu", "cuda"});
-  c.one_of("cluster.backend", s.cluster.backend, {"auto", "gloo", "nccl"});
+  c.one_of("cluster.device");
+  c.one_of("cluster.backend");
   c.one_of("cluster.gloo_reduce_scatter", s.cluster.gloo_reduce_scatter, {"ring", "native"});
   c.one_of("fault.kind", s.fault.kind,
            {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync",
             "recompute_redraw", "raise", "nan_grad", "no_tp_reduce", "no_pp_grad",
             "reset_moments_on_load", "cp_local_attention"});
-  c.one_of("parallel.pipeline.schedule", s.parallel.pipeline_schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"});
+  c.one_of("parallel.pipeline.schedule");
   c.at_least("parallel.pipeline.virtual_stages", s.parallel.pipeline_virtual_stages, 1,
              "use 1, or 2+ with schedule interleaved_1f1b");
   if (!c.bad({"parallel.pipeline.virtual_stages", "parallel.pipeline.schedule"}) &&
-      s.parallel.pipeline_virtual_stages > 1 && s.parallel.pipeline_schedule != "interleaved_1f1b")
+      s.parallel.pipeline_virtual_stages > 1 &&
+      s.parallel.pipeline_schedule != PipelineSchedule::interleaved_1f1b)
     c.error("parallel.pipeline.virtual_stages",
             "parallel.pipeline.virtual_stages = " + std::to_string(s.parallel.pipeline_virtual_stages) +
-                " needs parallel.pipeline.schedule interleaved_1f1b (it is " + s.parallel.pipeline_schedule + ")");
-  if (!c.bad({"parallel.pipeline.schedule", "train.recompute"}) && s.parallel.pipeline_schedule == "zb_h1" &&
-      s.parallel.pp > 1 && s.train.recompute != "none")
+                " needs parallel.pipeline.schedule interleaved_1f1b (it is " + to_string(s.parallel.pipeline_schedule) + ")");
+  if (!c.bad({"parallel.pipeline.schedule", "train.recompute"}) && s.parallel.pipeline_schedule == PipelineSchedule::zb_h1 &&
+      s.parallel.pp > 1 && s.train.recompute != Recompute::none)
     c.error("parallel.pipeline.schedule",
-            "parallel.pipeline.schedule = zb_h1 with train.recompute = " + s.train.recompute +
+            "parallel.pipeline.schedule = zb_h1 with train.recompute = " + to_string(s.train.recompute) +
                 ": the split backward would run each recomputed segment twice; use train.recompute none "
                 "with zb_h1, or schedule 1f1b with recompute");
-  if (!c.bad({"model.moe.experts", "train.recompute"}) && s.model.moe.experts > 0 && s.train.recompute == "full")
+  if (!c.bad({"model.moe.experts", "train.recompute"}) && s.model.moe.experts > 0 &&
+      s.train.recompute == Recompute::full)
     c.error("train.recompute", "train.recompute = full with model.moe.experts = " + std::to_string(s.model.moe.experts) +
                                    ": a recomputed MoE block loses its aux loss's gradient; use train.recompute "
                                    "selective or none with MoE");
@@ -145,32 +154,33 @@ void check_enums(const Checker& c) {
             "parallel.pipeline.virtual_stages = " + std::to_string(s.parallel.pipeline_virtual_stages) +
                 " with parallel.pp = " + std::to_string(s.parallel.pp) + " does not divide model.layers = " +
                 std::to_string(s.model.layers) + " into equal stages; choose virtual_stages dividing layers / pp");
-  c.one_of("model.tp_vocab", s.model.tp_vocab, {"parallel", "replicated"});
-  if (!c.bad({"model.tp_vocab"}) && s.model.tp_vocab == "replicated" && s.parallel.sequence_parallel &&
+  c.one_of("model.tp_vocab");
+  if (!c.bad({"model.tp_vocab"}) && s.model.tp_vocab == TpVocab::replicated && s.parallel.sequence_parallel &&
       s.parallel.tp > 1)
     c.error("model.tp_vocab", "model.tp_vocab = replicated with parallel.sequence_parallel is not implemented; "
                               "use model.tp_vocab parallel with sequence parallelism");
   c.one_of("model.kind", s.model.kind, {"gpt"});
-  c.one_of("train.precision", s.train.precision, {"fp32", "bf16", "fp16"});
-  c.one_of("train.recompute", s.train.recompute, {"none", "full", "selective"});
-  c.one_of("train.nonfinite", s.train.nonfinite, {"stop", "skip_step"});
+  c.one_of("train.precision");
+  c.one_of("train.recompute");
+  c.one_of("train.nonfinite");
   c.at_least("train.nonfinite_patience", s.train.nonfinite_patience, 1,
              "e.g. 3 (1 stops at the first non-finite step)");
-  c.one_of("model.attention", s.model.attention, {"naive", "tiled"});
-  c.one_of("parallel.reduce_dtype", s.parallel.reduce_dtype, {"fp32", "bf16"});
-  if (!c.bad({"parallel.reduce_dtype", "parallel.zero"}) && s.parallel.reduce_dtype == "bf16" && s.parallel.zero > 0)
+  c.one_of("model.attention");
+  c.one_of("parallel.reduce_dtype");
+  if (!c.bad({"parallel.reduce_dtype", "parallel.zero"}) && s.parallel.reduce_dtype == ReduceDtype::bf16 &&
+      s.parallel.zero > 0)
     c.error("parallel.reduce_dtype", "parallel.reduce_dtype = bf16 is implemented for DDP (parallel.zero 0) only, "
                                      "not parallel.zero = " + std::to_string(s.parallel.zero) +
                                      "; use reduce_dtype fp32 with ZeRO");
   if (!s.cluster.memory_per_rank.empty() && parse_byte_size(s.cluster.memory_per_rank) <= 0)
     c.error("cluster.memory_per_rank", "cluster.memory_per_rank = " + s.cluster.memory_per_rank +
                                            " is not a size; write e.g. 80GiB, 512MiB or a byte count");
-  c.one_of("data.format", s.data.format, {"bytes", "tokens-u16", "tokens-u32", "indexed", "synthetic"});
+  c.one_of("data.format");
   if (!c.bad({"parallel.zero"}) && (s.parallel.zero < 0 || s.parallel.zero > 3))
     c.error("parallel.zero", "parallel.zero = " + str(s.parallel.zero) +
                                  ": must be 0 (DDP), 1, 2 or 3 (FSDP full shard)");
-  if (!c.bad({"cluster.backend", "cluster.device"}) && s.cluster.backend == "nccl" &&
-      s.cluster.device == "cpu")
+  if (!c.bad({"cluster.backend", "cluster.device"}) && s.cluster.backend == CommBackend::nccl &&
+      s.cluster.device == DeviceKind::cpu)
     c.error("cluster.backend", "cluster.backend = nccl: NCCL needs cluster.device = cuda, "
                                "the device is cpu; use backend gloo (or auto), or device cuda");
   const std::string& ep = s.cluster.rendezvous.endpoint;
@@ -270,7 +280,7 @@ void check_divisibility(const Checker& c) {
                                str(m.heads) + " (each TP rank holds heads/tp heads); " +
                                choices("tp", m.heads, domain));
   if (!c.bad({"parallel.tp", "model.vocab"}) && p.tp >= 1 && m.vocab >= 1 && m.vocab % p.tp != 0 &&
-      m.tp_vocab != "replicated")
+      m.tp_vocab != TpVocab::replicated)
     c.error("parallel.tp", "parallel.tp = " + str(p.tp) + " does not divide model.vocab = " +
                                str(m.vocab) + " (the embedding and the head are split by vocab rows); " +
                                choices("tp", m.vocab, domain));
@@ -378,8 +388,8 @@ void check_warnings(const Checker& c) {
   if (p.zero > 0 && p.dp == 1)
     c.problems.warn("parallel.zero = " + str(p.zero) +
                     " with parallel.dp = 1: there is nothing to shard across; ZeRO has no effect");
-  if (s.train.nonfinite == "skip_step" && s.train.nonfinite_patience != TrainSpec{}.nonfinite_patience &&
-      !c.bad({"train.nonfinite_patience"}))
+  if (s.train.nonfinite == NonfiniteAction::skip_step &&
+      s.train.nonfinite_patience != TrainSpec{}.nonfinite_patience && !c.bad({"train.nonfinite_patience"}))
     c.problems.warn("train.nonfinite_patience = " + str(s.train.nonfinite_patience) +
                     " is ignored: train.nonfinite = skip_step never stops for non-finite steps "
                     "(train.nonfinite: stop stops after that many in a row)");
@@ -401,6 +411,16 @@ void check_warnings(const Checker& c) {
 }
 
 }  // namespace
+
+void check_enum_name(const SpecOrigin& origin, Problems& problems, const std::string& path) {
+  auto it = origin.unknown_names.find(path);
+  if (it == origin.unknown_names.end()) return;
+  JobSpec defaults;
+  for (const auto& field : spec_fields())
+    if (path == field.path)
+      problems.error(origin.where(path),
+                     not_one_of(path, it->second, *std::get<EnumRef>(field.bind(defaults)).names));
+}
 
 void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& problems) {
   Checker c{spec, origin, problems};

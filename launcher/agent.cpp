@@ -163,7 +163,7 @@ rendezvous::Assignment Agent::rendezvous_step() {
   info.hostname = config_.hostname;
   info.slots = spec_.cluster.procs_per_node;
   info.node_rank = config_.node_rank;
-  info.gpu = spec_.cluster.device == "cuda";
+  info.gpu = spec_.cluster.device == DeviceKind::cuda;
   info.master_port = free_port();
   rendezvous::Assignment a = client_.join(info, spec_.cluster.rendezvous.join_timeout_s);
   num_nodes_ = a.num_nodes;

@@ -40,7 +40,7 @@ int visible_gpus() {
 }
 
 void check_devices(const JobSpec& spec) {
-  if (spec.cluster.device != "cuda") return;
+  if (spec.cluster.device != DeviceKind::cuda) return;
   const int gpus = visible_gpus();
   if (gpus == 0)
     throw Error(ErrorCode::config,

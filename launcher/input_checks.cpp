@@ -15,8 +15,8 @@
 namespace dtrain::launcher {
 
 void check_data_file(const JobSpec& spec) {
-  if (!spec.builtin_entrypoint() || spec.data.format == "synthetic") return;
-  if (spec.data.format == "indexed") {
+  if (!spec.builtin_entrypoint() || spec.data.format == DataFormat::synthetic) return;
+  if (spec.data.format == DataFormat::indexed) {
     read_indexed_header(spec.data.path);
     return;
   }
@@ -32,11 +32,13 @@ void check_data_file(const JobSpec& spec) {
   if (!S_ISREG(st.st_mode))
     throw Error(ErrorCode::config, field + " is not a regular file (a FIFO, socket or device)",
                 hint);
-  const int64_t token_bytes = spec.data.format == "tokens-u16" ? 2 : spec.data.format == "tokens-u32" ? 4 : 1;
+  const int64_t token_bytes = spec.data.format == DataFormat::tokens_u16   ? 2
+                              : spec.data.format == DataFormat::tokens_u32 ? 4
+                                                                           : 1;
   const int64_t tokens = int64_t(st.st_size) / token_bytes;
   if (tokens < int64_t(spec.model.seq_len) + 1)
     throw Error(ErrorCode::config,
-                field + " holds " + std::to_string(tokens) + " tokens (" + spec.data.format +
+                field + " holds " + std::to_string(tokens) + " tokens (" + to_string(spec.data.format) +
                     "), fewer than one sample of model.seq_len + 1 = " +
                     std::to_string(spec.model.seq_len + 1),
                 "use a longer file or a smaller model.seq_len");

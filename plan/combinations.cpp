@@ -54,14 +54,14 @@ void context_rules(const JobSpec& spec, Problems& out) {
   if (spec.parallel.sequence_parallel)
     out.push_back(at + " with parallel.sequence_parallel = true: the two do not compose yet; set "
                        "parallel.sequence_parallel false (cp already splits the activations by sequence)");
-  if (spec.model.attention != "tiled")
-    out.push_back("model.attention = " + spec.model.attention + " with " + at +
+  if (spec.model.attention != AttentionImpl::tiled)
+    out.push_back("model.attention = " + to_string(spec.model.attention) + " with " + at +
                   ": context parallelism runs ring attention over the tiled kernel; set model.attention: tiled");
 }
 
 void precision_rules(const JobSpec& spec, Problems& out) {
-  if (spec.train.precision != "fp32" && spec.train.precision != "bf16")
-    out.push_back("train.precision = " + spec.train.precision +
+  if (spec.train.precision != Precision::fp32 && spec.train.precision != Precision::bf16)
+    out.push_back("train.precision = " + to_string(spec.train.precision) +
                   " is not implemented yet; use precision fp32 or bf16");
 }
 

@@ -12,13 +12,13 @@ namespace dtrain::plan {
 double flops_per_step(const JobSpec& spec) {
   const double b = spec.train.micro_batch, s = spec.model.seq_len, h = spec.model.d_model;
   const double V = spec.model.vocab, L = spec.model.layers;
-  const bool tiled = spec.model.attention == "tiled";
+  const bool tiled = spec.model.attention == AttentionImpl::tiled;
   const double bs = b * s, micro_batches = double(spec.global_batch()) / b;
   const double layer_mm = 24.0 * bs * h * h, layer_att = 4.0 * bs * s * h * (tiled ? 0.5 : 1.0);
   const double fwd = L * (layer_mm + layer_att) + 2.0 * bs * h * V;
   double re = 0;
-  if (spec.train.recompute == "full") re = L * (layer_mm + layer_att);
-  if (spec.train.recompute == "selective") re = L * layer_att;
+  if (spec.train.recompute == Recompute::full) re = L * (layer_mm + layer_att);
+  if (spec.train.recompute == Recompute::selective) re = L * layer_att;
   return micro_batches * (3 * fwd + re);
 }
 

@@ -12,7 +12,7 @@ namespace dtrain::plan {
 TpView tp_view(const JobSpec& spec) {
   TpView v;
   v.tp = std::max(1, spec.parallel.tp);
-  v.vocab_parallel = v.tp > 1 && spec.model.tp_vocab == "parallel";
+  v.vocab_parallel = v.tp > 1 && spec.model.tp_vocab == TpVocab::parallel;
   return v;
 }
 

@@ -35,7 +35,7 @@ constexpr int64_t kFloat = 4;  // bytes per fp32 element
 struct Dims {
   int64_t b, s, h, a, V, L, t, tsp, vt;  // vt: the vocab split (t when vocab-parallel, else 1)
   bool drop, tiled;
-  std::string recompute;
+  Recompute recompute = Recompute::none;
   int64_t E = 0, K = 1, F = 0, every = 1, ep = 1;  // MoE (E = 0: dense)
   const ModelSpec* model = nullptr;  // the tensors (gpt_params.h)
   TpView view;
@@ -52,9 +52,9 @@ Dims dims_of(const JobSpec& spec) {
   d.L = spec.model.layers;
   d.t = spec.parallel.tp;
   d.tsp = spec.parallel.sequence_parallel && d.t > 1 ? d.t : 1;
-  d.vt = d.t > 1 && spec.model.tp_vocab == "parallel" ? d.t : 1;
+  d.vt = d.t > 1 && spec.model.tp_vocab == TpVocab::parallel ? d.t : 1;
   d.drop = spec.model.dropout > 0.0;
-  d.tiled = spec.model.attention == "tiled";
+  d.tiled = spec.model.attention == AttentionImpl::tiled;
   d.recompute = spec.train.recompute;
   d.model = &spec.model;
   d.view = tp_view(spec);
@@ -137,9 +137,9 @@ void model_states(const JobSpec& spec, const std::vector<int64_t>& units, int dp
 // full keeps only the block's input (sbh/tsp).
 double block_activation_elems(const Dims& d) {
   const double sbh = double(d.s) * d.b * d.h, bs = double(d.b) * d.s;
-  if (d.recompute == "full") return sbh / d.tsp;
+  if (d.recompute == Recompute::full) return sbh / d.tsp;
   double e = 2 * sbh + (2 + (d.drop ? 2 : 0)) * sbh / d.tsp + 12 * sbh / d.t + 4 * bs / d.tsp;
-  if (d.recompute == "selective") return e;
+  if (d.recompute == Recompute::selective) return e;
   if (d.tiled) return e + sbh / d.t + double(d.a) * d.s * d.b / d.t;
   return e + (d.drop ? 3.0 : 1.0) * d.a * d.s * d.s * d.b / d.t;
 }
@@ -150,7 +150,7 @@ double block_activation_elems(const Dims& d) {
 // the N tokens), the gathered slots the gates multiply (KNh) and the gates.
 double moe_block_activation_elems(const Dims& d) {
   const double sbh = double(d.s) * d.b * d.h, N = double(d.b) * d.s;
-  if (d.recompute == "full") return block_activation_elems(d);
+  if (d.recompute == Recompute::full) return block_activation_elems(d);
   return block_activation_elems(d) - 8 * sbh / d.t + N * d.E + d.K * N * (d.h + 2.0 * d.F) / d.t +
          d.K * N * d.h + 2.0 * d.K * N;
 }
@@ -166,7 +166,7 @@ double moe_route_transient_elems(const Dims& d) { return 3.0 * 2.0 * d.K * doubl
 // reallocates); tokens-u16 maps the file (page cache, shared by the ranks);
 // synthetic is a small table.
 int64_t data_buffer_bytes(const JobSpec& spec) {
-  if (!spec.builtin_entrypoint() || spec.data.format != "bytes") return 0;
+  if (!spec.builtin_entrypoint() || spec.data.format != DataFormat::bytes) return 0;
   struct stat st {};
   if (::stat(spec.data.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
   return 2 * int64_t(st.st_size);
@@ -193,10 +193,10 @@ double backward_transient_elems(const Dims& d, bool has_head) {
   const double sbh = double(d.s) * d.b * d.h, bs = double(d.b) * d.s, att = double(d.a) * d.s * d.s * d.b / d.t;
   const double head_phase = has_head ? 2 * bs * d.V / d.vt + 2 * sbh / d.tsp : 0.0;
   Dims usual = d;
-  usual.recompute = "none";
+  usual.recompute = Recompute::none;
   double recomputed = 0;
-  if (d.recompute == "full") recomputed = block_activation_elems(usual);
-  if (d.recompute == "selective")
+  if (d.recompute == Recompute::full) recomputed = block_activation_elems(usual);
+  if (d.recompute == Recompute::selective)
     recomputed = d.tiled ? sbh / d.t + double(d.a) * d.s * d.b / d.t : (d.drop ? 3.0 : 1.0) * att;
   const double block_phase = (has_head ? -head_activation_elems(d) : 0.0) + recomputed + (d.tiled ? 0.0 : att) +
                              8 * sbh / d.t + 2 * sbh / d.tsp;

@@ -53,7 +53,7 @@ void check_model_size(const JobSpec& spec) {
 }
 
 void check_fits_memory(const JobSpec& spec, bool allow_large) {
-  if (allow_large || spec.cluster.device != "cpu") return;
+  if (allow_large || spec.cluster.device != DeviceKind::cpu) return;
   const ModelSize s = model_size(spec);
   const uint64_t have = machine_memory_bytes();
   if (have == 0 || s.node_bytes <= double(have)) return;

@@ -154,11 +154,6 @@ int cost(Op op) {
 
 void validate(const PlanSpec& spec) {
   std::vector<std::string> problems;
-  const bool known = spec.kind == "gpipe" || spec.kind == "1f1b" || spec.kind == "interleaved_1f1b" ||
-                     spec.kind == "zb_h1";
-  if (!known)
-    problems.push_back("parallel.pipeline.schedule = " + spec.kind +
-                       " is unknown; use gpipe, 1f1b, interleaved_1f1b or zb_h1");
   if (spec.stages < 1)
     problems.push_back("parallel.pp = " + str(spec.stages) + " must be at least 1");
   if (spec.micro < 1)
@@ -168,14 +163,14 @@ void validate(const PlanSpec& spec) {
     problems.push_back("parallel.pipeline.virtual_stages = " + str(spec.virtual_stages) +
                        " must be at least 1");
   if (spec.virtual_stages > 1) {
-    if (known && spec.kind != "interleaved_1f1b")
+    if (spec.kind != PipelineSchedule::interleaved_1f1b)
       problems.push_back("parallel.pipeline.virtual_stages = " + str(spec.virtual_stages) +
                          " needs parallel.pipeline.schedule = interleaved_1f1b (it is " +
-                         spec.kind + "); use virtual_stages 1 or schedule interleaved_1f1b");
+                         to_string(spec.kind) + "); use virtual_stages 1 or schedule interleaved_1f1b");
     if (spec.stages == 1)
       problems.push_back("parallel.pipeline.virtual_stages = " + str(spec.virtual_stages) +
                          " needs parallel.pp >= 2; with pp 1 use virtual_stages 1");
-    if (spec.kind == "interleaved_1f1b" && spec.stages > 1 && spec.micro >= 1 &&
+    if (spec.kind == PipelineSchedule::interleaved_1f1b && spec.stages > 1 && spec.micro >= 1 &&
         spec.micro % spec.stages != 0) {
       int lo = spec.micro / spec.stages * spec.stages, hi = lo + spec.stages;
       problems.push_back(
@@ -195,14 +190,14 @@ Plan build_plan(const PlanSpec& spec) {
   validate(spec);
   const int p = spec.stages, m = spec.micro, v = spec.virtual_stages;
   Plan plan(p);
-  if (spec.kind == "zb_h1") {
+  if (spec.kind == PipelineSchedule::zb_h1) {
     build_zb_h1(p, m, plan);
     return plan;
   }
   for (int r = 0; r < p; ++r) {
-    if (spec.kind == "gpipe")
+    if (spec.kind == PipelineSchedule::gpipe)
       build_gpipe(p, m, r, plan[r]);
-    else if (spec.kind == "1f1b" || v == 1)
+    else if (spec.kind == PipelineSchedule::one_f_one_b || v == 1)
       build_1f1b(p, m, r, plan[r]);
     else
       build_interleaved(p, m, v, r, plan[r]);
@@ -230,8 +225,8 @@ std::string format_action(const PlanSpec& spec, const Action& a) {
 
 double ideal_bubble(const PlanSpec& spec) {
   const double p = spec.stages, m = spec.micro;
-  const double v = spec.kind == "interleaved_1f1b" ? spec.virtual_stages : 1;
-  if (spec.kind == "zb_h1") return (p - 1) / (3 * m + p - 1);
+  const double v = spec.kind == PipelineSchedule::interleaved_1f1b ? spec.virtual_stages : 1;
+  if (spec.kind == PipelineSchedule::zb_h1) return (p - 1) / (3 * m + p - 1);
   return (p - 1) / (v * m + p - 1);
 }
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/spec_enums.h"
+
 namespace dtrain {
 struct JobSpec;
 }
@@ -54,10 +56,10 @@ struct Action {
 };
 
 struct PlanSpec {
-  std::string kind = "1f1b";  // gpipe | 1f1b | interleaved_1f1b | zb_h1
-  int stages = 1;             // p: pipeline ranks (parallel.pp)
-  int micro = 1;              // m: micro-batches per step (train.grad_accum)
-  int virtual_stages = 1;     // v: chunks per rank (interleaved_1f1b only)
+  PipelineSchedule kind = PipelineSchedule::one_f_one_b;
+  int stages = 1;          // p: pipeline ranks (parallel.pp)
+  int micro = 1;           // m: micro-batches per step (train.grad_accum)
+  int virtual_stages = 1;  // v: chunks per rank (interleaved_1f1b only)
 };
 
 // The plan a job spec asks for: parallel.pipeline.schedule, parallel.pp,

@@ -135,7 +135,7 @@ TrafficModel traffic_model_from_spec(const JobSpec& spec) {
   ModelSpec dense = spec.model;
   dense.moe.experts = 0;
   t.params = uint64_t(gpt_param_count(dense).total());
-  t.bytes_per_elem = spec.train.precision == "fp32" ? 4 : 2;
+  t.bytes_per_elem = spec.train.precision == Precision::fp32 ? 4 : 2;
   t.zero = spec.parallel.zero;
   t.micro_batch = spec.train.micro_batch;
   t.grad_accum = spec.train.grad_accum;

@@ -94,7 +94,7 @@ Cluster cluster_from_spec(const JobSpec& spec) {
   int nodes = c.nodes_max;
   if (nodes * c.procs_per_node != spec.world() && c.nodes_min * c.procs_per_node == spec.world())
     nodes = c.nodes_min;
-  return make_cluster(nodes, c.procs_per_node, c.topology.nvlink_domain, c.device == "cuda");
+  return make_cluster(nodes, c.procs_per_node, c.topology.nvlink_domain, c.device == DeviceKind::cuda);
 }
 
 Placement place_job(const JobSpec& spec, bool allow_slow,

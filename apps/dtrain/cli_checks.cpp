@@ -35,7 +35,7 @@ std::string checked_pipeline_plan(const JobSpec& spec) {
   const pl::SimResult sim = pl::simulate(p, plan);
   if (!sim.ok)
     throw Error(ErrorCode::config,
-                "parallel.pipeline.schedule = " + p.kind + ": the simulator rejects its plan: " + sim.error,
+                "parallel.pipeline.schedule = " + to_string(p.kind) + ": the simulator rejects its plan: " + sim.error,
                 "use parallel.pipeline.schedule 1f1b or gpipe");
   return pl::format_plan(p, plan);
 }

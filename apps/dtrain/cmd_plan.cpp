@@ -117,7 +117,8 @@ std::string plan_text(const JobSpec& spec, const pl::MemoryPlan& plan, const ren
   out += fmt::format("model gpt: layers {}, d_model {}, heads {}, seq_len {}, vocab {}; attention {}, recompute {}, "
                      "dropout {}, precision {}\n\n",
                      spec.model.layers, spec.model.d_model, spec.model.heads, spec.model.seq_len, spec.model.vocab,
-                     spec.model.attention, spec.train.recompute, spec.model.dropout, spec.train.precision);
+                     to_string(spec.model.attention), to_string(spec.train.recompute), spec.model.dropout,
+                     to_string(spec.train.precision));
   out += pl::plan_to_text(spec, plan);
   out += fmt::format("\npeak of the largest rank: {}; FLOPs per step: {:.3e} (forward + backward + recompute)\n",
                      pl::format_bytes(double(plan.max_peak_bytes())), plan.flops_per_step);
@@ -157,13 +158,14 @@ void print_suggestions(const JobSpec& base, int world, int64_t budget, double gf
       const int dp = world / (tp * pp);
       if (gbs % (base.train.micro_batch * dp) != 0) continue;
       for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)  // ZeRO shards over dp only
-        for (const char* rc : {"none", "selective", "full"}) {
+        for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
           JobSpec s = base;
           s.cluster.nodes_min = s.cluster.nodes_max = 1;
           s.cluster.procs_per_node = world;
           s.parallel.dp = dp, s.parallel.tp = tp, s.parallel.pp = pp, s.parallel.zero = zero;
           s.parallel.pipeline_virtual_stages = 1;
-          if (s.parallel.pipeline_schedule == "interleaved_1f1b") s.parallel.pipeline_schedule = "1f1b";
+          if (s.parallel.pipeline_schedule == PipelineSchedule::interleaved_1f1b)
+            s.parallel.pipeline_schedule = PipelineSchedule::one_f_one_b;
           s.parallel.sequence_parallel = s.parallel.sequence_parallel && tp > 1;
           s.train.grad_accum = gbs / (base.train.micro_batch * dp);
           s.train.recompute = rc;
@@ -175,7 +177,7 @@ void print_suggestions(const JobSpec& base, int world, int64_t budget, double gf
             const double t = gflops > 0 ? step_time_s(s, plan, gflops) : step_time_s(s, plan, 1.0);
             rows.push_back({t, plan.max_peak_bytes(),
                             fmt::format("dp {} tp {} pp {} zero {} recompute {} (grad_accum {})", dp, tp, pp, zero,
-                                        rc, s.train.grad_accum)});
+                                        to_string(rc), s.train.grad_accum)});
           } catch (const Error&) {
           }
         }

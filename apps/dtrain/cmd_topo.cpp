@@ -57,7 +57,7 @@ std::string stage_blocks(const JobSpec& spec) {
 // simulator rejects is an error here, before any worker runs.
 void print_schedule(const JobSpec& spec) {
   const std::string plan = checked_pipeline_plan(spec);
-  std::cout << "\npipeline schedule " << spec.parallel.pipeline_schedule << ", pp " << spec.parallel.pp << ", "
+  std::cout << "\npipeline schedule " << to_string(spec.parallel.pipeline_schedule) << ", pp " << spec.parallel.pp << ", "
             << spec.train.grad_accum << " micro-batch(es) per step (train.grad_accum), blocks per stage "
             << stage_blocks(spec) << ":\n"
             << plan;
@@ -67,9 +67,9 @@ void run_topo(const TopoOptions& o) {
   std::vector<std::string> warnings;
   JobSpec spec = load_job_spec(o.spec, topo_overrides(o), &warnings);
   plan::check_model_size(spec);
-  if (o.nvlink_domain >= 0 && spec.cluster.device != "cuda")
+  if (o.nvlink_domain >= 0 && spec.cluster.device != DeviceKind::cuda)
     warnings.push_back("--nvlink-domain is ignored on a CPU cluster (cluster.device = " +
-                       spec.cluster.device + "); give --gpus-per-node to describe GPU nodes");
+                       to_string(spec.cluster.device) + "); give --gpus-per-node to describe GPU nodes");
   rendezvous::Placement placement = rendezvous::place_job(spec, spec.cluster.topology.allow_slow, warnings);
   rendezvous::Cluster cluster = rendezvous::cluster_from_spec(spec);
   if (!o.svg.empty())

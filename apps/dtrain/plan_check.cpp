@@ -58,13 +58,15 @@ std::vector<std::pair<std::string, JobSpec>> cheaper_layouts(const JobSpec& spec
     change(s);
     out.emplace_back(what, s);
   };
-  if (spec.model.attention == "naive") add("model.attention=tiled", [](JobSpec& s) { s.model.attention = "tiled"; });
+  if (spec.model.attention == AttentionImpl::naive)
+    add("model.attention=tiled", [](JobSpec& s) { s.model.attention = AttentionImpl::tiled; });
   for (int z = spec.parallel.zero + 1; z <= 3 && spec.parallel.dp > 1; ++z)
     if (!(z == 3 && spec.parallel.pp > 1))
       add("parallel.zero=" + std::to_string(z), [z](JobSpec& s) { s.parallel.zero = z; });
-  if (spec.train.recompute == "none")
-    add("train.recompute=selective", [](JobSpec& s) { s.train.recompute = "selective"; });
-  if (spec.train.recompute != "full") add("train.recompute=full", [](JobSpec& s) { s.train.recompute = "full"; });
+  if (spec.train.recompute == Recompute::none)
+    add("train.recompute=selective", [](JobSpec& s) { s.train.recompute = Recompute::selective; });
+  if (spec.train.recompute != Recompute::full)
+    add("train.recompute=full", [](JobSpec& s) { s.train.recompute = Recompute::full; });
   // The largest divisor of micro_batch that fits, grad_accum scaled to keep the batch.
   const int mb = spec.train.micro_batch;
   for (int m = mb - 1; m >= 1 && mb > 1; --m) {
@@ -99,7 +101,7 @@ std::string fields_of(const JobSpec& spec, const std::string& part) {
   const std::string moe = m.moe.experts > 0 ? ", " + f("model.moe.experts", m.moe.experts) : "";
   if (part == "params + grads + optimizer" || part == "the build")
     return f("model.d_model", m.d_model) + ", " + f("model.layers", m.layers) + ", " + f("model.vocab", m.vocab) + moe;
-  if (part == "cache") return f("model.seq_len", m.seq_len) + ", " + f("model.attention", m.attention);
+  if (part == "cache") return f("model.seq_len", m.seq_len) + ", " + f("model.attention", to_string(m.attention));
   if (part == "data") return f("data.path", spec.data.path);
   return f("train.micro_batch", spec.train.micro_batch) + ", " + f("model.seq_len", m.seq_len) + ", " +
          f("model.d_model", m.d_model) + moe;
@@ -137,7 +139,7 @@ void check_memory_budget(const JobSpec& spec, BudgetSources sources) {
     budget = parse_byte_size(spec.cluster.memory_per_rank);
     what = "cluster.memory_per_rank = " + pl::format_bytes(double(budget));
   }
-  const uint64_t machine = sources.machine && spec.cluster.device == "cpu" ? machine_memory_bytes() : 0;
+  const uint64_t machine = sources.machine && spec.cluster.device == DeviceKind::cpu ? machine_memory_bytes() : 0;
   const int procs = std::max(1, spec.cluster.procs_per_node);
   if (machine > 0 && (budget <= 0 || int64_t(machine / uint64_t(procs)) < budget)) {
     budget = int64_t(machine / uint64_t(procs));

@@ -7,6 +7,7 @@
 #include "engine/parallel/activation_checkpoint.h"
 
 #include <memory>
+#include <string>
 
 #include "common/error.h"
 #include "engine/model/recompute.h"
@@ -34,18 +35,18 @@ model::SegmentRunner recompute_runner(model::GptImpl& model, bool redraw_fault) 
 
 }  // namespace
 
-void apply_activation_checkpointing(model::GptImpl& model, const std::string& mode, bool redraw_fault) {
-  if (mode == "none") return;
-  if (mode == "full") {
+void apply_activation_checkpointing(model::GptImpl& model, Recompute mode, bool redraw_fault) {
+  if (mode == Recompute::none) return;
+  if (mode == Recompute::full) {
     model.set_block_runner(recompute_runner(model, redraw_fault));
     return;
   }
-  if (mode == "selective") {
+  if (mode == Recompute::selective) {
     for (const auto& block : *model.blocks)
       block->as<model::Block>()->attn->core_runner = recompute_runner(model, redraw_fault);
     return;
   }
-  throw Error(ErrorCode::config, "train.recompute = " + mode + " is not one of none, full, selective");
+  throw Error(ErrorCode::internal, "train.recompute = " + std::to_string(static_cast<int>(mode)) + " is no Recompute");
 }
 
 }  // namespace dtrain::engine::parallel

@@ -5,15 +5,14 @@
 // Owns the choice of segments; the mechanism is model/recompute.h.
 #pragma once
 
-#include <string>
-
+#include "common/spec_enums.h"
 #include "engine/model/gpt.h"
 
 namespace dtrain::engine::parallel {
 
-// mode: none | full | selective. redraw_fault (fault.kind recompute_redraw):
+// redraw_fault (fault.kind recompute_redraw):
 // the recomputation draws its dropout masks from the next step's stream, a
 // wrong recompute on purpose for the tests' negative control.
-void apply_activation_checkpointing(model::GptImpl& model, const std::string& mode, bool redraw_fault);
+void apply_activation_checkpointing(model::GptImpl& model, Recompute mode, bool redraw_fault);
 
 }  // namespace dtrain::engine::parallel

@@ -53,7 +53,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   comm::Group& tp = comm.group(mesh::GroupKind::tp);
   if (tp.size() > 1) {
     out.parts.layouts = apply_tensor_parallel(*out.parts.model, out.parts.named_params, tp,
-                                              spec.parallel.sequence_parallel, spec.model.tp_vocab == "parallel",
+                                              spec.parallel.sequence_parallel, spec.model.tp_vocab == TpVocab::parallel,
                                               fault("no_tp_reduce"));
   } else {
     for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
@@ -109,14 +109,14 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     DdpOptions dopt;
     dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
     dopt.overlap = spec.parallel.ddp_overlap;
-    dopt.reduce_bf16 = spec.parallel.reduce_dtype == "bf16";
+    dopt.reduce_bf16 = spec.parallel.reduce_dtype == ReduceDtype::bf16;
     out.grad_sync = make_ddp_sync(named, layouts, replicas, tp, pp, dopt);
   }
   if (moe)  // the experts' gradients over edp, wrapped around the dense sync; counters over the real dp
     out.grad_sync = make_moe_sync(std::move(out.grad_sync), std::move(split.experts), *out.parts.model,
                                   comm.group(mesh::GroupKind::dp), tp, comm.group(mesh::GroupKind::ep),
                                   grad_group(mesh::GroupKind::edp),
-                                  {spec.model.moe.balance == "bias", spec.model.moe.bias_rate});
+                                  {spec.model.moe.balance == MoeBalance::bias, spec.model.moe.bias_rate});
   return out;
 }
 

@@ -22,7 +22,7 @@ double model_flops_per_step(double params, const ModelSpec& m, double tokens_per
 DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
                                comm::Group& control) {
   DevicePeak p;
-  const auto dtype = spec.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  const auto dtype = spec.train.precision == Precision::bf16 ? at::kBFloat16 : at::kFloat;
   // Short: every worker start pays it. bf16 on a CPU without bf16 units runs
   // at a few GFLOP/s, so its matrix is smaller.
   const int n = !device.is_cpu() ? 4096 : dtype == at::kBFloat16 ? 256 : 512;

@@ -38,15 +38,16 @@ void NonfiniteWatch::observe(int64_t step, bool finite, double loss, double grad
   }
   if (in_a_row_++ == 0) first_ = step;
   const auto& t = spec_.train;
-  const bool stop = t.nonfinite == "stop" && in_a_row_ >= t.nonfinite_patience;
+  const bool stop = t.nonfinite == NonfiniteAction::stop && in_a_row_ >= t.nonfinite_patience;
   const std::string values = "loss " + value_text(loss) + ", gradient norm " + value_text(grad_norm);
   if (log_rank && !stop)
     DTRAIN_WARN("step {}/{}: {}: not finite; every rank skips this step's update and no checkpoint is "
                 "written after it ({} in a row; {})",
                 step, t.steps, values, in_a_row_,
-                t.nonfinite == "stop" ? "train.nonfinite = stop stops at train.nonfinite_patience = " +
-                                            std::to_string(t.nonfinite_patience)
-                                      : std::string("train.nonfinite = skip_step goes on"));
+                t.nonfinite == NonfiniteAction::stop
+                    ? "train.nonfinite = stop stops at train.nonfinite_patience = " +
+                          std::to_string(t.nonfinite_patience)
+                    : std::string("train.nonfinite = skip_step goes on"));
   if (!stop) return;
   const std::string last = last_checkpoint(spec_);
   const std::string steps = in_a_row_ == 1 ? "step " + std::to_string(step)

@@ -24,13 +24,13 @@ namespace {
 std::unique_ptr<data::TokenDataset> open_data(const JobSpec& spec) {
   const auto& d = spec.data;
   // An indexed dataset's path is a prefix: its files are checked by name in open_dataset.
-  if (d.format != "synthetic" && d.format != "indexed" && !std::filesystem::exists(d.path))
+  if (d.format != DataFormat::synthetic && d.format != DataFormat::indexed && !std::filesystem::exists(d.path))
     throw Error(ErrorCode::config,
                 "data.path = " + d.path + " does not exist (working directory " +
                     std::filesystem::current_path().string() + ")",
                 d.path == "data/corpus.txt" ? "run scripts/make-corpus to build data/corpus.txt"
                                             : "point data.path at an existing file");
-  return data::open_dataset(d.format, d.path, spec.model.seq_len, spec.model.vocab, spec.job.seed);
+  return data::open_dataset(to_string(d.format), d.path, spec.model.seq_len, spec.model.vocab, spec.job.seed);
 }
 
 model::GptConfig gpt_config(const ModelSpec& m) {
@@ -47,8 +47,8 @@ model::GptConfig gpt_config(const ModelSpec& m) {
   c.moe.aux_loss_coef = m.moe.aux_loss_coef;
   c.moe.every = m.moe.every;
   c.moe.d_ff = m.moe.d_ff;
-  c.moe.bias_balance = m.moe.balance == "bias";
-  c.attention = m.attention;
+  c.moe.bias_balance = m.moe.balance == MoeBalance::bias;
+  c.attention = to_string(m.attention);  // the model's own name for its core (attention_core.h)
   return c;
 }
 
@@ -88,12 +88,12 @@ std::unique_ptr<TrainSession> make_train_session() {
   // use this generator (it draws from its own, seeded by job.seed).
   at::manual_seed(spec.job.seed + 7919ULL * uint64_t(s->info.rank));
 
-  s->device = device::select(spec.cluster.device, s->info.local_rank, s->info.local_world);
+  s->device = device::select(to_string(spec.cluster.device), s->info.local_rank, s->info.local_world);
 
   comm::CommOptions copt;
-  copt.backend = spec.cluster.backend != "auto" ? spec.cluster.backend
-                 : s->device.is_cpu()           ? "gloo"
-                                                : "nccl";
+  copt.backend = spec.cluster.backend != CommBackend::automatic ? to_string(spec.cluster.backend)
+                 : s->device.is_cpu()                           ? "gloo"
+                                                                : "nccl";
   copt.device = s->device;
   copt.shm = spec.cluster.shm;
   copt.gloo_native_reduce_scatter = spec.cluster.gloo_reduce_scatter == "native";
@@ -141,7 +141,7 @@ std::unique_ptr<TrainSession> make_train_session() {
     DTRAIN_INFO("doctor: BLAS {} {} ({}), start-up check max rel err {:.1e}; matmul {:.1f} GFLOP/s "
                 "{} per rank ({}); MFU peak {:.1f} GFLOP/s over {} ranks ({} cores here, {} local ranks)",
                 blas.name, blas.version, blas.core, blas_check.max_rel_err, s->peak.measured_gflops,
-                spec.train.precision, s->device.is_cpu() ? "1 thread, CPU time" : s->device.str(),
+                to_string(spec.train.precision), s->device.is_cpu() ? "1 thread, CPU time" : s->device.str(),
                 s->peak.total_flops / 1e9, s->info.world, s->peak.cores, s->info.local_world);
   }
   if (s->is_log_rank())
@@ -149,7 +149,7 @@ std::unique_ptr<TrainSession> make_train_session() {
                 "schedule {}; device {}, {}",
                 model_params, s->par.parts.named_params.size(),
                 s->data->num_samples(), spec.model.seq_len, s->par.grad_sync->describe(),
-                s->par.schedule->name(), s->device.str(), spec.train.precision);
+                s->par.schedule->name(), s->device.str(), to_string(spec.train.precision));
   return s;
 }
 

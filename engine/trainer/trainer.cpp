@@ -84,7 +84,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   // its share of the global batch, so summed gradients are the 1-process gradient
   // of the global-batch mean loss (micro-batches hold equal token counts).
   opt.loss_scale = 1.0 / (double(opt.grad_accum) * double(s.dp->size()));
-  opt.bf16 = s.spec.train.precision == "bf16";
+  opt.bf16 = s.spec.train.precision == Precision::bf16;
   opt.seed = s.spec.job.seed;
   opt.step = step;
   if (checkpoint::nan_grad_in_step(s.spec.fault, s.info, step + 1))

@@ -48,7 +48,7 @@ class Pipeline : public Schedule {
     const pipeline::SimResult sim = pipeline::simulate(spec_, plan);
     if (!sim.ok)
       throw Error(ErrorCode::config,
-                  "parallel.pipeline.schedule = " + spec_.kind + " for pp = " + std::to_string(spec_.stages) +
+                  "parallel.pipeline.schedule = " + to_string(spec_.kind) + " for pp = " + std::to_string(spec_.stages) +
                       ", grad_accum = " + std::to_string(spec_.micro) + ": the simulator rejects its plan: " + sim.error,
                   "use parallel.pipeline.schedule 1f1b or gpipe");
     actions_ = plan.at(size_t(stage_.rank));
@@ -88,7 +88,7 @@ class Pipeline : public Schedule {
     // A split backward (zb_h1) accumulates every micro-batch's weight
     // gradients outside the whole-backward order the gradient sync overlaps
     // with: its reduction then runs in sync.finish(), after the step.
-    const bool reduce_in_backward = spec_.kind != "zb_h1";
+    const bool reduce_in_backward = spec_.kind != PipelineSchedule::zb_h1;
     const int backward_total = spec_.micro * stage_.chunks;
     std::vector<at::Tensor> params;
     if (!reduce_in_backward)
@@ -203,7 +203,7 @@ class Pipeline : public Schedule {
     return t.item<double>();
   }
 
-  const char* name() const override { return spec_.kind.c_str(); }
+  const char* name() const override { return to_string(spec_.kind).c_str(); }
 
  private:
   struct Micro {
@@ -279,7 +279,7 @@ void keep_stage_parameters(ModelParts& parts, const PipelineStage& stage) {
   parts.named_params = std::move(kept);
 }
 
-std::unique_ptr<Schedule> make_pipeline_schedule(const std::string& kind, int micro, comm::Group& pp,
+std::unique_ptr<Schedule> make_pipeline_schedule(PipelineSchedule kind, int micro, comm::Group& pp,
                                                  PipelineStage stage, std::vector<int64_t> activation,
                                                  bool fault_drop_grad) {
   pipeline::PlanSpec spec;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/spec_enums.h"
 #include "engine/comm/comm.h"
 #include "engine/parallel/parallelize.h"
 #include "engine/parallel/schedule.h"
@@ -51,7 +52,7 @@ void keep_stage_parameters(ModelParts& parts, const PipelineStage& stage);
 // simulator rejects is a dtrain::Error(config) here, before any step.
 // fault_drop_grad (fault.kind no_pp_grad): every gradient sent back to the
 // previous stage is zeros.
-std::unique_ptr<Schedule> make_pipeline_schedule(const std::string& kind, int micro, comm::Group& pp,
+std::unique_ptr<Schedule> make_pipeline_schedule(PipelineSchedule kind, int micro, comm::Group& pp,
                                                  PipelineStage stage, std::vector<int64_t> activation,
                                                  bool fault_drop_grad = false);
 

@@ -204,6 +204,17 @@ TEST_CASE("spec errors: enums list the choices") {
             "cluster.rendezvous.endpoint = localhost: expected host:port"));
 }
 
+TEST_CASE("spec errors: an unknown enum name is reported once, not again by the rules using its value") {
+  std::string e = error_of(kBase, {"parallel.pipeline.schedule=foo", "parallel.pipeline.virtual_stages=2"});
+  CHECK(has(e, "--set parallel.pipeline.schedule=foo: parallel.pipeline.schedule = foo: must be gpipe, 1f1b, "
+               "interleaved_1f1b or zb_h1"));
+  CHECK(count(e, "parallel.pipeline.schedule = foo") == 1);
+  CHECK(!has(e, "(it is"));  // no rule quotes a value the spec does not hold
+  CHECK(has(error_of("train: {recompute: }"), "train.recompute = \"\": must be none, full or selective"));
+  CHECK(has(error_of("model: {attention: [tiled]}"),
+            "model.attention: expected a string, got a list; write it like attention: naive (the default)"));
+}
+
 TEST_CASE("spec errors: nccl needs cuda") {
   std::string e = error_of("cluster: {device: cpu, backend: nccl}");
   CHECK(has(e, "cluster.backend = nccl"));

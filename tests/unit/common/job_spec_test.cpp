@@ -77,8 +77,8 @@ TEST_CASE("job spec: every field of every section is read") {
   CHECK(s.cluster.nodes_min == 2);
   CHECK(s.cluster.nodes_max == 4);
   CHECK(s.cluster.procs_per_node == 2);
-  CHECK(s.cluster.device == "cuda");
-  CHECK(s.cluster.backend == "nccl");
+  CHECK(s.cluster.device == dtrain::DeviceKind::cuda);
+  CHECK(s.cluster.backend == dtrain::CommBackend::nccl);
   CHECK(s.cluster.max_restarts == 3);
   CHECK(s.cluster.grace_s == 7.5);
   CHECK(s.cluster.rendezvous.endpoint == "node0:1234");
@@ -92,7 +92,7 @@ TEST_CASE("job spec: every field of every section is read") {
   CHECK(s.parallel.pp == 2);
   CHECK(s.parallel.ep == 2);
   CHECK(s.parallel.zero == 2);
-  CHECK(s.parallel.pipeline_schedule == "gpipe");
+  CHECK(s.parallel.pipeline_schedule == dtrain::PipelineSchedule::gpipe);
   CHECK(s.parallel.ddp_bucket_mb == 12.5);
   CHECK(s.parallel.ddp_overlap == false);
   CHECK(s.model.vocab == 512);
@@ -111,9 +111,9 @@ TEST_CASE("job spec: every field of every section is read") {
   CHECK(s.train.beta1 == 0.8);
   CHECK(s.train.beta2 == 0.99);
   CHECK(s.train.grad_clip == 0.0);
-  CHECK(s.train.precision == "bf16");
+  CHECK(s.train.precision == dtrain::Precision::bf16);
   CHECK(s.data.path == "/data/tokens.bin");
-  CHECK(s.data.format == "tokens-u16");
+  CHECK(s.data.format == dtrain::DataFormat::tokens_u16);
   CHECK(s.checkpoint.dir == "ck");
   CHECK(s.checkpoint.every == 3);
   CHECK(s.checkpoint.keep == 1);
@@ -210,7 +210,7 @@ TEST_CASE("job spec: the shipped configs load") {
   CHECK(q.world() == 4);
   CHECK(q.parallel.dp == 4);
   CHECK(q.cluster.procs_per_node == 4);
-  CHECK(q.cluster.device == "cpu");
+  CHECK(q.cluster.device == dtrain::DeviceKind::cpu);
   JobSpec g = dtrain::load_job_spec(dir + "gpt-3d.yaml", {}, &warnings);
   CHECK(g.world() == 8);
   CHECK(g.parallel.tp == 2);

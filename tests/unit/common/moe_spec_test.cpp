@@ -33,13 +33,17 @@ TEST_CASE("moe spec: defaults are dense, and a valid MoE spec loads") {
   CHECK(d.model.moe.capacity_factor == 1.25);
   CHECK(d.model.moe.aux_loss_coef == 0.01);
   CHECK(d.model.moe.every == 1);
-  CHECK(d.model.moe.balance == "aux");
+  CHECK(d.model.moe.balance == dtrain::MoeBalance::aux);
   CHECK(error_of(kMoe) == "");
   dtrain::JobSpec s = parse_job_spec(kMoe, "m.yaml", {"model.moe.balance=bias", "model.moe.every=2"});
   CHECK(s.model.moe.experts == 4);
   CHECK(s.model.moe.top_k == 2);
-  CHECK(s.model.moe.balance == "bias");
+  CHECK(s.model.moe.balance == dtrain::MoeBalance::bias);
   CHECK(s.model.moe.every == 2);
+}
+
+TEST_CASE("moe spec: an unknown balance is an error for a dense model too") {
+  CHECK(has(error_of("model: {moe: {balance: bais}}"), "model.moe.balance = bais: must be aux or bias (did you mean bias?)"));
 }
 
 TEST_CASE("moe spec: experts not divisible by ep") {

@@ -25,11 +25,11 @@ using dtrain::testing::has;
 
 TEST_CASE("nonfinite spec: defaults stop after 3, valid values load and print back") {
   const dtrain::JobSpec d;
-  CHECK(d.train.nonfinite == "stop");
+  CHECK(d.train.nonfinite == dtrain::NonfiniteAction::stop);
   CHECK(d.train.nonfinite_patience == 3);
   CHECK(error_of({"train.nonfinite=skip_step", "train.nonfinite_patience=1"}) == "");
   dtrain::JobSpec s;
-  s.train.nonfinite = "skip_step";
+  s.train.nonfinite = dtrain::NonfiniteAction::skip_step;
   s.train.nonfinite_patience = 7;
   const std::string yaml = dtrain::job_spec_to_yaml(s);
   CHECK(has(yaml, "nonfinite: skip_step"));

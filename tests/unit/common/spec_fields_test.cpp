@@ -8,11 +8,13 @@
 #include <map>
 #include <set>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "common/error.h"
 #include "common/job_spec.h"
 #include "common/spec_detail.h"
+#include "tests/support/spec_errors.h"
 
 namespace {
 
@@ -263,4 +265,27 @@ TEST_CASE("spec fields: each set through YAML and --set holds its value, prints 
   }
   MESSAGE(checked << " of " << dtrain::detail::spec_fields().size() << " fields checked");
   CHECK(checked == int(dtrain::detail::spec_fields().size()));
+}
+
+// An enum field's text is read against its names when it is converted and
+// reported by the validator in its turn: a field whose report is missing
+// would silently keep its default.
+TEST_CASE("spec fields: every enum field refuses an unknown name, naming the field and its names") {
+  JobSpec defaults;
+  int checked = 0;
+  for (const auto& f : dtrain::detail::spec_fields()) {
+    const auto ref = f.bind(defaults);
+    if (!std::holds_alternative<dtrain::detail::EnumRef>(ref)) continue;
+    const std::vector<std::string>& names = *std::get<dtrain::detail::EnumRef>(ref).names;
+    std::string list;
+    for (size_t i = 0; i < names.size(); ++i)
+      list += (i ? (i + 1 == names.size() ? " or " : ", ") : "") + names[i];
+    const std::string path = f.path;
+    const std::string e = dtrain::testing::config_error_of("", "e.yaml", {path + "=no_such_name"});
+    const std::string want = "--set " + path + "=no_such_name: " + path + " = no_such_name: must be " + list;
+    CHECK_MESSAGE(dtrain::testing::has(e, want), path << " took an unknown name without the error");
+    ++checked;
+  }
+  MESSAGE(checked << " enum fields checked");
+  CHECK(checked >= 11);
 }

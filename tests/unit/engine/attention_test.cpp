@@ -109,7 +109,7 @@ struct ModelGrads {
   std::vector<at::Tensor> grads;
 };
 
-ModelGrads train_once(const std::string& recompute, const std::string& attention, bool redraw = false) {
+ModelGrads train_once(dtrain::Recompute recompute, const std::string& attention, bool redraw = false) {
   model::GptConfig cfg;
   cfg.vocab = 64;
   cfg.layers = 2;
@@ -143,17 +143,18 @@ double grads_diff(const ModelGrads& a, const ModelGrads& b) {
 
 TEST_CASE("recompute full and selective: the same loss and gradients as none, dropout 0.1") {
   for (const std::string attention : {"naive", "tiled"}) {
-    const ModelGrads none = train_once("none", attention);
-    for (const std::string mode : {"full", "selective"}) {
+    const ModelGrads none = train_once(dtrain::Recompute::none, attention);
+    for (const dtrain::Recompute mode : {dtrain::Recompute::full, dtrain::Recompute::selective}) {
       const double diff = grads_diff(train_once(mode, attention), none);
       const double control = grads_diff(train_once(mode, attention, /*redraw=*/true), none);
-      MESSAGE("attention " << attention << ", recompute " << mode << ": max |diff| of loss and gradients " << diff
+      MESSAGE("attention " << attention << ", recompute " << to_string(mode) << ": max |diff| of loss and gradients " << diff
                            << " (tol 1e-6); control (recompute redraws masks) " << control);
       CHECK(diff <= 1e-6);
       CHECK(control > 1e-4);
     }
   }
-  const double tiled_vs_naive = grads_diff(train_once("none", "tiled"), train_once("none", "naive"));
+  const double tiled_vs_naive = grads_diff(train_once(dtrain::Recompute::none, "tiled"),
+                                           train_once(dtrain::Recompute::none, "naive"));
   MESSAGE("attention tiled vs naive, GPT gradients: " << tiled_vs_naive << " (tol " << kTol << ")");
   CHECK(tiled_vs_naive <= kTol);
 }

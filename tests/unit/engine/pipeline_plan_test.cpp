@@ -16,6 +16,7 @@
 using dtrain::Error;
 using dtrain::ErrorCode;
 using namespace dtrain::plan::pipeline;
+using dtrain::PipelineSchedule;
 
 namespace {
 
@@ -47,16 +48,16 @@ void check_rejected(const PlanSpec& spec, const Plan& broken, const std::string&
 }  // namespace
 
 TEST_CASE("pipeline plan: gpipe and 1f1b pass the simulator with the ideal bubble") {
-  for (const char* kind : {"gpipe", "1f1b"})
+  for (PipelineSchedule kind : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b})
     for (int p = 1; p <= 4; ++p)
       for (int m = 1; m <= 8; ++m) {
         PlanSpec spec{kind, p, m, 1};
         SimResult r = simulate(spec, build_plan(spec));
-        INFO(kind << " p=" << p << " m=" << m << ": " << r.error);
+        INFO(to_string(kind) << " p=" << p << " m=" << m << ": " << r.error);
         REQUIRE(r.ok);
         REQUIRE(r.max_in_flight.size() == static_cast<size_t>(p));
         for (int rank = 0; rank < p; ++rank)
-          CHECK(r.max_in_flight[rank] == (spec.kind == "gpipe" ? m : std::min(p - rank, m)));
+          CHECK(r.max_in_flight[rank] == (spec.kind == PipelineSchedule::gpipe ? m : std::min(p - rank, m)));
         // Forward 1 tick, backward 2: every rank computes 3m ticks of
         // 3(m+p-1), so the idle fraction is exactly (p-1)/(m+p-1) for both.
         CHECK(r.ticks == 3 * (m + p - 1));
@@ -68,7 +69,7 @@ TEST_CASE("pipeline plan: interleaved 1f1b passes the simulator with the ideal b
   for (int p = 2; p <= 4; ++p)
     for (int v = 2; v <= 3; ++v)
       for (int m = p; m <= 8; m += p) {
-        PlanSpec spec{"interleaved_1f1b", p, m, v};
+        PlanSpec spec{PipelineSchedule::interleaved_1f1b, p, m, v};
         SimResult r = simulate(spec, build_plan(spec));
         INFO("p=" << p << " v=" << v << " m=" << m << ": " << r.error);
         REQUIRE(r.ok);
@@ -78,21 +79,21 @@ TEST_CASE("pipeline plan: interleaved 1f1b passes the simulator with the ideal b
         }
         CHECK(r.ticks == 3 * (v * m + p - 1));
         CHECK(std::abs(r.bubble - ideal_bubble(spec)) < 1e-12);
-        CHECK(r.bubble < ideal_bubble({"1f1b", p, m, 1}));
+        CHECK(r.bubble < ideal_bubble({PipelineSchedule::one_f_one_b, p, m, 1}));
       }
   // v = 1 is the non-interleaved schedule.
-  PlanSpec one{"interleaved_1f1b", 3, 5, 1};
-  PlanSpec plain{"1f1b", 3, 5, 1};
+  PlanSpec one{PipelineSchedule::interleaved_1f1b, 3, 5, 1};
+  PlanSpec plain{PipelineSchedule::one_f_one_b, 3, 5, 1};
   CHECK(format_plan(one, build_plan(one)) == format_plan(plain, build_plan(plain)));
 }
 
 TEST_CASE("pipeline plan: zb_h1 splits every backward, holds 1F1B's peak in flight, and beats 1F1B's bubble") {
   for (int p = 1; p <= 4; ++p)
     for (int m = 1; m <= 8; ++m) {
-      PlanSpec spec{"zb_h1", p, m, 1};
+      PlanSpec spec{PipelineSchedule::zb_h1, p, m, 1};
       const Plan plan = build_plan(spec);
       SimResult r = simulate(spec, plan);
-      SimResult f = simulate({"1f1b", p, m, 1}, build_plan({"1f1b", p, m, 1}));
+      SimResult f = simulate({PipelineSchedule::one_f_one_b, p, m, 1}, build_plan({PipelineSchedule::one_f_one_b, p, m, 1}));
       INFO("zb_h1 p=" << p << " m=" << m << ": " << r.error);
       REQUIRE(r.ok);
       for (int rank = 0; rank < p; ++rank) {
@@ -116,7 +117,7 @@ TEST_CASE("pipeline plan: zb_h1 splits every backward, holds 1F1B's peak in flig
         MESSAGE("p 4, m 8: zb_h1 " << r.ticks << " ticks, bubble " << r.bubble << " (Qi et al. " << ideal_bubble(spec)
                                    << "); 1f1b " << f.ticks << " ticks, bubble " << f.bubble);
     }
-  PlanSpec spec{"zb_h1", 2, 2, 1};
+  PlanSpec spec{PipelineSchedule::zb_h1, 2, 2, 1};
   CHECK(format_plan(spec, build_plan(spec)) ==
         "stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 BI0 W0 RECV_B1 BI1 W1\n"
         "stage 1: RECV_F0 F0 BI0 SEND_B0 RECV_F1 F1 BI1 SEND_B1 W0 W1\n"
@@ -124,7 +125,7 @@ TEST_CASE("pipeline plan: zb_h1 splits every backward, holds 1F1B's peak in flig
 }
 
 TEST_CASE("pipeline plan: the simulator rejects hand-broken zb_h1 plans") {
-  PlanSpec zb{"zb_h1", 2, 2, 1};
+  PlanSpec zb{PipelineSchedule::zb_h1, 2, 2, 1};
   // stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 BI0 W0 RECV_B1 BI1 W1
   // stage 1: RECV_F0 F0 BI0 SEND_B0 RECV_F1 F1 BI1 SEND_B1 W0 W1
   SUBCASE("a weight half before its input half") {
@@ -150,12 +151,12 @@ TEST_CASE("pipeline plan: the simulator rejects hand-broken zb_h1 plans") {
 }
 
 TEST_CASE("pipeline plan: format_plan prints p=2 m=2 1f1b exactly") {
-  PlanSpec spec{"1f1b", 2, 2, 1};
+  PlanSpec spec{PipelineSchedule::one_f_one_b, 2, 2, 1};
   CHECK(format_plan(spec, build_plan(spec)) ==
         "stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 RECV_B1 B1\n"
         "stage 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1 SEND_B1\n"
         "9 ticks, bubble 0.333 (ideal 0.333), in flight 2 1\n");
-  PlanSpec gpipe{"gpipe", 2, 2, 1};
+  PlanSpec gpipe{PipelineSchedule::gpipe, 2, 2, 1};
   CHECK(format_plan(gpipe, build_plan(gpipe)) ==
         "stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 RECV_B1 B1\n"
         "stage 1: RECV_F0 F0 RECV_F1 F1 B0 SEND_B0 B1 SEND_B1\n"
@@ -163,8 +164,8 @@ TEST_CASE("pipeline plan: format_plan prints p=2 m=2 1f1b exactly") {
 }
 
 TEST_CASE("pipeline plan: the simulator rejects hand-broken plans") {
-  PlanSpec f1b{"1f1b", 2, 2, 1};
-  PlanSpec gp{"gpipe", 2, 2, 1};
+  PlanSpec f1b{PipelineSchedule::one_f_one_b, 2, 2, 1};
+  PlanSpec gp{PipelineSchedule::gpipe, 2, 2, 1};
   // 1f1b  stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 RECV_B1 B1
   //       stage 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1 SEND_B1
   // gpipe stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 RECV_B1 B1
@@ -219,7 +220,7 @@ TEST_CASE("pipeline plan: the simulator rejects hand-broken plans") {
 }
 
 TEST_CASE("pipeline plan: peers of interleaved stages wrap from the last rank to the first") {
-  PlanSpec spec{"interleaved_1f1b", 2, 4, 2};  // stages: rank 0 = 0, 2; rank 1 = 1, 3
+  PlanSpec spec{PipelineSchedule::interleaved_1f1b, 2, 4, 2};  // stages: rank 0 = 0, 2; rank 1 = 1, 3
   Peer a = peer(spec, 1, {Op::send_act, 3, 0});  // stage 1 -> 2
   CHECK(a.rank == 0);
   CHECK(a.chunk == 1);
@@ -234,20 +235,18 @@ TEST_CASE("pipeline plan: peers of interleaved stages wrap from the last rank to
 }
 
 TEST_CASE("pipeline plan: bad specs name the field and the fix") {
-  std::string all = spec_error({"zb", 0, 0, 0});
-  CHECK(contains(all, "parallel.pipeline.schedule = zb is unknown; use gpipe, 1f1b, "
-                      "interleaved_1f1b or zb_h1"));
+  std::string all = spec_error({PipelineSchedule::one_f_one_b, 0, 0, 0});
   CHECK(contains(all, "parallel.pp = 0 must be at least 1"));
   CHECK(contains(all, "train.grad_accum = 0 must be at least 1"));
   CHECK(contains(all, "parallel.pipeline.virtual_stages = 0 must be at least 1"));
-  CHECK(contains(spec_error({"1f1b", 2, 4, 2}),
+  CHECK(contains(spec_error({PipelineSchedule::one_f_one_b, 2, 4, 2}),
                  "parallel.pipeline.virtual_stages = 2 needs parallel.pipeline.schedule = "
                  "interleaved_1f1b (it is 1f1b)"));
-  CHECK(contains(spec_error({"interleaved_1f1b", 1, 4, 2}), "needs parallel.pp >= 2"));
-  CHECK(contains(spec_error({"interleaved_1f1b", 4, 6, 2}),
+  CHECK(contains(spec_error({PipelineSchedule::interleaved_1f1b, 1, 4, 2}), "needs parallel.pp >= 2"));
+  CHECK(contains(spec_error({PipelineSchedule::interleaved_1f1b, 4, 6, 2}),
                  "train.grad_accum = 6 is not a multiple of parallel.pp = 4, which "
                  "interleaved_1f1b with virtual_stages > 1 needs; use grad_accum 4 or 8"));
-  CHECK(contains(spec_error({"interleaved_1f1b", 4, 3, 2}), "use grad_accum 4,"));
-  CHECK(spec_error({"interleaved_1f1b", 4, 8, 2}) == "(no error)");
-  CHECK_THROWS_AS(simulate({"gpipe", 0, 1, 1}, Plan{}), Error);
+  CHECK(contains(spec_error({PipelineSchedule::interleaved_1f1b, 4, 3, 2}), "use grad_accum 4,"));
+  CHECK(spec_error({PipelineSchedule::interleaved_1f1b, 4, 8, 2}) == "(no error)");
+  CHECK_THROWS_AS(simulate({PipelineSchedule::gpipe, 0, 1, 1}, Plan{}), Error);
 }

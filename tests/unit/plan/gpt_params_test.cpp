@@ -59,7 +59,7 @@ TEST_CASE("gpt params: a tp rank's units") {
   CHECK(rank_numel(head_tensors(s.model), view) == 2 * C + V * C / t);
   // A replicated vocabulary keeps wte and head whole.
   dtrain::JobSpec replicated = s;
-  replicated.model.tp_vocab = "replicated";
+  replicated.model.tp_vocab = dtrain::TpVocab::replicated;
   CHECK(rank_numel(head_tensors(s.model), tp_view(replicated)) == 2 * C + V * C);
   // tp 1: the whole unit.
   CHECK(rank_numel(block_tensors(s.model, 0), TpView{}) == 12 * C * C + 13 * C);
