@@ -3,7 +3,8 @@
 // scalar at its step from the event files, across a worker restart (two
 // files, the redone steps superseded), and the resolved spec as text; a copy
 // with one corrupted CRC must fail the same check (the reader verifies the
-// framing), and log.tensorboard false writes no event file.
+// framing); a run from scratch moves the earlier event files aside, and
+// log.tensorboard false writes none.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -77,11 +78,22 @@ TEST_CASE("log.tensorboard: EventAccumulator reads every metrics.jsonl scalar at
   CHECK(cout.find("MISMATCH scalar") != std::string::npos);
 }
 
-TEST_CASE("log.tensorboard false: no event files") {
-  auto [code, out] = launch_raw("no_tb", {"train.steps=2", "log.tensorboard=false", "checkpoint.dir=\"\""});
+TEST_CASE("log.tensorboard: a run from scratch moves earlier event files to tb.before_<time>; false writes none") {
+  const std::vector<std::string> sets = {"train.steps=2", "checkpoint.dir=\"\""};
+  auto [code, out] = launch_raw("again", sets);
   INFO(out);
   REQUIRE(code == 0);
-  const std::string run = Parity::get().dir / "no_tb";
+  const std::string run = Parity::get().dir / "again";
+  REQUIRE(event_files(run + "/tb").size() == 1);
+  auto [code2, out2] = launch_raw("again", parity::with(sets, {"log.tensorboard=false"}));
+  INFO(out2);
+  REQUIRE(code2 == 0);
   CHECK(fs::exists(run + "/metrics.jsonl"));
-  CHECK(!fs::exists(run + "/tb"));
+  CHECK(!fs::exists(run + "/tb"));  // log.tensorboard false: no event files
+  std::vector<std::string> kept;
+  for (const auto& e : fs::directory_iterator(run))
+    if (e.path().filename().string().rfind("tb.before_", 0) == 0) kept.push_back(e.path().string());
+  REQUIRE(kept.size() == 1);
+  CHECK(event_files(kept[0]).size() == 1);
+  CHECK(out2.find("the earlier tb is now " + kept[0]) != std::string::npos);
 }
