@@ -201,6 +201,7 @@ struct FaultSpec {
 struct LogSpec {
   std::string dir = "runs/dtrain";
   int every = 10;
+  bool tensorboard = true;  // rank 0 also writes TensorBoard event files to <dir>/tb
 };
 
 struct JobSpec {

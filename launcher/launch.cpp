@@ -138,34 +138,42 @@ RunDirLocks lock_run_dirs(const JobSpec& spec, const LockOwner& me) {
 }
 
 // A run that starts from scratch starts a new metrics.jsonl (the trainer
-// truncates it): an earlier run's file is moved to metrics.before_<time>.jsonl
+// truncates it) and new TensorBoard files: an earlier run's metrics.jsonl is
+// moved to metrics.before_<time>.jsonl and its tb/ to tb.before_<time>
 // (_2, _3, ... when runs start within one second), never over another one:
 // renameat2's RENAME_NOREPLACE refuses an existing name (a file system
-// without it: rename after a check). When it cannot be moved the launch
-// stops rather than let the trainer truncate it.
-void keep_earlier_metrics(const std::string& run_dir, const LockOwner& me) {
-  const std::string path = run_dir + "/metrics.jsonl";
+// without it: rename after a check). When one cannot be moved the launch
+// stops rather than let the trainer truncate or mix it.
+void keep_earlier(const std::string& run_dir, const LockOwner& me, const std::string& name, const std::string& ext) {
+  const std::string path = run_dir + "/" + name + ext;
   std::error_code ec;
-  if (!fs::is_regular_file(fs::symlink_status(path)) || fs::file_size(path, ec) == 0) return;
+  const auto status = fs::symlink_status(path);
+  if (fs::is_regular_file(status) ? fs::file_size(path, ec) == 0
+                                  : !fs::is_directory(status) || fs::is_empty(path, ec))
+    return;
   std::string stamp = me.started;
   stamp.erase(std::remove(stamp.begin(), stamp.end(), ':'), stamp.end());
   for (int i = 1; i < 1000; ++i) {
     const std::string kept =
-        run_dir + "/metrics.before_" + stamp + (i > 1 ? "_" + std::to_string(i) : std::string()) + ".jsonl";
+        run_dir + "/" + name + ".before_" + stamp + (i > 1 ? "_" + std::to_string(i) : std::string()) + ext;
     if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, kept.c_str(), RENAME_NOREPLACE) != 0) {
       if (errno == EEXIST) continue;
       if (errno != EINVAL && errno != ENOSYS) break;
       if (fs::exists(fs::symlink_status(kept))) continue;
       if (::rename(path.c_str(), kept.c_str()) != 0) break;
     }
-    DTRAIN_INFO("log.dir = {}: this run starts from scratch; the earlier metrics.jsonl is now {}",
-                run_dir, kept);
+    DTRAIN_INFO("log.dir = {}: this run starts from scratch; the earlier {} is now {}", run_dir, name + ext, kept);
     return;
   }
   throw Error(ErrorCode::config,
-              "log.dir = " + run_dir + ": the earlier run's metrics.jsonl cannot be moved aside (" +
+              "log.dir = " + run_dir + ": the earlier run's " + name + ext + " cannot be moved aside (" +
                   std::strerror(errno) + "), and this run would overwrite it",
               "move " + path + " away yourself, or give this job another log.dir");
+}
+
+void keep_earlier_metrics(const std::string& run_dir, const LockOwner& me) {
+  keep_earlier(run_dir, me, "metrics", ".jsonl");
+  keep_earlier(run_dir, me, "tb", "");
 }
 
 // Write the resolved spec (DTRAIN_SPEC) into the locked log.dir: a new file

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "engine/trainer/tensorboard.h"
 
 namespace dtrain::engine::trainer {
 namespace {
@@ -78,6 +79,9 @@ int64_t process_rss_bytes() {
 
 MetricsLogger::MetricsLogger(MetricsOptions options) : opt_(std::move(options)), start_s_(now_s()) {
   if (opt_.every < 1) opt_.every = 1;
+  if (!opt_.tensorboard_dir.empty())
+    tensorboard_ = std::make_unique<TensorBoardWriter>(opt_.tensorboard_dir, opt_.start_step, opt_.truncate,
+                                                       opt_.spec_yaml);
   if (opt_.jsonl_path.empty()) return;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(opt_.jsonl_path).parent_path(), ec);
@@ -123,10 +127,12 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
     for (const auto& [name, value] : r.extra) line += fmt::format("{}{} {:.4g}", line.empty() ? "" : " | ", name, value);
     DTRAIN_INFO("step {}/{} | {}", r.step, opt_.total_steps, line);
   }
+  const std::string line = jsonl_line(r, mem, {tokens_per_s, elapsed, process_cpu_s(), step_s, wait_s, mfu});
   if (jsonl_) {
-    std::fputs(jsonl_line(r, mem, {tokens_per_s, elapsed, process_cpu_s(), step_s, wait_s, mfu}).c_str(), jsonl_);
+    std::fputs(line.c_str(), jsonl_);
     std::fflush(jsonl_);
   }
+  if (tensorboard_) tensorboard_->add_record(line);
 }
 
 }  // namespace dtrain::engine::trainer

@@ -2,12 +2,14 @@
 // log.every steps (and the first and last) rank 0 prints step/total, the
 // global-batch mean loss, lr, tokens/s, ETA and memory, and appends one JSON
 // object to <log dir>/metrics.jsonl (valid JSON always: a NaN or inf is written
-// as null, and a non-finite step carries "nonfinite": true). Owns the timing
+// as null, and a non-finite step carries "nonfinite": true), mirrored into
+// TensorBoard event files (tensorboard.h). Owns the timing
 // and formatting; it does not train or decide the loss value.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,7 +54,14 @@ struct MetricsOptions {
   // Each mesh axis of > 1 rank and where its collectives go (comm::Group::path:
   // "shm", "gloo", "nccl"): "comm_path": {"dp": "shm", ...} in every record.
   std::vector<std::pair<std::string, std::string>> comm_paths;
+  // log.tensorboard: every record also as scalars in event files under this
+  // directory ("" = none), and the resolved spec as text (tensorboard.h).
+  std::string tensorboard_dir;
+  std::string spec_yaml;
+  int64_t start_step = 0;  // the step the run starts after (a resume's checkpoint)
 };
+
+class TensorBoardWriter;
 
 class MetricsLogger {
  public:
@@ -77,6 +86,7 @@ class MetricsLogger {
 
   MetricsOptions opt_;
   std::FILE* jsonl_ = nullptr;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   double start_s_ = 0;          // monotonic time the logger was created
   double interval_s_ = 0;       // step time since the last logged step
   double interval_wait_s_ = 0;  // exposed comm since the last logged step

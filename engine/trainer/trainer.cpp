@@ -151,6 +151,11 @@ MetricsOptions metrics_options(const TrainSession& s, int64_t start_step) {
   const std::string dir = s.info.run_dir.empty() ? s.spec.log.dir : s.info.run_dir;
   if (s.is_log_rank() && !dir.empty()) o.jsonl_path = dir + "/metrics.jsonl";
   o.truncate = start_step == 0 && s.info.restart == 0;
+  if (s.is_log_rank() && !dir.empty() && s.spec.log.tensorboard) {
+    o.tensorboard_dir = dir + "/tb";
+    o.spec_yaml = job_spec_to_yaml(s.spec);
+    o.start_step = start_step;
+  }
   using K = mesh::GroupKind;
   for (K kind : {K::dp, K::tp, K::cp, K::pp, K::ep, K::edp}) {
     const comm::Group& g = s.comm->group(kind);
