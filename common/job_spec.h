@@ -46,7 +46,7 @@ struct ClusterSpec {
   bool shm = true;
   // Gloo's reduce-scatter (ZeRO, sequence parallelism): ring = dtrain's
   // ring over Gloo send/recv; native = Gloo's own (PyTorch's).
-  std::string gloo_reduce_scatter = "ring";
+  GlooReduceScatter gloo_reduce_scatter = GlooReduceScatter::ring;
   int max_restarts = 0;
   double grace_s = 5.0;          // SIGTERM -> SIGKILL grace period when stopping workers
   double hang_timeout_s = 0;     // no rank completes a collective this long: a hang (0 = off)
@@ -191,11 +191,16 @@ struct CheckpointSpec {
 //   cp_local_attention (every rank) under context parallelism each rank
 //                      attends only to its own chunks: no ring
 struct FaultSpec {
-  std::string kind = "none";
+  FaultKind kind = FaultKind::none;
   int rank = 0;
   int step = 0;
   int ms = 0;  // slow only: the delay added to each step
-  bool active() const { return kind != "none"; }
+  bool active() const { return kind != FaultKind::none; }
+  // The kinds that act on every rank (fault.rank does not apply).
+  bool every_rank() const {
+    return kind == FaultKind::no_grad_sync || kind == FaultKind::no_tp_reduce || kind == FaultKind::no_pp_grad ||
+           kind == FaultKind::reset_moments_on_load || kind == FaultKind::cp_local_attention;
+  }
 };
 
 struct LogSpec {

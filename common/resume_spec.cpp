@@ -76,9 +76,9 @@ JobSpec resume_spec(const ResumeSpecInput& in, std::vector<std::string>* warning
     fault_given = fault_given || ov.rfind("fault.", 0) == 0 || ov.rfind("fault=", 0) == 0;
   if (spec.fault.active() && !fault_given) {
     if (warnings)
-      warnings->push_back(in.source + ": fault.kind = " + spec.fault.kind +
+      warnings->push_back(in.source + ": fault.kind = " + to_string(spec.fault.kind) +
                           " is not applied on resume; to inject it again, give --set fault.kind=" +
-                          spec.fault.kind + " (and its rank, step, ms)");
+                          to_string(spec.fault.kind) + " (and its rank, step, ms)");
     spec.fault = defaults.fault;
   }
   std::vector<std::string> refused;

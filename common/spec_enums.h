@@ -21,7 +21,13 @@ enum class AttentionImpl { naive, tiled };                                     /
 enum class Precision { fp32, bf16, fp16 };                                     // train.precision
 enum class Recompute { none, full, selective };                                // train.recompute
 enum class NonfiniteAction { stop, skip_step };                                // train.nonfinite
-enum class DataFormat { bytes, tokens_u16, tokens_u32, indexed, synthetic };                        // data.format
+enum class DataFormat { bytes, tokens_u16, tokens_u32, indexed, synthetic };    // data.format
+enum class GlooReduceScatter { ring, native };                                 // cluster.gloo_reduce_scatter
+// fault.kind (common/job_spec.h says what each does)
+enum class FaultKind {
+  none, kill_after_step, hang, slow, crash_during_save, no_grad_sync, recompute_redraw, raise, nan_grad,
+  no_tp_reduce, no_pp_grad, reset_moments_on_load, cp_local_attention
+};
 
 // names[i] is the spelling of E(i), in the order messages list them.
 template <typename E>
@@ -71,6 +77,17 @@ struct SpecEnumNames<DataFormat> {
   static inline const std::vector<std::string> names = {"bytes", "tokens-u16", "tokens-u32", "indexed", "synthetic"};
 };
 
+template <>
+struct SpecEnumNames<GlooReduceScatter> {
+  static inline const std::vector<std::string> names = {"ring", "native"};
+};
+template <>
+struct SpecEnumNames<FaultKind> {
+  static inline const std::vector<std::string> names = {
+      "none",     "kill_after_step", "hang",         "slow",       "crash_during_save",     "no_grad_sync",
+      "recompute_redraw", "raise",   "nan_grad",     "no_tp_reduce", "no_pp_grad", "reset_moments_on_load",
+      "cp_local_attention"};
+};
 template <typename E>
 concept SpecEnum = requires { SpecEnumNames<E>::names; };
 

@@ -121,11 +121,8 @@ void check_enums(const Checker& c) {
   const JobSpec& s = c.spec;
   c.one_of("cluster.device");
   c.one_of("cluster.backend");
-  c.one_of("cluster.gloo_reduce_scatter", s.cluster.gloo_reduce_scatter, {"ring", "native"});
-  c.one_of("fault.kind", s.fault.kind,
-           {"none", "kill_after_step", "hang", "slow", "crash_during_save", "no_grad_sync",
-            "recompute_redraw", "raise", "nan_grad", "no_tp_reduce", "no_pp_grad",
-            "reset_moments_on_load", "cp_local_attention"});
+  c.one_of("cluster.gloo_reduce_scatter");
+  c.one_of("fault.kind");
   c.one_of("parallel.pipeline.schedule");
   c.at_least("parallel.pipeline.virtual_stages", s.parallel.pipeline_virtual_stages, 1,
              "use 1, or 2+ with schedule interleaved_1f1b");
@@ -344,27 +341,28 @@ void check_fault(const Checker& c) {
   const FaultSpec& f = c.spec.fault;
   if (c.bad({"fault.kind", "fault.step", "fault.ms"})) return;
   const bool after_step =
-      f.kind == "kill_after_step" || f.kind == "hang" || f.kind == "raise" || f.kind == "nan_grad";
+      f.kind == FaultKind::kill_after_step || f.kind == FaultKind::hang || f.kind == FaultKind::raise ||
+      f.kind == FaultKind::nan_grad;
   if (after_step && f.step == 0)
-    c.error("fault.step", "fault.step = 0: fault.kind = " + f.kind +
-                              (f.kind == "raise" || f.kind == "nan_grad" ? " strikes in" : " strikes after") +
+    c.error("fault.step", "fault.step = 0: fault.kind = " + to_string(f.kind) +
+                              (f.kind == FaultKind::raise || f.kind == FaultKind::nan_grad ? " strikes in" : " strikes after") +
                               " step fault.step, and steps count from 1; use fault.step >= 1");
-  if (f.kind == "slow" && f.ms == 0)
+  if (f.kind == FaultKind::slow && f.ms == 0)
     c.error("fault.ms", "fault.ms = 0: fault.kind = slow adds fault.ms milliseconds to every "
                         "step; set fault.ms > 0, e.g. 200");
-  if (f.kind != "slow" && f.ms > 0)
+  if (f.kind != FaultKind::slow && f.ms > 0)
     c.problems.warn("fault.ms = " + str(f.ms) + " is ignored: only fault.kind = slow uses it "
-                    "(fault.kind = " + f.kind + ")");
+                    "(fault.kind = " + to_string(f.kind) + ")");
   const ParallelSpec& p = c.spec.parallel;
-  if (f.kind == "no_tp_reduce" && p.tp == 1)
+  if (f.kind == FaultKind::no_tp_reduce && p.tp == 1)
     c.problems.warn("fault.kind = no_tp_reduce does nothing with parallel.tp = 1: no layer is row-parallel; "
                     "use parallel.tp >= 2");
-  if (f.kind == "no_pp_grad" && p.pp == 1)
+  if (f.kind == FaultKind::no_pp_grad && p.pp == 1)
     c.problems.warn("fault.kind = no_pp_grad does nothing with parallel.pp = 1: no stage sends a gradient back; "
                     "use parallel.pp >= 2");
   if (f.active() && !c.bad({"fault.rank"}))
-    c.problems.warn("fault.kind = " + f.kind + " (rank " + str(f.rank) + ", step " + str(f.step) +
-                    (f.kind == "slow" ? ", " + str(f.ms) + " ms" : "") +
+    c.problems.warn("fault.kind = " + to_string(f.kind) + " (rank " + str(f.rank) + ", step " + str(f.step) +
+                    (f.kind == FaultKind::slow ? ", " + str(f.ms) + " ms" : "") +
                     "): this run injects a fault on purpose (chaos testing); "
                     "remove the fault section for a real run");
 }
@@ -395,9 +393,7 @@ void check_warnings(const Checker& c) {
                     "(train.nonfinite: stop stops after that many in a row)");
   check_fault(c);
   // These kinds act on every rank: fault.rank does not apply.
-  const bool every_rank = s.fault.kind == "no_grad_sync" || s.fault.kind == "no_tp_reduce" ||
-                          s.fault.kind == "no_pp_grad" || s.fault.kind == "reset_moments_on_load" ||
-                          s.fault.kind == "cp_local_attention";
+  const bool every_rank = s.fault.every_rank();
   if (s.fault.active() && !every_rank && s.fault.rank >= s.world() &&
       !c.bad({"fault.rank"}))
     c.error("fault.rank", "fault.rank = " + str(s.fault.rank) + ": the job has " + str(s.world()) +

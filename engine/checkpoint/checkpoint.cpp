@@ -243,7 +243,7 @@ int64_t load(const TrainState& s, const std::string& dir) {
 
   at::NoGradGuard no_grad;
   for (auto& e : entries) read_into(reader, e.name, e.tensor, e.slice);
-  if (s.spec->fault.kind == "reset_moments_on_load" && s.info->restart == 0) {
+  if (s.spec->fault.kind == FaultKind::reset_moments_on_load && s.info->restart == 0) {
     // fault.kind reset_moments_on_load (a wrong resume on purpose): the
     // moments as a fresh AdamW has them; the step count is still loaded.
     if (s.info->rank == 0)

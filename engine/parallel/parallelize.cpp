@@ -29,7 +29,7 @@ Parallelized& Parallelized::operator=(Parallelized&&) noexcept = default;
 Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model) {
   Parallelized out;
   // The layout faults of the spec's fault section: first launch only.
-  const auto fault = [&](const char* kind) { return spec.fault.kind == kind && comm.info().restart == 0; };
+  const auto fault = [&](FaultKind kind) { return spec.fault.kind == kind && comm.info().restart == 0; };
   out.parts.model = std::move(model);
   for (auto& item : out.parts.model->named_parameters(/*recurse=*/true))
     out.parts.named_params.emplace_back(item.key(), item.value());
@@ -45,7 +45,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     const int64_t t = (spec.parallel.sequence_parallel ? spec.model.seq_len / tp_size : spec.model.seq_len) /
                       spec.parallel.cp;  // the tokens this rank holds
     out.schedule = make_pipeline_schedule(spec.parallel.pipeline_schedule, spec.train.grad_accum, pp, stage,
-                                          {spec.train.micro_batch, t, spec.model.d_model}, fault("no_pp_grad"));
+                                          {spec.train.micro_batch, t, spec.model.d_model}, fault(FaultKind::no_pp_grad));
   } else {
     out.schedule = make_no_pipeline();
   }
@@ -54,7 +54,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   if (tp.size() > 1) {
     out.parts.layouts = apply_tensor_parallel(*out.parts.model, out.parts.named_params, tp,
                                               spec.parallel.sequence_parallel, spec.model.tp_vocab == TpVocab::parallel,
-                                              fault("no_tp_reduce"));
+                                              fault(FaultKind::no_tp_reduce));
   } else {
     for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
   }
@@ -62,14 +62,14 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   //     every sequence, attention as a ring over the group.
   comm::Group& cp = comm.group(mesh::GroupKind::cp);
   if (cp.size() > 1) {
-    context::apply_context_parallel(*out.parts.model, cp, spec.model.seq_len, fault("cp_local_attention"));
+    context::apply_context_parallel(*out.parts.model, cp, spec.model.seq_len, fault(FaultKind::cp_local_attention));
     out.local_batch = [n = cp.size(), r = cp.rank()](at::Tensor& inputs, at::Tensor& targets) {
       context::take_local_tokens(inputs, targets, n, r);
     };
   }
   // 3. Activation checkpointing of the (sharded) blocks this rank holds.
   apply_activation_checkpointing(*out.parts.model, spec.train.recompute,
-                                 fault("recompute_redraw"));
+                                 fault(FaultKind::recompute_redraw));
   // 4. Expert parallelism over the ep group: each rank keeps E / ep experts
   //    of every MoE layer; their gradients go over edp (below), the rest
   //    over dp.
@@ -85,7 +85,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   //    edp under MoE) are comm::NoSyncGroups, whose reductions leave every
   //    rank its own gradient while their gathers and broadcasts still run.
   const auto grad_group = [&](mesh::GroupKind kind) -> comm::Group& {
-    if (!fault("no_grad_sync")) return comm.group(kind);
+    if (!fault(FaultKind::no_grad_sync)) return comm.group(kind);
     out.groups.push_back(std::make_unique<comm::NoSyncGroup>(comm.group(kind)));
     return *out.groups.back();
   };

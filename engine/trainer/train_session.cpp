@@ -77,7 +77,7 @@ std::unique_ptr<TrainSession> make_train_session() {
   plan::check_combinations(spec);  // the CLI checked it too; a worker may be given a spec some other way
   if (spec.fault.active())
     DTRAIN_WARN("FAULT INJECTION ON: fault.kind = {} (rank {}, step {}); this run fails on purpose",
-                spec.fault.kind, spec.fault.rank, spec.fault.step);
+                to_string(spec.fault.kind), spec.fault.rank, spec.fault.step);
   // One intra-op thread per rank: ranks are the parallelism (the launcher
   // also sets OMP/OPENBLAS_NUM_THREADS).
   at::set_num_threads(1);
@@ -96,7 +96,7 @@ std::unique_ptr<TrainSession> make_train_session() {
                                                                 : "nccl";
   copt.device = s->device;
   copt.shm = spec.cluster.shm;
-  copt.gloo_native_reduce_scatter = spec.cluster.gloo_reduce_scatter == "native";
+  copt.gloo_native_reduce_scatter = spec.cluster.gloo_reduce_scatter == GlooReduceScatter::native;
   s->comm = comm::init_comm(s->info, copt);
   s->dp = &s->comm->group(mesh::gradient_group(s->info.mesh.cp()));  // every replica of this shard: dp x cp
   // Every rank, into its own log: the coordinates `dtrain topo` shows for it.

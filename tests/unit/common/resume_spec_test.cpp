@@ -73,12 +73,12 @@ TEST_CASE("resume spec: a stored fault is not injected again unless given again"
   const std::string stored = kBuiltin + "fault: {kind: hang, rank: 0, step: 5}\n";
   std::vector<std::string> warnings;
   JobSpec s = resume_spec(input(stored), &warnings);
-  CHECK(s.fault.kind == "none");
+  CHECK(s.fault.kind == dtrain::FaultKind::none);
   std::string all;
   for (const auto& w : warnings) all += w + "\n";
   CHECK(has(all, "fault.kind = hang is not applied on resume; to inject it again, give --set fault.kind=hang"));
   s = resume_spec(input(stored, {"fault.kind=slow", "fault.ms=5"}), nullptr);
-  CHECK(s.fault.kind == "slow");
+  CHECK(s.fault.kind == dtrain::FaultKind::slow);
   CHECK(s.fault.step == 5);  // the stored rank and step stay when the section is given again
 }
 

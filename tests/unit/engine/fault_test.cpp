@@ -23,7 +23,7 @@ double seconds_of(const std::function<void()>& fn) {
 
 TEST_CASE("fault: slow sleeps fault.ms on fault.rank from fault.step on, first launch only") {
   dtrain::FaultSpec f;
-  f.kind = "slow";
+  f.kind = dtrain::FaultKind::slow;
   f.rank = 1;
   f.step = 3;
   f.ms = 150;
@@ -43,7 +43,7 @@ TEST_CASE("fault: slow sleeps fault.ms on fault.rank from fault.step on, first l
   info.restart = 1;
   others += seconds_of([&] { checkpoint::fault_in_step(f, info, 4); });
   info.restart = 0;
-  for (const char* kind : {"hang", "kill_after_step"}) {
+  for (dtrain::FaultKind kind : {dtrain::FaultKind::hang, dtrain::FaultKind::kill_after_step}) {
     f.kind = kind;
     others += seconds_of([&] { checkpoint::fault_in_step(f, info, 4); });
     others += seconds_of([&] { checkpoint::fault_after_step(f, info, 2); });  // not fault.step
@@ -54,7 +54,7 @@ TEST_CASE("fault: slow sleeps fault.ms on fault.rank from fault.step on, first l
 
 TEST_CASE("fault: crash_during_save strikes the save of fault.step (0: the first) on fault.rank") {
   dtrain::FaultSpec f;
-  f.kind = "crash_during_save";
+  f.kind = dtrain::FaultKind::crash_during_save;
   f.rank = 1;
   f.step = 20;
   comm::WorldInfo info;
@@ -69,13 +69,13 @@ TEST_CASE("fault: crash_during_save strikes the save of fault.step (0: the first
   info.restart = 1;
   CHECK_FALSE(checkpoint::crash_during_save(f, info, 10));
   info.restart = 0;
-  f.kind = "slow";
+  f.kind = dtrain::FaultKind::slow;
   CHECK_FALSE(checkpoint::crash_during_save(f, info, 10));
 }
 
 TEST_CASE("fault: raise throws in step fault.step on fault.rank only, first launch only") {
   dtrain::FaultSpec f;
-  f.kind = "raise";
+  f.kind = dtrain::FaultKind::raise;
   f.rank = 1;
   f.step = 3;
   comm::WorldInfo info;
