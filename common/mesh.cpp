@@ -155,6 +155,16 @@ std::vector<int> group_of(const Mesh& m, GroupKind kind, int rank) {
   return {};
 }
 
+int index_in_group(const Mesh& m, GroupKind kind, const Coord& c) {
+  const std::vector<Axis>& varying = group_defs()[static_cast<size_t>(kind)].varying;
+  int index = 0;  // mixed radix over the varying axes, outermost first (members are in rank order)
+  for (int i = kAxes - 1; i >= 0; --i) {
+    const Axis a = m.order[size_t(i)];
+    if (std::find(varying.begin(), varying.end(), a) != varying.end()) index = index * m.size(a) + c[a];
+  }
+  return index;
+}
+
 std::string format_mesh(const Mesh& m) {
   std::string s;
   for (Axis a : m.order) s += std::string(axis_name(a)) + "=" + std::to_string(m.size(a)) + ",";

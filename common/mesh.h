@@ -84,6 +84,9 @@ Coord coord_of(const Mesh& m, int rank);
 std::vector<std::vector<int>> groups(const Mesh& m, GroupKind kind);
 // The group of `kind` that holds `rank`.
 std::vector<int> group_of(const Mesh& m, GroupKind kind, int rank);
+// A rank's index in its group of an axis kind (tp, cp, dp, pp, dp_cp),
+// from its coordinates alone: the position group_of would give it.
+int index_in_group(const Mesh& m, GroupKind kind, const Coord& c);
 
 // The environment's texts (DTRAIN_MESH, DTRAIN_COORD): axes innermost first,
 // then ep: "tp=2,cp=1,dp=2,pp=2,ep=1" and "tp=1,cp=0,dp=1,pp=0,ep=0".

@@ -217,8 +217,7 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   const Dims d = dims_of(spec);
   const mesh::Mesh m = spec.mesh();
   const mesh::Coord mc = mesh::coord_of(m, rank);
-  const std::vector<int> replicas = mesh::group_of(m, mesh::GroupKind::dp_cp, rank);
-  const int replica = int(std::find(replicas.begin(), replicas.end(), rank) - replicas.begin());
+  const int replica = mesh::index_in_group(m, mesh::GroupKind::dp_cp, mc);  // ZeRO's shard index
   const struct { int dp, tp, pp; } c{mc[mesh::Axis::dp], mc[mesh::Axis::tp], mc[mesh::Axis::pp]};
   RankMemory r;
   r.rank = rank;

@@ -104,11 +104,8 @@ WorldInfo WorldInfo::from_env() {
     std::string expect = mesh::format_coord(w.mesh, w.coord), item;
     std::stringstream ss(c);
     bool same = true;
-    while (std::getline(ss, item, ',')) {
-      const std::string prefix = item.substr(0, item.find('=') + 1);
-      const size_t at = ("," + expect + ",").find("," + item + ",");
-      same = same && !prefix.empty() && at != std::string::npos;
-    }
+    while (std::getline(ss, item, ','))
+      same = same && ("," + expect + ",").find("," + item + ",") != std::string::npos;
     if (!same)
       errors.add("DTRAIN_COORD=" + std::string(c) + " but rank " + std::to_string(w.rank) +
                  " of mesh " + mesh::format_mesh(w.mesh) + " is at " + expect);

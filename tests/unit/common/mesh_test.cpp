@@ -149,6 +149,10 @@ TEST_CASE("mesh: cp and derived groups are disjoint and cover the world, in any 
               auto got = group_of(m, GroupKind::dp_cp, r);
               CHECK(std::set<int>(got.begin(), got.end()) == want);
               CHECK(rank_of(m, coord_of(m, r)) == r);
+              for (GroupKind k : {GroupKind::tp, GroupKind::cp, GroupKind::dp, GroupKind::pp, GroupKind::dp_cp}) {
+                const auto g = group_of(m, k, r);
+                CHECK(g[size_t(index_in_group(m, k, coord_of(m, r)))] == r);
+              }
             }
           }
   // The order is the rank order: the innermost axis moves fastest.
