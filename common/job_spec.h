@@ -121,6 +121,22 @@ struct ModelSpec {
   // The attention core: naive (the [T, T] scores materialised) or tiled
   // (FlashAttention: O(T x d) memory, scores recomputed per tile in backward).
   AttentionImpl attention = AttentionImpl::naive;
+  // model.kind llama (Llama 2/3, Mistral, Mixtral): RMSNorm, rotary
+  // positions, SwiGLU MLP, grouped-query attention, no biases. Unused by gpt.
+  int kv_heads = 0;           // key/value heads; 0 = heads (plain multi-head)
+  int ffn_hidden = 0;         // the SwiGLU MLP's hidden width; 0 = 4 * d_model
+  double norm_eps = 1e-5;     // RMSNorm's epsilon (HF rms_norm_eps)
+  double rope_theta = 10000;  // rotary base (HF rope_theta)
+  // Llama 3.1's rotary frequency scaling; factor 0 = none.
+  struct RopeScaling {
+    double factor = 0;
+    double low_freq_factor = 1;
+    double high_freq_factor = 4;
+    int original_max_position = 8192;
+  } rope_scaling;
+  bool tie_embeddings = false;  // the head reuses wte's weight (HF tie_word_embeddings)
+  int effective_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int effective_ffn_hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * d_model; }
 };
 
 struct TrainSpec {

@@ -112,6 +112,8 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
 void check_enum_name(const SpecOrigin& origin, Problems& problems, const std::string& path);
 // spec_moe.cpp: model.moe's rules (called by validate_spec).
 void validate_moe(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
+// spec_llama.cpp: model.kind llama's fields (called by validate_spec).
+void validate_llama(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 // spec_cp.cpp: parallel.order and parallel.cp's rules (called by validate_spec).
 void validate_cp(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 // job.name: length, UTF-8, no control characters (spec_job_name.cpp).

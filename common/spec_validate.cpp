@@ -156,7 +156,7 @@ void check_enums(const Checker& c) {
       s.parallel.tp > 1)
     c.error("model.tp_vocab", "model.tp_vocab = replicated with parallel.sequence_parallel is not implemented; "
                               "use model.tp_vocab parallel with sequence parallelism");
-  c.one_of("model.kind", s.model.kind, {"gpt"});
+  c.one_of("model.kind", s.model.kind, {"gpt", "llama"});
   c.one_of("train.precision");
   c.one_of("train.recompute");
   c.one_of("train.nonfinite");
@@ -428,6 +428,7 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
   check_sizes(c);
   check_warnings(c);
   validate_moe(spec, origin, problems);
+  validate_llama(spec, origin, problems);
   validate_cp(spec, origin, problems);
   validate_job_name(spec, origin, problems);
 }

@@ -197,7 +197,11 @@ TEST_CASE("spec errors: enums list the choices") {
             "data.format = text: must be bytes, tokens-u16, tokens-u32, indexed or synthetic"));
   CHECK(has(error_of("train: {precision: fp8}"),
             "train.precision = fp8: must be fp32, bf16 or fp16"));
-  CHECK(has(error_of("model: {kind: llama}"), "model.kind = llama: must be gpt"));
+  CHECK(has(error_of("model: {kind: mamba}"), "model.kind = mamba: must be gpt or llama"));
+  CHECK(has(error_of("model: {kind: llama, heads: 4, kv_heads: 3}"), "model.kv_heads = 3 with model.heads = 4"));
+  CHECK(has(error_of("model: {kv_heads: 2}"), "model.kv_heads is a field of model.kind llama"));
+  CHECK(has(error_of("model: {kind: llama, heads: 4, kv_heads: 2}\nparallel: {tp: 3}\ncluster: {procs_per_node: 3}"),
+            "model.kv_heads = 2 with parallel.tp = 3"));
   CHECK(has(error_of("parallel: {zero: 4}"), "parallel.zero = 4: must be 0 (DDP), 1, 2 or 3"));
   CHECK(has(error_of("parallel: {zero: -1}"), "parallel.zero = -1"));
   CHECK(has(error_of("cluster: {rendezvous: {endpoint: localhost}}"),
