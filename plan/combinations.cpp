@@ -65,14 +65,9 @@ void precision_rules(const JobSpec& spec, Problems& out) {
                   " is not implemented yet; use precision fp32 or bf16");
 }
 
-void model_rules(const JobSpec& spec, Problems& out) {
-  if (spec.model.kind != "gpt") out.push_back("model.kind = " + spec.model.kind + " is unknown; use kind gpt");
-}
-
 // In the order the engine reported them. A new parallelism adds one row
 // with its own rules.
-constexpr void (*kRules[])(const JobSpec&, Problems&) = {pipeline_rules, moe_rules, context_rules, precision_rules,
-                                                         model_rules};
+constexpr void (*kRules[])(const JobSpec&, Problems&) = {pipeline_rules, moe_rules, context_rules, precision_rules};
 
 }  // namespace
 

@@ -13,14 +13,17 @@ TpView tp_view(const JobSpec& spec) {
   TpView v;
   v.tp = std::max(1, spec.parallel.tp);
   v.vocab_parallel = v.tp > 1 && spec.model.tp_vocab == TpVocab::parallel;
+  v.kv_heads = std::max(1, spec.model.effective_kv_heads());
   return v;
 }
 
 std::vector<ParamTensor> embedding_tensors(const ModelSpec& m) {
+  if (is_llama(m)) return llama_embedding_tensors(m);
   return {{"wte.weight", m.vocab, m.d_model, TpSplit::vocab}, {"wpe.weight", m.seq_len, m.d_model, TpSplit::whole}};
 }
 
 std::vector<ParamTensor> block_tensors(const ModelSpec& m, int64_t layer) {
+  if (is_llama(m)) return llama_block_tensors(m, layer);
   const int64_t c = m.d_model;
   // Column-parallel qkv and fc (rows and biases split), row-parallel
   // attn.proj and mlp.proj (columns split, biases whole).
@@ -41,12 +44,14 @@ std::vector<ParamTensor> block_tensors(const ModelSpec& m, int64_t layer) {
 }
 
 std::vector<ParamTensor> expert_tensors(const ModelSpec& m) {
+  if (is_llama(m)) return llama_expert_tensors(m);
   const int64_t c = m.d_model, f = expert_hidden(m);
   // The engine stores all E experts of a block as [E, out, in] (moe.fc.weight...); one expert's slice.
   return {{"moe.fc.weight", f, c}, {"moe.fc.bias", f, 1}, {"moe.proj.weight", c, f}, {"moe.proj.bias", c, 1}};
 }
 
 std::vector<ParamTensor> head_tensors(const ModelSpec& m) {
+  if (is_llama(m)) return llama_head_tensors(m);
   return {{"ln_f.weight", m.d_model, 1, TpSplit::whole},
           {"ln_f.bias", m.d_model, 1, TpSplit::whole},
           {"head.weight", m.vocab, m.d_model, TpSplit::vocab}};  // no bias
@@ -68,17 +73,34 @@ int64_t rank_numel(const std::vector<ParamTensor>& tensors, const TpView& view) 
   int64_t n = 0;
   for (const ParamTensor& t : tensors) {
     const bool split = t.split == TpSplit::tp || (t.split == TpSplit::vocab && view.vocab_parallel);
-    n += t.rows * t.cols / (split ? view.tp : 1);
+    n += t.rows * t.cols / (t.split == TpSplit::kv ? view.kv_divisor() : split ? view.tp : 1);
   }
   return n;
 }
 
-ParamCount gpt_param_count(const ModelSpec& m) {
-  auto sum = [](const std::vector<ParamTensor>& ts) {
-    double n = 0;
-    for (const ParamTensor& t : ts) n += t.numel();
-    return n;
-  };
+namespace {
+double sum(const std::vector<ParamTensor>& ts) {
+  double n = 0;
+  for (const ParamTensor& t : ts) n += t.numel();
+  return n;
+}
+double matrices(const std::vector<ParamTensor>& ts) {
+  double n = 0;
+  for (const ParamTensor& t : ts)
+    if (t.cols > 1) n += t.numel();
+  return n;
+}
+}  // namespace
+
+double expert_numel(const ModelSpec& m) { return m.moe.experts > 0 ? sum(expert_tensors(m)) : 0.0; }
+
+double block_matmul_numel(const ModelSpec& m, int64_t layer) {
+  double n = matrices(block_tensors(m, layer));
+  if (is_moe_block(m, layer)) n += double(std::max(1, m.moe.top_k)) * matrices(expert_tensors(m));
+  return n;
+}
+
+ParamCount param_count(const ModelSpec& m) {
   ParamCount p;
   p.dense = sum(embedding_tensors(m)) + sum(head_tensors(m));
   // Two kinds of block, each counted once (closed form: the size limit
@@ -87,7 +109,7 @@ ParamCount gpt_param_count(const ModelSpec& m) {
   if (dense_blocks > 0) p.dense += dense_blocks * sum(block_tensors(m, m.moe.experts > 0 ? 1 : 0));
   if (moe_blocks > 0) {
     p.dense += moe_blocks * sum(block_tensors(m, 0));
-    p.experts = moe_blocks * double(m.moe.experts) * sum(expert_tensors(m));
+    p.experts = moe_blocks * double(m.moe.experts) * expert_numel(m);
   }
   return p;
 }

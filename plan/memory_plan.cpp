@@ -37,6 +37,8 @@ struct Dims {
   bool drop, tiled;
   Recompute recompute = Recompute::none;
   int64_t E = 0, K = 1, F = 0, every = 1, ep = 1;  // MoE (E = 0: dense)
+  bool llama = false;
+  int64_t kv = 0, kvdiv = 1, Fd = 0;  // llama: kv heads, their tp divisor (TpView), the SwiGLU's hidden width
   const ModelSpec* model = nullptr;  // the tensors (gpt_params.h)
   TpView view;
   bool moe_block(int64_t layer) const { return is_moe_block(*model, layer); }
@@ -58,6 +60,10 @@ Dims dims_of(const JobSpec& spec) {
   d.recompute = spec.train.recompute;
   d.model = &spec.model;
   d.view = tp_view(spec);
+  d.llama = is_llama(spec.model);
+  d.kv = spec.model.effective_kv_heads();
+  d.kvdiv = d.view.kv_divisor();
+  d.Fd = spec.model.effective_ffn_hidden();
   const MoeSpec& m = spec.model.moe;
   if (m.experts > 0) {
     d.E = m.experts, d.K = std::max(1, m.top_k), d.every = std::max(1, m.every);
@@ -126,6 +132,28 @@ void model_states(const JobSpec& spec, const std::vector<int64_t>& units, int dp
   r.optimizer_bytes = 2 * kFloat * owned;
 }
 
+// What the MLP saves: the GPT's fc and GELU outputs (8sbh/t); the llama's
+// SwiGLU its gate_up output (gate and up, 2sbF/t), silu(gate) and the
+// product proj multiplies (sbF/t each).
+double mlp_activation_elems(const Dims& d) {
+  const double sb = double(d.s) * d.b;
+  return d.llama ? 4 * sb * d.Fd / d.t : 8 * sb * d.h / d.t;
+}
+
+// The norms' saved tensors and the attention's projections besides the
+// core. GPT: LayerNorm inputs and mean/rstd, q/k/v and the attention
+// output (below). Llama: RMSNorm in fp32 saves its input, x * rstd and
+// rstd (2sbh/tsp + bs/tsp, twice); q and the attention output (2sbh/t); k
+// and v at the kv heads' width (2sb x KV x D / kvdiv: grouped-query
+// attention saves the smaller kv).
+double norms_attention_elems(const Dims& d) {
+  const double sbh = double(d.s) * d.b * d.h, bs = double(d.b) * d.s;
+  const double drop = d.drop ? 2 * sbh / d.tsp : 0.0;
+  if (!d.llama) return (2 * sbh + 4 * bs) / d.tsp + drop + 4 * sbh / d.t;
+  const double head_dim = double(d.h) / double(std::max<int64_t>(1, d.a));
+  return (4 * sbh + 2 * bs) / d.tsp + drop + 2 * sbh / d.t + 2 * bs * double(d.kv) * head_dim / double(d.kvdiv);
+}
+
 // Elements one block saves for backward per micro-batch (engine/model/gpt.cpp):
 // LayerNorm inputs and their mean/rstd (sbh/tsp + 2bs/tsp, twice), LayerNorm
 // outputs saved whole by qkv and mlp.fc (2sbh; under SP the gathered copy),
@@ -136,23 +164,27 @@ void model_states(const JobSpec& spec, const std::vector<int64_t>& units, int dp
 // log-sum-exp (sbh/t + asb/t). Selective recompute keeps none of the core's;
 // full keeps only the block's input (sbh/tsp).
 double block_activation_elems(const Dims& d) {
-  const double sbh = double(d.s) * d.b * d.h, bs = double(d.b) * d.s;
+  const double sbh = double(d.s) * d.b * d.h;
   if (d.recompute == Recompute::full) return sbh / d.tsp;
-  double e = 2 * sbh + (2 + (d.drop ? 2 : 0)) * sbh / d.tsp + 12 * sbh / d.t + 4 * bs / d.tsp;
+  // The norms' outputs saved whole by qkv (q, kv) and fc (gate_up), then
+  // the rest (norms_attention_elems, mlp_activation_elems).
+  double e = 2 * sbh + norms_attention_elems(d) + mlp_activation_elems(d);
   if (d.recompute == Recompute::selective) return e;
   if (d.tiled) return e + sbh / d.t + double(d.a) * d.s * d.b / d.t;
   return e + (d.drop ? 3.0 : 1.0) * d.a * d.s * d.s * d.b / d.t;
 }
 
-// A MoE block saves, instead of the MLP's 8sbh/t: the router's softmax
-// output (N x E), each kept assignment's expert input and its fc and GELU
-// outputs (KN/t x (h + 2F): at most K choices of this tp rank's share of
-// the N tokens), the gathered slots the gates multiply (KNh) and the gates.
+// A MoE block saves, instead of the MLP's: the router's softmax output
+// (N x E), each kept assignment's expert input and its fc and GELU outputs
+// (KN/t x (h + 2F): at most K choices of this tp rank's share of the N
+// tokens; a llama's SwiGLU expert h + 4F as its MLP), the gathered slots
+// the gates multiply (KNh) and the gates.
 double moe_block_activation_elems(const Dims& d) {
-  const double sbh = double(d.s) * d.b * d.h, N = double(d.b) * d.s;
+  const double N = double(d.b) * d.s;
   if (d.recompute == Recompute::full) return block_activation_elems(d);
-  return block_activation_elems(d) - 8 * sbh / d.t + N * d.E + d.K * N * (d.h + 2.0 * d.F) / d.t +
-         d.K * N * d.h + 2.0 * d.K * N;
+  const double expert = d.llama ? d.h + 4.0 * d.F : d.h + 2.0 * d.F;
+  return block_activation_elems(d) - mlp_activation_elems(d) + N * d.E + d.K * N * expert / d.t + d.K * N * d.h +
+         2.0 * d.K * N;
 }
 
 // Routing's int64 temporaries of a MoE forward, in fp32 elements: the
@@ -178,7 +210,8 @@ int64_t data_buffer_bytes(const JobSpec& spec) {
 double embedding_activation_elems(const Dims& d) { return d.drop ? double(d.s) * d.b * d.h / d.tsp : 0.0; }
 double head_activation_elems(const Dims& d) {
   const double sbh = double(d.s) * d.b * d.h, bs = double(d.b) * d.s;
-  return sbh / d.tsp + 2 * bs / d.tsp + sbh + bs * d.V / d.vt;
+  const double norm = d.llama ? 2 * sbh / d.tsp + bs / d.tsp : sbh / d.tsp + 2 * bs / d.tsp;
+  return norm + sbh + bs * d.V / d.vt;
 }
 
 // Backward's largest moment on top of everything saved (elements), the
@@ -199,7 +232,7 @@ double backward_transient_elems(const Dims& d, bool has_head) {
   if (d.recompute == Recompute::selective)
     recomputed = d.tiled ? sbh / d.t + double(d.a) * d.s * d.b / d.t : (d.drop ? 3.0 : 1.0) * att;
   const double block_phase = (has_head ? -head_activation_elems(d) : 0.0) + recomputed + (d.tiled ? 0.0 : att) +
-                             8 * sbh / d.t + 2 * sbh / d.tsp;
+                             mlp_activation_elems(d) + 2 * sbh / d.tsp;
   return std::max({0.0, head_phase, block_phase});
 }
 

@@ -1,5 +1,5 @@
 // model_size, model_size_problems and check_fits_memory (model_size.h),
-// from gpt_param_count. A rank holds 1 / (tp * pp) of the dense parameters
+// from param_count. A rank holds 1 / (tp * pp) of the dense parameters
 // (an even share: memory_plan.h has the exact units) and E / ep experts.
 #include "plan/model_size.h"
 
@@ -13,7 +13,7 @@
 namespace dtrain::plan {
 
 ModelSize model_size(const JobSpec& spec) {
-  const ParamCount count = gpt_param_count(spec.model);
+  const ParamCount count = param_count(spec.model);
   ModelSize s;
   s.params = count.total();
   s.state_bytes = s.params * kStateBytesPerParam;
@@ -34,7 +34,7 @@ ModelSize model_size(const JobSpec& spec) {
 std::vector<std::string> model_size_problems(const JobSpec& spec) {
   const ModelSpec& m = spec.model;
   if (m.vocab < 1 || m.layers < 1 || m.d_model < 1 || m.seq_len < 1) return {};  // the parser's errors
-  const double params = gpt_param_count(m).total();
+  const double params = param_count(m).total();
   if (params <= kMaxParams) return {};
   char text[32];
   std::snprintf(text, sizeof text, "%.3g", params);

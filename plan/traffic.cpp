@@ -1,8 +1,10 @@
 // traffic_model_from_spec and the per-axis byte formulas (traffic.h): one
 // function per group kind behind a table, so a new axis is one more row
 // (cp: the ring's K/V blocks; with cp > 1 the gradients are reduced over
-// dp x cp, the dp_cp row, which moves what dp would). AR(x) = 2(n-1)/n * x rounded down per call (a ring
-// all-reduce of x bytes), as comm counts it.
+// dp x cp, the dp_cp row, which moves what dp would; MoE experts are
+// reduced over edp, the ranks holding the same experts, and route tokens
+// over ep). AR(x) = 2(n-1)/n * x rounded down per call (a ring all-reduce
+// of x bytes), as comm counts it.
 #include "plan/traffic.h"
 
 #include <algorithm>
@@ -32,9 +34,23 @@ struct Group {
     }
     return layers;
   }
+  // The MoE blocks among them (blocks l with l % moe_every == 0): the
+  // stage's global stages c * pp + stage, their block ranges in order.
+  uint64_t stage_moe_blocks() const {
+    if (t.experts <= 0 || t.moe_layers <= 0) return 0;
+    std::vector<int> per_stage = t.stage_layers;
+    if (per_stage.empty()) per_stage.assign(size_t(std::max(1, m.pp)), t.layers / std::max(1, m.pp));
+    uint64_t n = 0;
+    int first = 0;
+    for (size_t s = 0; s < per_stage.size(); first += per_stage[s], ++s)
+      if (int(s) % std::max(1, m.pp) == stage)
+        for (int l = first; l < first + per_stage[s]; ++l) n += l % std::max(1, t.moe_every) == 0 ? 1 : 0;
+    return n;
+  }
 };
 
-// dp: gradients of one (tp, pp) shard, G = params / (tp*pp) * bytes_per_elem,
+// dp: gradients of one (tp, pp) shard, G = params / (tp*pp) * bytes_per_elem
+// (params: the dense ones; a MoE block's router, not an MLP, and no expert),
 // all-reduced once per step: AR(G). ZeRO-1/2 (reduce-scatter + all-gather)
 // move the same; ZeRO-3 (FSDP) 1.5x that: parameters are all-gathered
 // again for backward.
@@ -59,8 +75,8 @@ uint64_t dp_bytes(const Group& g) {
 // no MLP all-reduces; instead each TP rank routes the same tokens, sends its
 // 1/n share to the experts, and all-gathers the shares' expert outputs,
 // [top_k, tokens / n, d_model], forward and the share's input gradient,
-// [tokens / n, d_model], backward: each (n-1) times its own part (MoE runs
-// with pp = 1 only).
+// [tokens / n, d_model], backward: each (n-1) times its own part, over the
+// stage's MoE blocks.
 uint64_t tp_bytes(const Group& g) {
   const AxisSizes& m = g.m;
   const TrafficModel& t = g.t;
@@ -72,7 +88,7 @@ uint64_t tp_bytes(const Group& g) {
   }
   const uint64_t first = g.stage == 0 ? 1 : 0, last = g.stage == m.pp - 1 ? 1 : 0;
   const uint64_t ce = g.tokens() * 4;  // [micro_batch * seq_len / cp] fp32
-  const uint64_t moe = m.pp == 1 ? uint64_t(t.moe_layers) : 0;
+  const uint64_t moe = g.stage_moe_blocks();
   const uint64_t act = g.act(), share = act / g.n, k = uint64_t(t.top_k);
   const uint64_t moe_gathers = moe * (g.n - 1) * (k * share + share);
   return g.micro() * ((layers * 4 - moe * 2 + first + last) * g.all_reduce(act) + moe_gathers +
@@ -94,7 +110,7 @@ uint64_t cp_bytes(const Group& g) {
   return g.micro() * g.stage_blocks() * (4 * (g.n - 1) * kv + 2 * g.n * kv32);
 }
 
-// ep: per micro-batch and MoE layer, four all-to-alls (dispatch and
+// ep: per micro-batch and MoE block of the stage, four all-to-alls (dispatch and
 // combine, forward and backward) of micro_batch * seq_len / tp * top_k rows
 // (the rank's token share) of d_model elements, (n-1)/n of them to other
 // ranks when the routing is uniform, plus the forward's count exchange of
@@ -107,7 +123,18 @@ uint64_t ep_bytes(const Group& g) {
   const uint64_t share = g.act() / uint64_t(g.m.tp);  // this rank's tokens under TP
   const uint64_t rows = share * uint64_t(t.top_k) * (g.n - 1) / g.n;
   const uint64_t counts = uint64_t(t.experts - t.experts / int(g.n)) * 8;
-  return g.micro() * uint64_t(t.moe_layers) * (4 * rows + counts) + g.all_reduce(8);
+  const uint64_t blocks = g.stage_moe_blocks();
+  if (blocks == 0) return 0;
+  return g.micro() * blocks * (4 * rows + counts) + g.all_reduce(8);
+}
+
+// edp: once a step, one all-reduce of the flat fp32 gradients of this
+// rank's experts (E / ep per MoE block of the stage) over the n ranks
+// holding the same experts (dp x tp x cp / ep of a stage): AR(X) with
+// X = stage MoE blocks x E / ep x one expert's parameters x 4 bytes.
+uint64_t edp_bytes(const Group& g) {
+  const uint64_t experts = uint64_t(g.t.experts / std::max(1, g.m.ep));
+  return g.all_reduce(g.stage_moe_blocks() * experts * g.t.expert_params * 4);
 }
 
 struct AxisTraffic {
@@ -115,7 +142,8 @@ struct AxisTraffic {
   uint64_t (*bytes)(const Group&);
 };
 constexpr AxisTraffic kAxes[] = {{"dp", dp_bytes}, {"dp_cp", dp_bytes}, {"tp", tp_bytes},
-                                 {"pp", pp_bytes},  {"cp", cp_bytes},    {"ep", ep_bytes}};
+                                 {"pp", pp_bytes},  {"cp", cp_bytes},    {"ep", ep_bytes},
+                                 {"edp", edp_bytes}};
 
 }  // namespace
 
@@ -127,14 +155,14 @@ uint64_t axis_bytes_per_step(const std::string& axis, int group_size, int stage,
   return 0;
 }
 
-// params: the dense GPT's count (gpt_params.h) even for a MoE model, whose
-// experts are reduced over their own groups; the placement only ranks axes
-// by these bytes.
+// params: the model's dense parameters (gpt_params.h; a MoE block's router
+// in place of an MLP); the experts are reduced over edp.
 TrafficModel traffic_model_from_spec(const JobSpec& spec) {
   TrafficModel t;
-  ModelSpec dense = spec.model;
-  dense.moe.experts = 0;
-  t.params = uint64_t(gpt_param_count(dense).total());
+  const ParamCount count = param_count(spec.model);
+  t.params = uint64_t(count.dense);
+  t.expert_params = uint64_t(expert_numel(spec.model));
+  t.moe_every = std::max(1, spec.model.moe.every);
   t.bytes_per_elem = spec.train.precision == Precision::fp32 ? 4 : 2;
   t.zero = spec.parallel.zero;
   t.micro_batch = spec.train.micro_batch;

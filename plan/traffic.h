@@ -15,7 +15,7 @@ namespace dtrain::plan {
 
 // Per-step traffic inputs (bytes per element included), from the job spec.
 struct TrafficModel {
-  uint64_t params = 0;       // parameters of the whole model (dense GPT count, gpt_params.h)
+  uint64_t params = 0;       // the parameters dp reduces: the whole model's but the experts (gpt_params.h)
   int bytes_per_elem = 4;    // gradient / activation element size
   int zero = 0;
   int micro_batch = 1;
@@ -24,8 +24,10 @@ struct TrafficModel {
   int d_model = 1;
   int layers = 1;
   std::vector<int> stage_layers;  // blocks per global pipeline stage (pp x virtual stages); empty: even
-  int moe_layers = 0;        // MoE blocks (model.moe): their all-to-all over ep
+  int moe_layers = 0;        // MoE blocks (model.moe) of the whole model
+  int moe_every = 1;         // block l is MoE when l % moe_every == 0 (and experts > 0)
   int experts = 0, top_k = 1;
+  uint64_t expert_params = 0;  // one expert's parameters (fp32 gradients, reduced over edp)
 };
 TrafficModel traffic_model_from_spec(const JobSpec& spec);
 
@@ -35,7 +37,7 @@ struct AxisSizes {
 };
 
 // Bytes per step that each member of one `axis` group (a group name of
-// common/mesh.h: "dp", "tp", "pp", "cp", "ep", "dp_cp") of `group_size` ranks
+// common/mesh.h: "dp", "tp", "pp", "cp", "ep", "edp", "dp_cp") of `group_size` ranks
 // sends; `stage` is the group's pipeline rank (every member of a non-pp
 // group is in one stage). 0 for an axis without traffic.
 uint64_t axis_bytes_per_step(const std::string& axis, int group_size, int stage, const AxisSizes& sizes,

@@ -67,11 +67,13 @@ std::vector<Group> build_groups(const Placement& placement, const std::vector<Sl
                                 const std::vector<int>& slot_of_rank, const TrafficModel& traffic) {
   const mesh::Mesh& m = placement.mesh;
   // The groups that carry traffic: with cp, gradients are reduced over
-  // dp x cp (dp_cp) and the cp group carries the ring's K/V blocks.
+  // dp x cp (dp_cp) and the cp group carries the ring's K/V blocks; a MoE
+  // model's experts are reduced over edp.
   using K = mesh::GroupKind;
   std::vector<K> kinds = {K::tp, K::dp, K::pp};
   if (m.cp() > 1) kinds = {K::tp, K::cp, K::dp_cp, K::pp};
   if (m.ep > 1) kinds.push_back(K::ep);
+  if (traffic.experts > 0 && traffic.moe_layers > 0) kinds.push_back(K::edp);  // the experts' gradients
   std::vector<Group> groups;
   for (K kind : kinds)
     for (auto& ranks : mesh::groups(m, kind)) {

@@ -19,10 +19,13 @@
 
 #include "apps/dtrain/command.h"
 #include "apps/dtrain/plan_check.h"
+#include "apps/dtrain/plan_suggest.h"
 #include "common/byte_size.h"
 #include "common/error.h"
 #include "common/job_spec.h"
 #include "launcher/launch.h"
+#include "plan/flops.h"
+#include "plan/gpt_params.h"
 #include "plan/memory_plan.h"
 #include "plan/model_size.h"
 #include "plan/pipeline_plan.h"
@@ -84,7 +87,11 @@ double step_time_s(const JobSpec& spec, const pl::MemoryPlan& plan, double gflop
 
 std::string plan_json(const JobSpec& spec, const pl::MemoryPlan& plan, const rendezvous::Placement& placement,
                       double gflops) {
-  std::string out = "{\n  \"world\": " + std::to_string(spec.world()) + ",\n  \"ranks\": [\n";
+  const pl::ParamCount count = pl::param_count(spec.model);
+  std::string out = fmt::format("{{\n  \"world\": {},\n  \"kind\": \"{}\",\n  \"params\": {:.0f},\n"
+                                "  \"expert_params\": {:.0f},\n  \"flops_per_token\": {:.6g},\n  \"ranks\": [\n",
+                                spec.world(), spec.model.kind, count.total(), count.experts,
+                                pl::flops_per_token(spec.model));
   for (size_t i = 0; i < plan.ranks.size(); ++i) {
     const auto& r = plan.ranks[i];
     out += fmt::format(
@@ -114,11 +121,23 @@ std::string plan_json(const JobSpec& spec, const pl::MemoryPlan& plan, const ren
 std::string plan_text(const JobSpec& spec, const pl::MemoryPlan& plan, const rendezvous::Placement& placement,
                       double gflops) {
   std::string out = job_spec_summary(spec) + "\n";
-  out += fmt::format("model gpt: layers {}, d_model {}, heads {}, seq_len {}, vocab {}; attention {}, recompute {}, "
-                     "dropout {}, precision {}\n\n",
-                     spec.model.layers, spec.model.d_model, spec.model.heads, spec.model.seq_len, spec.model.vocab,
-                     to_string(spec.model.attention), to_string(spec.train.recompute), spec.model.dropout,
-                     to_string(spec.train.precision));
+  const ModelSpec& m = spec.model;
+  const pl::ParamCount count = pl::param_count(m);
+  const std::string llama =
+      pl::is_llama(m) ? fmt::format(", kv_heads {}, ffn_hidden {}{}", m.effective_kv_heads(), m.effective_ffn_hidden(),
+                                    m.tie_embeddings ? ", tied embeddings" : "")
+                      : std::string();
+  const std::string moe = m.moe.experts > 0 ? fmt::format(", {} experts (top {}, d_ff {}) every {} block(s)",
+                                                          m.moe.experts, m.moe.top_k, pl::expert_hidden(m), m.moe.every)
+                                            : std::string();
+  out += fmt::format("model {}: layers {}, d_model {}, heads {}{}, seq_len {}, vocab {}{}; attention {}, recompute {}, "
+                     "dropout {}, precision {}\n",
+                     m.kind, m.layers, m.d_model, m.heads, llama, m.seq_len, m.vocab, moe, to_string(m.attention),
+                     to_string(spec.train.recompute), m.dropout, to_string(spec.train.precision));
+  out += fmt::format("parameters: {:.0f} ({:.3g} B{}); {:.4g} FLOPs per token (6N + 12 L d_model seq_len)\n\n",
+                     count.total(), count.total() / 1e9,
+                     count.experts > 0 ? fmt::format(", {:.0f} in experts", count.experts) : std::string(),
+                     pl::flops_per_token(m));
   out += pl::plan_to_text(spec, plan);
   out += fmt::format("\npeak of the largest rank: {}; FLOPs per step: {:.3e} (forward + backward + recompute)\n",
                      pl::format_bytes(double(plan.max_peak_bytes())), plan.flops_per_step);
@@ -138,62 +157,6 @@ std::string plan_text(const JobSpec& spec, const pl::MemoryPlan& plan, const ren
          "are autograd's saved tensors, transient backward's largest temporaries; data the bytes dataset's "
          "host copy; need = the peak (or the stage as built, when larger) + data, what `launch` checks.\n";
   return out;
-}
-
-// --suggest --world N: every mesh dp x tp x pp = N (tp dividing heads, pp
-// layers) with zero 0-3 and recompute none/selective/full that keeps the
-// global batch (micro_batch fixed, grad_accum = GBS / (micro_batch x dp)),
-// passes the spec checks and fits the budget, best predicted step time first.
-void print_suggestions(const JobSpec& base, int world, int64_t budget, double gflops) {
-  struct Row {
-    double time;
-    int64_t peak;
-    std::string what;
-  };
-  std::vector<Row> rows;
-  const int gbs = base.global_batch();
-  for (int tp = 1; tp <= world; ++tp)
-    for (int pp = 1; pp * tp <= world; ++pp) {
-      if (world % (tp * pp) != 0) continue;
-      const int dp = world / (tp * pp);
-      if (gbs % (base.train.micro_batch * dp) != 0) continue;
-      for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)  // ZeRO shards over dp only
-        for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
-          JobSpec s = base;
-          s.cluster.nodes_min = s.cluster.nodes_max = 1;
-          s.cluster.procs_per_node = world;
-          s.parallel.dp = dp, s.parallel.tp = tp, s.parallel.pp = pp, s.parallel.zero = zero;
-          s.parallel.pipeline_virtual_stages = 1;
-          if (s.parallel.pipeline_schedule == PipelineSchedule::interleaved_1f1b)
-            s.parallel.pipeline_schedule = PipelineSchedule::one_f_one_b;
-          s.parallel.sequence_parallel = s.parallel.sequence_parallel && tp > 1;
-          s.train.grad_accum = gbs / (base.train.micro_batch * dp);
-          s.train.recompute = rc;
-          try {
-            std::vector<std::string> w;
-            validate_job_spec(s, &w);
-            const pl::MemoryPlan plan = pl::plan_memory(s);
-            if (budget > 0 && plan.max_peak_bytes() > budget) continue;
-            const double t = gflops > 0 ? step_time_s(s, plan, gflops) : step_time_s(s, plan, 1.0);
-            rows.push_back({t, plan.max_peak_bytes(),
-                            fmt::format("dp {} tp {} pp {} zero {} recompute {} (grad_accum {})", dp, tp, pp, zero,
-                                        to_string(rc), s.train.grad_accum)});
-          } catch (const Error&) {
-          }
-        }
-    }
-  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-    return a.time != b.time ? a.time < b.time : a.peak < b.peak;
-  });
-  std::cout << "\nlayouts of " << world << " ranks that fit"
-            << (budget > 0 ? " in " + pl::format_bytes(double(budget)) + " per rank" : std::string()) << ", by "
-            << (gflops > 0 ? "predicted step time (compute and bubble; not communication)" : "GFLOP per rank")
-            << " (" << rows.size() << " in all, the first 15):\n";
-  for (size_t i = 0; i < rows.size() && i < 15; ++i)
-    std::cout << fmt::format("  {:2}. {:<50} peak {:>11}  {}\n", i + 1, rows[i].what,
-                             pl::format_bytes(double(rows[i].peak)),
-                             gflops > 0 ? fmt::format("{:.4f} s", rows[i].time) : fmt::format("{:.3f}", rows[i].time));
-  if (rows.empty()) std::cout << "  none: raise the budget or the world size\n";
 }
 
 void run_plan(const PlanOptions& o) {
@@ -216,8 +179,9 @@ void run_plan(const PlanOptions& o) {
     std::cout << plan_text(spec, plan, placement, gflops);
   if (o.suggest) {
     if (o.world < 1) throw Error(ErrorCode::config, "--suggest needs --world N (the ranks to lay out)");
-    print_suggestions(spec, o.world, budget > 0 ? budget : (spec.cluster.memory_per_rank.empty() ? 0 :
-                      parse_byte_size(spec.cluster.memory_per_rank)), gflops);
+    const int64_t spec_budget =
+        spec.cluster.memory_per_rank.empty() ? 0 : parse_byte_size(spec.cluster.memory_per_rank);
+    print_suggestions(spec, {o.world, budget > 0 ? budget : spec_budget, gflops}, std::cout);
     return;
   }
   check_memory_budget(spec, {budget, false});

@@ -25,8 +25,8 @@ TEST_CASE("gpt params: whole model, dense and MoE, by hand") {
   const double C = 64, V = 256, T = 32, L = 5, E = 4, F = 96;
   const dtrain::JobSpec dense = spec_with({"model.d_model=64", "model.layers=5", "model.seq_len=32"});
   const double block = 12 * C * C + 13 * C, outside = 2 * V * C + T * C + 2 * C;
-  CHECK(gpt_param_count(dense.model).total() == outside + L * block);
-  CHECK(gpt_param_count(dense.model).experts == 0);
+  CHECK(param_count(dense.model).total() == outside + L * block);
+  CHECK(param_count(dense.model).experts == 0);
   CHECK(model_size(dense).params == outside + L * block);
   // MoE every 2nd block from block 0: blocks 0, 2, 4 (3 of 5) trade the MLP for a router and E experts.
   const dtrain::JobSpec moe = spec_with({"model.d_model=64", "model.layers=5", "model.seq_len=32",
@@ -34,12 +34,14 @@ TEST_CASE("gpt params: whole model, dense and MoE, by hand") {
   CHECK(moe_block_count(moe.model) == 3);
   CHECK(is_moe_block(moe.model, 2));
   CHECK_FALSE(is_moe_block(moe.model, 3));
-  const ParamCount p = gpt_param_count(moe.model);
+  const ParamCount p = param_count(moe.model);
   CHECK(p.dense == outside + L * block + 3 * (C * E - (8 * C * C + 5 * C)));
   CHECK(p.experts == 3 * E * (2 * C * F + F + C));
   CHECK(model_size(moe).params == p.dense + p.experts);
-  // The traffic model's dp gradients: the dense GPT's count, MoE or not.
-  CHECK(double(traffic_model_from_spec(moe).params) == outside + L * block);
+  // The traffic model's dp gradients: the dense parameters (a MoE block's
+  // router in place of its MLP, no expert); edp reduces the experts.
+  CHECK(double(traffic_model_from_spec(moe).params) == p.dense);
+  CHECK(double(traffic_model_from_spec(moe).expert_params) == 2 * C * F + F + C);
   CHECK(traffic_model_from_spec(moe).moe_layers == 3);
 }
 
