@@ -399,11 +399,24 @@ TEST_CASE("traffic: MoE blocks under tp all-gather the token shares; ep sends th
   spec.parallel.tp = 2;
   spec.parallel.ep = 2;
   Placement p = place_ranks(make_cluster(1, 4, 0, false), spec.mesh(), traffic_model_from_spec(spec));
-  uint64_t tp = 0, ep = 0;
+  uint64_t tp = 0, ep = 0, dp = 0, edp = 0;
+  int edp_groups = 0;
   for (const auto& g : p.groups) {
     if (g.axis == "tp") tp = g.bytes_per_step;
     if (g.axis == "ep") ep = g.bytes_per_step;
+    if (g.axis == "dp") dp = g.bytes_per_step;
+    if (g.axis == "edp") edp = g.bytes_per_step, ++edp_groups;
   }
+  // dp: the dense gradients only, a MoE block's router in place of its MLP
+  // (C = 32): wte 256C + wpe 32C + ln_f 2C + head 256C = 17472; the dense
+  // block 12C^2 + 13C = 12704; the MoE block's attention and norms 4C^2 +
+  // 8C = 4352 and router 4C = 128: 34656, over tp 2, 4 bytes, AR over 2 = x1.
+  CHECK(dp == 34656 / 2 * 4);
+  // edp: the ranks holding the same 2 experts ({0, 2} and {1, 3}: dp x tp /
+  // ep = 2 of them) all-reduce their fp32 gradients once a step: 1 MoE block
+  // x 2 experts x (fc 4C*C + 4C, proj C*4C + C = 8352) x 4 bytes, AR x1.
+  CHECK(edp_groups == 2);
+  CHECK(edp == 1 * 2 * 8352 * 4);
   const uint64_t act = 8 * 32 * 32 * 4, share = act / 2;
   CHECK(tp == (2 * 2 + 2 + 2) * act + (2 * share + share) + 3 * 1024 + 8);
   // ep: 4 all-to-alls of the share's top_k rows, half of them to the other
