@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-# gpt_mfu.py: throughput and model FLOPs utilisation of a GPT run, from the
-# resolved spec (`dtrain validate SPEC --format json`) and the run's
-# metrics.jsonl. Counts the parameters as engine/model/gpt.cpp lays them out,
-# FLOPs per token as 6 N + 12 L C T (PaLM's count: forward + backward, with
-# attention's T x T products), and leaves out the first logged interval
-# (CUDA start-up, allocator warm-up). Standard library only.
+# gpt_mfu.py: throughput and model FLOPs utilisation of a GPT or llama run,
+# from the resolved spec (`dtrain validate SPEC --format json`) and the run's
+# metrics.jsonl. Counts the parameters as the engine lays them out (a GPT:
+# engine/model/gpt.cpp; a llama: the Llama parameter table), FLOPs per token
+# as 6 N + 12 L C T (PaLM's count: forward + backward, with attention's
+# T x T products; for a llama N is the matrices a token multiplies: the
+# blocks' (a MoE block's router and top_k experts) and the head's, not the
+# embedding lookup, as `dtrain plan`'s flops_per_token), and leaves out the
+# first logged interval (CUDA start-up, allocator warm-up). Standard library
+# only.
 # Exit 0 when the run logged its last step with finite losses, 1 otherwise.
 #
 #   gpt_mfu.py --spec spec.json --metrics RUN/metrics.jsonl
@@ -21,6 +25,32 @@ def gpt_params(m):
     mlp proj (4C^2 + C) = 12C^2 + 13C, final LayerNorm (2C), head [V, C] untied."""
     V, C, T, L = m["vocab"], m["d_model"], m["seq_len"], m["layers"]
     return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C + V * C
+
+
+def llama_counts(m):
+    """(parameters, matmul weights a token meets) of a llama: wte [V, C], per
+    block 2 RMSNorms (2C), q and proj (2C^2), kv (2 KV D C), a SwiGLU MLP
+    (3CF) or, in a MoE block, a router (EC) and E experts of 3C Fe; ln_f (C);
+    head [V, C] unless tied. No biases, no position table."""
+    V, C, L, H = m["vocab"], m["d_model"], m["layers"], m["heads"]
+    KV = m.get("kv_heads") or H
+    F = m.get("ffn_hidden") or 4 * C
+    D = C // H
+    moe = m.get("moe", {})
+    E, K, every = moe.get("experts", 0), moe.get("top_k", 1), max(1, moe.get("every", 1))
+    Fe = moe.get("d_ff") or 4 * C
+    attention = 2 * C * C + 2 * KV * D * C
+    params, matmul = V * C * (1 if m.get("tie_embeddings") else 2) + C, V * C
+    for layer in range(L):
+        params += 2 * C + attention
+        matmul += attention
+        if E > 0 and layer % every == 0:
+            params += E * C + E * 3 * C * Fe
+            matmul += E * C + K * 3 * C * Fe
+        else:
+            params += 3 * C * F
+            matmul += 3 * C * F
+    return params, matmul
 
 
 def main():
@@ -40,8 +70,12 @@ def main():
         return 1
     spec, derived = doc["spec"], doc["derived"]
     m = spec["model"]
-    n = gpt_params(m)
-    flops_per_token = 6 * n + 12 * m["layers"] * m["d_model"] * m["seq_len"]
+    kind = m.get("kind", "gpt")
+    if kind == "llama":
+        n, n_matmul = llama_counts(m)
+    else:
+        n = n_matmul = gpt_params(m)
+    flops_per_token = 6 * n_matmul + 12 * m["layers"] * m["d_model"] * m["seq_len"]
     tokens_per_step = derived["tokens_per_step"]
     steps = spec["train"]["steps"]
 
@@ -54,8 +88,8 @@ def main():
     except OSError as e:
         print(f"gpt_mfu: FAIL: {args.metrics}: {e.strerror} (the run logged no metrics)")
         return 1
-    print(f"model: d_model {m['d_model']}, layers {m['layers']}, heads {m['heads']}, seq_len {m['seq_len']}, "
-          f"vocab {m['vocab']}: N = {n:,} parameters ({n / 1e9:.3f} B)")
+    print(f"model {kind}: d_model {m['d_model']}, layers {m['layers']}, heads {m['heads']}, seq_len {m['seq_len']}, "
+          f"vocab {m['vocab']}: N = {n:,} parameters ({n / 1e9:.3f} B), {n_matmul:,} in a token's matmuls")
     print(f"flops/token = 6N + 12*L*C*T = {flops_per_token:.4e}; tokens/step = {tokens_per_step} "
           f"(micro_batch {spec['train']['micro_batch']} x grad_accum {spec['train']['grad_accum']} "
           f"x dp {spec['parallel']['dp']} x seq {m['seq_len']}), precision {spec['train']['precision']}")
