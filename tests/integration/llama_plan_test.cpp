@@ -4,13 +4,16 @@
 // (tests/support/hf_param_count.py, the venv's transformers, offline),
 // summing every parameter's numel. Tiny specs (GQA, a tied head, a
 // Mixtral-style MoE) and the three real-size configs (Llama 3 8B and 70B,
-// Mixtral 8x7B), whose published counts are also checked exactly. No
-// worker starts.
+// Mixtral 8x7B), whose published counts are also checked exactly; and
+// `plan --suggest` on those configs: fitting meshes best first, and a clear
+// refusal (exit 2) when none fits. No worker starts.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <fstream>
+#include <cstdlib>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -97,6 +100,7 @@ TEST_CASE("llama plan: params equal transformers' count (tiny GQA, tied, MoE; Ll
   for (size_t i = 0; i < kCases.size(); ++i) {
     const Case& c = kCases[i];
     const nlohmann::json j = plan_json(dir, c, tiny);
+    REQUIRE_MESSAGE(j.contains("params"), c.name << ": dtrain plan --format json has no \"params\"");
     const double planned = j["params"].get<double>(), reference = hf.at("c" + std::to_string(i));
     MESSAGE(c.name << ": dtrain plan " << int64_t(planned) << ", transformers " << int64_t(reference)
                    << ", published " << int64_t(c.published) << " (0: none)");
@@ -105,4 +109,42 @@ TEST_CASE("llama plan: params equal transformers' count (tiny GQA, tied, MoE; Ll
     // A real-size config's largest rank fits its H200 (Mixtral's build does not: its config says why).
     if (!c.spec.empty() && c.name != "mixtral-8x7b") CHECK(j["max_need_bytes"].get<double>() <= 141.0 * (1 << 30));
   }
+}
+
+TEST_CASE("plan --suggest --world 64 at 141GiB: meshes that fit, best first; none for Mixtral is exit 2") {
+  TempDir dir;
+  auto suggest = [&](const std::string& config) {
+    return run_command({dtrain_bin(), "plan", source_dir() + "/configs/" + config, "--no-probe", "--suggest",
+                        "--world", "64", "--memory-per-rank", "141GiB"},
+                       dir / "suggest.log", 60);
+  };
+  for (const std::string config : {"llama3-8b.yaml", "llama3-70b.yaml"}) {
+    auto [code, out] = suggest(config);
+    INFO(out);
+    REQUIRE(code == 0);
+    const size_t at = out.find("layouts of 64 ranks that fit in 141.00 GiB per rank");
+    REQUIRE(at != std::string::npos);
+    MESSAGE(config << ":\n" << out.substr(at, out.find("\n  4.", at) - at));
+    // Every listed need within the budget; the rows ranked by step time.
+    std::istringstream rows(out.substr(at));
+    double last = 0;
+    int listed = 0;
+    for (std::string line; std::getline(rows, line);) {
+      const size_t need = line.find(" need "), step = line.find(" step ");
+      if (need == std::string::npos || step == std::string::npos) continue;
+      ++listed;
+      const double gib = std::strtod(line.c_str() + need + 6, nullptr);
+      const double seconds = std::strtod(line.c_str() + step + 6, nullptr);
+      CHECK(line.find("GiB", need) != std::string::npos);
+      CHECK(gib <= 141.0);
+      CHECK(seconds >= last);
+      last = seconds;
+    }
+    CHECK(listed >= 3);
+  }
+  auto [code, out] = suggest("mixtral-8x7b.yaml");
+  INFO(out);
+  CHECK(code == 2);
+  CHECK(out.find("no layout of") != std::string::npos);
+  CHECK(out.find("every expert before ep cuts them") != std::string::npos);
 }
