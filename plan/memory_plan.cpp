@@ -3,7 +3,7 @@
 // engine/parallel/tensor build them), engine/parallel/pipeline (which blocks a stage holds) and
 // engine/parallel/zero/flat_layout.h (units padded to a multiple of dp, rank
 // r's shard). Activations count, per micro-batch, the fp32 tensors autograd
-// saves in this GPT's forward (see activation_elems); the pipeline's
+// saves in the model's forward (GPT or llama: see activation_elems); the pipeline's
 // in-flight count comes from simulating its plan. MoE blocks: the router
 // joins the dense units, the experts (E / ep on a rank, engine/model/moe.h)
 // are kept apart like the engine's expert sync keeps them (never ZeRO-sharded).

@@ -2,7 +2,7 @@
 // runs. Parameter, gradient and AdamW bytes exactly as the engine lays them
 // out (the tensors of gpt_params.h, tensor-parallel slices, pipeline stages,
 // ZeRO's padded flat units), activation bytes per micro-batch from the
-// tensors autograd saves in this GPT (Korthikanti et al. 2022, adapted:
+// tensors autograd saves in the GPT or the llama (Korthikanti et al. 2022, adapted:
 // recompute, sequence parallelism, tiled attention, dropout masks) times the
 // micro-batches the pipeline schedule keeps in flight (pipeline_plan.h),
 // backward's largest temporaries, MoE experts, the dataset's host copy; and
