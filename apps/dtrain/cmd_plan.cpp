@@ -134,8 +134,8 @@ std::string plan_text(const JobSpec& spec, const pl::MemoryPlan& plan, const ren
                      "dropout {}, precision {}\n",
                      m.kind, m.layers, m.d_model, m.heads, llama, m.seq_len, m.vocab, moe, to_string(m.attention),
                      to_string(spec.train.recompute), m.dropout, to_string(spec.train.precision));
-  out += fmt::format("parameters: {:.0f} ({:.3g} B{}); {:.4g} FLOPs per token (6N + 12 L d_model seq_len)\n\n",
-                     count.total(), count.total() / 1e9,
+  out += fmt::format("parameters: {:.0f} ({:.3g}{}); {:.4g} FLOPs per token (6N + 12 L d_model seq_len)\n\n",
+                     count.total(), count.total(),
                      count.experts > 0 ? fmt::format(", {:.0f} in experts", count.experts) : std::string(),
                      pl::flops_per_token(m));
   out += pl::plan_to_text(spec, plan);

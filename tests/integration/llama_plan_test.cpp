@@ -111,7 +111,7 @@ TEST_CASE("llama plan: params equal transformers' count (tiny GQA, tied, MoE; Ll
   }
 }
 
-TEST_CASE("plan --suggest --world 64 at 141GiB: meshes that fit, best first; none for Mixtral is exit 2") {
+TEST_CASE("plan --suggest --world 64 at 141GiB: meshes that fit, best first; ep for MoE; none for Mixtral is exit 2") {
   TempDir dir;
   auto suggest = [&](const std::string& config) {
     return run_command({dtrain_bin(), "plan", source_dir() + "/configs/" + config, "--no-probe", "--suggest",
@@ -141,6 +141,15 @@ TEST_CASE("plan --suggest --world 64 at 141GiB: meshes that fit, best first; non
       last = seconds;
     }
     CHECK(listed >= 3);
+  }
+  // A MoE model's meshes also spread its experts: ep 1, 2 and 4 over configs/moe.yaml's 4 ranks.
+  {
+    auto [code, out] = run_command({dtrain_bin(), "plan", source_dir() + "/configs/moe.yaml", "--no-probe", "--suggest",
+                                    "--world", "4"},
+                                   dir / "moe.log", 60);
+    INFO(out);
+    REQUIRE(code == 0);
+    for (const std::string ep : {" ep 1 ", " ep 2 ", " ep 4 "}) CHECK(out.find(ep) != std::string::npos);
   }
   auto [code, out] = suggest("mixtral-8x7b.yaml");
   INFO(out);
