@@ -96,7 +96,8 @@ int Agent::run() {
   try {
     for (;;) {
       rendezvous::Assignment a = rendezvous_step();
-      if (a.node_rank == 0 && !goodput_) goodput_ = std::make_unique<Goodput>(config_.run_dir, launched_);
+      if (a.node_rank == 0 && !goodput_)
+        goodput_ = std::make_unique<Goodput>(config_.run_dir, launched_, spec_.log.tensorboard);
       round_restart_ = a.restart;
       int restart = std::max(a.restart, failures_);
       check_restarts_left(restart);

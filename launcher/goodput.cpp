@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/error.h"
 #include "common/log.h"
 
 namespace dtrain::launcher {
@@ -97,8 +98,20 @@ GoodputSeconds account_attempt(const GoodputAttempt& a, double end, int64_t high
   return s;
 }
 
-Goodput::Goodput(std::string run_dir, double now) : run_dir_(std::move(run_dir)) {
+Goodput::Goodput(std::string run_dir, double now, bool tensorboard) : run_dir_(std::move(run_dir)) {
   seg_.start = seg_.end = gap_start_ = now;
+  read_earlier();
+  // From the highest step so far on: an earlier launch's events stay.
+  if (tensorboard) {
+    try {
+      tensorboard_ = std::make_unique<tb::TensorBoardWriter>(run_dir_ + "/tb/goodput", high_water_, false, "");
+    } catch (const Error& e) {
+      DTRAIN_WARN("goodput: {}; goodput.json is still written", e.message());
+    }
+  }
+}
+
+void Goodput::read_earlier() {
   std::ifstream in(path());
   if (!in) return;
   std::stringstream text;
@@ -177,7 +190,7 @@ GoodputSeconds Goodput::totals(double now) const {
   return t;
 }
 
-void Goodput::write(double now) const {
+void Goodput::write(double now) {
   GoodputSeconds current = seg_.seconds;
   if (running_) current += account_attempt(attempt_, now, high_water_);
   else (seg_.attempts == 0 ? current.startup : current.idle) += std::max(0.0, now - gap_start_);
@@ -204,6 +217,11 @@ void Goodput::write(double now) const {
     }
   }
   if (std::rename(tmp.c_str(), path().c_str()) != 0) DTRAIN_WARN("goodput: cannot replace {}", path());
+  if (tensorboard_) {
+    nlohmann::json record = {{"step", std::max(high_water_, seg_.last_step)}, {"goodput", j["goodput"]},
+                             {"wall_s", wall}, {"seconds", j["seconds"]}};
+    tensorboard_->add_record(record.dump());
+  }
 }
 
 std::string Goodput::table(double now) const {

@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/collective_trace.h"
+#include "common/tensorboard.h"
 
 namespace dtrain::launcher {
 
@@ -44,7 +46,8 @@ class Goodput {
  public:
   // Continues <run_dir>/goodput.json when there is one (a resume into the
   // same log.dir; a fresh run's is moved aside first, as metrics.jsonl is).
-  Goodput(std::string run_dir, double now);
+  // tensorboard: also write each update as scalars into <run_dir>/tb/goodput.
+  Goodput(std::string run_dir, double now, bool tensorboard = false);
 
   void started(double now);  // workers spawned
   void observe(double now);  // re-read rank 0's trace and metrics.jsonl; rewrite the file
@@ -57,8 +60,9 @@ class Goodput {
   std::string path() const { return run_dir_ + "/goodput.json"; }
 
  private:
+  void read_earlier();  // goodput.json's segments, if there is one
   void read_trace_and_metrics();
-  void write(double now) const;
+  void write(double now);
 
   struct Segment {
     double start = 0, end = 0;
@@ -74,6 +78,7 @@ class Goodput {
   bool running_ = false;
   GoodputAttempt attempt_;
   int64_t metrics_offset_ = 0;    // where this attempt's metrics.jsonl lines begin
+  std::unique_ptr<tb::TensorBoardWriter> tensorboard_;
 };
 
 }  // namespace dtrain::launcher

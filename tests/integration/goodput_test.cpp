@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -90,6 +91,24 @@ TEST_CASE("goodput.json: a killed worker's lost steps are redone, the restart is
   CHECK(g["segments"][0].at("last_step") == 20);
   CHECK(out.find("goodput ") != std::string::npos);  // the console table
   CHECK(out.find("redone") != std::string::npos);
+  // The same figures in TensorBoard (tb/goodput), as its own reader sees them:
+  // the last value of each scalar is the final goodput.json's.
+  REQUIRE_MESSAGE(!python().empty(), "no Python was found at configure time: run scripts/install-deps");
+  auto [pcode, pout] = run_command(
+      {python(), "-c",
+       "import sys\nfrom tensorboard.backend.event_processing import event_accumulator as ea\n"
+       "e = ea.EventAccumulator(sys.argv[1]); e.Reload()\n"
+       "print(e.Scalars('goodput')[-1].value, e.Scalars('seconds/redone')[-1].value, e.Scalars('wall_s')[-1].step)",
+       run + "/tb/goodput"},
+      Parity::get().dir / "gp_tb.log", 120);
+  MESSAGE("TensorBoard tb/goodput (goodput, redone, step): " << pout);
+  REQUIRE(pcode == 0);
+  double tb_goodput = 0, tb_redone = 0;
+  long tb_step = 0;
+  REQUIRE(std::sscanf(pout.c_str(), "%lf %lf %ld", &tb_goodput, &tb_redone, &tb_step) == 3);
+  CHECK(tb_goodput == doctest::Approx(g.at("goodput").get<double>()).epsilon(1e-6));
+  CHECK(tb_redone == doctest::Approx(s.at("redone").get<double>()).epsilon(1e-6));
+  CHECK(tb_step == 20);
 
   // A second launch into the same log.dir resumes from the step-20
   // checkpoint: a second segment, the first one kept as it was.
