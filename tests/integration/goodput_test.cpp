@@ -6,6 +6,8 @@
 // advance), with a wrong token, and on the finished job: one line each.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -111,15 +113,42 @@ TEST_CASE("goodput.json: a killed worker's lost steps are redone, the restart is
   CHECK(tb_step == 20);
 
   // A second launch into the same log.dir resumes from the step-20
-  // checkpoint: a second segment, the first one kept as it was.
-  auto [code2, out2] = launch_raw("gp", {"checkpoint.every=10", "train.steps=24"});
+  // checkpoint: a second segment, the first one kept as it was. Its steps
+  // are slowed (100 ms) so that `dtrain status LOG_DIR` finds it running: a
+  // one-machine job, its generated token in a file only its owner reads.
+  TagGuard tag;
+  std::vector<std::string> argv = {dtrain_bin(), "launch", Parity::get().dir / "spec.yaml"};
+  const std::vector<std::string> sets = {"log.dir=" + run,   "checkpoint.dir=" + run + "/ckpt",
+                                         "checkpoint.every=10", "train.steps=35",
+                                         "fault.kind=slow",     "fault.step=21",
+                                         "fault.ms=100",        "cluster.rendezvous.heartbeat_s=0.3"};
+  for (const std::string& set : sets) argv.insert(argv.end(), {"--set", set});
+  Child second(argv, Parity::get().dir / "gp_second.log", {tag.env(), "DTRAIN_NO_REBUILD=1", "DTRAIN_TOKEN="});
+  json live;
+  auto running_step = [&] {
+    auto [c, text] = run_command({dtrain_bin(), "status", run, "--format", "json"},
+                                 Parity::get().dir / "gp_status.log", 60, {"DTRAIN_TOKEN="});
+    if (c != 0) return int64_t(0);
+    live = json::parse(text, nullptr, false);
+    if (live.is_discarded() || live["nodes"].size() != 1 || live["nodes"][0]["ranks"].size() != 1) return int64_t(0);
+    return live["nodes"][0]["ranks"][0].at("step").get<int64_t>();
+  };
+  REQUIRE_MESSAGE(poll_until(90, [&] { return running_step() > 20 || !second.running(); }), second.output());
+  MESSAGE("status LOG_DIR of the running one-machine job: " << live.dump());
+  CHECK(running_step() > 20);
+  struct stat st {};
+  CHECK(::stat((run + "/.dtrain.token").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  REQUIRE(second.wait(120));
+  const std::string out2 = second.output();
   INFO(out2);
-  REQUIRE(code2 == 0);
+  REQUIRE(second.exit_code() == 0);
+  CHECK(!std::filesystem::exists(run + "/.dtrain.token"));  // gone with the job
   json g2 = read_json(run + "/goodput.json");
   REQUIRE(g2.at("segments").size() == 2);
   CHECK(g2["segments"][0].at("seconds") == g["segments"][0].at("seconds"));
   CHECK(g2["segments"][1].at("first_step") == 20);
-  CHECK(g2["segments"][1].at("last_step") == 24);
+  CHECK(g2["segments"][1].at("last_step") == 35);
   CHECK(g2["segments"][1]["seconds"].at("redone").get<double>() == 0);
   const double wall2 = g2.at("wall_s").get<double>();
   CHECK(wall2 == doctest::Approx(g2["segments"][0].at("wall_s").get<double>() +
