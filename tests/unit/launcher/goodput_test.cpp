@@ -1,10 +1,15 @@
 // Goodput's accounting (launcher/goodput.h) on made-up attempts: steps at or
 // below the high-water mark are redone, the lead-in is start-up on a launch's
 // first attempt and restart after it, idle takes the rest; and goodput.json
-// keeps an earlier launch's segment and adds one per launch.
+// keeps an earlier launch's segment and adds one per launch; the figures
+// come from rank 0's trace file and metrics.jsonl's eval_ms.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "launcher/goodput.h"
@@ -79,4 +84,33 @@ TEST_CASE("goodput.json: a later launch adds a segment and keeps the earlier one
   CHECK(second["segments"][0]["seconds"] == first["segments"][0]["seconds"]);
   CHECK(second["wall_s"].get<double>() == doctest::Approx(15.0));
   CHECK(second["seconds"]["startup"].get<double>() == doctest::Approx(14.0));
+}
+
+TEST_CASE("goodput: rank 0's trace file and metrics.jsonl's eval_ms, read as the agent reads them") {
+  dtrain::testing::TempDir dir;
+  dtrain::testing::write_file(dir / "metrics.jsonl", "{\"step\": 1, \"eval_ms\": 9000}\n");  // before: not this attempt's
+  Goodput g(dir.path(), 1000);
+  g.started(1000);
+  // Rank 0 began its first step at 1001 s and ran steps 1..8 in 4 s, 0.5 s of saves.
+  auto f = std::make_unique<dtrain::trace::FileLayout>();
+  std::memset(f.get(), 0, sizeof *f);
+  std::memcpy(f->magic, dtrain::trace::kMagic, sizeof f->magic);
+  f->first_step_ns = 1'001'000'000'000;
+  f->done_step = 8;
+  f->step_ns = 4'000'000'000;
+  f->checkpoint_ns = 500'000'000;
+  const double none = std::nan("");
+  std::memcpy(&f->loss_bits, &none, sizeof none);
+  std::filesystem::create_directories(dir / "collectives");
+  dtrain::testing::write_file(dtrain::trace::trace_path(dir.path(), 0),
+                              std::string(reinterpret_cast<const char*>(f.get()), sizeof *f));
+  std::ofstream(dir / "metrics.jsonl", std::ios::app) << "{\"step\": 4, \"eval_ms\": 250}\n{\"step\": 8, \"eval_ms\": 750}\n";
+  g.ended(1010);
+  const GoodputSeconds s = g.totals(1010);
+  CHECK(s.startup == doctest::Approx(1.0));
+  CHECK(s.productive == doctest::Approx(4.0));
+  CHECK(s.checkpoint == doctest::Approx(0.5));
+  CHECK(s.eval == doctest::Approx(1.0));  // 250 + 750 ms; the 9 s line was there before
+  CHECK(s.idle == doctest::Approx(3.5));
+  CHECK(s.sum() == doctest::Approx(10.0));
 }
