@@ -94,6 +94,18 @@ bool read_progress(const std::string& path, RankProgress* out) {
       p.last_done = c;
     }
   }
+  p.first_step_ns = load(file->first_step_ns);
+  p.start_step = load(file->start_step);
+  p.done_step = load(file->done_step);
+  p.step_ns = load(file->step_ns);
+  p.last_step_ns = load(file->last_step_ns);
+  p.checkpoint_ns = load(file->checkpoint_ns);
+  p.tokens_per_step = load(file->tokens_per_step);
+  const uint64_t loss_bits = load(file->loss_bits), straggler_bits = load(file->straggler_bits);
+  std::memcpy(&p.loss, &loss_bits, sizeof p.loss);
+  std::memcpy(&p.straggler_ratio, &straggler_bits, sizeof p.straggler_ratio);
+  p.has_loss = p.loss == p.loss;  // not NaN
+  if (!p.has_loss) p.loss = 0;
   *out = p;
   return true;
 }

@@ -51,6 +51,17 @@ struct FileLayout {
   uint32_t ngroups;
   GroupSlot groups[kMaxGroups];
   Record ring[kRingSize];  // the collective entered as number n lives at ring[(n - 1) % kRingSize]
+  // Step timing, for goodput (launcher/goodput.h) and `dtrain status`: one
+  // writer, each field stored atomically (doubles as their bits).
+  int64_t first_step_ns;     // CLOCK_REALTIME when this process began its first step (0 = not yet)
+  int64_t start_step;        // steps done before this process (the checkpoint it resumed)
+  int64_t done_step;         // the last step completed (1-based, absolute)
+  int64_t step_ns;           // this process's completed steps' wall time, summed
+  int64_t last_step_ns;      // the last completed step's
+  int64_t checkpoint_ns;     // time blocked in checkpoint saves, summed
+  int64_t tokens_per_step;   // global batch * seq_len
+  uint64_t loss_bits;        // the last logged global-mean loss (a double; NaN = none yet)
+  uint64_t straggler_bits;   // its straggler ratio (a double)
 };
 
 std::string trace_path(const std::string& run_dir, int rank);
@@ -72,6 +83,12 @@ struct RankProgress {
   bool has_done = false;
   Collective last_done;  // the last collective it completed
   std::vector<std::pair<std::string, uint64_t>> group_entered;  // (group, last seq entered)
+  // Step timing (FileLayout's last block).
+  int64_t first_step_ns = 0, start_step = 0, done_step = 0, step_ns = 0, last_step_ns = 0, checkpoint_ns = 0;
+  int64_t tokens_per_step = 0;
+  double loss = 0, straggler_ratio = 0;
+  bool has_loss = false;
+  double tokens_per_s() const { return last_step_ns > 0 ? double(tokens_per_step) * 1e9 / double(last_step_ns) : 0; }
 };
 
 // Reads a trace file; false when it is missing or not a trace (e.g. a custom

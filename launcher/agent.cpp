@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 
@@ -58,6 +59,12 @@ std::vector<std::string> current_environment() {
   return env;
 }
 
+// Wall-clock seconds since the epoch: goodput compares them with the
+// workers' CLOCK_REALTIME stamps.
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 std::string rank_list(const rendezvous::Assignment& a) {
   std::string out;
   for (const auto& r : a.local_ranks) out += (out.empty() ? "" : ",") + std::to_string(r.rank);
@@ -76,20 +83,33 @@ Agent::~Agent() {
   relay_.reset();
 }
 
+void Agent::finish_goodput() {
+  if (!goodput_) return;
+  const double now = wall_now();
+  goodput_->finish(now);
+  std::cerr << goodput_->table(now) << std::flush;
+  goodput_.reset();
+}
+
 int Agent::run() {
+  launched_ = wall_now();
   try {
     for (;;) {
       rendezvous::Assignment a = rendezvous_step();
+      if (a.node_rank == 0 && !goodput_)
+        goodput_ = std::make_unique<Goodput>(config_.run_dir, launched_, spec_.log.tensorboard);
       round_restart_ = a.restart;
       int restart = std::max(a.restart, failures_);
       check_restarts_left(restart);
       round_gbs_ = write_round_spec(spec_, a, config_.spec_path, round_gbs_);
       start_step(a, restart);
       Outcome outcome = monitor_step();
+      if (goodput_) goodput_->ended(wall_now());
       if (outcome == Outcome::succeeded) {
         stop_step(SIGTERM);  // nothing left to stop; joins the heartbeat thread
         if (stop_signal_ != 0) break;
         leave(true);
+        finish_goodput();
         return 0;
       }
       stop_step(outcome == Outcome::signaled ? stop_signal_ : SIGTERM);
@@ -114,14 +134,19 @@ int Agent::run() {
         continue;
       }
       int code = restart_or_fail(restart);
-      if (code >= 0) return code;
+      if (code >= 0) {
+        finish_goodput();
+        return code;
+      }
     }
   } catch (...) {
     leave(false);
+    finish_goodput();
     throw;
   }
   DTRAIN_WARN("received {}: stopped every worker", signal_name(stop_signal_));
   leave(false);
+  finish_goodput();
   return 128 + stop_signal_;
 }
 
@@ -227,6 +252,7 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
     }
     return out;
   };
+  if (goodput_) goodput_->started(wall_now());
   heartbeat_ = std::make_unique<Heartbeat>(client_, config_.node_id, a.round,
                                            spec_.cluster.rendezvous.heartbeat_s,
                                            [relay] { relay->wake(); }, progress);
@@ -236,8 +262,13 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
 }
 
 Agent::Outcome Agent::monitor_step() {
+  auto next_goodput = std::chrono::steady_clock::now();
   for (;;) {
     auto events = procs_->poll(0.5);
+    if (goodput_ && std::chrono::steady_clock::now() >= next_goodput) {  // goodput.json stays current
+      goodput_->observe(wall_now());
+      next_goodput = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    }
     relay_->drain();
     for (const auto& e : events) record_exit(e, /*stopping=*/false);
     if (int sig = relay_->take_stop_signal()) {

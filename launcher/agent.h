@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "launcher/goodput.h"
 #include "launcher/heartbeat.h"
 #include "launcher/process_group.h"
 #include "launcher/signal_relay.h"
@@ -72,8 +73,13 @@ class Agent {
   // The rendezvous' root cause of the round, after a short settling pause.
   std::string settled_failure() const;
 
+  // Node 0 keeps goodput.json and prints its table when the launch ends.
+  void finish_goodput();
+
   const JobSpec& spec_;
   AgentConfig config_;
+  double launched_ = 0;               // when run() began (seconds since the epoch)
+  std::unique_ptr<Goodput> goodput_;  // node 0 only (from its first round)
   rendezvous::RendezvousClient& client_;
   std::unique_ptr<SignalRelay> relay_;
   std::unique_ptr<WorkerWatch> watch_;  // stops the workers if this agent dies; outlives procs_

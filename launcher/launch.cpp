@@ -174,6 +174,7 @@ void keep_earlier(const std::string& run_dir, const LockOwner& me, const std::st
 void keep_earlier_metrics(const std::string& run_dir, const LockOwner& me) {
   keep_earlier(run_dir, me, "metrics", ".jsonl");
   keep_earlier(run_dir, me, "tb", "");
+  keep_earlier(run_dir, me, "goodput", ".json");
 }
 
 // Write the resolved spec (DTRAIN_SPEC) into the locked log.dir: a new file
@@ -185,6 +186,30 @@ std::pair<std::string, std::string> prepare_run_dir(const JobSpec& spec) {
                     Clobber::replace);
   return {run_dir, spec_path};
 }
+
+// <log.dir>/.dtrain.token: a one-machine job's generated token, for `dtrain
+// status LOG_DIR`; created 0600 (never through a link), removed when the job ends.
+class TokenFile {
+ public:
+  TokenFile(const std::string& run_dir, const std::string& token)
+      : path_(run_dir.empty() ? "" : run_dir + "/" + kTokenFile) {
+    if (path_.empty()) return;
+    std::remove(path_.c_str());
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    const std::string text = token + "\n";
+    if (fd < 0 || ::write(fd, text.data(), text.size()) != ssize_t(text.size()))
+      DTRAIN_WARN("cannot write {}: `dtrain status` needs DTRAIN_TOKEN for this job", path_);
+    if (fd >= 0) ::close(fd);
+  }
+  ~TokenFile() {
+    if (!path_.empty()) std::remove(path_.c_str());
+  }
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+ private:
+  std::string path_;
+};
 
 // Node 0 of a multi-node job keeps its embedded server up until the other
 // nodes have left (or been declared dead), so they are not cut off mid-run.
@@ -234,7 +259,8 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
 
   const bool one_machine = spec.cluster.nodes_max == 1 && options.rdzv.empty();
   config.token = rendezvous::read_token(spec.cluster.rendezvous.token_file, !one_machine);
-  if (config.token.empty()) config.token = rendezvous::random_token();
+  const bool generated_token = config.token.empty();
+  if (generated_token) config.token = rendezvous::random_token();
 
   // One job per run directory; the agent holding checkpoint.dir's lock
   // settles its old steps before any worker of the job can start (workers
@@ -296,6 +322,11 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
       DTRAIN_INFO("port {} is taken: joining the rendezvous already there", port);
     }
   }
+
+  // `dtrain status LOG_DIR` finds the job here: the endpoint in the lock, and
+  // a one-machine job's generated token in a file only its owner reads.
+  if (locks.log->holds()) locks.log->record_endpoint(config.endpoint);
+  const TokenFile token_file(one_machine && generated_token && locks.log->holds() ? config.run_dir : "", config.token);
 
   rendezvous::ClientOptions client_options;
   client_options.endpoint = config.endpoint;

@@ -58,7 +58,8 @@ bool pid_alive(long pid) { return pid > 0 && (::kill(pid_t(pid), 0) == 0 || errn
 
 std::string LockOwner::to_text() const {
   return "pid=" + std::to_string(pid) + "\nhost=" + host + "\nstarted=" + started +
-         "\njob=" + job + "\njob_id=" + job_id + "\nrdzv=" + rdzv + "\n";
+         "\njob=" + job + "\njob_id=" + job_id + "\nrdzv=" + rdzv + "\n" +
+         (endpoint.empty() ? "" : "endpoint=" + endpoint + "\n");
 }
 
 LockOwner LockOwner::from_text(const std::string& text) {
@@ -74,6 +75,7 @@ LockOwner LockOwner::from_text(const std::string& text) {
     else if (k == "job") o.job = v;
     else if (k == "job_id") o.job_id = v;
     else if (k == "rdzv") o.rdzv = v;
+    else if (k == "endpoint") o.endpoint = v;
   }
   return o;
 }
@@ -173,6 +175,15 @@ RunDirLock::RunDirLock(const std::string& dir, const std::string& field, const L
     refuse(field, dir, "cannot write its lock file " + path + " (" + std::strerror(errno) + ")",
            "give " + field + " a directory you can write to");
   ::fsync(fd_);
+}
+
+void RunDirLock::record_endpoint(const std::string& endpoint) {
+  if (fd_ < 0) return;
+  holder_.endpoint = endpoint;
+  const std::string text = holder_.to_text();
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != ssize_t(text.size()))
+    DTRAIN_WARN("cannot record the rendezvous endpoint in {}/{}: `dtrain status {}` will not find it", dir_,
+                kLockFile, dir_);
 }
 
 RunDirLock::~RunDirLock() {

@@ -12,6 +12,7 @@
 namespace dtrain::launcher {
 
 constexpr const char* kLockFile = ".dtrain.lock";
+constexpr const char* kTokenFile = ".dtrain.token";  // a one-machine job's generated token (0600), while it runs
 
 // Who holds (or last held) a lock: the lines of the lock file.
 struct LockOwner {
@@ -21,6 +22,7 @@ struct LockOwner {
   std::string job;
   std::string job_id;   // same for every agent of one job (job_id_of)
   std::string rdzv;     // the rendezvous endpoint the agent joins ("" for a one-machine job)
+  std::string endpoint; // where the running job's rendezvous answers (`dtrain status LOG_DIR`), once known
 
   std::string to_text() const;
   static LockOwner from_text(const std::string& text);
@@ -50,6 +52,9 @@ class RunDirLock {
   RunDirLock& operator=(const RunDirLock&) = delete;
 
   bool holds() const { return fd_ >= 0; }
+  // Adds the rendezvous' real address to the lock's text (a one-machine
+  // job's server listens on a port chosen at start). Only when holds().
+  void record_endpoint(const std::string& endpoint);
   const std::string& dir() const { return dir_; }
   const LockOwner& holder() const { return holder_; }  // who holds it (this agent when holds())
 

@@ -228,6 +228,13 @@ void to_proto(const trace::RankProgress& p, pb::RankProgressInfo* out) {
   if (p.waiting) to_proto(p.pending, out->mutable_pending());
   out->set_has_done(p.has_done);
   if (p.has_done) to_proto(p.last_done, out->mutable_last_done());
+  out->set_start_step(p.start_step);
+  out->set_done_step(p.done_step);
+  out->set_last_step_ns(p.last_step_ns);
+  out->set_tokens_per_step(p.tokens_per_step);
+  out->set_has_loss(p.has_loss);
+  out->set_loss(p.loss);
+  out->set_straggler_ratio(p.straggler_ratio);
   for (const auto& [group, seq] : p.group_entered) {
     out->add_group_names(group);
     out->add_group_entered(seq);
@@ -247,6 +254,13 @@ trace::RankProgress from_proto(const pb::RankProgressInfo& p) {
   out.last_done = from_proto(p.last_done());
   for (int i = 0; i < p.group_names_size() && i < p.group_entered_size(); ++i)
     out.group_entered.emplace_back(p.group_names(i), p.group_entered(i));
+  out.start_step = p.start_step();
+  out.done_step = p.done_step();
+  out.last_step_ns = p.last_step_ns();
+  out.tokens_per_step = p.tokens_per_step();
+  out.has_loss = p.has_loss();
+  out.loss = p.loss();
+  out.straggler_ratio = p.straggler_ratio();
   return out;
 }
 
@@ -292,6 +306,7 @@ void to_proto(const ServerStatus& s, pb::StatusReply* out) {
     p->set_node_rank(n.node_rank);
     p->set_last_heartbeat_age_s(n.last_heartbeat_age_s);
     p->set_hostname(n.hostname);
+    for (const auto& r : n.ranks) to_proto(r, p->add_ranks());
   }
 }
 
@@ -305,8 +320,10 @@ ServerStatus from_proto(const pb::StatusReply& r) {
   s.round_open = r.round_open();
   s.failure = r.failure();
   s.stopped = r.stopped();
-  for (const pb::NodeStatusInfo& p : r.nodes())
-    s.nodes.push_back({p.node_id(), p.host(), p.node_rank(), p.last_heartbeat_age_s(), p.hostname()});
+  for (const pb::NodeStatusInfo& p : r.nodes()) {
+    s.nodes.push_back({p.node_id(), p.host(), p.node_rank(), p.last_heartbeat_age_s(), p.hostname(), {}});
+    for (const auto& rank : p.ranks()) s.nodes.back().ranks.push_back(from_proto(rank));
+  }
   if (!r.placement().empty()) {
     s.has_placement = true;
     parse_placement(r.placement(), &s.placement);

@@ -250,7 +250,9 @@ grpc::ServerUnaryReactor* RendezvousServer::Impl::Status(grpc::CallbackServerCon
                                                          pb::StatusReply* reply) {
   auto* reactor = ctx->DefaultReactor();
   std::lock_guard<std::mutex> lock(mu);
-  Refusal r = state.check_auth(req->auth().job(), req->auth().token());
+  // `dtrain status --rdzv` may not know the job's name: the token suffices.
+  const std::string& job = req->auth().job().empty() ? state.job() : req->auth().job();
+  Refusal r = state.check_auth(job, req->auth().token());
   if (!r) detail::to_proto(state.status(Clock::now()), reply);
   if (!r && req->placement()) {
     // The whole placement, serialized once per closed round.

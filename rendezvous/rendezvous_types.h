@@ -66,6 +66,7 @@ struct NodeStatus {
   int node_rank = -1;
   double last_heartbeat_age_s = 0;
   std::string hostname;
+  std::vector<trace::RankProgress> ranks;  // its ranks' progress, by rank (closed round)
 };
 
 struct ServerStatus {

@@ -149,6 +149,7 @@ std::vector<JoinOutcome> RoundState::close_round(TimePoint now) {
   open_ = false;
   last_closed_ = closed;
   progress_.clear();  // the new round's workers start their traces afresh
+  progress_node_.clear();
   all_started_ = false;
   failure_.clear();   // told to every member of the failed round before it re-joined
   last_progress_ = now;

@@ -194,6 +194,7 @@ HeartbeatReply RoundState::heartbeat(const std::string& node_id, uint64_t round,
       auto it = progress_.find(p.rank);
       if (it == progress_.end() || it->second.completed != p.completed) last_progress_ = now;
       progress_[p.rank] = p;
+      progress_node_[p.rank] = node_id;
     }
   if (!all_started_ && last_closed_ && progress_.size() == last_closed_->placement.ranks.size() &&
       std::all_of(progress_.begin(), progress_.end(),
@@ -285,9 +286,12 @@ ServerStatus RoundState::status(TimePoint now) const {
   s.min_nodes = options_.min_nodes;
   s.max_nodes = options_.max_nodes;
   s.round_open = open_;
-  for (const Member& m : open_ ? waiting_ : active_)
+  for (const Member& m : open_ ? waiting_ : active_) {
     s.nodes.push_back({m.info.node_id, m.info.host, m.info.node_rank,
-                       seconds_between(m.last_beat, now), m.info.hostname});
+                       seconds_between(m.last_beat, now), m.info.hostname, {}});
+    for (const auto& [rank, p] : progress_)
+      if (progress_node_.count(rank) && progress_node_.at(rank) == m.info.node_id) s.nodes.back().ranks.push_back(p);
+  }
   return s;
 }
 

@@ -78,6 +78,7 @@ class RoundState {
   ServerStatus status(TimePoint now) const;
 
   uint64_t round() const { return round_; }
+  const std::string& job() const { return options_.job; }
   // The last round that closed (its whole placement), null before the first.
   std::shared_ptr<const ClosedRound> last_closed() const { return last_closed_; }
   bool open() const { return open_; }
@@ -98,6 +99,7 @@ class RoundState {
   // Collective progress of the closed round's ranks (heartbeats), and when
   // any rank last completed one.
   std::map<int, trace::RankProgress> progress_;
+  std::map<int, std::string> progress_node_;  // the node id whose heartbeat carried each rank
   TimePoint last_progress_{};
   // Every rank has completed a collective: start-up (loading LibTorch, a
   // slow rank's set-up) is never taken for a hang.

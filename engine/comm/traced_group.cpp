@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -68,6 +69,8 @@ std::shared_ptr<CollectiveTrace> CollectiveTrace::create(const std::string& run_
   std::memset(f, 0, sizeof *f);
   f->version = 1;
   f->rank = rank;
+  const double none = std::nan("");
+  std::memcpy(&f->loss_bits, &none, sizeof none);
   std::memcpy(f->magic, trace::kMagic, sizeof trace::kMagic);  // last: a reader trusts the rest
   return std::shared_ptr<CollectiveTrace>(new CollectiveTrace(f));
 }
@@ -133,7 +136,28 @@ void CollectiveTrace::leave(uint64_t n, int64_t blocked_ns) {
   store(f_->completed, f_->completed + 1);
 }
 
-void CollectiveTrace::set_step(int64_t step) { store(f_->step, step); }
+void CollectiveTrace::set_step(int64_t step) {
+  if (f_->first_step_ns == 0) store(f_->first_step_ns, now_ns());  // start-up ends here
+  store(f_->step, step);
+}
+void CollectiveTrace::set_run_start(int64_t start_step, int64_t tokens_per_step) {
+  store(f_->start_step, start_step);
+  store(f_->done_step, start_step);
+  store(f_->tokens_per_step, tokens_per_step);
+}
+void CollectiveTrace::step_done(int64_t step, int64_t step_ns) {
+  store(f_->step_ns, f_->step_ns + step_ns);
+  store(f_->last_step_ns, step_ns);
+  store(f_->done_step, step);  // last: a reader that sees the step sees its time
+}
+void CollectiveTrace::add_checkpoint_ns(int64_t ns) { store(f_->checkpoint_ns, f_->checkpoint_ns + ns); }
+void CollectiveTrace::set_logged(double loss, double straggler_ratio) {
+  uint64_t bits;
+  std::memcpy(&bits, &straggler_ratio, sizeof bits);
+  store(f_->straggler_bits, bits);
+  std::memcpy(&bits, &loss, sizeof bits);
+  store(f_->loss_bits, bits);
+}
 void CollectiveTrace::set_phase(trace::Phase phase) { store(f_->phase, static_cast<uint32_t>(phase)); }
 int64_t CollectiveTrace::blocked_ns() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -147,6 +171,18 @@ void trace_step(int64_t step) {
 }
 void trace_phase(trace::Phase phase) {
   if (auto* t = process_trace()) t->set_phase(phase);
+}
+void trace_run_start(int64_t start_step, int64_t tokens_per_step) {
+  if (auto* t = process_trace()) t->set_run_start(start_step, tokens_per_step);
+}
+void trace_step_done(int64_t step, double step_s) {
+  if (auto* t = process_trace()) t->step_done(step, int64_t(step_s * 1e9));
+}
+void trace_checkpoint_s(double seconds) {
+  if (auto* t = process_trace()) t->add_checkpoint_ns(int64_t(seconds * 1e9));
+}
+void trace_logged(double loss, double straggler_ratio) {
+  if (auto* t = process_trace()) t->set_logged(loss, straggler_ratio);
 }
 int64_t trace_blocked_ns() {
   auto* t = process_trace();

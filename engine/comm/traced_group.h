@@ -33,6 +33,12 @@ class CollectiveTrace {
   void leave(uint64_t number, int64_t blocked_ns);
   void set_step(int64_t step);
   void set_phase(trace::Phase phase);
+  // Step timing (FileLayout's last block): where the run starts, each
+  // completed step, checkpoint blocking, each logged loss.
+  void set_run_start(int64_t start_step, int64_t tokens_per_step);
+  void step_done(int64_t step, int64_t step_ns);
+  void add_checkpoint_ns(int64_t ns);
+  void set_logged(double loss, double straggler_ratio);
   // Nanoseconds this rank spent blocked in collectives (sync calls and waits).
   int64_t blocked_ns() const;
 
@@ -52,6 +58,11 @@ CollectiveTrace* process_trace();
 void trace_step(int64_t step);
 void trace_phase(trace::Phase phase);
 int64_t trace_blocked_ns();  // CollectiveTrace::blocked_ns(), 0 without a trace
+// CollectiveTrace's step timing; nothing without a trace.
+void trace_run_start(int64_t start_step, int64_t tokens_per_step);
+void trace_step_done(int64_t step, double step_s);
+void trace_checkpoint_s(double seconds);
+void trace_logged(double loss, double straggler_ratio);
 
 // `inner`, with every op recorded in `trace`.
 std::unique_ptr<Group> traced(std::unique_ptr<Group> inner, std::shared_ptr<CollectiveTrace> trace);

@@ -13,7 +13,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "engine/trainer/tensorboard.h"
+#include "common/tensorboard.h"
 
 namespace dtrain::engine::trainer {
 namespace {
@@ -80,7 +80,7 @@ int64_t process_rss_bytes() {
 MetricsLogger::MetricsLogger(MetricsOptions options) : opt_(std::move(options)), start_s_(now_s()) {
   if (opt_.every < 1) opt_.every = 1;
   if (!opt_.tensorboard_dir.empty())
-    tensorboard_ = std::make_unique<TensorBoardWriter>(opt_.tensorboard_dir, opt_.start_step, opt_.truncate,
+    tensorboard_ = std::make_unique<tb::TensorBoardWriter>(opt_.tensorboard_dir, opt_.start_step, opt_.truncate,
                                                        opt_.spec_yaml);
   if (opt_.jsonl_path.empty()) return;
   std::error_code ec;

@@ -3,7 +3,7 @@
 // global-batch mean loss, lr, tokens/s, ETA and memory, and appends one JSON
 // object to <log dir>/metrics.jsonl (valid JSON always: a NaN or inf is written
 // as null, and a non-finite step carries "nonfinite": true), mirrored into
-// TensorBoard event files (tensorboard.h). Owns the timing
+// TensorBoard event files (common/tensorboard.h). Owns the timing
 // and formatting; it does not train or decide the loss value.
 #pragma once
 
@@ -55,13 +55,17 @@ struct MetricsOptions {
   // "shm", "gloo", "nccl"): "comm_path": {"dp": "shm", ...} in every record.
   std::vector<std::pair<std::string, std::string>> comm_paths;
   // log.tensorboard: every record also as scalars in event files under this
-  // directory ("" = none), and the resolved spec as text (tensorboard.h).
+  // directory ("" = none), and the resolved spec as text (common/tensorboard.h).
   std::string tensorboard_dir;
   std::string spec_yaml;
   int64_t start_step = 0;  // the step the run starts after (a resume's checkpoint)
 };
 
+}  // namespace dtrain::engine::trainer
+namespace dtrain::tb {
 class TensorBoardWriter;
+}  // namespace dtrain::tb
+namespace dtrain::engine::trainer {
 
 class MetricsLogger {
  public:
@@ -86,7 +90,7 @@ class MetricsLogger {
 
   MetricsOptions opt_;
   std::FILE* jsonl_ = nullptr;
-  std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<tb::TensorBoardWriter> tensorboard_;
   double start_s_ = 0;          // monotonic time the logger was created
   double interval_s_ = 0;       // step time since the last logged step
   double interval_wait_s_ = 0;  // exposed comm since the last logged step

@@ -9,6 +9,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -175,6 +176,7 @@ int run_training() {
                 "raise train.steps (--set train.steps=N) or remove checkpoint.dir = {} "
                 "to start over", step, s.spec.train.steps, s.spec.checkpoint.dir);
   MetricsLogger metrics(metrics_options(s, step));
+  comm::trace_run_start(step, int64_t(s.spec.global_batch()) * s.spec.model.seq_len);
   device::StepTimer timer(s.device);
   int64_t run_peak = 0;  // the largest step peak, for the memory report
   StepBytes last_bytes;  // the last step's, for the memory report
@@ -203,10 +205,15 @@ int run_training() {
                     st.slowest_rank, st.slowest_s * 1e3, st.ratio, st.median_s * 1e3);
     }
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
+    comm::trace_step_done(step + 1, r.step_s);
+    if (logged) comm::trace_logged(report.loss, report.straggler_ratio);
     if (memory_check.due(step + 1)) memory_check.compare(s.memory(), s.is_log_rank());
     nonfinite.observe(step + 1, r.finite, logged ? report.loss : std::nan(""), r.grad_norm, s.is_log_rank());
     comm::trace_phase(trace::Phase::checkpoint);
-    if (maybe_save_checkpoint(s, step + 1, r.finite)) return 0;  // preempted, saved
+    const auto save_start = std::chrono::steady_clock::now();  // the blocking part of a save, for goodput
+    const bool preempted = maybe_save_checkpoint(s, step + 1, r.finite);
+    comm::trace_checkpoint_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count());
+    if (preempted) return 0;  // preempted, saved
   }
   if (const std::string what = s.par.schedule->summary(); !what.empty()) DTRAIN_INFO("{}", what);
   comm::trace_phase(trace::Phase::done);

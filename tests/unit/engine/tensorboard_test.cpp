@@ -1,4 +1,4 @@
-// The TensorBoard event encoder (engine/trainer/tensorboard.h) against known
+// The TensorBoard event encoder (common/tensorboard.h) against known
 // bytes: each expected string is what tensorboard 2.20's own Python writer
 // produces for the same message (tensorboard.compat.proto *_pb2 messages'
 // SerializeToString, and summary.writer.record_writer.RecordWriter for the
@@ -9,9 +9,9 @@
 
 #include "common/crc32c.h"
 #include "common/error.h"
-#include "engine/trainer/tensorboard.h"
+#include "common/tensorboard.h"
 
-namespace tb = dtrain::engine::trainer::tb::detail;
+namespace tb = dtrain::tb::detail;
 
 namespace {
 

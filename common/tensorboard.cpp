@@ -6,7 +6,7 @@
 // nested messages only: varint, fixed64, fixed32 and length-delimited fields
 // suffice. Field numbers are tensorflow's (event.proto, summary.proto,
 // tensor.proto), which tensorboard.compat.proto repeats.
-#include "engine/trainer/tensorboard.h"
+#include "common/tensorboard.h"
 
 #include <unistd.h>
 
@@ -20,8 +20,8 @@
 #include "common/error.h"
 #include "common/log.h"
 
-namespace dtrain::engine::trainer {
-namespace tb::detail {
+namespace dtrain::tb {
+namespace detail {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "fixed-width fields are written in host order");
@@ -156,7 +156,7 @@ std::vector<std::pair<std::string, float>> record_scalars(const std::string& jso
   return out;
 }
 
-}  // namespace tb::detail
+}  // namespace detail
 
 namespace {
 
@@ -196,12 +196,12 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t first_step,
   if (!file_)
     throw Error(ErrorCode::config, "cannot write the TensorBoard event file " + path_,
                 "check that log.dir is a writable directory, or set log.tensorboard: false");
-  write(tb::detail::version_event(now));
+  write(detail::version_event(now));
   // Earlier files' events from here on are superseded: a fresh run replaces
   // everything (step 0 on), a resume the steps after its checkpoint.
   const int64_t from = fresh ? 0 : first_step + 1;
-  write(tb::detail::session_start_event(now, from));
-  if (!spec_yaml.empty()) write(tb::detail::text_event(now, from, "spec", markdown_code(spec_yaml)));
+  write(detail::session_start_event(now, from));
+  if (!spec_yaml.empty()) write(detail::text_event(now, from, "spec", markdown_code(spec_yaml)));
 }
 
 TensorBoardWriter::~TensorBoardWriter() {
@@ -210,13 +210,13 @@ TensorBoardWriter::~TensorBoardWriter() {
 
 void TensorBoardWriter::add_record(const std::string& jsonl_line) {
   int64_t step = 0;
-  const auto values = tb::detail::record_scalars(jsonl_line, &step);
-  write(tb::detail::scalars_event(wall_time_s(), step, values));
+  const auto values = detail::record_scalars(jsonl_line, &step);
+  write(detail::scalars_event(wall_time_s(), step, values));
 }
 
 void TensorBoardWriter::write(const std::string& event) {
   if (failed_) return;
-  const std::string record = tb::detail::tfrecord(event);
+  const std::string record = detail::tfrecord(event);
   // Flushed per record: a crash loses nothing already logged.
   if (std::fwrite(record.data(), 1, record.size(), file_) != record.size() || std::fflush(file_) != 0) {
     failed_ = true;
@@ -225,4 +225,4 @@ void TensorBoardWriter::write(const std::string& event) {
   }
 }
 
-}  // namespace dtrain::engine::trainer
+}  // namespace dtrain::tb

@@ -1,9 +1,10 @@
 // TensorBoard event files (log.tensorboard): rank 0 mirrors every metrics.jsonl
 // record as scalars into <log dir>/tb/events.out.tfevents.<time>.<host>.<pid>,
-// which stock TensorBoard reads. Owns the file format only: TFRecord framing
+// which stock TensorBoard reads; node 0's agent writes goodput into tb/goodput/. Owns the file format only: TFRecord framing
 // (length, masked CRC32C of it, data, masked CRC32C of the data) around
 // Event/Summary protobuf messages that tb::detail encodes by field number.
-// Not here: what goes into a record (metrics.cpp), LibTorch, Python.
+// Not here: what goes into a record (engine/trainer/metrics.cpp,
+// launcher/goodput.cpp), LibTorch, Python.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-namespace dtrain::engine::trainer {
+namespace dtrain::tb {
 
-namespace tb::detail {
+namespace detail {
 
 // The CRC TFRecord stores: CRC32C rotated right 15 bits plus a constant, so
 // that a CRC of data that itself holds CRCs does not degenerate.
@@ -40,7 +41,7 @@ std::string session_start_event(double wall_time, int64_t step);
 // null) left out. Throws dtrain::Error when the line is not a JSON object.
 std::vector<std::pair<std::string, float>> record_scalars(const std::string& jsonl_line, int64_t* step);
 
-}  // namespace tb::detail
+}  // namespace detail
 
 class TensorBoardWriter {
  public:
@@ -66,4 +67,4 @@ class TensorBoardWriter {
   bool failed_ = false;  // a write failed: warned once, writing stopped (training goes on)
 };
 
-}  // namespace dtrain::engine::trainer
+}  // namespace dtrain::tb
