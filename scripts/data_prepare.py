@@ -21,7 +21,7 @@ import numpy as np
 
 EOD_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]", "<eod>")
 DTYPE_CODES = {np.uint16: 8, np.int32: 4}
-BATCH_BYTES = 4 << 20
+BATCH_BYTES = 1 << 20
 
 
 class BadInput(Exception):
@@ -140,21 +140,26 @@ def main():
             batch, batch_bytes = [], 0
 
             def flush():
+                # One array per batch: per-document numpy calls cost more than the writes.
+                flat = []
                 for enc in tok.encode_batch(batch):
-                    ids = enc.ids + ([eod] if a.append_eod else [])
-                    bin_f.write(np.asarray(ids, dtype=dtype).tobytes())
-                    lengths.append(len(ids))
-                    progress.add(1, len(ids), 0)
+                    flat.extend(enc.ids)
+                    if a.append_eod:
+                        flat.append(eod)
+                    lengths.append(len(enc.ids) + (1 if a.append_eod else 0))
+                bin_f.write(np.asarray(flat, dtype=dtype).tobytes())
+                progress.add(len(batch), len(flat), 0)
                 batch.clear()
 
             for path in a.inputs:
                 for text, nbytes in documents(path, a.text_key):
                     batch.append(text)
                     batch_bytes += nbytes
-                    progress.add(0, 0, nbytes)
                     if batch_bytes >= BATCH_BYTES:
+                        progress.add(0, 0, batch_bytes)
                         flush()
                         batch_bytes = 0
+            progress.add(0, 0, batch_bytes)
             flush()
             bin_f.flush()
             os.fsync(bin_f.fileno())
