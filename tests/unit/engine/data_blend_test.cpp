@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <map>
 #include <set>
 #include <string>
@@ -88,19 +90,22 @@ std::vector<int64_t> range(int64_t first, int64_t n) {
   return v;
 }
 
-// Every sample of every step of `steps` at this layout, by global position.
-std::vector<std::vector<int64_t>> draw(const TokenDataset& ds, int dp, int micro, int accum, int64_t from_step,
-                                       int64_t steps, SamplerState start = {}) {
+// Every sample of steps [from_step, steps) at this layout, in global order;
+// each dp rank opens its own dataset, as each worker does.
+std::vector<std::vector<int64_t>> draw(const std::function<std::unique_ptr<TokenDataset>()>& open, int dp, int micro,
+                                       int accum, int64_t from_step, int64_t steps, SamplerState start = {}) {
+  std::vector<std::unique_ptr<TokenDataset>> data;
   std::vector<DistributedSampler> ranks;
   for (int d = 0; d < dp; ++d) {
-    ranks.emplace_back(ds.num_samples(), 11, dp, d, micro, accum, /*shuffle=*/false);
+    data.push_back(open());
+    ranks.emplace_back(data.back()->num_samples(), 11, dp, d, micro, accum, /*shuffle=*/false);
     ranks.back().load_state(start);
   }
   std::vector<std::vector<int64_t>> out;
   for (int64_t s = from_step; s < steps; ++s) {
-    for (auto& r : ranks)
+    for (int d = 0; d < dp; ++d)
       for (int m = 0; m < accum; ++m)
-        for (auto& row : rows(ds, r.micro_batch_ids(m))) out.push_back(row);
+        for (auto& row : rows(*data[size_t(d)], ranks[size_t(d)].micro_batch_ids(m))) out.push_back(row);
     for (auto& r : ranks) r.advance();
   }
   return out;
@@ -180,29 +185,38 @@ TEST_CASE("blend 0.8/0.2: tokens per source within 1% over 200 steps; resume and
   Corpus c;
   const std::string a = c.write("alpha", 50, 0), b = c.write("beta", 30, 5000);  // beta's tokens >= 5000
   const int T = 8, accum = 2;  // global batch 4
-  auto ds = open_indexed_training({{a, 0.8}, {b, 0.2}}, T, 8192, 7);
-  const auto straight = draw(*ds, 1, 4, 1, 0, 200);
+  auto open = [&](uint64_t seed) {
+    return [&, seed] { return open_indexed_training({{a, 0.8}, {b, 0.2}}, T, 8192, seed); };
+  };
+  const auto straight = draw(open(7), 1, 4, 1, 0, 200);
   REQUIRE(straight.size() == 800);
   int64_t beta_rows = 0;
   for (const auto& r : straight) beta_rows += r[0] >= 5000;
   const double beta_share = double(beta_rows) / double(straight.size());
-  const auto tokens = ds->source_tokens(800);
+  const auto tokens = open(7)()->source_tokens(800);
   MESSAGE("beta share " << beta_share << " (0.2 wanted); data_tokens alpha " << tokens[0].second << " beta "
                         << tokens[1].second);
   CHECK(std::abs(beta_share - 0.2) < 0.01);
   CHECK(tokens[0].first == "alpha");
   CHECK(tokens[1].second == beta_rows * T);
   CHECK(tokens[0].second + tokens[1].second == 800 * T);
-  // Stop after step 100, a fresh dataset resumes from the sampler's position.
-  auto resumed_ds = open_indexed_training({{a, 0.8}, {b, 0.2}}, T, 8192, 7);
-  const auto resumed = draw(*resumed_ds, 1, 4, 1, 100, 200, SamplerState{400});
-  CHECK(std::equal(resumed.begin(), resumed.end(), straight.begin() + 400));
-  // dp 2 with 2 micro-steps of 1: the same global batches in the same order.
-  auto dp_ds = open_indexed_training({{a, 0.8}, {b, 0.2}}, T, 8192, 7);
-  CHECK(draw(*dp_ds, 2, 1, accum, 0, 200) == straight);
+  // Stop after step 100: a fresh dataset resumes from the sampler's position.
+  auto differing = [&](const std::vector<std::vector<int64_t>>& got, size_t from) {
+    int64_t n = 0;
+    for (size_t i = 0; i < got.size(); ++i) n += i + from >= straight.size() || got[i] != straight[i + from];
+    return n;
+  };
+  const auto resumed = draw(open(7), 1, 4, 1, 100, 200, SamplerState{400});
+  REQUIRE(resumed.size() == 400);
+  // dp 2 with 2 micro-steps of 1 each: the same global batches in the same order.
+  const auto dp2 = draw(open(7), 2, 1, accum, 0, 200);
+  REQUIRE(dp2.size() == 800);
+  const int64_t resume_diff = differing(resumed, 400), dp2_diff = differing(dp2, 0);
+  MESSAGE("resumed at step 100: " << resume_diff << " of 400 samples differ; dp 2: " << dp2_diff << " of 800");
+  CHECK(resume_diff == 0);
+  CHECK(dp2_diff == 0);
   // Negative control: another job seed draws other samples.
-  auto other = open_indexed_training({{a, 0.8}, {b, 0.2}}, T, 8192, 8);
-  const auto control = draw(*other, 1, 4, 1, 0, 200);
+  const auto control = draw(open(8), 1, 4, 1, 0, 200);
   int64_t differ = 0;
   for (size_t i = 0; i < control.size(); ++i) differ += control[i] != straight[i];
   MESSAGE("seed 8 vs 7: " << differ << " of 800 samples differ");
