@@ -1,5 +1,6 @@
-// read_indexed_header (indexed_format.h): the header and the last sequence's
-// extent, read with std::ifstream (a few bytes; the arrays stay on disk).
+// read_indexed_header and check_indexed_dataset (indexed_format.h): the
+// header, the first and last sequences' extents and tokens, and PREFIX.json,
+// read with std::ifstream (the arrays and the rest of .bin stay on disk).
 #include "common/indexed_format.h"
 
 #include <sys/stat.h>
@@ -7,7 +8,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 
@@ -115,6 +119,76 @@ IndexedHeader read_indexed_header(const std::string& prefix) {
                            " places its last sequence up to byte " + std::to_string(end) + " (truncated .bin?)");
   }
   return h;
+}
+
+namespace {
+
+// Tokens of sequence `i` (at most kMaxChecked of them) against [0, vocab).
+void check_sequence_tokens(const IndexedHeader& h, std::ifstream& idx, int64_t i, const char* which, int vocab) {
+  constexpr int64_t kMaxChecked = int64_t(1) << 20;
+  unsigned char len_b[4], ptr_b[8];
+  read_at(idx, h.idx_path, h.lengths_offset + 4 * i, 4, len_b);
+  read_at(idx, h.idx_path, h.pointers_offset + 8 * i, 8, ptr_b);
+  const int64_t len = std::min<int64_t>(int32_t(le(len_b, 4)), kMaxChecked), ptr = int64_t(le(ptr_b, 8));
+  if (len <= 0) return;
+  if (ptr < 0 || ptr + len * h.item_bytes > h.bin_bytes)
+    fail(h.bin_path, "is " + std::to_string(h.bin_bytes) + " bytes, but " + h.idx_path + " places its " + which +
+                         " sequence at bytes [" + std::to_string(ptr) + ", " + std::to_string(ptr + len * h.item_bytes) +
+                         ") (truncated .bin?)");
+  std::ifstream bin(h.bin_path, std::ios::binary);
+  std::string buf(size_t(len * h.item_bytes), '\0');
+  bin.seekg(ptr);
+  if (!bin.read(buf.data(), std::streamsize(buf.size())))
+    fail(h.bin_path, "cannot read " + std::to_string(buf.size()) + " bytes at offset " + std::to_string(ptr));
+  for (int64_t t = 0; t < len; ++t) {
+    const auto* p = reinterpret_cast<const unsigned char*>(buf.data()) + t * h.item_bytes;
+    const uint64_t v = le(p, h.item_bytes);
+    int64_t id = int64_t(v);
+    if (h.is_signed && h.item_bytes < 8 && (v >> (8 * h.item_bytes - 1)) != 0) id -= int64_t(1) << (8 * h.item_bytes);
+    if (id < 0 || id >= vocab)
+      throw Error(ErrorCode::config,
+                  "data.path (format indexed): " + h.bin_path + ": token " + std::to_string(id) + " (" + h.dtype +
+                      ") at byte " + std::to_string(ptr + t * h.item_bytes) + ", in the " + which +
+                      " sequence, is outside [0, model.vocab = " + std::to_string(vocab) + ")",
+                  "set model.vocab to the tokenizer's vocabulary size (above every token id), or re-tokenize "
+                  "with the model's tokenizer (dtrain data prepare)");
+  }
+}
+
+// PREFIX.json from `dtrain data prepare`: {"tokenizer": ..., "vocab_size": N, "eod_id": ...}.
+void check_prepare_record(const std::string& prefix, int vocab) {
+  const std::string path = prefix + ".json";
+  std::ifstream in(path);
+  if (!in) return;  // datasets from other tools have none
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::config, "data.path (format indexed): " + path + " is not JSON (" + e.what() + ")",
+                "rewrite it with dtrain data prepare, or remove it (it only records the tokenizer)");
+  }
+  if (!j.is_object() || !j.contains("vocab_size") || !j["vocab_size"].is_number_integer())
+    throw Error(ErrorCode::config, "data.path (format indexed): " + path + " has no integer vocab_size",
+                "rewrite it with dtrain data prepare, or remove it (it only records the tokenizer)");
+  const int64_t v = j["vocab_size"].get<int64_t>();
+  if (v > vocab)
+    throw Error(ErrorCode::config,
+                "data.path (format indexed): " + path + ": the tokenizer" +
+                    (j.contains("tokenizer") && j["tokenizer"].is_string() ? " " + j["tokenizer"].get<std::string>() : "") +
+                    " has vocab_size " + std::to_string(v) + ", more than model.vocab = " + std::to_string(vocab),
+                "set model.vocab >= " + std::to_string(v) + ", or prepare the data with the model's tokenizer");
+}
+
+}  // namespace
+
+void check_indexed_dataset(const std::string& prefix, int vocab) {
+  const IndexedHeader h = read_indexed_header(prefix);
+  if (h.sequences > 0) {
+    std::ifstream idx(h.idx_path, std::ios::binary);
+    check_sequence_tokens(h, idx, 0, "first", vocab);
+    if (h.sequences > 1) check_sequence_tokens(h, idx, h.sequences - 1, "last", vocab);
+  }
+  check_prepare_record(prefix, vocab);
 }
 
 }  // namespace dtrain

@@ -30,4 +30,11 @@ struct IndexedHeader {
 // Throws dtrain::Error(config) naming the file and what was found.
 IndexedHeader read_indexed_header(const std::string& prefix);
 
+// Before any worker starts: read_indexed_header, then every token of the
+// first and last sequences (the ends of the file a wrong dtype or tokenizer
+// shows first) against [0, vocab), and PREFIX.json (`dtrain data prepare`'s
+// record, when present): its vocab_size must not exceed `vocab`. Throws
+// dtrain::Error(config) naming the file, what was found and the fix.
+void check_indexed_dataset(const std::string& prefix, int vocab);
+
 }  // namespace dtrain

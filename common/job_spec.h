@@ -167,9 +167,23 @@ struct TrainSpec {
   int nonfinite_patience = 3;
 };
 
+// One source of data.blend: a Megatron indexed dataset PREFIX and its share.
+struct DataSource {
+  std::string path;
+  double weight = 0;
+};
+
 struct DataSpec {
   std::string path = "data/corpus.txt";  // for indexed: PREFIX of PREFIX.idx + PREFIX.bin
   DataFormat format = DataFormat::bytes;  // bytes | tokens-u16 | tokens-u32 | indexed (Megatron) | synthetic
+  // Indexed sources drawn by share (weights normalised; Megatron's rule: the
+  // next sample from the source furthest behind its share). Non-empty
+  // replaces data.path and needs data.format indexed.
+  std::vector<DataSource> blend;
+  // The indexed sources of the training data: blend, else {path, 1}.
+  std::vector<DataSource> indexed_sources() const {
+    return blend.empty() ? std::vector<DataSource>{{path, 1.0}} : blend;
+  }
 };
 
 struct CheckpointSpec {

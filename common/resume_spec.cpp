@@ -26,6 +26,11 @@ std::string value_of(const JobSpec& s, const std::string& field) {
   }
   if (field == "log.dir") return shown(s.log.dir);
   if (field == "data.path") return shown(s.data.path);
+  if (field == "data.blend") {  // file prefixes, like data.path
+    std::string out = "[";
+    for (size_t i = 0; i < s.data.blend.size(); ++i) out += (i ? ", " : "") + shown(s.data.blend[i].path);
+    return out + "]";
+  }
   if (field == "cluster.rendezvous.token_file") return shown(s.cluster.rendezvous.token_file);
   return shown(s.cluster.rendezvous.endpoint);  // cluster.rendezvous.endpoint
 }
@@ -44,6 +49,7 @@ bool given(const std::vector<std::string>& overrides, const std::string& field) 
 std::vector<std::string> resume_trusted_fields(const JobSpec& spec, bool rdzv_given) {
   std::vector<std::string> f = {"entrypoint", "log.dir"};
   if (spec.data.format != DataFormat::synthetic) f.push_back("data.path");
+  if (!spec.data.blend.empty()) f.push_back("data.blend");
   f.push_back("cluster.rendezvous.token_file");
   if (spec.cluster.nodes_max > 1 && !rdzv_given) f.push_back("cluster.rendezvous.endpoint");
   return f;

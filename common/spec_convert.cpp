@@ -164,6 +164,26 @@ struct Reader {
     *out = values;
     return "";
   }
+  // data.blend: [{path: PREFIX, weight: W}, ...] (null or [] = no blend).
+  std::string operator()(std::vector<DataSource>* out) const {
+    const char* expected = "a list like [{path: PREFIX_A, weight: 0.7}, {path: PREFIX_B, weight: 0.3}]";
+    if (node.IsNull()) {
+      out->clear();
+      return "";
+    }
+    if (!node.IsSequence()) return expected;
+    std::vector<DataSource> sources;
+    for (const auto& item : node) {
+      if (!item.IsMap() || item.size() != 2 || !item["path"] || !item["weight"]) return expected;
+      DataSource s;
+      if (!(*this).with(item["path"])(&s.path).empty() || !(*this).with(item["weight"])(&s.weight).empty())
+        return expected;
+      sources.push_back(s);
+    }
+    *out = sources;
+    return "";
+  }
+  Reader with(const YAML::Node& n) const { return Reader{n, unknown_name}; }
 };
 
 }  // namespace

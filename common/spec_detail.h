@@ -40,7 +40,8 @@ struct EnumRef {
 
 // What a field binds to; the alternative decides how its YAML value is read.
 using FieldRef = std::variant<int*, uint64_t*, double*, bool*, std::string*, NodesRef,
-                              std::vector<std::string>*, std::vector<int>*, AutoIntRef, EnumRef>;
+                              std::vector<std::string>*, std::vector<int>*, AutoIntRef, EnumRef,
+                              std::vector<DataSource>*>;
 
 template <typename T>
 FieldRef field_ref(T* member) {

@@ -104,6 +104,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("train.nonfinite_patience", train.nonfinite_patience),
       DTRAIN_FIELD("data.path", data.path),
       DTRAIN_FIELD("data.format", data.format),
+      DTRAIN_FIELD("data.blend", data.blend),
       DTRAIN_FIELD("checkpoint.dir", checkpoint.dir),
       DTRAIN_FIELD("checkpoint.every", checkpoint.every),
       DTRAIN_FIELD("checkpoint.keep", checkpoint.keep),

@@ -46,6 +46,13 @@ struct TextOf {
     for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + std::to_string((*v)[i]);
     return out + "]";
   }
+  std::string operator()(std::vector<DataSource>* v) const {
+    std::string out = "[";
+    for (size_t i = 0; i < v->size(); ++i)
+      out += std::string(i ? ", " : "") + "{path: " + yaml_scalar((*v)[i].path) + ", weight: " +
+             format_double((*v)[i].weight) + "}";
+    return out + "]";
+  }
 };
 
 struct JsonOf {
@@ -69,6 +76,11 @@ struct JsonOf {
     return *r.value;
   }
   json operator()(EnumRef r) const { return (*r.names)[r.get(r.member)]; }
+  json operator()(std::vector<DataSource>* v) const {
+    json out = json::array();
+    for (const auto& s : *v) out.push_back(json{{"path", s.path}, {"weight", s.weight}});
+    return out;
+  }
 };
 
 std::vector<std::string> split(const std::string& path) {

@@ -117,6 +117,22 @@ void check_ranges(const Checker& c) {
     c.error("entrypoint", "entrypoint is empty; use builtin or a command like [python3, train.py]");
 }
 
+// data.blend: indexed sources only, each with a path and a weight > 0.
+void check_blend(const Checker& c, const DataSpec& d) {
+  if (d.blend.empty() || c.bad({"data.blend", "data.format"})) return;
+  if (d.format != DataFormat::indexed)
+    c.error("data.blend", "data.blend needs data.format = indexed (Megatron PREFIX.idx/.bin sources), not " +
+                              to_string(d.format) + "; set data.format: indexed");
+  for (size_t i = 0; i < d.blend.size(); ++i) {
+    const DataSource& src = d.blend[i];
+    const std::string at = "data.blend[" + std::to_string(i) + "]";
+    if (src.path.empty()) c.error("data.blend", at + ".path is empty; give the PREFIX of PREFIX.idx + PREFIX.bin");
+    if (!(src.weight > 0))
+      c.error("data.blend", at + ".weight = " + str(src.weight) + " (" + src.path +
+                                "): must be > 0; drop the source instead of weighting it 0");
+  }
+}
+
 void check_enums(const Checker& c) {
   const JobSpec& s = c.spec;
   c.one_of("cluster.device");
@@ -173,6 +189,7 @@ void check_enums(const Checker& c) {
     c.error("cluster.memory_per_rank", "cluster.memory_per_rank = " + s.cluster.memory_per_rank +
                                            " is not a size; write e.g. 80GiB, 512MiB or a byte count");
   c.one_of("data.format");
+  check_blend(c, s.data);
   if (!c.bad({"parallel.zero"}) && (s.parallel.zero < 0 || s.parallel.zero > 3))
     c.error("parallel.zero", "parallel.zero = " + str(s.parallel.zero) +
                                  ": must be 0 (DDP), 1, 2 or 3 (FSDP full shard)");

@@ -1,7 +1,8 @@
 // check_data_file (input_checks.h): stat(2) only; the tokens are counted
 // from the file size (1 byte per token for bytes, 2 for tokens-u16, 4 for
 // tokens-u32). An indexed dataset's header and sizes are checked by
-// read_indexed_header; its tokens are checked by the engine at open.
+// check_indexed_dataset (every blend source); all its tokens are checked by
+// the engine at open.
 #include "launcher/input_checks.h"
 
 #include <sys/stat.h>
@@ -17,7 +18,7 @@ namespace dtrain::launcher {
 void check_data_file(const JobSpec& spec) {
   if (!spec.builtin_entrypoint() || spec.data.format == DataFormat::synthetic) return;
   if (spec.data.format == DataFormat::indexed) {
-    read_indexed_header(spec.data.path);
+    for (const DataSource& src : spec.data.indexed_sources()) check_indexed_dataset(src.path, spec.model.vocab);
     return;
   }
   const std::string& path = spec.data.path;

@@ -16,6 +16,7 @@
 
 #include "apps/dtrain/command.h"
 #include "apps/dtrain/plan_check.h"
+#include "launcher/input_checks.h"
 #include "common/error.h"
 #include "common/job_spec.h"
 #include "plan/combinations.h"
@@ -76,6 +77,8 @@ void run_validate(const ValidateOptions& o) {
   JobSpec spec = load_job_spec(o.spec, o.sets, &warnings);
   plan::check_combinations(spec);  // what the engine cannot run together, before the figures
   check_memory_budget(spec, {0, !o.allow_large});
+  // Indexed datasets are opened here as launch opens them (header, ends, vocabulary).
+  if (spec.data.format == DataFormat::indexed && spec.builtin_entrypoint()) launcher::check_data_file(spec);
   if (o.format == "json")
     print_json(spec, warnings);
   else

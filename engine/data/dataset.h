@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtrain::engine::data {
@@ -22,6 +23,13 @@ class TokenDataset {
   // Fill inputs[B, T] and targets[B, T] (int64) for the given sample ids.
   virtual void get_batch(const std::vector<int64_t>& sample_ids, at::Tensor& inputs,
                          at::Tensor& targets) const = 0;
+  // True when the ids get_batch takes are global positions (the sampler's
+  // consumed count + offset, any value >= 0) and the dataset orders its
+  // samples itself (indexed_blend.h): the sampler then passes positions through.
+  virtual bool orders_itself() const { return false; }
+  // Tokens consumed per source (base name) once `consumed` positions were
+  // drawn; empty when the dataset has no sources to tell apart.
+  virtual std::vector<std::pair<std::string, int64_t>> source_tokens(int64_t /*consumed*/) const { return {}; }
 };
 
 // format: "bytes" (any file, one token per byte), "tokens-u16" / "tokens-u32"

@@ -58,6 +58,12 @@ void IndexedTokens::read_index() {
            kRewriteHint);
   }
   num_tokens_ = starts_.back();
+  // Document boundaries as stream offsets: {0} + document index + {n}, each once.
+  doc_starts_ = {0};
+  for (int64_t seq : docs)
+    if (starts_[size_t(seq)] > doc_starts_.back()) doc_starts_.push_back(starts_[size_t(seq)]);
+  if (num_tokens_ > doc_starts_.back()) doc_starts_.push_back(num_tokens_);
+  if (doc_starts_.size() == 1) doc_starts_.push_back(num_tokens_);
   if (back_to_back) {
     base_ = n > 0 ? pointers[0] : 0;
     starts_.clear();

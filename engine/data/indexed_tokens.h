@@ -27,6 +27,10 @@ class IndexedTokens {
   // against the vocabulary again; throws as DataFile does when PREFIX.bin changed.
   void read(int64_t first, int64_t n, int64_t* out) const;
   void check() const { bin_->check(); }
+  // [D + 1] first token of each document in the stream, then num_tokens():
+  // the documents of PREFIX.idx's document index (sequences listed before
+  // its first entry or after its last count as one document each end).
+  const std::vector<int64_t>& document_starts() const { return doc_starts_; }
 
  private:
   void read_index();
@@ -44,6 +48,7 @@ class IndexedTokens {
   std::vector<int64_t> starts_;    // [n + 1] first token of each sequence in the stream
   std::vector<int64_t> pointers_;  // [n] byte offset of each sequence in PREFIX.bin
   int64_t base_ = 0;
+  std::vector<int64_t> doc_starts_;
 };
 
 }  // namespace dtrain::engine::data

@@ -28,14 +28,27 @@ uint64_t below(uint64_t& state, uint64_t bound) {
 
 }  // namespace
 
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), int64_t{0});
+  uint64_t state = seed ^ (0xD1B54A32D192ED03ULL * uint64_t(epoch + 1));
+  splitmix64_next(state);
+  for (int64_t i = n - 1; i > 0; --i) {
+    const int64_t j = int64_t(below(state, uint64_t(i) + 1));
+    std::swap(perm[size_t(i)], perm[size_t(j)]);
+  }
+  return perm;
+}
+
 DistributedSampler::DistributedSampler(int64_t num_samples, uint64_t seed, int dp_size, int dp_rank,
-                                       int micro_batch, int grad_accum)
+                                       int micro_batch, int grad_accum, bool shuffle)
     : num_samples_(num_samples),
       seed_(seed),
       dp_size_(dp_size),
       dp_rank_(dp_rank),
       micro_batch_(micro_batch),
-      grad_accum_(grad_accum) {
+      grad_accum_(grad_accum),
+      shuffle_(shuffle) {
   if (num_samples < 1 || dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size || micro_batch < 1 ||
       grad_accum < 1) {
     throw Error(ErrorCode::config,
@@ -47,17 +60,10 @@ DistributedSampler::DistributedSampler(int64_t num_samples, uint64_t seed, int d
 }
 
 int64_t DistributedSampler::id_at(int64_t global_index) const {
+  if (!shuffle_) return global_index;
   const int64_t epoch = global_index / num_samples_;
   if (epoch != cached_epoch_) {
-    perm_.resize(size_t(num_samples_));
-    std::iota(perm_.begin(), perm_.end(), int64_t{0});
-    // The stream of an epoch depends on (seed, epoch) only.
-    uint64_t state = seed_ ^ (0xD1B54A32D192ED03ULL * uint64_t(epoch + 1));
-    splitmix64_next(state);
-    for (int64_t i = num_samples_ - 1; i > 0; --i) {
-      const int64_t j = int64_t(below(state, uint64_t(i) + 1));
-      std::swap(perm_[size_t(i)], perm_[size_t(j)]);
-    }
+    perm_ = epoch_order(num_samples_, seed_, epoch);  // depends on (seed, epoch) only
     cached_epoch_ = epoch;
   }
   return perm_[size_t(global_index % num_samples_)];

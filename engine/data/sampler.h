@@ -11,14 +11,20 @@
 
 namespace dtrain::engine::data {
 
+// The order of epoch `epoch` of n items: a Fisher-Yates shuffle driven by
+// splitmix64 from (seed, epoch) alone, so any rank computes it.
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch);
+
 struct SamplerState {
   int64_t consumed = 0;  // global samples consumed since the start of training
 };
 
 class DistributedSampler {
  public:
+  // shuffle false: ids are the global positions themselves (consumed + i),
+  // for a dataset that orders its samples itself (TokenDataset::orders_itself).
   DistributedSampler(int64_t num_samples, uint64_t seed, int dp_size, int dp_rank,
-                     int micro_batch, int grad_accum);
+                     int micro_batch, int grad_accum, bool shuffle = true);
 
   // Sample ids of micro-step `micro` (0..grad_accum-1) of the current step
   // for this dp rank: micro_batch ids.
@@ -37,6 +43,7 @@ class DistributedSampler {
   int64_t num_samples_;
   uint64_t seed_;
   int dp_size_, dp_rank_, micro_batch_, grad_accum_;
+  bool shuffle_ = true;
   SamplerState state_;
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> perm_;

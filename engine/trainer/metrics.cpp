@@ -63,6 +63,18 @@ std::string MetricsLogger::jsonl_line(const StepReport& r, const MemoryStats& me
       num(r.straggler_ratio, 6), num(t.mfu, 9), num(opt_.flops_per_step, 17), num(opt_.peak_flops, 17));
   for (const auto& [name, value] : r.extra) line += ", \"" + name + "\": " + num(value, 9);
   if (r.nonfinite) line += ", \"nonfinite\": true";
+  if (!r.data_tokens.empty()) {
+    line += ", \"data_tokens\": {";
+    for (size_t i = 0; i < r.data_tokens.size(); ++i) {
+      std::string key;  // a file's base name, JSON-escaped
+      for (unsigned char c : r.data_tokens[i].first)
+        key += c == '"' || c == '\\' ? std::string("\\") + char(c)
+               : c < 0x20            ? fmt::format("\\u{:04x}", c)
+                                     : std::string(1, char(c));
+      line += (i ? ", \"" : "\"") + key + "\": " + std::to_string(r.data_tokens[i].second);
+    }
+    line += "}";
+  }
   // Which path each mesh axis's collectives take (shm, gloo, nccl).
   line += ", \"comm_path\": {";
   for (size_t i = 0; i < opt_.comm_paths.size(); ++i)

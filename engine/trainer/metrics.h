@@ -41,6 +41,9 @@ struct StepReport {
   double straggler_ratio = 0;   // its compute / the median rank's
   bool nonfinite = false;       // the loss or gradient norm is NaN or inf (the update was skipped)
   std::vector<std::pair<std::string, double>> extra;  // GradSync::step_metrics (e.g. moe_max_load)
+  // Tokens drawn per data source since the start of training (indexed data):
+  // "data_tokens": {"<base name>": n, ...} in metrics.jsonl.
+  std::vector<std::pair<std::string, int64_t>> data_tokens;
 };
 
 struct MetricsOptions {

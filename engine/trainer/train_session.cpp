@@ -15,6 +15,7 @@
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
 #include "engine/doctor/blas_check.h"
+#include "engine/data/indexed_blend.h"
 #include "engine/doctor/engine_facts.h"
 #include "plan/combinations.h"
 
@@ -30,6 +31,12 @@ std::unique_ptr<data::TokenDataset> open_data(const JobSpec& spec) {
                     std::filesystem::current_path().string() + ")",
                 d.path == "data/corpus.txt" ? "run scripts/make-corpus to build data/corpus.txt"
                                             : "point data.path at an existing file");
+  if (d.format == DataFormat::indexed) {
+    // Documents shuffled per epoch, blends by share (indexed_blend.h).
+    std::vector<data::IndexedSource> sources;
+    for (const DataSource& src : d.indexed_sources()) sources.push_back({src.path, src.weight});
+    return data::open_indexed_training(sources, spec.model.seq_len, spec.model.vocab, spec.job.seed);
+  }
   return data::open_dataset(to_string(d.format), d.path, spec.model.seq_len, spec.model.vocab, spec.job.seed);
 }
 
@@ -114,7 +121,7 @@ std::unique_ptr<TrainSession> make_train_session() {
   s->sampler = std::make_unique<data::DistributedSampler>(
       // Samples go by the dp coordinate: the cp ranks of a replica share them.
       s->data->num_samples(), spec.job.seed, s->info.mesh.dp(), s->info.coord[mesh::Axis::dp], spec.train.micro_batch,
-      spec.train.grad_accum);
+      spec.train.grad_accum, /*shuffle=*/!s->data->orders_itself());
   // Initialised on the CPU from job.seed (the same numbers on every device
   // and every rank), moved, then laid out by parallelize.
   model::Gpt model(gpt_config(spec.model), spec.job.seed);

@@ -37,6 +37,7 @@ struct StepResult {
   double blocked_s = 0;  // of step_s, blocked in collectives
   int64_t dp_bytes_sent = 0, tp_bytes_sent = 0, ep_bytes_sent = 0, cp_bytes_sent = 0;
   parallel::SyncStats sync;
+  double data_s = 0;  // of step_s, reading samples (get_batch) on this rank
 };
 
 // Micro-batches from the sampler: this dp rank's slice of the step's global
@@ -45,7 +46,9 @@ class SamplerBatches : public parallel::BatchSource {
  public:
   explicit SamplerBatches(TrainSession& s) : s_(s) {}
   void micro_batch(int micro, at::Tensor& inputs, at::Tensor& targets) override {
+    const auto t0 = std::chrono::steady_clock::now();
     s_.data->get_batch(s_.sampler->micro_batch_ids(micro), s_.inputs, s_.targets);
+    data_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!s_.device.is_cpu()) {
       // Async from pinned memory; the host buffers are next written after the
       // schedule's loss.item(), which waits for this micro-step's work.
@@ -63,6 +66,7 @@ class SamplerBatches : public parallel::BatchSource {
     const auto& t = s_.spec.train;
     return int64_t(s_.info.coord[mesh::Axis::dp]) * t.micro_batch * t.grad_accum + int64_t(micro) * t.micro_batch;
   }
+  double data_s = 0;  // seconds in get_batch this step
 
  private:
   TrainSession& s_;
@@ -109,6 +113,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   s.par.grad_sync->zero();
   s.sampler->advance();
   r.step_s = timer.stop_s();
+  r.data_s = batches.data_s;
   r.blocked_s = double(comm::trace_blocked_ns() - blocked_ns) * 1e-9;
   r.dp_bytes_sent = int64_t(s.dp->bytes_sent());
   r.tp_bytes_sent = int64_t(s.comm->group(mesh::GroupKind::tp).bytes_sent());
@@ -189,6 +194,9 @@ int run_training() {
     StepReport report{step + 1, 0.0, r.lr, r.grad_norm, r.step_s, r.sync.wait_s,
                       r.sync.launched_in_backward, r.dp_bytes_sent, r.tp_bytes_sent};
     report.extra = s.par.grad_sync->step_metrics();
+    // After advance(): the tokens of steps 1..step+1, a function of the position alone.
+    report.data_tokens = s.data->source_tokens(s.sampler->state().consumed);
+    report.extra.emplace_back("data_fetch_s", r.data_s);  // rank 0's; bench/data_prepare.sh compares it to step_time_s
     // A non-finite step is always logged: every rank knows it (r.finite is
     // global), so the logging collectives stay matched.
     const bool logged = metrics.should_log(step + 1) || !r.finite;

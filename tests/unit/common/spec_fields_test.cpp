@@ -117,6 +117,7 @@ const std::vector<Example> kExamples = {
     {"train.nonfinite_patience", "5"},
     {"data.path", "/data/tokens.bin"},
     {"data.format", "tokens-u16"},
+    {"data.blend", "[{path: a, weight: 0.7}, {path: b, weight: 0.3}]", {"data.format=indexed"}},
     {"checkpoint.dir", "ck"},
     {"checkpoint.every", "3"},
     {"checkpoint.keep", "1"},

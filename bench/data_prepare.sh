@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Data pipeline throughput. (1) `dtrain data prepare` on data/corpus.txt's
+# paragraphs as JSONL (a byte-level BPE of vocab 8000 trained on it first)
+# against the same tokenizer called directly from Python on one core
+# (Tokenizer.encode per document, pinned with taskset): MB/s and tokens/s of
+# each, side by side, and the ratio. (2) The time a rank spends reading its
+# samples (metrics' data_fetch_s, rank 0) against the step time
+# (step_time_s) at dp 4 on the prepared data: medians over the steps after
+# the first, and their ratio.
+# Usage: bench/data_prepare.sh [STEPS]   (DTRAIN_BUILD_DIR, DTRAIN_VENV)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
+DTRAIN="$BUILD/apps/dtrain/dtrain"
+STEPS="${1:-30}"
+export DTRAIN_VENV="${DTRAIN_VENV:-$HOME/.cache/dtrain/torch-2.15.0}"
+PY="$DTRAIN_VENV/bin/python"
+[ -x "$DTRAIN" ] || { echo "no $DTRAIN: build first (scripts/build)" >&2; exit 2; }
+[ -f "$ROOT/data/corpus.txt" ] || "$ROOT/scripts/make-corpus" >&2
+WORK="$(mktemp -d /tmp/dtrain-bench-XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+
+"$PY" - "$ROOT/data/corpus.txt" "$WORK" <<'PY'
+import json, sys
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+corpus, out = sys.argv[1], sys.argv[2]
+tok = Tokenizer(models.BPE(unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.train([corpus], trainers.BpeTrainer(vocab_size=8000, special_tokens=["<|endoftext|>", "<unk>"], show_progress=False))
+tok.save(out + "/tok.json")
+with open(out + "/docs.jsonl", "w") as f:
+    for p in open(corpus, encoding="utf-8", errors="replace").read().split("\n\n"):
+        if p.strip():
+            f.write(json.dumps({"text": p}) + "\n")
+PY
+
+echo "== data prepare vs tokenizers from Python on one core ($(wc -c < "$WORK/docs.jsonl") bytes of JSONL, $(nproc) CPUs, load $(cut -d' ' -f1 /proc/loadavg))"
+summary="$("$DTRAIN" data prepare --tokenizer "$WORK/tok.json" --input "$WORK/docs.jsonl" --output "$WORK/corpus" --append-eod 2>/dev/null)"
+echo "dtrain data prepare: $summary"
+prep_mbs="$(sed -E 's/.* ([0-9.]+) MB\/s.*/\1/' <<< "$summary")"
+prep_tps="$(sed -E 's/.* ([0-9]+) tokens\/s.*/\1/' <<< "$summary")"
+direct="$(RAYON_NUM_THREADS=1 taskset -c 0 "$PY" - "$WORK" <<'PY'
+import json, sys, time
+from tokenizers import Tokenizer
+out = sys.argv[1]
+tok = Tokenizer.from_file(out + "/tok.json")
+lines = open(out + "/docs.jsonl", "rb").read().splitlines()
+t = time.monotonic()
+tokens = nbytes = 0
+for raw in lines:
+    tokens += len(tok.encode(json.loads(raw)["text"]).ids) + 1
+    nbytes += len(raw) + 1
+s = time.monotonic() - t
+print(f"{nbytes / 1e6 / s:.2f} {tokens / s:.0f} {tokens} {s:.2f}")
+PY
+)"
+read -r d_mbs d_tps d_tokens d_s <<< "$direct"
+echo "tokenizers.encode, 1 core:  $d_tokens tokens in $d_s s, $d_mbs MB/s, $d_tps tokens/s"
+awk -v a="$prep_mbs" -v b="$d_mbs" -v c="$prep_tps" -v d="$d_tps" \
+  'BEGIN { printf "ratio prepare / direct: %.2fx MB/s, %.2fx tokens/s\n", a / b, c / d }'
+
+echo "== sample fetch vs step time at dp 4 ($STEPS steps, tiny GPT, vocab 8000, seq_len 128, micro_batch 8)"
+cat > "$WORK/spec.yaml" <<YAML
+job: {name: data-bench, seed: 1}
+cluster: {nodes: 1, procs_per_node: 4, device: cpu, backend: gloo}
+parallel: {dp: 4}
+model: {vocab: 8000, layers: 2, d_model: 64, heads: 4, seq_len: 128, dropout: 0.0}
+train: {steps: $STEPS, micro_batch: 8, lr: 1.0e-3, warmup_steps: 2}
+data: {path: $WORK/corpus, format: indexed}
+log: {dir: $WORK/run, every: 1}
+YAML
+"$DTRAIN" launch "$WORK/spec.yaml" > "$WORK/launch.log" 2>&1 || { tail -20 "$WORK/launch.log"; exit 1; }
+"$PY" - "$WORK/run/metrics.jsonl" <<'PY'
+import json, statistics, sys
+recs = [json.loads(l) for l in open(sys.argv[1])][1:]  # the first step warms up
+fetch = statistics.median(r["data_fetch_s"] for r in recs)
+step = statistics.median(r["step_time_s"] for r in recs)
+print(f"median over {len(recs)} steps: sample fetch {fetch * 1e3:.3f} ms, step {step * 1e3:.1f} ms, "
+      f"fetch / step = {fetch / step:.4f}")
+PY
