@@ -112,6 +112,24 @@ std::vector<RankFile> read_trace_dir(const std::string& log_dir) {
   return out;
 }
 
+// An async collective launched in the step before and waited for in this
+// one (a span belongs to the step it ends in) is drawn from this step's
+// begin; returns, per span, how much earlier it was launched (0: not).
+std::vector<int64_t> clamp_to_steps(RankFile& f) {
+  std::map<int, int64_t> step_begin;
+  for (const Span& s : f.spans)
+    if (s.kind == Kind::step) step_begin[s.step] = s.begin_ns;
+  std::vector<int64_t> launched_before(f.spans.size(), 0);
+  for (size_t i = 0; i < f.spans.size(); ++i) {
+    Span& s = f.spans[i];
+    const auto b = step_begin.find(s.step);
+    if (s.kind == Kind::step || b == step_begin.end() || s.begin_ns >= b->second) continue;
+    launched_before[i] = b->second - s.begin_ns;
+    s.begin_ns = b->second;
+  }
+  return launched_before;
+}
+
 json span_args(const Span& s, const RankInfo& info) {
   json a = {{"step", s.step}};
   if (s.micro >= 0) a["micro"] = s.micro;
@@ -132,6 +150,8 @@ json span_args(const Span& s, const RankInfo& info) {
 
 std::string merge_to_chrome(const std::string& log_dir, MergeStats* stats) {
   std::vector<RankFile> files = read_trace_dir(log_dir);
+  std::vector<std::vector<int64_t>> early;
+  for (auto& f : files) early.push_back(clamp_to_steps(f));
   int64_t base = INT64_MAX;  // the earliest aligned begin: time 0 of the trace
   for (const auto& f : files)
     for (const Span& s : f.spans) base = std::min(base, s.begin_ns - f.info.offset_ns);
@@ -142,18 +162,24 @@ std::string merge_to_chrome(const std::string& log_dir, MergeStats* stats) {
     events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid},
                       {"args", {{"name", "rank " + std::to_string(pid) + " (" + f.info.coords + ")"}}}});
     events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+    const std::vector<int64_t>& launched_before = early[size_t(&f - files.data())];
     // Outer spans first, so an enclosing span opens its lane before what it holds.
-    std::stable_sort(f.spans.begin(), f.spans.end(), [](const Span& a, const Span& b) {
-      return a.begin_ns != b.begin_ns ? a.begin_ns < b.begin_ns : a.end_ns > b.end_ns;
+    std::vector<size_t> order(f.spans.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      const Span &x = f.spans[a], &y = f.spans[b];
+      return x.begin_ns != y.begin_ns ? x.begin_ns < y.begin_ns : x.end_ns > y.end_ns;
     });
     Lanes lanes[kTracks];
-    for (const Span& s : f.spans) {
+    for (size_t i : order) {
+      const Span& s = f.spans[i];
       const Track t = track_of(s.kind);
       const int tid = t * kLaneStride + lanes[t].place(s.begin_ns, s.end_ns) + 1;
       events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", tid}, {"cat", kind_name(s.kind)},
                         {"name", span_name(s, f.info.chunks)},
                         {"ts", double(s.begin_ns - f.info.offset_ns - base) / 1e3},
                         {"dur", double(s.end_ns - s.begin_ns) / 1e3}, {"args", span_args(s, f.info)}});
+      if (launched_before[i] > 0) events.back()["args"]["launched_before_step_us"] = double(launched_before[i]) / 1e3;
     }
     for (int t = 0; t < kTracks; ++t)
       for (size_t lane = 0; lane < lanes[t].count(); ++lane) {

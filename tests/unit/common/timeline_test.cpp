@@ -107,12 +107,14 @@ TEST_CASE("timeline merge: pid per rank, clocks aligned to rank 0, nested tracks
   // Rank 1's clock runs 5000 ns ahead: its spans land 5 us earlier.
   write_rank(dir.path, 0, 2, 0,
              {span(tl::Kind::step, 1000, 100000, 1), span(tl::Kind::forward, 2000, 30000, 1, 0),
-              span(tl::Kind::collective, 10000, 50000, 1), span(tl::Kind::collective, 20000, 60000, 1)});
+              span(tl::Kind::collective, 10000, 50000, 1), span(tl::Kind::collective, 20000, 60000, 1),
+              span(tl::Kind::collective, 400, 1500, 1)});  // launched 600 ns before its step
   write_rank(dir.path, 1, 2, 5000, {span(tl::Kind::step, 6000, 105000, 1), span(tl::Kind::backward, 7000, 9000, 1, 3)});
   tl::MergeStats st;
   const auto j = nlohmann::json::parse(tl::merge_to_chrome(dir.path.string(), &st));
   CHECK(st.ranks == 2);
-  CHECK(st.spans == 6);
+  CHECK(st.spans == 7);
+  int early = 0;
   std::map<int, std::string> names;
   std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> slices;  // (pid, tid) -> [ts, end]
   double step1_ts = -1, step0_ts = -1;
@@ -122,6 +124,11 @@ TEST_CASE("timeline merge: pid per rank, clocks aligned to rank 0, nested tracks
     slices[{e["pid"], e["tid"]}].push_back({e["ts"], double(e["ts"]) + double(e["dur"])});
     if (e["name"] == "step 1") (e["pid"] == 0 ? step0_ts : step1_ts) = e["ts"];
     if (e["name"] == "B3") CHECK(e["args"]["stage"] == 1);
+    if (e["args"].contains("launched_before_step_us")) {
+      ++early;
+      CHECK(e["ts"] == doctest::Approx(0.0));  // drawn from its step's begin
+      CHECK(e["args"]["launched_before_step_us"] == doctest::Approx(0.6));
+    }
   }
   CHECK(names[0] == "rank 0 (tp0 pp0 dp0)");
   CHECK(names[1] == "rank 1 (tp0 pp1 dp0)");
@@ -140,6 +147,7 @@ TEST_CASE("timeline merge: pid per rank, clocks aligned to rank 0, nested tracks
     }
   }
   CHECK(collective_lanes == 2);
+  CHECK(early == 1);
 }
 
 TEST_CASE("timeline merge: a directory without a complete trace is refused") {
