@@ -120,6 +120,14 @@ TEST_CASE("trace: one pid per rank, named by its coordinates; the clock offsets 
   CHECK(names[1] == "rank 1 (tp0 pp1 dp0)");
   REQUIRE(t["otherData"]["clock"].size() == 2);
   MESSAGE("clock offsets: " << t["otherData"]["clock"].dump());
+  // One host: both ranks read the same steady clock, so the true offset is 0
+  // and the estimate (the middle of a round trip that holds rank 0's
+  // reading) cannot be further from it than half that round trip.
+  for (const auto& c : t["otherData"]["clock"]) {
+    INFO(c.dump());
+    CHECK(std::llabs(c["offset_ns"].get<long long>()) <= c["rtt_ns"].get<long long>() / 2 + 1);
+  }
+  CHECK(t["otherData"]["clock"][1]["rtt_ns"].get<long long>() > 0);
 }
 
 TEST_CASE("trace: each stage's pipeline actions, per step, in the order topo --schedule prints") {
@@ -137,7 +145,13 @@ TEST_CASE("trace: each stage's pipeline actions, per step, in the order topo --s
     std::sort(actions.begin(), actions.end());
     std::vector<std::string> names;
     for (auto& a : actions) names.push_back(a.second);
-    INFO("stage " << key.first << " step " << key.second);
+    auto joined = [](const std::vector<std::string>& v) {
+      std::string out;
+      for (const auto& a : v) out += " " + a;
+      return out;
+    };
+    INFO("stage " << key.first << " step " << key.second << "\n traced:" << joined(names) << "\n plan:  "
+                  << joined(plan.at(key.first)));
     CHECK(names == plan.at(key.first));
   }
 }
