@@ -237,6 +237,9 @@ struct LogSpec {
   std::string dir = "runs/dtrain";
   int every = 10;
   bool tensorboard = true;  // rank 0 also writes TensorBoard event files to <dir>/tb
+  // log.trace.steps: [FROM, TO] (inclusive, 1-based): every rank records a
+  // timeline of those steps into <dir>/trace/ (`dtrain trace merge`); empty = off.
+  std::vector<int> trace_steps;
 };
 
 struct JobSpec {

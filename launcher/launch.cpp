@@ -138,8 +138,8 @@ RunDirLocks lock_run_dirs(const JobSpec& spec, const LockOwner& me) {
 }
 
 // A run that starts from scratch starts a new metrics.jsonl (the trainer
-// truncates it) and new TensorBoard files: an earlier run's metrics.jsonl is
-// moved to metrics.before_<time>.jsonl and its tb/ to tb.before_<time>
+// truncates it), new TensorBoard and timeline files: an earlier run's metrics.jsonl is
+// moved to metrics.before_<time>.jsonl, its tb/ to tb.before_<time> (trace/ likewise)
 // (_2, _3, ... when runs start within one second), never over another one:
 // renameat2's RENAME_NOREPLACE refuses an existing name (a file system
 // without it: rename after a check). When one cannot be moved the launch
@@ -175,6 +175,7 @@ void keep_earlier_metrics(const std::string& run_dir, const LockOwner& me) {
   keep_earlier(run_dir, me, "metrics", ".jsonl");
   keep_earlier(run_dir, me, "tb", "");
   keep_earlier(run_dir, me, "goodput", ".json");
+  keep_earlier(run_dir, me, "trace", "");  // timeline rank files (log.trace.steps)
 }
 
 // Write the resolved spec (DTRAIN_SPEC) into the locked log.dir: a new file

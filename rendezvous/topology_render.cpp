@@ -6,6 +6,7 @@
 // list are summarised (JSON keeps everything); every rendering is linear.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -216,18 +217,59 @@ SvgLayout svg_layout(const Placement& p, int nodes) {
   return L;
 }
 
+// Where labels already are (text estimated at 0.6 em a character, 1 em
+// tall, baseline at 0.8 em; device boxes as drawn): a link label moves up
+// from its arc's apex, a line at a time, until it covers none of them.
+struct Box {
+  double x0, y0, x1, y1;
+  bool overlaps(const Box& o) const { return x0 < o.x1 && o.x0 < x1 && y0 < o.y1 && o.y0 < y1; }
+};
+
+Box text_box(double x, double y, double size, size_t chars, bool middle) {
+  const double w = 0.6 * size * double(chars);
+  const double left = middle ? x - w / 2 : x;
+  return {left, y - 0.8 * size, left + w, y + 0.2 * size};
+}
+
+double free_baseline(const std::vector<Box>& taken, double x, double y, double size, size_t chars) {
+  for (int tries = 0; tries < 200; ++tries, y -= size + 1) {
+    const Box b = text_box(x, y, size, chars, true);
+    if (std::none_of(taken.begin(), taken.end(), [&](const Box& t) { return t.overlaps(b); })) return y;
+  }
+  return y;
+}
+
 // An edge between device centres: straight across stages, an arc over the
 // row when both ends sit in one row (so it does not hide behind the boxes
-// between them). Labels go to a second stream drawn above the boxes.
-void svg_edge(std::ostringstream& lines, std::ostringstream& labels, const SvgLayout& L, int a, int b,
-              LinkTier tier, bool dashed) {
+// between them). Returns the arc's apex, where its label would go.
+std::pair<int, int> svg_edge(std::ostringstream& lines, const SvgLayout& L, int a, int b, bool dashed) {
   int x1 = L.x[a] + kBoxW / 2, y1 = L.y[a] + kBoxH / 2, x2 = L.x[b] + kBoxW / 2, y2 = L.y[b] + kBoxH / 2;
   int mx = (x1 + x2) / 2, my = (y1 + y2) / 2, lift = y1 == y2 ? 2 * kBoxH : 0;
   lines << "<path d=\"M " << x1 << " " << y1 << " Q " << mx << " " << my - lift << " " << x2 << " " << y2
         << "\" fill=\"none\" stroke=\"" << (dashed ? "#888" : "#333") << "\" stroke-width=\"1.5\""
         << (dashed ? " stroke-dasharray=\"4 3\"" : "") << "/>\n";
-  labels << "<text x=\"" << mx << "\" y=\"" << my - lift / 2 - 3
-         << "\" font-size=\"9\" text-anchor=\"middle\" fill=\"#a00\">" << link_tier_name(tier) << "</text>\n";
+  return {mx, my - lift / 2 - 3};
+}
+
+// Each group's links, its tier labelled once per group (where the tier
+// changes along the group, again), placed where no other label is.
+void svg_links(std::ostringstream& out, std::ostringstream& labels, std::vector<Box>& taken, const Placement& p,
+               const SvgLayout& L, const std::function<LinkTier(int, int)>& tier_of) {
+  constexpr double kLabelSize = 9;
+  for (const auto& g : p.groups) {
+    if (g.axis != "pp" && g.axis != "dp") continue;
+    std::string last;
+    for (size_t i = 1; i < g.ranks.size(); ++i) {
+      const auto [x, y] = svg_edge(out, L, g.ranks[i - 1], g.ranks[i], g.axis == "dp");
+      const std::string text = g.axis + " " + link_tier_name(tier_of(g.ranks[i - 1], g.ranks[i]));
+      if (text == last) continue;
+      last = text;
+      const double at = free_baseline(taken, x, y, kLabelSize, text.size());
+      taken.push_back(text_box(x, at, kLabelSize, text.size(), true));
+      labels << "<text x=\"" << x << "\" y=\"" << at << "\" font-size=\"9\" text-anchor=\"middle\" fill=\"#a00\">"
+             << text << "</text>\n";
+    }
+  }
 }
 
 }  // namespace
@@ -242,23 +284,28 @@ std::string placement_to_svg(const Placement& p, const Cluster& cluster) {
   std::ostringstream out;
   out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << L.width << "\" height=\"" << L.height
       << "\" font-family=\"sans-serif\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  out << "<text x=\"" << kMargin << "\" y=\"" << kMargin << "\" font-size=\"14\">dtrain topo: "
-      << mesh_line(p) << " (colour = TP group, solid = PP, dashed = DP)</text>\n";
-  for (int s = 0; s < p.mesh.pp(); ++s)
-    out << "<text x=\"" << kMargin + 2 * kGap + s * L.col_w << "\" y=\"" << kMargin + kStageHeader - 8
-        << "\" font-size=\"12\" font-weight=\"bold\">stage " << s << "</text>\n";
-  for (int n = 0; n < nodes; ++n)
+  std::vector<Box> taken;  // every label and device box drawn so far
+  const std::string title = "dtrain topo: " + mesh_line(p) + " (colour = TP group, solid = PP, dashed = DP)";
+  out << "<text x=\"" << kMargin << "\" y=\"" << kMargin << "\" font-size=\"14\">" << title << "</text>\n";
+  taken.push_back(text_box(kMargin, kMargin, 14, title.size(), false));
+  for (int s = 0; s < p.mesh.pp(); ++s) {
+    const int x = kMargin + 2 * kGap + s * L.col_w, y = kMargin + kStageHeader - 8;
+    out << "<text x=\"" << x << "\" y=\"" << y << "\" font-size=\"12\" font-weight=\"bold\">stage " << s << "</text>\n";
+    taken.push_back(text_box(x, y, 12, 6 + std::to_string(s).size(), false));
+  }
+  for (int n = 0; n < nodes; ++n) {
+    const std::string head = "node " + std::to_string(n) + " (" + cluster.nodes[n].host +
+                             (cluster.nodes[n].gpu ? ", gpu" : ", cpu") + ")";
     out << "<rect x=\"" << kMargin << "\" y=\"" << L.band_y[n] << "\" width=\"" << L.width - 2 * kMargin
         << "\" height=\"" << L.band_h[n] << "\" rx=\"6\" fill=\"#f4f4f4\" stroke=\"#555\"/>\n"
-        << "<text x=\"" << kMargin + 6 << "\" y=\"" << L.band_y[n] + 15 << "\" font-size=\"12\">node "
-        << n << " (" << cluster.nodes[n].host << (cluster.nodes[n].gpu ? ", gpu" : ", cpu") << ")</text>\n";
-  std::ostringstream labels;
-  for (const auto& g : p.groups) {
-    if (g.axis != "pp" && g.axis != "dp") continue;
-    for (size_t i = 1; i < g.ranks.size(); ++i)
-      svg_edge(out, labels, L, g.ranks[i - 1], g.ranks[i],
-               detail::link_between(slot(g.ranks[i - 1]), slot(g.ranks[i])), g.axis == "dp");
+        << "<text x=\"" << kMargin + 6 << "\" y=\"" << L.band_y[n] + 15 << "\" font-size=\"12\">" << head << "</text>\n";
+    taken.push_back(text_box(kMargin + 6, L.band_y[n] + 15, 12, head.size(), false));
   }
+  for (const auto& r : p.ranks)
+    taken.push_back({double(L.x[r.rank]), double(L.y[r.rank]), double(L.x[r.rank] + kBoxW), double(L.y[r.rank] + kBoxH)});
+  std::ostringstream labels;
+  svg_links(out, labels, taken, p, L,
+            [&](int a, int b) { return detail::link_between(slot(a), slot(b)); });
   for (const auto& r : p.ranks)
     out << "<rect x=\"" << L.x[r.rank] << "\" y=\"" << L.y[r.rank] << "\" width=\"" << kBoxW << "\" height=\""
         << kBoxH << "\" rx=\"4\" fill=\"" << kPalette[(r.rank / p.mesh.tp()) % 12] << "\" stroke=\"#222\"/>\n"

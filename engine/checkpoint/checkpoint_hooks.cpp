@@ -5,6 +5,7 @@
 
 #include "common/checkpoint_dir.h"
 #include "common/log.h"
+#include "common/timeline.h"
 #include "engine/checkpoint/checkpoint.h"
 
 namespace dtrain::engine::checkpoint {
@@ -44,7 +45,11 @@ bool after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
                   latest.empty() ? "no checkpoint exists yet" : "latest stays " + latest);
     }
   } else if (due || preempted) {
-    SaveStats st = save(s, steps_done);
+    SaveStats st;
+    {
+      timeline::Scope span(timeline::Kind::checkpoint);
+      st = save(s, steps_done);
+    }
     if (s.info->rank == 0)
       DTRAIN_INFO("checkpoint {} saved{}: {:.1f} MB from rank 0 in {:.3f} s ({:.0f} MB/s)", st.dir,
                   preempted ? " on SIGTERM" : "", double(st.bytes) / 1e6, st.seconds,

@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "common/log.h"
+#include "common/timeline.h"
 #include "engine/comm/forwarding_group.h"
 
 namespace dtrain::engine::comm {
@@ -193,12 +194,25 @@ namespace {
 
 // An async op's handle: leaves the trace when wait() first returns (or, if
 // nobody waits, when it is dropped).
+// The timeline span of an async op runs from its launch to its wait()'s
+// return; its wait time is the launch's blocked time plus the wait's.
+struct TimelineOp {
+  const char* op;
+  const std::string* group;
+  uint64_t bytes;
+  int64_t launched_ns;  // steady clock
+  int64_t blocked_ns;   // in the launch
+};
+
 class TracedWork : public Work {
  public:
-  TracedWork(WorkPtr inner, std::shared_ptr<CollectiveTrace> trace, uint64_t n)
-      : inner_(std::move(inner)), trace_(std::move(trace)), n_(n) {}
+  TracedWork(WorkPtr inner, std::shared_ptr<CollectiveTrace> trace, uint64_t n, TimelineOp span)
+      : inner_(std::move(inner)), trace_(std::move(trace)), n_(n), span_(span) {}
   ~TracedWork() override {
-    if (!left_) trace_->leave(n_, 0);
+    if (!left_) {
+      trace_->leave(n_, 0);
+      timeline::record_collective(span_.op, *span_.group, span_.bytes, span_.launched_ns, span_.blocked_ns);
+    }
   }
   void wait() override {
     const int64_t start = mono_ns();
@@ -206,7 +220,9 @@ class TracedWork : public Work {
     inner_->wait();
     if (!left_) {
       left_ = true;
-      trace_->leave(n_, mono_ns() - start);
+      const int64_t waited = mono_ns() - start;
+      trace_->leave(n_, waited);
+      timeline::record_collective(span_.op, *span_.group, span_.bytes, span_.launched_ns, span_.blocked_ns + waited);
     }
   }
 
@@ -214,6 +230,7 @@ class TracedWork : public Work {
   WorkPtr inner_;
   std::shared_ptr<CollectiveTrace> trace_;
   uint64_t n_;
+  TimelineOp span_;
   bool left_ = false;
 };
 
@@ -267,11 +284,13 @@ class TracedGroup : public detail::ForwardingGroup {
       trace_->leave(n, mono_ns() - start);
       throw;
     }
+    const int64_t blocked = mono_ns() - start;
     if (async) {
-      trace_->unblock(n, mono_ns() - start);
-      return std::make_shared<TracedWork>(std::move(work), trace_, n);
+      trace_->unblock(n, blocked);
+      return std::make_shared<TracedWork>(std::move(work), trace_, n, TimelineOp{op, &name(), bytes, start, blocked});
     }
-    trace_->leave(n, mono_ns() - start);
+    trace_->leave(n, blocked);
+    timeline::record_collective(op, name(), bytes, start, blocked);
     return work;
   }
 

@@ -2,6 +2,7 @@
 // stages.
 #include "engine/parallel/schedule.h"
 
+#include "common/timeline.h"
 #include "engine/comm/traced_group.h"
 #include "engine/parallel/autocast_scope.h"
 
@@ -25,11 +26,15 @@ class NoPipeline : public Schedule {
       at::Tensor loss;
       comm::trace_phase(trace::Phase::forward);
       {
+        timeline::Scope span(timeline::Kind::forward, micro);
         AutocastScope autocast(type, options.bf16);
         loss = parts.model->loss(inputs_, targets_);  // [] fp32 mean over B*T
       }
       comm::trace_phase(trace::Phase::backward);
-      loss.mul(options.loss_scale).backward();
+      {
+        timeline::Scope span(timeline::Kind::backward, micro);
+        loss.mul(options.loss_scale).backward();
+      }
       loss_sum += loss.item<double>();
     }
     return loss_sum;

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "common/log.h"
+#include "common/timeline.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/comm/traced_group.h"
 #include "engine/device/counting_allocator.h"
@@ -23,6 +24,7 @@
 #include "engine/trainer/memory_report.h"
 #include "engine/trainer/nonfinite.h"
 #include "engine/trainer/straggler.h"
+#include "engine/trainer/timeline_clock.h"
 #include "engine/trainer/train_session.h"
 
 namespace dtrain::engine::trainer {
@@ -46,6 +48,7 @@ class SamplerBatches : public parallel::BatchSource {
  public:
   explicit SamplerBatches(TrainSession& s) : s_(s) {}
   void micro_batch(int micro, at::Tensor& inputs, at::Tensor& targets) override {
+    timeline::Scope span(timeline::Kind::data, micro);
     const auto t0 = std::chrono::steady_clock::now();
     s_.data->get_batch(s_.sampler->micro_batch_ids(micro), s_.inputs, s_.targets);
     data_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -97,8 +100,11 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   SamplerBatches batches(s);
   StepResult r;
   r.local_loss_sum = s.par.schedule->run(s.par.parts, *s.par.grad_sync, batches, opt);
+  int64_t span_begin = timeline::recording() ? timeline::now_ns() : 0;
   r.sync = s.par.grad_sync->finish();
+  if (span_begin != 0) timeline::record(timeline::Kind::grad_sync, span_begin);
   comm::trace_phase(trace::Phase::optimizer);
+  span_begin = timeline::recording() ? timeline::now_ns() : 0;
   r.grad_norm = s.par.grad_sync->clip(s.spec.train.grad_clip);
   r.lr = s.schedule.at(step);
   // The norm is global, the same on every rank (GradSync::clip), and a NaN or
@@ -111,6 +117,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
     s.par.grad_sync->after_optimizer_step();
   }
   s.par.grad_sync->zero();
+  if (span_begin != 0) timeline::record(timeline::Kind::optimizer, span_begin);
   s.sampler->advance();
   r.step_s = timer.stop_s();
   r.data_s = batches.data_s;
@@ -187,7 +194,9 @@ int run_training() {
   StepBytes last_bytes;  // the last step's, for the memory report
   const MemoryCheck memory_check(s.spec, s.info.rank, s.device.is_cpu());  // the planner vs this rank
   NonfiniteWatch nonfinite(s.spec);
+  start_timeline(s);
   for (; step < s.spec.train.steps; ++step) {
+    timeline::begin_step(int(step + 1));  // the step's span ends after its checkpoint
     StepResult r = train_step(s, step, timer);
     run_peak = std::max(run_peak, device::cpu_peak_bytes());
     last_bytes = {r.dp_bytes_sent, r.tp_bytes_sent, r.ep_bytes_sent, r.cp_bytes_sent};
@@ -221,6 +230,9 @@ int run_training() {
     const auto save_start = std::chrono::steady_clock::now();  // the blocking part of a save, for goodput
     const bool preempted = maybe_save_checkpoint(s, step + 1, r.finite);
     comm::trace_checkpoint_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count());
+    if (const std::string path = timeline::end_step(); !path.empty() && s.is_log_rank())
+      DTRAIN_INFO("log.trace: wrote {} (and every rank its own); `dtrain trace merge {} OUT.json`", path,
+                  s.info.run_dir.empty() ? s.spec.log.dir : s.info.run_dir);
     if (preempted) return 0;  // preempted, saved
   }
   if (const std::string what = s.par.schedule->summary(); !what.empty()) DTRAIN_INFO("{}", what);

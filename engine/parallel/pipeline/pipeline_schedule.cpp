@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/timeline.h"
 #include "engine/comm/traced_group.h"
 #include "engine/parallel/autocast_scope.h"
 #include "engine/parallel/pipeline/split_backward.h"
@@ -33,6 +34,21 @@ using pipeline::Action;
 using pipeline::Op;
 
 bool starts_with(const std::string& s, const std::string& head) { return s.rfind(head, 0) == 0; }
+
+// The timeline's kind of each action (common/timeline.h).
+timeline::Kind timeline_kind(Op op) {
+  switch (op) {
+    case Op::forward: return timeline::Kind::forward;
+    case Op::backward: return timeline::Kind::backward;
+    case Op::send_act: return timeline::Kind::send_act;
+    case Op::recv_act: return timeline::Kind::recv_act;
+    case Op::send_grad: return timeline::Kind::send_grad;
+    case Op::recv_grad: return timeline::Kind::recv_grad;
+    case Op::backward_input: return timeline::Kind::backward_input;
+    case Op::backward_weight: return timeline::Kind::backward_weight;
+  }
+  return timeline::Kind::forward;
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -102,7 +118,10 @@ class Pipeline : public Schedule {
       wait();
       idle += now_s() - t0;
     };
+    uint64_t message_bytes = 4;  // an activation or its gradient, fp32 [B, T, C]
+    for (int64_t d : activation_) message_bytes *= uint64_t(d);
     for (const Action& a : actions_) {
+      const int64_t action_begin = timeline::recording() ? timeline::now_ns() : 0;
       Micro& m = micro[{a.micro, a.chunk}];
       const bool first = stage_.first(a.chunk), last = stage_.last(a.chunk);
       switch (a.op) {
@@ -187,6 +206,10 @@ class Pipeline : public Schedule {
           if (!m.input_grad.defined()) m.input = at::Tensor();  // a split backward still needs it
           break;
         }
+      }
+      if (action_begin != 0) {
+        const bool message = a.op == Op::send_act || a.op == Op::recv_act || a.op == Op::send_grad || a.op == Op::recv_grad;
+        timeline::record(timeline_kind(a.op), action_begin, a.micro, a.chunk, message ? message_bytes : 0);
       }
     }
     blocked([&] {

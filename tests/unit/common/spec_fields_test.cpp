@@ -123,6 +123,7 @@ const std::vector<Example> kExamples = {
     {"checkpoint.keep", "1"},
     {"log.dir", "logs"},
     {"log.every", "2"},
+    {"log.trace.steps", "[1, 2]"},
     {"fault.kind", "raise", {"fault.step=1"}},
     {"fault.rank", "1"},
     {"fault.step", "3"},

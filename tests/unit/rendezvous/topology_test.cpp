@@ -443,7 +443,7 @@ TEST_CASE("renderings: JSON schema, text table, SVG") {
   std::string svg = placement_to_svg(p, c);
   CHECK(svg.rfind("<svg", 0) == 0);
   CHECK(svg.find("stage 1") != std::string::npos);
-  CHECK(svg.find(">ib<") != std::string::npos);
+  CHECK(svg.find(" ib<") != std::string::npos);  // a link label: "pp ib" or "dp ib"
 }
 
 // ---- the real binary -------------------------------------------------------
