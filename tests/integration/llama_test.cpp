@@ -70,3 +70,32 @@ TEST_CASE("llama parity: cp 2 (ring attention, rotary at global positions) with 
   parity("llama_cp2_tiled", with(layout(1, 1, 1, 2), {"model.attention=tiled", "train.recompute=selective"}),
          reference("tiled"));
 }
+
+TEST_CASE("a llama dp 2 x tp 2 checkpoint (kv split) resumes at tp 4 (kv replicated) within 1e-5 of the straight run") {
+  auto& p = Parity::get();
+  auto [code, output] =
+      launch_raw("llama_straight", with(kLlama, with(layout(2, 2), {"checkpoint.every=10", "checkpoint.keep=5"})));
+  INFO(output);
+  REQUIRE(code == 0);
+  const auto want = losses_by_step(p.dir / "llama_straight/metrics.jsonl");
+  REQUIRE(want.size() == size_t(kSteps));
+  const auto want_params = dtrain::testing::read_checkpoint_params(p.dir / "llama_straight/ckpt", p.dir.path());
+  auto [code2, output2] = launch_raw("llama_to_tp4", with(kLlama, with(layout(1, 4), {"checkpoint.every=0"})),
+                                     {"--resume-from", p.dir / "llama_straight/ckpt/step_10"});
+  INFO(output2);
+  REQUIRE(code2 == 0);
+  const ResumeDiffs d = resume_diffs("llama_to_tp4", 10, want, want_params);
+  MESSAGE("llama dp 2 x tp 2 step_10 -> tp 4: max loss rel diff " << d.loss_rel << " over steps 11-20 (tol "
+                                                                  << kLossRelTol << "), max param abs diff "
+                                                                  << d.param_abs << " (tol " << kParamAbsTol << ")");
+  CHECK(d.loss_rel <= kLossRelTol);
+  CHECK(d.param_abs <= kParamAbsTol);
+}
+
+TEST_CASE("a tied llama head with pp 2 is refused before any worker, naming the field and the fix") {
+  auto [code, output] = launch_raw("llama_tied_pp2", with(kLlama, with(layout(1, 1, 2, 1, 2), {"model.tie_embeddings=true"})));
+  INFO(output);
+  CHECK(code == 2);
+  CHECK(output.find("model.tie_embeddings = true with parallel.pp = 2") != std::string::npos);
+  CHECK(output.find("set model.tie_embeddings false") != std::string::npos);
+}
