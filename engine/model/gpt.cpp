@@ -8,6 +8,7 @@
 #include "engine/model/gpt.h"
 
 #include "common/error.h"
+#include "engine/model/linear_ops.h"
 #include "engine/random/philox.h"
 
 #include <ATen/ATen.h>
@@ -20,6 +21,10 @@
 #include <string>
 
 namespace dtrain::engine::model {
+
+using detail::linear_nd;
+using detail::tp_input;
+
 namespace {
 
 constexpr double kInitStd = 0.02;  // GPT-2's weight init
@@ -70,29 +75,10 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& cfg) : heads(c
 
 namespace {
 
-// x W^T (+ b) over the last dim of x as one 2-D GEMM. at::linear runs a
-// [B, T, K] input as matmul plus a separate bias add, one more pass over
-// the output in forward and its own reduction in backward; flattened to
-// [B*T, K], the bias rides in addmm's beta term.
-at::Tensor linear_nd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
-  if (x.dim() == 2) return at::linear(x, w, b);
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes.back() = w.size(0);
-  return at::linear(x.reshape({-1, x.size(-1)}), w, b).view(sizes);
-}
-
 // x W^T + b with W this rank's rows (column-parallel: the input is copied
 // into the TP region, the output stays split).
 // With sequence parallelism the input holds this rank's positions and is
 // all-gathered along T first.
-// The input of column-parallel layers: x itself, or x copied into the TP
-// region, or (sequence parallelism) all-gathered along T; once for layers
-// that share it (llama's q and kv).
-at::Tensor tp_input(const at::Tensor& x, const TpGroup* tp) {
-  if (!tp || !tp->active()) return x;
-  return tp->sp() ? gather_from_sp(x, *tp) : copy_to_tp(x, *tp);
-}
-
 at::Tensor column_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGroup* tp) {
   return linear_nd(tp_input(x, tp), l->weight, l->bias);
 }
@@ -218,32 +204,6 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   return resid(y);
 }
 
-// llama: q from this rank's query heads, k and v from the kv heads they use
-// (kv_first.. of the global numbering), rotated at their global positions.
-std::vector<at::Tensor> CausalSelfAttentionImpl::llama_qkv(const at::Tensor& x, int64_t H) {
-  const int64_t B = x.size(0), D = x.size(2) / heads, KVl = kv_local;
-  const at::Tensor in = tp_input(x, tp);          // [B, T, C] (all T, also with sequence parallelism)
-  const at::Tensor qo = linear_nd(in, q->weight);  // [B, T, H*D]
-  at::Tensor w = kv->weight;                       // [2*KVl*D, C], or the whole [2*KV*D, C]
-  if (kv_replicated)  // this rank's kv head: its k rows and its v rows of the whole weight
-    w = at::cat({w.narrow(0, kv_first * D, KVl * D), w.narrow(0, (kv_heads + kv_first) * D, KVl * D)}, 0);
-  const at::Tensor kvo = linear_nd(in, w);         // [B, T, 2*KVl*D]
-  const int64_t T = qo.size(1);
-  at::Tensor positions = at::arange(T, at::TensorOptions().dtype(at::kLong).device(x.device()));
-  if (seq && seq->active()) {  // this rank's segments of the global sequence
-    std::vector<at::Tensor> parts;
-    for (auto [begin, end] : seq->segments) parts.push_back(at::arange(begin, end, positions.options()));
-    positions = at::cat(parts, 0);
-  }
-  const auto& cs = rotary->cos_sin(positions);  // cos, sin [T, D]
-  const auto heads_major = [&](const at::Tensor& t, int64_t n) {  // [B, T, n, D] -> [B*n, T, D]
-    return t.permute({0, 2, 1, 3}).contiguous().view({B * n, T, D});
-  };
-  return {heads_major(apply_rotary(qo.view({B, T, H, D}), cs[0], cs[1]), H),
-          heads_major(apply_rotary(kvo.narrow(2, 0, KVl * D).view({B, T, KVl, D}), cs[0], cs[1]), KVl),
-          heads_major(kvo.narrow(2, KVl * D, KVl * D).view({B, T, KVl, D}), KVl)};
-}
-
 // ---------------------------------------------------------------------------
 // MLP: exact (erf) GELU, as torch.nn.GELU() defaults to.
 
@@ -348,21 +308,6 @@ GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed) : cfg_(cfg) {
     } else {
       p.normal_(0.0, kInitStd, gen);
     }
-  }
-}
-
-// transformers' LlamaPreTrainedModel: every weight N(0, 0.02) (no scaled
-// residual projections), RMSNorm weights 1; drawn in registration order
-// from one generator seeded with `seed`, like the GPT.
-void GptImpl::init_llama(uint64_t seed) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  at::NoGradGuard no_grad;
-  for (auto& item : named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
-    const bool is_norm = name.rfind("ln_f.", 0) == 0 || name.find(".ln1.") != std::string::npos ||
-                         name.find(".ln2.") != std::string::npos;
-    if (is_norm) item.value().fill_(1.0);
-    else item.value().normal_(0.0, kInitStd, gen);
   }
 }
 

@@ -126,8 +126,21 @@ TEST_CASE("llama: logits match an fp64 ATen composition (RMSNorm, rotary, GQA, S
     auto gen = at::detail::createCPUGenerator(11);
     at::Tensor tokens = at::randint(0, 64, {3, 16}, gen, at::kLong);  // [B, T]
     const double diff = max_abs_diff(m->forward(tokens), reference_logits(c, params_of(m), tokens));
-    MESSAGE("llama (tied " << tied << "): max |logits - fp64 reference| " << diff << " (tol 1e-6)");
+    // Negative control: the same weights with rotary base 10000 instead of
+    // 500000 (the reference keeps 500000) must miss by >= 100x the tolerance.
+    model::GptConfig other = c;
+    other.rope.theta = 10000;
+    model::Gpt wrong(other, 7);
+    {
+      at::NoGradGuard no_grad;
+      auto mine = params_of(m);
+      for (auto& item : wrong->named_parameters()) item.value().copy_(mine.at(item.key()));
+    }
+    const double miss = max_abs_diff(wrong->forward(tokens), reference_logits(c, params_of(m), tokens));
+    MESSAGE("llama (tied " << tied << "): max |logits - fp64 reference| " << diff << " (tol 1e-6); with rope_theta "
+                           "10000 instead of 500000: " << miss << " (must be >= 1e-4)");
     CHECK(diff <= 1e-6);
+    CHECK(miss >= 1e-4);
   }
 }
 
@@ -168,7 +181,7 @@ TEST_CASE("llama: grouped-query cores (naive grouped, tiled) equal plain attenti
   at::Tensor k = at::randn({B * KV, T, D}, gen).requires_grad_(true), v = at::randn({B * KV, T, D}, gen).requires_grad_(true);
   at::Tensor dout = at::randn({B * H, T, D}, gen);
   // The reference: k, v repeated per query head by an explicit gather.
-  at::Tensor idx = (at::arange(B * H) / H) * KV + (at::arange(B * H) % H) / (H / KV);  // [B*H] kv row of each q row
+  at::Tensor idx = at::div(at::arange(B * H), H, "floor") * KV + at::div(at::arange(B * H) % H, H / KV, "floor");  // [B*H] kv row of each q row
   const auto grads = [&](model::AttentionKind kind, bool repeated) {
     for (auto* t : {&q, &k, &v}) t->mutable_grad() = at::Tensor();
     at::Tensor bias;
