@@ -9,7 +9,9 @@
 //   ZeRO-3 over dp 4,
 //   cp 2 with the tiled core (ring attention over grouped-query heads,
 //   rotary at global positions) and selective recomputation, against the
-//   1-process run with the tiled core.
+//   1-process run with the tiled core,
+//   a Mixtral-style MoE llama at ep 2 x dp 4 (against its own reference);
+// a dp 2 x tp 2 checkpoint resumed at tp 4; a tied head with pp 2 refused.
 // Negative control: dp 2 x tp 2 with fault.kind no_tp_reduce.
 // Like tp_test.cpp, every run uses AdamW eps 1e-6 (a TP layout adds partial
 // products in another order; eps 1e-8 would let rounding-noise gradient
@@ -98,4 +100,20 @@ TEST_CASE("a tied llama head with pp 2 is refused before any worker, naming the 
   CHECK(code == 2);
   CHECK(output.find("model.tie_embeddings = true with parallel.pp = 2") != std::string::npos);
   CHECK(output.find("set model.tie_embeddings false") != std::string::npos);
+}
+
+TEST_CASE("llama MoE parity (Mixtral: SwiGLU experts, gates renormalised): ep 2 at dp 4") {
+  // As moe_test.cpp: the reference runs the dp ranks' micro-batches one after
+  // the other (routing and capacity are per micro-batch); capacity_factor 4
+  // drops nothing.
+  const std::vector<std::string> moe = {"model.moe.experts=4", "model.moe.top_k=2", "model.moe.d_ff=32",
+                                        "model.moe.capacity_factor=4"};
+  const RunResult& ref = cached("llama_moe_ref", with(moe, {"train.micro_batch=2", "train.grad_accum=4"}));
+  const RunResult& run = cached("llama_moe_ep2_dp4", with(moe, {"cluster.procs_per_node=4", "parallel.dp=4",
+                                                                "parallel.ep=2", "train.micro_batch=2"}));
+  CHECK(run.output.find("over ep 2") != std::string::npos);
+  CHECK(run.output.find("model llama") != std::string::npos);
+  CHECK(run.params.count("blocks.0.moe.fc.weight") == 1);
+  CHECK(run.params.count("blocks.0.moe.fc.bias") == 0);
+  compare("llama_moe_ep2_dp4 vs 1 process", run, nullptr, ref);
 }

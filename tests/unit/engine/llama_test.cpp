@@ -200,3 +200,17 @@ TEST_CASE("llama: grouped-query cores (naive grouped, tiled) equal plain attenti
     CHECK(diff <= 1e-5);
   }
 }
+
+TEST_CASE("llama MoE: Mixtral renormalises the chosen gates (top-1 included); the GPT's top-1 keeps the probability") {
+  model::MoeConfig cfg;
+  cfg.experts = 4, cfg.top_k = 1;
+  auto gen = at::detail::createCPUGenerator(2);
+  const at::Tensor logits = at::randn({6, 4}, gen);  // [N, E]
+  const model::Routing gpt = model::moe_route(logits, cfg, {});
+  cfg.llama = true;
+  const model::Routing mixtral = model::moe_route(logits, cfg, {});
+  CHECK(max_abs_diff(mixtral.gates, at::ones({6, 1})) <= 1e-7);
+  CHECK(max_abs_diff(gpt.gates, std::get<0>(at::softmax(logits, -1).max(-1, true))) <= 1e-7);
+  CHECK(gpt.gates.max().item<double>() < 0.99);
+  CHECK(at::equal(gpt.experts, mixtral.experts));
+}
