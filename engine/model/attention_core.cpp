@@ -26,10 +26,7 @@ AttentionKind attention_kind(const std::string& name) {
 
 at::Tensor attention_core(AttentionKind kind, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           int64_t batch, const AttentionDropout& drop, at::Tensor* causal_bias) {
-  if (kind == AttentionKind::tiled) {
-    const int64_t H = q.size(0) / batch;
-    return tiled_attention(q, repeat_kv(k, batch, H), repeat_kv(v, batch, H), batch, drop);
-  }
+  if (kind == AttentionKind::tiled) return tiled_attention(q, k, v, batch, drop);
   return naive_attention(q, k, v, batch, drop, causal_bias);
 }
 

@@ -36,7 +36,7 @@ at::Tensor attention_core(AttentionKind kind, const at::Tensor& q, const at::Ten
 
 // k or v [B*KV, T, D] -> [B*H, T, D], each kv head repeated for its H / KV
 // query heads (a copy; kv itself when KV = H): for kernels that need one
-// k, v per query head (tiled, ring attention).
+// k, v per query head (ring attention).
 at::Tensor repeat_kv(const at::Tensor& kv, int64_t batch, int64_t heads);
 
 // The naive core (grouped-query attention without repeating k and v: the

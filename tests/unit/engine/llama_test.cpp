@@ -174,7 +174,7 @@ TEST_CASE("llama: Llama 3.1 rotary scaling follows its formula; positions are gl
   CHECK(max_abs_diff(all[1].narrow(0, 5, 4), tail[1]) == 0);
 }
 
-TEST_CASE("llama: grouped-query cores (naive grouped, tiled) equal plain attention on repeated k, v, grads too") {
+TEST_CASE("llama: grouped-query cores (naive and tiled, k and v not repeated) equal plain attention on repeated k, v, grads too, dropout too") {
   const int64_t B = 2, H = 4, KV = 2, T = 70, D = 8;  // T > one tile
   auto gen = at::detail::createCPUGenerator(5);
   at::Tensor q = at::randn({B * H, T, D}, gen).requires_grad_(true);
@@ -182,22 +182,28 @@ TEST_CASE("llama: grouped-query cores (naive grouped, tiled) equal plain attenti
   at::Tensor dout = at::randn({B * H, T, D}, gen);
   // The reference: k, v repeated per query head by an explicit gather.
   at::Tensor idx = at::div(at::arange(B * H), H, "floor") * KV + at::div(at::arange(B * H) % H, H / KV, "floor");  // [B*H] kv row of each q row
+  model::AttentionDropout drop;
   const auto grads = [&](model::AttentionKind kind, bool repeated) {
     for (auto* t : {&q, &k, &v}) t->mutable_grad() = at::Tensor();
     at::Tensor bias;
     at::Tensor kk = repeated ? k.index_select(0, idx) : k, vv = repeated ? v.index_select(0, idx) : v;
-    at::Tensor out = model::attention_core(kind, q, kk, vv, B, {}, &bias);
+    at::Tensor out = model::attention_core(kind, q, kk, vv, B, drop, &bias);
     out.backward(dout);
     return std::vector<at::Tensor>{out.detach(), q.grad().clone(), k.grad().clone(), v.grad().clone()};
   };
-  const auto ref = grads(model::AttentionKind::naive, true);
-  for (auto kind : {model::AttentionKind::naive, model::AttentionKind::tiled}) {
-    const auto got = grads(kind, false);
-    double diff = 0;
-    for (size_t i = 0; i < ref.size(); ++i) diff = std::max(diff, max_abs_diff(got[i], ref[i]));
-    MESSAGE((kind == model::AttentionKind::naive ? "naive" : "tiled")
-            << " grouped (H 4, KV 2): max |out, dq, dk, dv - repeated| " << diff << " (tol 1e-5)");
-    CHECK(diff <= 1e-5);
+  for (double p : {0.0, 0.1}) {
+    drop.p = p;
+    drop.key = {77, 3, 1, dtrain::engine::random::DropoutSite::attn_probs};
+    drop.global_rows = B, drop.heads_global = H;
+    const auto ref = grads(model::AttentionKind::naive, true);
+    for (auto kind : {model::AttentionKind::naive, model::AttentionKind::tiled}) {
+      const auto got = grads(kind, false);
+      double diff = 0;
+      for (size_t i = 0; i < ref.size(); ++i) diff = std::max(diff, max_abs_diff(got[i], ref[i]));
+      MESSAGE((kind == model::AttentionKind::naive ? "naive" : "tiled")
+              << " grouped (H 4, KV 2, dropout " << p << "): max |out, dq, dk, dv - repeated| " << diff << " (tol 1e-5)");
+      CHECK(diff <= 1e-5);
+    }
   }
 }
 
