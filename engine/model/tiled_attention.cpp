@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace dtrain::engine::model {
 
@@ -33,10 +34,12 @@ namespace tile {
 namespace {
 
 // The causal mask of tile (i0.., j0..) as a [ti, tj] bool (true = masked:
-// key j0 + c after query i0 + r), or undefined when no element is masked.
-at::Tensor causal_tile_mask(int64_t i0, int64_t ti, int64_t j0, int64_t tj, const at::Tensor& like) {
+// key j0 + c after query i0 + r), repeated for G grouped heads ([G*ti, tj]),
+// or undefined when no element is masked.
+at::Tensor causal_tile_mask(int64_t i0, int64_t ti, int64_t j0, int64_t tj, const at::Tensor& like, int64_t G) {
   if (j0 + tj - 1 <= i0) return {};
-  return at::ones({ti, tj}, like.options().dtype(at::kBool)).triu_(i0 - j0 + 1);
+  at::Tensor m = at::ones({ti, tj}, like.options().dtype(at::kBool)).triu_(i0 - j0 + 1);
+  return G == 1 ? m : m.repeat({G, 1});
 }
 
 // The dropout multipliers of tile (i0.., j0..) for every local (row, head):
@@ -48,15 +51,16 @@ at::Tensor dropout_tile(const TileDropout& td, int64_t i0, int64_t ti, int64_t j
       d.key, {d.global_rows, d.heads_global, td.T, td.T},
       {{d.row_begin, d.row_begin + td.batch}, {d.head_begin, d.head_begin + td.heads}, {i0, i0 + ti}, {j0, j0 + tj}},
       d.p, like.device());  // [B, H, ti, tj]
-  return z.view({td.batch * td.heads, ti, tj});
+  return z.view({td.batch * td.heads / td.groups, td.groups * ti, tj});  // the grouped rows: a view
 }
 
-// Scores of one tile, scaled and (when causal) masked: [BH, ti, tj] fp32.
+// Scores of one tile, scaled and (when causal) masked: [BH, ti, tj] fp32
+// ([BH/G, G*ti, tj] grouped).
 at::Tensor tile_scores(const at::Tensor& qi, const at::Tensor& kj, double scale, int64_t i0, int64_t j0,
-                       bool causal) {
+                       bool causal, int64_t G) {
   at::Tensor s = qi.bmm(kj.transpose(1, 2)).mul_(scale);
   if (!causal) return s;
-  at::Tensor masked = causal_tile_mask(i0, qi.size(1), j0, kj.size(1), s);
+  at::Tensor masked = causal_tile_mask(i0, qi.size(1) / G, j0, kj.size(1), s, G);
   if (masked.defined()) s.masked_fill_(masked, -std::numeric_limits<float>::infinity());
   return s;
 }
@@ -70,12 +74,12 @@ TileState start(int64_t bh, int64_t ti, int64_t d, const at::TensorOptions& opti
 
 void forward_step(TileState& st, const at::Tensor& qi, const at::Tensor& kj, const at::Tensor& vj, double scale,
                   int64_t i0, int64_t j0, bool causal, const TileDropout& drop) {
-  at::Tensor s = tile_scores(qi, kj, scale, i0, j0, causal);  // [BH, ti, tj]
+  at::Tensor s = tile_scores(qi, kj, scale, i0, j0, causal, drop.groups);  // [BH, ti, tj]
   at::Tensor m_new = st.m.maximum(s.amax(-1));
   at::Tensor p = (s - m_new.unsqueeze(-1)).exp_();  // [BH, ti, tj]
   at::Tensor alpha = (st.m - m_new).exp_();         // rescales what was summed under the old max
   st.l.mul_(alpha).add_(p.sum(-1));
-  if (drop.drop->p > 0.0) p.mul_(dropout_tile(drop, i0, qi.size(1), j0, kj.size(1), p));
+  if (drop.drop->p > 0.0) p.mul_(dropout_tile(drop, i0, qi.size(1) / drop.groups, j0, kj.size(1), p));
   st.acc.mul_(alpha.unsqueeze(-1)).baddbmm_(p, vj);
   st.m = m_new;
 }
@@ -88,10 +92,10 @@ void finish(TileState& st, at::Tensor out_i, at::Tensor lse_i) {
 void backward_step(const at::Tensor& qi, const at::Tensor& kj, const at::Tensor& vj, const at::Tensor& doi,
                    const at::Tensor& lse_i, const at::Tensor& delta_i, at::Tensor dqi, at::Tensor dkj,
                    at::Tensor dvj, double scale, int64_t i0, int64_t j0, bool causal, const TileDropout& drop) {
-  at::Tensor p = tile_scores(qi, kj, scale, i0, j0, causal).sub_(lse_i).exp_();  // [BH, ti, tj]
+  at::Tensor p = tile_scores(qi, kj, scale, i0, j0, causal, drop.groups).sub_(lse_i).exp_();  // [BH, ti, tj]
   at::Tensor dp = doi.bmm(vj.transpose(1, 2));                                    // [BH, ti, tj]
   if (drop.drop->p > 0.0) {
-    const at::Tensor z = dropout_tile(drop, i0, qi.size(1), j0, kj.size(1), p);
+    const at::Tensor z = dropout_tile(drop, i0, qi.size(1) / drop.groups, j0, kj.size(1), p);
     dvj.baddbmm_((p * z).transpose(1, 2), doi);
     dp.mul_(z);
   } else {
@@ -132,6 +136,29 @@ AttentionDropout load_dropout(AutogradContext* ctx) {
 
 namespace {
 
+// t [BH, T, ...] viewed per k, v row: [BH/G, G, T, ...].
+at::Tensor per_kv_row(const at::Tensor& t, int64_t G) {
+  std::vector<int64_t> shape = {t.size(0) / G, G};
+  for (int64_t d = 1; d < t.dim(); ++d) shape.push_back(t.size(d));
+  return t.view(shape);
+}
+
+// Rows [i0, i0 + ti) of t [BH, T, ...] with the G query heads of each k, v
+// row one after another: [BH/G, G*ti, ...] (t's own narrow view when G = 1,
+// else a copy of the tile).
+at::Tensor group_rows(const at::Tensor& t, int64_t G, int64_t i0, int64_t ti) {
+  if (G == 1) return t.narrow(1, i0, ti);
+  std::vector<int64_t> shape = {t.size(0) / G, G * ti};
+  for (int64_t d = 2; d < t.dim(); ++d) shape.push_back(t.size(d));
+  return per_kv_row(t, G).narrow(2, i0, ti).reshape(shape);
+}
+
+// Writes a grouped tile [BH/G, G*ti, ...] back to rows [i0, i0 + ti) of t.
+void ungroup_rows(at::Tensor& t, int64_t G, int64_t i0, int64_t ti, const at::Tensor& tile) {
+  at::Tensor dst = per_kv_row(t, G).narrow(2, i0, ti);
+  dst.copy_(tile.view(dst.sizes()));
+}
+
 struct TiledAttention : public torch::autograd::Function<TiledAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
                             const at::Tensor& v_in, int64_t batch, const AttentionDropout& d, int64_t tile) {
@@ -139,18 +166,26 @@ struct TiledAttention : public torch::autograd::Function<TiledAttention> {
     const at::Tensor q = q_in.to(at::kFloat), k = k_in.to(at::kFloat), v = v_in.to(at::kFloat);
     const int64_t BH = q.size(0), T = q.size(1), D = q.size(2);
     const double scale = 1.0 / std::sqrt(double(D));
-    const tile::TileDropout td{&d, batch, BH / batch, T};
+    const int64_t G = BH / k.size(0), BKV = k.size(0);  // query heads per k, v row
+    const tile::TileDropout td{&d, batch, BH / batch, T, G};
     at::Tensor out = at::empty({BH, T, D}, q.options());  // [BH, T, D]
     at::Tensor lse = at::empty({BH, T}, q.options());     // [BH, T]
     for (int64_t i0 = 0; i0 < T; i0 += tile) {
       const int64_t ti = std::min(tile, T - i0);
-      const at::Tensor qi = q.narrow(1, i0, ti);  // [BH, ti, D]
-      tile::TileState st = tile::start(BH, ti, D, q.options());
+      const at::Tensor qi = group_rows(q, G, i0, ti);  // [BKV, G*ti, D]
+      tile::TileState st = tile::start(BKV, G * ti, D, q.options());
       for (int64_t j0 = 0; j0 < i0 + ti; j0 += tile) {  // key tiles after the last query: all masked, skipped
         const int64_t tj = std::min(tile, T - j0);
         tile::forward_step(st, qi, k.narrow(1, j0, tj), v.narrow(1, j0, tj), scale, i0, j0, true, td);
       }
-      tile::finish(st, out.narrow(1, i0, ti), lse.narrow(1, i0, ti));
+      if (G == 1) {
+        tile::finish(st, out.narrow(1, i0, ti), lse.narrow(1, i0, ti));
+        continue;
+      }
+      at::Tensor out_i = at::empty({BKV, G * ti, D}, q.options()), lse_i = at::empty({BKV, G * ti}, q.options());
+      tile::finish(st, out_i, lse_i);
+      ungroup_rows(out, G, i0, ti, out_i);
+      ungroup_rows(lse, G, i0, ti, lse_i);
     }
     ctx->saved_data["batch"] = batch;
     ctx->saved_data["tile"] = tile;
@@ -170,18 +205,22 @@ struct TiledAttention : public torch::autograd::Function<TiledAttention> {
     const AttentionDropout d = tile::load_dropout(ctx);
     const int64_t BH = q.size(0), T = q.size(1), D = q.size(2);
     const double scale = 1.0 / std::sqrt(double(D));
-    const tile::TileDropout td{&d, batch, BH / batch, T};
+    const int64_t G = BH / k.size(0), BKV = k.size(0);
+    const tile::TileDropout td{&d, batch, BH / batch, T, G};
     const at::Tensor delta = (dout * out).sum(-1);  // [BH, T]: rowsum(dO * O) = rowsum(P * dP)
-    at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);  // [BH, T, D]
+    at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);  // [BH, T, D], k, v [BKV, T, D]
     for (int64_t i0 = 0; i0 < T; i0 += tile) {
       const int64_t ti = std::min(tile, T - i0);
-      const at::Tensor qi = q.narrow(1, i0, ti), doi = dout.narrow(1, i0, ti);  // [BH, ti, D]
-      const at::Tensor lse_i = lse.narrow(1, i0, ti).unsqueeze(-1), delta_i = delta.narrow(1, i0, ti).unsqueeze(-1);
+      const at::Tensor qi = group_rows(q, G, i0, ti), doi = group_rows(dout, G, i0, ti);  // [BKV, G*ti, D]
+      const at::Tensor lse_i = group_rows(lse, G, i0, ti).unsqueeze(-1);
+      const at::Tensor delta_i = group_rows(delta, G, i0, ti).unsqueeze(-1);
+      at::Tensor dqi = G == 1 ? dq.narrow(1, i0, ti) : at::zeros({BKV, G * ti, D}, q.options());
       for (int64_t j0 = 0; j0 < i0 + ti; j0 += tile) {
         const int64_t tj = std::min(tile, T - j0);
-        tile::backward_step(qi, k.narrow(1, j0, tj), v.narrow(1, j0, tj), doi, lse_i, delta_i, dq.narrow(1, i0, ti),
+        tile::backward_step(qi, k.narrow(1, j0, tj), v.narrow(1, j0, tj), doi, lse_i, delta_i, dqi,
                             dk.narrow(1, j0, tj), dv.narrow(1, j0, tj), scale, i0, j0, true, td);
       }
+      if (G > 1) ungroup_rows(dq, G, i0, ti, dqi);
     }
     const auto type = saved[0].scalar_type();
     return {dq.to(type), dk.to(type), dv.to(type), at::Tensor(), at::Tensor(), at::Tensor()};

@@ -24,7 +24,8 @@ namespace dtrain::engine::model {
 
 constexpr int64_t kAttentionTile = 64;  // query rows and key columns per tile
 
-// q, k, v: [B*H, T, D]; returns [B*H, T, D], the same function as
+// q: [B*H, T, D], k, v: [B*KV, T, D] (KV dividing H: grouped-query
+// attention, k and v not repeated); returns [B*H, T, D], the same function as
 // naive_attention (dropout masks included: drawn per tile from the same
 // layout-invariant generator, for the same global elements). Computed in
 // fp32 whatever the inputs' dtype; the output has q's dtype.
@@ -45,10 +46,13 @@ struct NoAutocast {
 };
 
 // Where a tile's dropout masks come from: the micro-batch's rows and heads
-// (drop), its local row count, and the global sequence length T.
+// (drop), its local row count, and the global sequence length T; and
+// grouped-query attention's G query heads per k, v row: a query tile then
+// holds, per k, v row, the G heads' rows one after another ([BH/G, G*ti, D]).
 struct TileDropout {
   const AttentionDropout* drop;
   int64_t batch, heads, T;
+  int64_t groups = 1;
 };
 
 // One query tile's online softmax: running max m and sum l, unnormalised

@@ -4,7 +4,10 @@
 // row-parallel; the token embedding and the head vocab-parallel) and the
 // model combines them over the TP group (model/tp_ops.h: 2 all-reduces
 // forward and 2 backward per block). LayerNorms, wpe and row-parallel
-// biases stay whole on every TP rank, with identical gradients.
+// biases stay whole on every TP rank, with identical gradients. A llama's
+// q splits by query heads, its [k; v] by kv heads (or, when tp is a multiple
+// of kv_heads, stays whole with its partial gradients summed over tp), its
+// [gate; up] by hidden rows, its RMSNorm weights whole.
 #pragma once
 
 #include <ATen/core/Tensor.h>

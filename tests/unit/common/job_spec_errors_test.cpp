@@ -202,6 +202,9 @@ TEST_CASE("spec errors: enums list the choices") {
   CHECK(has(error_of("model: {kv_heads: 2}"), "model.kv_heads is a field of model.kind llama"));
   CHECK(has(error_of("model: {kind: llama, heads: 4, kv_heads: 2}\nparallel: {tp: 3}\ncluster: {procs_per_node: 3}"),
             "model.kv_heads = 2 with parallel.tp = 3"));
+  CHECK(has(error_of("model: {kind: llama, heads: 4, kv_heads: 2, ffn_hidden: 90}\nparallel: {tp: 4}\n"
+                     "cluster: {procs_per_node: 4}"),
+            "model.ffn_hidden = 90 is not divisible by parallel.tp = 4"));
   CHECK(has(error_of("parallel: {zero: 4}"), "parallel.zero = 4: must be 0 (DDP), 1, 2 or 3"));
   CHECK(has(error_of("parallel: {zero: -1}"), "parallel.zero = -1"));
   CHECK(has(error_of("cluster: {rendezvous: {endpoint: localhost}}"),
