@@ -26,6 +26,7 @@ std::string value_of(const JobSpec& s, const std::string& field) {
   }
   if (field == "log.dir") return shown(s.log.dir);
   if (field == "data.path") return shown(s.data.path);
+  if (field == "data.valid.path") return shown(s.data.valid.path);
   if (field == "cluster.rendezvous.token_file") return shown(s.cluster.rendezvous.token_file);
   return shown(s.cluster.rendezvous.endpoint);  // cluster.rendezvous.endpoint
 }
@@ -44,6 +45,7 @@ bool given(const std::vector<std::string>& overrides, const std::string& field) 
 std::vector<std::string> resume_trusted_fields(const JobSpec& spec, bool rdzv_given) {
   std::vector<std::string> f = {"entrypoint", "log.dir"};
   if (spec.data.format != DataFormat::synthetic) f.push_back("data.path");
+  f.push_back("data.valid.path");  // a file like data.path
   f.push_back("cluster.rendezvous.token_file");
   if (spec.cluster.nodes_max > 1 && !rdzv_given) f.push_back("cluster.rendezvous.endpoint");
   return f;

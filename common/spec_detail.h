@@ -116,6 +116,8 @@ void validate_moe(const JobSpec& spec, const SpecOrigin& origin, Problems& probl
 void validate_llama(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 // spec_cp.cpp: parallel.order and parallel.cp's rules (called by validate_spec).
 void validate_cp(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
+// data.valid (spec_valid.cpp).
+void validate_valid(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 // job.name: length, UTF-8, no control characters (spec_job_name.cpp).
 void validate_job_name(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 

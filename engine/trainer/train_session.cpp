@@ -16,6 +16,7 @@
 #include "engine/device/device.h"
 #include "engine/doctor/blas_check.h"
 #include "engine/doctor/engine_facts.h"
+#include "engine/trainer/evaluation.h"
 #include "plan/combinations.h"
 
 namespace dtrain::engine::trainer {
@@ -112,8 +113,9 @@ std::unique_ptr<TrainSession> make_train_session() {
 
   s->data = open_data(spec);
   s->sampler = std::make_unique<data::DistributedSampler>(
-      // Samples go by the dp coordinate: the cp ranks of a replica share them.
-      s->data->num_samples(), spec.job.seed, s->info.mesh.dp(), s->info.coord[mesh::Axis::dp], spec.train.micro_batch,
+      // Samples go by the dp coordinate: the cp ranks of a replica share them;
+      // the tail data.valid.split holds out is never drawn.
+      training_windows(spec, s->data->num_samples()), spec.job.seed, s->info.mesh.dp(), s->info.coord[mesh::Axis::dp], spec.train.micro_batch,
       spec.train.grad_accum);
   // Initialised on the CPU from job.seed (the same numbers on every device
   // and every rank), moved, then laid out by parallelize.
