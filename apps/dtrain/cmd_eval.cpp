@@ -56,8 +56,8 @@ void check_model_matches(const ModelSpec& want, const checkpoint::Index& x, cons
   cmp("moe.experts", have.moe.experts, want.moe.experts);
   cmp("moe.every", have.moe.every, want.moe.every);
   cmp("moe.d_ff", have.moe.d_ff, want.moe.d_ff);
-  cmp("kv_heads", have.effective_kv_heads(), want.effective_kv_heads());
-  cmp("ffn_hidden", have.effective_ffn_hidden(), want.effective_ffn_hidden());
+  cmp("kv_heads", have.kv_heads, want.kv_heads);
+  cmp("ffn_hidden", have.ffn_hidden, want.ffn_hidden);
   cmp("tie_embeddings", have.tie_embeddings, want.tie_embeddings);
   if (diffs.empty()) return;
   std::string msg = "checkpoint " + dir + " holds another model shape than the spec:";

@@ -1,9 +1,10 @@
 // Validation loss and `dtrain eval` through the real binary, on the tiny
-// parity spec (tests/support/parity.h: fp32, dropout 0, global batch 8) with
+// parity spec (tests/support/parity.h: fp32, global batch 8), dropout 0.1
+// (training draws masks; evaluation must turn them off and draw none), with
 // data.valid.path (another text), 6 steps, every 4: val_loss in metrics.jsonl at
 // steps 4 and 6 (4 is not a logging step) on 1 process, dp 2 x tp 2 and
 // pp 2 within 1e-5; the training losses of the 1-process run equal those of
-// the same run without data.valid. `dtrain eval --format json` of its final
+// the same run without data.valid (steps 5 and 6 come after an evaluation). `dtrain eval --format json` of its final
 // checkpoint at dp 1, dp 2 x tp 2, pp 2 and ZeRO-3 within 1e-5 of each other
 // and of the run's own val_loss at step 6 (11 windows: uneven over dp, so
 // filler rows must not count); negative control: the checkpoint of step 3
@@ -33,7 +34,7 @@ std::vector<std::string> valid_sets() {
   if (read_file(path).empty())
     write_file(path, word_salad(8 * 1024, {"validation ", "text ", "is ", "never ", "trained ", "on, ", "rank ",
                                            "the ", "model ", "bytes.\n"}));
-  return {"train.steps=6", "log.every=5", "checkpoint.every=3", "data.valid.path=" + path, "data.valid.every=4",
+  return {"train.steps=6", "log.every=5", "checkpoint.every=3", "model.dropout=0.1", "data.valid.path=" + path, "data.valid.every=4",
           "data.valid.batches=" + std::to_string(kWindows)};
 }
 
@@ -114,7 +115,7 @@ TEST_CASE("data.valid: val_loss every 4 steps and at the end, the same on every 
     CHECK(std::abs(ppl - std::exp(val.at(step))) < 1e-9 * ppl);
 
   // The same run without data.valid: the same training losses.
-  const std::string plain = trained("plain", {"train.steps=6", "log.every=5", "checkpoint.every=3"});
+  const std::string plain = trained("plain", {"train.steps=6", "log.every=5", "checkpoint.every=3", "model.dropout=0.1"});
   const auto loss_valid = by_step(ref + "/metrics.jsonl", "loss");
   const auto loss_plain = by_step(plain + "/metrics.jsonl", "loss");
   REQUIRE(loss_plain.size() == 3);  // steps 1, 5, 6
