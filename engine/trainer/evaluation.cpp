@@ -15,6 +15,8 @@
 #include <fstream>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
@@ -62,9 +64,9 @@ int64_t training_windows(const JobSpec& spec, int64_t windows) {
   const auto held = int64_t(std::floor(double(windows) * split));
   if (held < 1)
     throw Error(ErrorCode::config,
-                "data.valid.split = " + std::to_string(split) + " of data.path's " + std::to_string(windows) +
+                fmt::format("data.valid.split = {} of data.path's ", split) + std::to_string(windows) +
                     " windows of model.seq_len + 1 tokens holds out none",
-                "raise data.valid.split to at least " + std::to_string(1.0 / double(windows)) +
+                fmt::format("raise data.valid.split to at least {:.3g}", 1.0 / double(windows)) +
                     ", or give data.valid.path a file");
   return windows - held;
 }
@@ -82,7 +84,7 @@ EvalSource eval_source(const JobSpec& spec, const data::TokenDataset& train, int
     src.data = &train;
     src.first = training_windows(spec, train.num_samples());
     src.available = train.num_samples() - src.first;
-    src.what = v.split > 0 ? "data.valid.split = " + std::to_string(v.split) + " of data.path = " + spec.data.path
+    src.what = v.split > 0 ? fmt::format("data.valid.split = {} of data.path = {}", v.split, spec.data.path)
                            : "data.path = " + spec.data.path;
   }
   if (windows > src.available)
