@@ -173,6 +173,20 @@ struct DataSource {
   double weight = 0;
 };
 
+// Validation data (data.valid): windows of seq_len + 1 tokens, read in order
+// (window i = tokens [i*T, i*T+T+1)), from `path` (same data.format as
+// data.path) or, with `split`, from the last fraction of data.path's windows,
+// which the training sampler then never draws. One source at a time (a blend
+// would be a third). Evaluated every `every` steps and after the last
+// (val_loss, val_ppl, eval_ms in metrics.jsonl); `dtrain eval` reads the same.
+struct ValidSpec {
+  std::string path;   // "" = none
+  double split = 0;   // (0, 0.5]: held out of data.path; 0 = none
+  int every = 100;    // steps between evaluations
+  int batches = 16;   // windows evaluated (the first ones of the source)
+  bool active() const { return !path.empty() || split > 0; }
+};
+
 struct DataSpec {
   std::string path = "data/corpus.txt";  // for indexed: PREFIX of PREFIX.idx + PREFIX.bin
   DataFormat format = DataFormat::bytes;  // bytes | tokens-u16 | tokens-u32 | indexed (Megatron) | synthetic
@@ -184,6 +198,7 @@ struct DataSpec {
   std::vector<DataSource> indexed_sources() const {
     return blend.empty() ? std::vector<DataSource>{{path, 1.0}} : blend;
   }
+  ValidSpec valid;
 };
 
 struct CheckpointSpec {

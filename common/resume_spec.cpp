@@ -31,6 +31,7 @@ std::string value_of(const JobSpec& s, const std::string& field) {
     for (size_t i = 0; i < s.data.blend.size(); ++i) out += (i ? ", " : "") + shown(s.data.blend[i].path);
     return out + "]";
   }
+  if (field == "data.valid.path") return shown(s.data.valid.path);
   if (field == "cluster.rendezvous.token_file") return shown(s.cluster.rendezvous.token_file);
   return shown(s.cluster.rendezvous.endpoint);  // cluster.rendezvous.endpoint
 }
@@ -50,6 +51,7 @@ std::vector<std::string> resume_trusted_fields(const JobSpec& spec, bool rdzv_gi
   std::vector<std::string> f = {"entrypoint", "log.dir"};
   if (spec.data.format != DataFormat::synthetic) f.push_back("data.path");
   if (!spec.data.blend.empty()) f.push_back("data.blend");
+  f.push_back("data.valid.path");  // a file like data.path
   f.push_back("cluster.rendezvous.token_file");
   if (spec.cluster.nodes_max > 1 && !rdzv_given) f.push_back("cluster.rendezvous.endpoint");
   return f;

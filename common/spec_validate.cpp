@@ -447,6 +447,7 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
   validate_moe(spec, origin, problems);
   validate_llama(spec, origin, problems);
   validate_cp(spec, origin, problems);
+  validate_valid(spec, origin, problems);
   validate_job_name(spec, origin, problems);
   validate_trace(spec, origin, problems);
 }

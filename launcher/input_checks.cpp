@@ -1,4 +1,4 @@
-// check_data_file (input_checks.h): stat(2) only; the tokens are counted
+// check_data_file (input_checks.h): data.path and data.valid.path, stat(2) only; the tokens are counted
 // from the file size (1 byte per token for bytes, 2 for tokens-u16, 4 for
 // tokens-u32). An indexed dataset's header and sizes are checked by
 // check_indexed_dataset (every blend source); all its tokens are checked by
@@ -15,16 +15,20 @@
 
 namespace dtrain::launcher {
 
-void check_data_file(const JobSpec& spec) {
-  if (!spec.builtin_entrypoint() || spec.data.format == DataFormat::synthetic) return;
+namespace {
+
+// One file of tokens in data.format, named `field` in messages.
+void check_token_file(const JobSpec& spec, const std::string& path, const std::string& field_name,
+                      const std::string& hint) {
   if (spec.data.format == DataFormat::indexed) {
-    for (const DataSource& src : spec.data.indexed_sources()) check_indexed_dataset(src.path, spec.model.vocab);
+    // data.path: every blend source (or its one prefix); data.valid.path: that prefix.
+    if (field_name == "data.path")
+      for (const DataSource& src : spec.data.indexed_sources()) check_indexed_dataset(src.path, spec.model.vocab);
+    else
+      check_indexed_dataset(path, spec.model.vocab);
     return;
   }
-  const std::string& path = spec.data.path;
-  const std::string field = "data.path = " + path;
-  const std::string hint = "give data.path a file of tokens (scripts/make-corpus writes one), or "
-                           "use data.format: synthetic";
+  const std::string field = field_name + " = " + path;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw Error(ErrorCode::config, field + ": " + std::strerror(errno), hint);
@@ -43,6 +47,19 @@ void check_data_file(const JobSpec& spec) {
                     "), fewer than one sample of model.seq_len + 1 = " +
                     std::to_string(spec.model.seq_len + 1),
                 "use a longer file or a smaller model.seq_len");
+}
+
+}  // namespace
+
+void check_data_file(const JobSpec& spec) {
+  if (!spec.builtin_entrypoint() || spec.data.format == DataFormat::synthetic) return;
+  check_token_file(spec, spec.data.path, "data.path",
+                   "give data.path a file of tokens (scripts/make-corpus writes one), or "
+                   "use data.format: synthetic");
+  if (!spec.data.valid.path.empty())
+    check_token_file(spec, spec.data.valid.path, "data.valid.path",
+                     "give data.valid.path a file of tokens in data.format = " + to_string(spec.data.format) +
+                         ", or hold out part of data.path with data.valid.split");
 }
 
 }  // namespace dtrain::launcher

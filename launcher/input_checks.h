@@ -9,7 +9,7 @@
 
 namespace dtrain::launcher {
 
-// data.path of the builtin trainer: a regular file holding at least
+// data.path (and data.valid.path) of the builtin trainer: each a regular file holding at least
 // model.seq_len + 1 tokens of data.format (nothing for synthetic data or a
 // custom entrypoint); for indexed, the PREFIX.idx/.bin pair's header and
 // sizes (common/indexed_format.h). Throws dtrain::Error(config) naming the file.

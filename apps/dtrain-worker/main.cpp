@@ -1,6 +1,7 @@
 // dtrain-worker: what `entrypoint: builtin` runs on every rank. Reads who it is from the
 // environment (docs/ARCHITECTURE.md, 'The worker's environment'), never from the launcher.
-//   dtrain-worker                 train (the default)
+//   dtrain-worker                 train (the default); evaluate a checkpoint when
+//                                 DTRAIN_EVAL_CKPT is set (`dtrain eval`)
 //   dtrain-worker bench-comm ...  one collective, nccl-tests style
 //   dtrain-worker doctor          the engine's facts as JSON on stdout (dtrain doctor reads it)
 //   dtrain-worker bench-attention ...  one attention core forward + backward
@@ -25,6 +26,7 @@
 #include "engine/device/matmul_probe.h"
 #include "engine/model/attention_bench.h"
 #include "engine/trainer/current_step.h"
+#include "engine/trainer/evaluation.h"
 #include "engine/trainer/trainer.h"
 
 namespace {
@@ -144,6 +146,9 @@ int main(int argc, char** argv) {
       bopt.max_bytes = parse_size(max_s);
       return dtrain::engine::comm::run_comm_bench(bopt);
     }
+    // `dtrain eval` launches the same workers with the checkpoint to evaluate.
+    if (const char* eval = std::getenv("DTRAIN_EVAL_CKPT"); eval && *eval)
+      return dtrain::engine::trainer::run_evaluation();
     return dtrain::engine::trainer::run_training();
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;

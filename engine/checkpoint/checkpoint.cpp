@@ -260,6 +260,21 @@ int64_t load(const TrainState& s, const std::string& dir) {
   return x.step;
 }
 
+int64_t load_model(const TrainState& s, const std::string& dir) {
+  ck::CheckpointReader reader(dir);
+  std::vector<parallel::StateEntry> entries;
+  for (auto& e : s.state->load_entries())
+    if (e.name.rfind("optim/", 0) != 0) entries.push_back(e);
+  std::vector<ck::ExpectedTensor> expected;
+  for (const auto& e : entries)
+    if (expected.empty() || expected.back().name != e.name)
+      expected.push_back({e.name, dtype_name(e.tensor), e.global_shape});
+  ck::check_compatible(reader.index(), dir, model_signature(s.spec->model), expected);
+  at::NoGradGuard no_grad;
+  for (auto& e : entries) read_into(reader, e.name, e.tensor, e.slice);
+  return reader.index().step;
+}
+
 void install_preemption_handler() {
   struct sigaction sa {};
   sa.sa_handler = on_sigterm;

@@ -63,6 +63,12 @@ SaveStats save(const TrainState& s, int64_t step);
 // (job.seed, rank, step) -- ranks that did not exist have no stream to continue.
 int64_t load(const TrainState& s, const std::string& dir);
 
+// Loads only the model's tensors of checkpoint dir `dir` (any mesh) into
+// this rank's parameters, after the same model check as load; the
+// optimizer, sampler and RNG states are left as they are (evaluation).
+// Returns the step the checkpoint holds.
+int64_t load_model(const TrainState& s, const std::string& dir);
+
 // SIGTERM sets a flag instead of killing: the trainer finishes the step,
 // saves and exits 0. preemption_requested is collective over `world`, once
 // after every step (any rank's signal stops every rank after the same step):

@@ -50,6 +50,14 @@ struct WorldInfo {
   // Network interface for Gloo, as in PyTorch; "" = loopback when
   // MASTER_ADDR is 127.x or localhost, else the host's default.
   std::string gloo_socket_ifname;
+  // `dtrain eval`: evaluate this checkpoint instead of training
+  // (DTRAIN_EVAL_CKPT, DTRAIN_EVAL_BATCHES windows, rank 0's JSON to
+  // DTRAIN_EVAL_OUT); ckpt "" = train.
+  struct Eval {
+    std::string ckpt;
+    int windows = 0;
+    std::string out;
+  } eval;
 
   static WorldInfo from_env();  // throws dtrain::Error(config) naming the variable
 };

@@ -83,6 +83,9 @@ WorldInfo WorldInfo::from_env() {
   if (const char* v = std::getenv("DTRAIN_RUN_DIR")) w.run_dir = v;
   if (const char* v = std::getenv("DTRAIN_RESUME_FROM")) w.resume_from = v;
   if (const char* v = std::getenv("GLOO_SOCKET_IFNAME")) w.gloo_socket_ifname = v;
+  if (const char* v = std::getenv("DTRAIN_EVAL_CKPT")) w.eval.ckpt = v;
+  if (!w.eval.ckpt.empty()) read_int("DTRAIN_EVAL_BATCHES", true, 1, &w.eval.windows, errors);
+  if (const char* v = std::getenv("DTRAIN_EVAL_OUT")) w.eval.out = v;
 
   w.mesh.size(mesh::Axis::dp) = w.world;  // no DTRAIN_MESH: pure data parallel
   if (const char* m = std::getenv("DTRAIN_MESH"); m && *m) {

@@ -198,7 +198,7 @@ at::Tensor MoeImpl::forward(const at::Tensor& x) {
   at::Tensor xs = shared ? SplitShare::apply(xf, tp) : xf;           // [Ns, C]
   at::Tensor send = xs.index_select(0, at::remainder(sorted_a, N) - t0);  // [M, C]
   std::vector<int64_t> counts = to_vector(at::bincount(sorted_e, {}, E));  // [E]
-  {
+  if (is_training()) {  // an evaluation's tokens move no selection bias and no load metric
     std::vector<int64_t> load = to_vector(r.load);
     for (size_t e = 0; e < load.size(); ++e) counters.load[e] += double(load[e]);
     counters.assigned += double(K * N);

@@ -1,5 +1,6 @@
 // NoPipeline (schedule.h): the micro-step loop of one step without pipeline
-// stages.
+// stages, and its forward-only evaluation; the per-row loss sums every
+// schedule's evaluation shares.
 #include "engine/parallel/schedule.h"
 
 #include "common/timeline.h"
@@ -39,6 +40,17 @@ class NoPipeline : public Schedule {
     }
     return loss_sum;
   }
+  EvalSums evaluate(ModelParts& parts, BatchSource& batches, const EvalOptions& options) override {
+    model::GptImpl& model = *parts.model;
+    EvalSums sums;
+    for (int micro = 0; micro < int(options.rows.size()); ++micro) {
+      batches.micro_batch(micro, inputs_, targets_);  // [B, T] each
+      AutocastScope autocast(inputs_.device().type(), options.bf16);
+      const at::Tensor x = model.run_blocks(model.embed(inputs_), 0, model.config().layers);  // [B, T, C]
+      sums += head_loss_rows(model, x, targets_, options.rows[size_t(micro)]);
+    }
+    return sums;
+  }
   const char* name() const override { return "none (micro-step loop)"; }
 
  private:
@@ -46,6 +58,18 @@ class NoPipeline : public Schedule {
 };
 
 }  // namespace
+
+EvalSums head_loss_rows(model::GptImpl& model, const at::Tensor& x, const at::Tensor& targets, int rows) {
+  EvalSums sums;
+  const int64_t tokens = targets.size(1);
+  for (int r = 0; r < rows; ++r) {
+    const double mean = model.head_loss(x.narrow(0, r, 1), targets.narrow(0, r, 1)).item<double>();
+    sums.loss_sum += mean * double(tokens);
+    sums.tokens += double(tokens);
+  }
+  if (model.tensor_parallel().rank != 0) return {};  // the same numbers on every tp rank: counted once
+  return sums;
+}
 
 std::unique_ptr<Schedule> make_no_pipeline() { return std::make_unique<NoPipeline>(); }
 

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/parallel/grad_sync.h"
 #include "engine/parallel/parallelize.h"
@@ -36,6 +37,33 @@ struct StepOptions {
   int64_t step = 0;
 };
 
+// One evaluation pass (forward only; the caller turns autograd and dropout
+// off): micro-batch m of the BatchSource holds rows[m] counted rows first,
+// then rows that only fill it to the fixed micro-batch shape.
+struct EvalOptions {
+  std::vector<int> rows;  // per micro-batch
+  bool bf16 = false;
+};
+
+// Per-token cross-entropy summed over this rank's counted tokens, and their
+// count. Only ranks that own a loss count it (the last pipeline stage, tp
+// rank 0), so the sums over the world are the totals, whatever the layout.
+struct EvalSums {
+  double loss_sum = 0;
+  double tokens = 0;
+  EvalSums& operator+=(const EvalSums& o) {
+    loss_sum += o.loss_sum;
+    tokens += o.tokens;
+    return *this;
+  }
+};
+
+// The loss pieces of the first `rows` rows of the head's input x [B, T, C]:
+// head_loss (a mean over a row's tokens) per row, times the row's tokens on
+// this rank (targets [B, T], T local under context parallelism). Collective
+// over tp (every tp rank calls it); counted on tp rank 0 only.
+EvalSums head_loss_rows(model::GptImpl& model, const at::Tensor& x, const at::Tensor& targets, int rows);
+
 class Schedule {
  public:
   virtual ~Schedule() = default;
@@ -44,6 +72,10 @@ class Schedule {
   // the sum over micro-steps of the micro-batch mean loss (unscaled).
   virtual double run(ModelParts& parts, GradSync& sync, BatchSource& batches,
                      const StepOptions& options) = 0;
+  // Forward only over options.rows.size() micro-batches (no gradient, no
+  // optimizer, nothing of the training state changes). Collective over the
+  // groups the forward uses, on every rank the same number of micro-batches.
+  virtual EvalSums evaluate(ModelParts& parts, BatchSource& batches, const EvalOptions& options) = 0;
   virtual const char* name() const = 0;
   // What the schedule measured over the run, for this rank's log at the end
   // ("" when it has nothing to say).

@@ -62,6 +62,9 @@ std::string MetricsLogger::jsonl_line(const StepReport& r, const MemoryStats& me
       mem.peak, r.buckets_in_backward, r.dp_bytes_sent, r.tp_bytes_sent, r.slowest_rank,
       num(r.straggler_ratio, 6), num(t.mfu, 9), num(opt_.flops_per_step, 17), num(opt_.peak_flops, 17));
   for (const auto& [name, value] : r.extra) line += ", \"" + name + "\": " + num(value, 9);
+  if (r.evaluated)
+    line += ", \"val_loss\": " + num(r.val_loss, 17) + ", \"val_ppl\": " + num(r.val_ppl, 17) +
+            ", \"eval_ms\": " + num(r.eval_ms, 6);
   if (r.nonfinite) line += ", \"nonfinite\": true";
   if (!r.data_tokens.empty()) {
     line += ", \"data_tokens\": {";
@@ -116,7 +119,7 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
   interval_s_ += r.step_s;
   interval_wait_s_ += r.sync_wait_s;
   ++interval_steps_;
-  if (!should_log(r.step) && !r.nonfinite) return;  // a non-finite step is always logged
+  if (!should_log(r.step) && !r.nonfinite && !r.evaluated) return;  // non-finite, evaluated: always logged
   const double step_s = interval_s_ / double(interval_steps_);
   const double tokens_per_s = double(opt_.tokens_per_step) / step_s;
   const double wait_s = interval_wait_s_ / double(interval_steps_);
@@ -129,9 +132,12 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
   if (!print) return;
 
   DTRAIN_INFO(
-      "step {}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.2f}% | {:.0f} ms/step (comm wait {:.1f} ms) | "
+      "step {}/{} | loss {:.4f}{} | lr {:.2e} | {:.0f} tok/s | MFU {:.2f}% | {:.0f} ms/step (comm wait {:.1f} ms) | "
       "ETA {} | mem rss {}, params {}, grads {}, optim {}, step peak {}",
-      r.step, opt_.total_steps, r.loss, r.lr, tokens_per_s, mfu * 100, step_s * 1e3, wait_s * 1e3,
+      r.step, opt_.total_steps, r.loss,
+      r.evaluated ? fmt::format(" | val_loss {:.4f} (ppl {:.2f}, {:.0f} ms)", r.val_loss, r.val_ppl, r.eval_ms)
+                  : std::string(),
+      r.lr, tokens_per_s, mfu * 100, step_s * 1e3, wait_s * 1e3,
       duration_text(eta), mib(mem.rss), mib(mem.params), mib(mem.grads), mib(mem.optimizer),
       mib(mem.peak));
   if (!r.extra.empty()) {

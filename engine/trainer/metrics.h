@@ -1,6 +1,7 @@
 // Training metrics (docs/ARCHITECTURE.md, 'The engine's folders'): every
 // log.every steps (and the first and last) rank 0 prints step/total, the
-// global-batch mean loss, lr, tokens/s, ETA and memory, and appends one JSON
+// global-batch mean loss, lr, tokens/s, ETA and memory (and val_loss on the
+// steps data.valid is evaluated, logged or not), and appends one JSON
 // object to <log dir>/metrics.jsonl (valid JSON always: a NaN or inf is written
 // as null, and a non-finite step carries "nonfinite": true), mirrored into
 // TensorBoard event files (common/tensorboard.h). Owns the timing
@@ -44,6 +45,10 @@ struct StepReport {
   // Tokens drawn per data source since the start of training (indexed data):
   // "data_tokens": {"<base name>": n, ...} in metrics.jsonl.
   std::vector<std::pair<std::string, int64_t>> data_tokens;
+  // data.valid evaluated after this step (evaluation.h): the step is logged
+  // with val_loss, val_ppl and eval_ms (its wall time, outside step_s).
+  bool evaluated = false;
+  double val_loss = 0, val_ppl = 0, eval_ms = 0;
 };
 
 struct MetricsOptions {
@@ -81,7 +86,7 @@ class MetricsLogger {
   // first, every `every`-th and the last).
   bool should_log(int64_t step) const;
   // Every step: accumulates timing. On rank 0 for logged steps (and every
-  // non-finite one): prints and appends one JSON line.
+  // non-finite or evaluated one): prints and appends one JSON line.
   void record(const StepReport& report, const MemoryStats& memory, bool print);
 
  private:

@@ -17,6 +17,7 @@
 #include "engine/doctor/blas_check.h"
 #include "engine/data/indexed_blend.h"
 #include "engine/doctor/engine_facts.h"
+#include "engine/trainer/evaluation.h"
 #include "plan/combinations.h"
 
 namespace dtrain::engine::trainer {
@@ -126,9 +127,10 @@ std::unique_ptr<TrainSession> make_train_session() {
 
   s->data = open_data(spec);
   s->sampler = std::make_unique<data::DistributedSampler>(
-      // Samples go by the dp coordinate: the cp ranks of a replica share them.
-      s->data->num_samples(), spec.job.seed, s->info.mesh.dp(), s->info.coord[mesh::Axis::dp], spec.train.micro_batch,
-      spec.train.grad_accum, /*shuffle=*/!s->data->orders_itself());
+      // Samples go by the dp coordinate: the cp ranks of a replica share them;
+      // the tail data.valid.split holds out is never drawn.
+      training_windows(spec, s->data->num_samples()), spec.job.seed, s->info.mesh.dp(), s->info.coord[mesh::Axis::dp],
+      spec.train.micro_batch, spec.train.grad_accum, /*shuffle=*/!s->data->orders_itself());
   // Initialised on the CPU from job.seed (the same numbers on every device
   // and every rank), moved, then laid out by parallelize.
   model::Gpt model(gpt_config(spec.model), spec.job.seed);

@@ -1,8 +1,9 @@
 // run_training (trainer.h): the training loop, in the order of TorchTitan's
 // train.py: set up, load, then per step train / log / save. One step is the
 // schedule's micro-steps, the gradient sync's finish and clipping, and the
-// AdamW update; which parallelism runs is parallelize's business, never the
-// loop's. Set-up lives in train_session.cpp, printing in metrics.cpp.
+// AdamW update, then data.valid's evaluation when due (evaluation.h); which
+// parallelism runs is parallelize's business, never the loop's. Set-up lives
+// in train_session.cpp, printing in metrics.cpp.
 #include "engine/trainer/trainer.h"
 
 #include <ATen/ops/full.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "common/log.h"
 #include "common/timeline.h"
@@ -20,6 +22,7 @@
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
 #include "engine/trainer/current_step.h"
+#include "engine/trainer/evaluation.h"
 #include "engine/trainer/memory_check.h"
 #include "engine/trainer/memory_report.h"
 #include "engine/trainer/nonfinite.h"
@@ -177,6 +180,23 @@ MetricsOptions metrics_options(const TrainSession& s, int64_t start_step) {
   return o;
 }
 
+// data.valid: evaluated every data.valid.every steps and after the last,
+// on every rank (evaluate is collective); the figures join that step's report.
+struct Validation {
+  std::unique_ptr<EvalSource> source;  // null: no data.valid
+  bool due(const JobSpec& spec, int64_t steps_done) const {
+    return source && (steps_done % spec.data.valid.every == 0 || steps_done == spec.train.steps);
+  }
+  void run(TrainSession& s, StepReport& report) const {
+    comm::trace_phase(trace::Phase::forward);
+    const EvalResult v = evaluate(s, *source, s.spec.data.valid.batches);
+    report.evaluated = true;
+    report.val_loss = v.loss;
+    report.val_ppl = v.ppl;
+    report.eval_ms = v.seconds * 1e3;
+  }
+};
+
 }  // namespace
 
 int run_training() {
@@ -195,6 +215,9 @@ int run_training() {
   const MemoryCheck memory_check(s.spec, s.info.rank, s.device.is_cpu());  // the planner vs this rank
   NonfiniteWatch nonfinite(s.spec);
   start_timeline(s);
+  Validation validation;
+  if (s.spec.data.valid.active())
+    validation.source = std::make_unique<EvalSource>(eval_source(s.spec, *s.data, s.spec.data.valid.batches));
   for (; step < s.spec.train.steps; ++step) {
     timeline::begin_step(int(step + 1));  // the step's span ends after its checkpoint
     StepResult r = train_step(s, step, timer);
@@ -206,9 +229,11 @@ int run_training() {
     // After advance(): the tokens of steps 1..step+1, a function of the position alone.
     report.data_tokens = s.data->source_tokens(s.sampler->state().consumed);
     report.extra.emplace_back("data_fetch_s", r.data_s);  // rank 0's; bench/data_prepare.sh compares it to step_time_s
+    const bool evaluated = validation.due(s.spec, step + 1);  // the same on every rank
+    if (evaluated) validation.run(s, report);
     // A non-finite step is always logged: every rank knows it (r.finite is
     // global), so the logging collectives stay matched.
-    const bool logged = metrics.should_log(step + 1) || !r.finite;
+    const bool logged = metrics.should_log(step + 1) || !r.finite || evaluated;
     comm::trace_phase(trace::Phase::logging);
     if (logged) report.loss = global_mean_loss(s, r.local_loss_sum);
     if (logged && !std::isfinite(report.loss)) r.finite = false;  // the same reduced loss on every rank

@@ -226,6 +226,45 @@ class Pipeline : public Schedule {
     return t.item<double>();
   }
 
+  // Forward only, one micro-batch at a time through the stages in order
+  // (global stage g = chunk * size + rank hands its output to g + 1): a
+  // single activation in flight, so no plan is needed and none can deadlock.
+  // The last stage sums the losses; the caller reduces them over the world.
+  EvalSums evaluate(ModelParts& parts, BatchSource& batches, const EvalOptions& options) override {
+    model::GptImpl& model = *parts.model;
+    const c10::Device device = pp_.device();
+    const auto act_options = at::TensorOptions().dtype(at::kFloat).device(device);
+    const int stages = stage_.size * stage_.chunks;
+    EvalSums sums;
+    std::vector<comm::WorkPtr> sends;
+    std::vector<at::Tensor> sent;  // alive until their sends complete
+    for (int m = 0; m < int(options.rows.size()); ++m) {
+      for (int chunk = 0; chunk < stage_.chunks; ++chunk) {
+        const int g = stage_.global_stage(chunk);
+        const bool first = stage_.first(chunk), last = stage_.last(chunk);
+        if (first || last) batches.micro_batch(m, inputs_, targets_);  // [B, T] each
+        at::Tensor x;
+        if (first) {
+          AutocastScope autocast(device.type(), options.bf16);
+          x = model.embed(inputs_);  // [B, T, C]
+        } else {
+          x = at::empty(activation_, act_options);  // [B, T, C]
+          pp_.recv(x, (g - 1) % stage_.size, tag(m, chunk, false))->wait();
+        }
+        AutocastScope autocast(device.type(), options.bf16);
+        at::Tensor y = model.run_blocks(x, stage_.first_block(chunk), stage_.last_block(chunk));  // [B, T, C]
+        if (last) {
+          sums += head_loss_rows(model, y, targets_, options.rows[size_t(m)]);
+        } else if (g + 1 < stages) {
+          sent.push_back(y.to(at::kFloat).contiguous());
+          sends.push_back(pp_.send(sent.back(), (g + 1) % stage_.size, tag(m, (g + 1) / stage_.size, false)));
+        }
+      }
+    }
+    for (auto& w : sends) w->wait();
+    return sums;
+  }
+
   const char* name() const override { return to_string(spec_.kind).c_str(); }
 
  private:

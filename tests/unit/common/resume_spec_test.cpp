@@ -108,6 +108,14 @@ TEST_CASE("resume spec: a stored command, log.dir, data.path or token file is sh
   CHECK(has(rest, "data.path = \"/secret/corpus.bin\""));
 }
 
+TEST_CASE("resume spec: a stored data.valid.path is refused like data.path until given again") {
+  const std::string stored = "data: {valid: {path: /secret/valid.bin}}\n";
+  const std::string msg = refusal(input(stored));
+  INFO(msg);
+  CHECK(has(msg, "\n  data.valid.path = \"/secret/valid.bin\""));
+  CHECK(refusal(input(stored, {"data.valid.path=/v.bin"})).empty());
+}
+
 TEST_CASE("resume spec: a multi-node run's stored endpoint needs --rdzv or --set") {
   const std::string stored = "cluster: {nodes: 2, rendezvous: {endpoint: \"evil.example:29400\"}}\n"
                              "parallel: {dp: 2}\n";

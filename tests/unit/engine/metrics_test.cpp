@@ -1,7 +1,7 @@
 // Unit tests of engine/trainer's MetricsLogger: metrics.jsonl stays JSON
 // that any reader accepts when a value is NaN or inf (null, and
 // "nonfinite": true on that step), and a non-finite step is written even
-// between log.every steps.
+// between log.every steps; so is a step data.valid evaluated, with its val_loss.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -61,4 +61,38 @@ TEST_CASE("metrics.jsonl: NaN and inf become null, the step says nonfinite, ever
   CHECK(lines[1]["nonfinite"] == true);
   CHECK(lines[2]["loss"] == 2.5);
   CHECK_FALSE(lines[2].contains("nonfinite"));
+}
+
+TEST_CASE("metrics.jsonl: an evaluated step is written between log.every steps with val_loss, val_ppl, eval_ms") {
+  const fs::path dir = fs::temp_directory_path() / ("dtrain_metrics_val_test_" + std::to_string(::getpid()));
+  {
+    MetricsOptions o;
+    o.total_steps = 10;
+    o.every = 5;
+    o.tokens_per_step = 64;
+    o.jsonl_path = (dir / "metrics.jsonl").string();
+    MetricsLogger m(o);
+    StepReport r;
+    r.step_s = 0.01;
+    for (int64_t step = 1; step <= 5; ++step) {
+      r.step = step;
+      r.loss = 2.5;
+      r.evaluated = step == 4;  // data.valid.every 4: not a logging step
+      r.val_loss = step == 4 ? 1.2345678901234567 : 0;
+      r.val_ppl = std::exp(r.val_loss);
+      r.eval_ms = 12.5;
+      m.record(r, MemoryStats{}, /*print=*/true);
+    }
+  }
+  std::ifstream in(dir / "metrics.jsonl");
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  fs::remove_all(dir);
+  REQUIRE(lines.size() == 3);  // steps 1, 4, 5
+  CHECK(lines[1]["step"] == 4);
+  CHECK(lines[1]["val_loss"].get<double>() == 1.2345678901234567);  // all 17 digits
+  CHECK(lines[1]["val_ppl"].get<double>() == doctest::Approx(std::exp(1.2345678901234567)));
+  CHECK(lines[1]["eval_ms"] == 12.5);
+  CHECK_FALSE(lines[0].contains("val_loss"));
+  CHECK_FALSE(lines[2].contains("val_loss"));
 }
