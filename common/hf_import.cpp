@@ -100,6 +100,17 @@ JobSpec import_spec(const std::string& hf_dir, const std::vector<std::string>& s
   return parse_job_spec(job_spec_to_yaml(base), hf_dir + "/config.json", sets);
 }
 
+void check_model_matches(const std::string& hf_dir, const ModelSpec& m) {
+  const std::string source = hf_dir + "/config.json";
+  ModelSpec hf = model_from_config(read_config(hf_dir), source);
+  if (m.moe.experts > 0) hf.ffn_hidden = m.ffn_hidden;  // unused by an all-MoE model
+  const std::string diff = architecture_difference(m, hf, "in this run's spec", "in " + source);
+  if (!diff.empty())
+    throw Error(ErrorCode::config, "train.init_from = " + hf_dir + ": another architecture: " + diff,
+                "set the model section to the Hugging Face model's (dtrain ckpt import-hf " + hf_dir +
+                    " OUT --spec-out SPEC.yaml writes one), or initialise from another model");
+}
+
 void check_import_target(const std::string& out_dir, const std::string& field) {
   std::error_code ec;
   const auto st = fs::symlink_status(out_dir, ec);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -162,6 +163,38 @@ std::string config_from_model(const ModelSpec& m, const std::string& torch_dtype
   }
   j["dtype"] = torch_dtype;
   return j.dump(2) + "\n";
+}
+
+std::string architecture_difference(const ModelSpec& a, const ModelSpec& b, const std::string& here,
+                                    const std::string& there) {
+  const auto num = [](auto v) {
+    if constexpr (std::is_floating_point_v<decltype(v)>) return nlohmann::json(v).dump();
+    else return std::to_string(v);
+  };
+  const bool llama = a.kind == "llama";
+  const std::pair<const char*, std::pair<std::string, std::string>> fields[] = {
+      {"model.kind", {a.kind, b.kind}},
+      {"model.vocab", {num(a.vocab), num(b.vocab)}},
+      {"model.d_model", {num(a.d_model), num(b.d_model)}},
+      {"model.layers", {num(a.layers), num(b.layers)}},
+      {"model.heads", {num(a.heads), num(b.heads)}},
+      {"model.seq_len", {llama ? "" : num(a.seq_len), llama ? "" : num(b.seq_len)}},  // gpt: the wpe table
+      {"model.kv_heads", {num(a.effective_kv_heads()), num(b.effective_kv_heads())}},
+      {"model.ffn_hidden", {num(a.effective_ffn_hidden()), num(b.effective_ffn_hidden())}},
+      {"model.norm_eps", {num(a.norm_eps), num(b.norm_eps)}},
+      {"model.rope_theta", {num(a.rope_theta), num(b.rope_theta)}},
+      {"model.rope_scaling.factor", {num(a.rope_scaling.factor), num(b.rope_scaling.factor)}},
+      {"model.tie_embeddings", {a.tie_embeddings ? "true" : "false", b.tie_embeddings ? "true" : "false"}},
+      {"model.moe.experts", {num(a.moe.experts), num(b.moe.experts)}},
+      {"model.moe.top_k", {num(a.moe.experts ? a.moe.top_k : 0), num(b.moe.experts ? b.moe.top_k : 0)}},
+      {"model.moe.every", {num(a.moe.experts ? a.moe.every : 0), num(b.moe.experts ? b.moe.every : 0)}},
+      {"model.moe.d_ff", {num(a.moe.experts ? (a.moe.d_ff > 0 ? a.moe.d_ff : 4 * a.d_model) : 0),
+                          num(b.moe.experts ? (b.moe.d_ff > 0 ? b.moe.d_ff : 4 * b.d_model) : 0)}},
+  };
+  for (const auto& [name, v] : fields)
+    if (v.first != v.second)
+      return std::string(name) + " = " + v.first + " " + here + ", " + v.second + " " + there;
+  return "";
 }
 
 std::vector<LlamaParam> llama_params(const ModelSpec& m) {

@@ -32,6 +32,13 @@ ModelSpec model_from_config(const std::string& json_text, const std::string& sou
 // model transformers cannot express (a gpt, MoE in only some blocks).
 std::string config_from_model(const ModelSpec& m, const std::string& torch_dtype);
 
+// The first architecture field (one that changes a parameter's shape or the
+// function the model computes: kind, sizes, heads, norms, rotary, experts)
+// where `run` and `other` differ, as "model.d_model = 64 here, 128 there"
+// with `here` and `there` naming them; "" when they agree.
+std::string architecture_difference(const ModelSpec& run, const ModelSpec& other, const std::string& here,
+                                    const std::string& there);
+
 // One HF tensor inside a dtrain parameter: `region` of the dtrain tensor
 // ([start, stop) per dim) holds it, row-major, with HF shape `shape`.
 struct HfPiece {

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Test helper for dtrain's Hugging Face import/export (tests/integration/hf_test.cpp).
 
-  make KIND DIR [--dtype bf16] [--tie] [--shard-bytes N]
-      a random tiny LlamaForCausalLM (KIND llama) or MixtralForCausalLM (mixtral)
-      built from a config with transformers and saved with save_pretrained.
-  compare A B
-      loads both with AutoModelForCausalLM.from_pretrained (fails on any
-      missing/unexpected-key warning or load report) and compares the state
-      dicts bit for bit; prints the max difference.
+  make KIND DIR [--dtype fp16|bf16] [--tie] [--shard-bytes N] [KIND DIR ...]
+      random tiny LlamaForCausalLM (KIND llama) or MixtralForCausalLM (mixtral)
+      models built from a config with transformers and saved with save_pretrained.
+  compare A B [A B ...]
+      loads each pair with AutoModelForCausalLM.from_pretrained (a missing,
+      unexpected or mismatched key is reported) and compares the state dicts bit
+      for bit (after an exact upcast to fp32 where the dtypes differ); prints
+      "pair i: clean load; N differ, max abs diff X" per pair; exit 1 when any
+      pair differs or loads unclean.
 Never downloads (HF_HUB_OFFLINE=1).
 """
 import os
@@ -43,55 +45,60 @@ def make(kind, out, dtype="fp32", tie=False, shard_bytes=None):
     model.save_pretrained(out, **kwargs)
 
 
-def load_clean(path):
-    """from_pretrained, failing on any load report (missing, unexpected, mismatched keys)."""
+def load(path):
+    """from_pretrained and the keys its loading info reports (missing, unexpected, mismatched)."""
     model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
-    bad = {k: v for k, v in info.items() if v}
-    if bad:
-        raise SystemExit(f"{path}: transformers' loading info is not clean: {bad}")
-    return model
+    return model, {k: v for k, v in info.items() if v}
 
 
-def compare(a, b):
-    ma, mb = load_clean(a), load_clean(b)
+def compare_pair(i, a, b):
+    (ma, bad_a), (mb, bad_b) = load(a), load(b)
+    if bad_a or bad_b:
+        print(f"pair {i}: load not clean: {a}: {bad_a} {b}: {bad_b}")
+        return False
     sa, sb = ma.state_dict(), mb.state_dict()
     if sorted(sa) != sorted(sb):
-        raise SystemExit(f"different keys: {sorted(set(sa) ^ set(sb))}")
-    worst, differing, upcast = 0.0, [], 0
+        print(f"pair {i}: different keys: {sorted(set(sa) ^ set(sb))}")
+        return False
+    worst, differing = 0.0, []
     for k in sa:
         x, y = sa[k], sb[k]
         if x.shape != y.shape:
-            raise SystemExit(f"{k}: shape {tuple(x.shape)} vs {tuple(y.shape)}")
-        if x.dtype != y.dtype:  # e.g. a bf16 original and its fp32 export: the upcast is exact
-            x, y, upcast = x.float(), y.float(), upcast + 1
-        if not torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
+            print(f"pair {i}: {k}: shape {tuple(x.shape)} vs {tuple(y.shape)}")
+            return False
+        if x.dtype != y.dtype:  # a bf16 / fp16 original and its fp32 export: the upcast is exact
+            x, y = x.float(), y.float()
+        if not torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8)):
             d = (x.float() - y.float()).abs().max().item()
             worst = max(worst, d) if d == d else float("inf")
             differing.append(k)
-            print(f"differs: {k} max abs diff {d}")
-    print(f"compared {len(sa)} tensors ({upcast} upcast to fp32 first): {len(differing)} differ, "
-          f"max abs diff {worst} (tolerance: bit for bit)")
-    sys.exit(1 if differing else 0)
+    print(f"pair {i}: clean load; {len(differing)} differ, max abs diff {worst} "
+          f"(tolerance: bit for bit; {len(sa)} tensors) {' '.join(differing)}")
+    return not differing
+
+
+def main(argv):
+    if argv[0] == "make":
+        args, i = argv[1:], 0
+        while i < len(args):
+            kind, out, opts = args[i], args[i + 1], {"dtype": "fp32", "tie": False, "shard_bytes": None}
+            i += 2
+            while i < len(args) and args[i].startswith("--"):
+                if args[i] == "--tie":
+                    opts["tie"] = True
+                    i += 1
+                else:
+                    opts[args[i][2:].replace("-", "_")] = args[i + 1]
+                    i += 2
+            make(kind, out, **opts)
+        return 0
+    if argv[0] == "compare":
+        pairs = argv[1:]
+        ok = [compare_pair(i, pairs[2 * i], pairs[2 * i + 1]) for i in range(len(pairs) // 2)]
+        return 0 if all(ok) else 1
+    raise SystemExit(__doc__)
+
 
 if __name__ == "__main__":
     transformers.logging.set_verbosity_warning()
-    cmd = sys.argv[1]
-    if cmd == "make":
-        args = sys.argv[2:]
-        opts = {"dtype": "fp32", "tie": False, "shard_bytes": None}
-        kind, out = args[0], args[1]
-        i = 2
-        while i < len(args):
-            if args[i] == "--dtype":
-                opts["dtype"] = args[i + 1]; i += 2
-            elif args[i] == "--tie":
-                opts["tie"] = True; i += 1
-            elif args[i] == "--shard-bytes":
-                opts["shard_bytes"] = args[i + 1]; i += 2
-            else:
-                raise SystemExit(f"unknown option {args[i]}")
-        make(kind, out, **opts)
-    elif cmd == "compare":
-        compare(sys.argv[2], sys.argv[3])
-    else:
-        raise SystemExit(__doc__)
+    sys.exit(main(sys.argv[1:]))

@@ -115,6 +115,7 @@ const std::vector<Example> kExamples = {
     {"train.recompute", "selective"},
     {"train.nonfinite", "skip_step"},
     {"train.nonfinite_patience", "5"},
+    {"train.init_from", "hf/llama-1b"},
     {"data.path", "/data/tokens.bin"},
     {"data.format", "tokens-u16"},
     {"checkpoint.dir", "ck"},
