@@ -71,6 +71,11 @@ void validate_llama(const JobSpec& s, const SpecOrigin& origin, Problems& proble
     error("model.kv_heads", "model.kv_heads = " + str(kv) + " with parallel.tp = " + str(tp) +
                                 ": the kv heads must split over tp (kv_heads % tp == 0) or be replicated "
                                 "(tp % kv_heads == 0); choose a tp that divides or is a multiple of kv_heads");
+  // The SwiGLU MLP's gate and up rows split over tp (column-parallel).
+  const int f = m.effective_ffn_hidden();
+  if (!bad({"model.ffn_hidden", "parallel.tp", "model.d_model"}) && tp > 1 && f % tp != 0)
+    error("model.ffn_hidden", "model.ffn_hidden = " + str(f) + " is not divisible by parallel.tp = " + str(tp) +
+                                  ": the MLP's hidden rows split over tp; choose a multiple of " + str(tp));
 }
 
 }  // namespace dtrain::detail

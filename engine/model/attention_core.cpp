@@ -26,8 +26,17 @@ AttentionKind attention_kind(const std::string& name) {
 
 at::Tensor attention_core(AttentionKind kind, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           int64_t batch, const AttentionDropout& drop, at::Tensor* causal_bias) {
-  if (kind == AttentionKind::tiled) return tiled_attention(q, k, v, batch, drop);
+  if (kind == AttentionKind::tiled) {
+    const int64_t H = q.size(0) / batch;
+    return tiled_attention(q, repeat_kv(k, batch, H), repeat_kv(v, batch, H), batch, drop);
+  }
   return naive_attention(q, k, v, batch, drop, causal_bias);
+}
+
+at::Tensor repeat_kv(const at::Tensor& kv, int64_t batch, int64_t heads) {
+  const int64_t KV = kv.size(0) / batch, T = kv.size(1), D = kv.size(2);
+  if (KV == heads) return kv;
+  return kv.view({batch, KV, 1, T, D}).expand({batch, KV, heads / KV, T, D}).reshape({batch * heads, T, D});
 }
 
 at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t batch,
@@ -42,7 +51,12 @@ at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::T
     at::NoGradGuard no_grad;
     bias = at::full({T, T}, -std::numeric_limits<float>::infinity(), q.options()).triu_(1);  // [T, T]
   }
-  auto att = at::baddbmm(bias, q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/1.0 / std::sqrt(double(D)));  // [BH, T, T]
+  // Grouped-query attention: q [B*KV, G*T, D] (a view: head h = kv * G + g),
+  // scores [B*KV, G*T, T] = [B*H, T, T] in memory, the mask repeated G times.
+  const int64_t G = BH / k.size(0);
+  const at::Tensor qg = G == 1 ? q : q.view({k.size(0), G * T, D});
+  const at::Tensor bias_g = G == 1 ? bias : bias.repeat({G, 1});  // [G*T, T]
+  auto att = at::baddbmm(bias_g, qg, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/1.0 / std::sqrt(double(D)));  // [BH, T, T]
   att = at::softmax(att, /*dim=*/-1);
   if (drop.p > 0.0) {
     att = random::layout_invariant_dropout(
@@ -50,7 +64,8 @@ at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::T
               {{drop.row_begin, drop.row_begin + batch}, {drop.head_begin, drop.head_begin + H}, {0, T}, {0, T}})
               .view({BH, T, T});
   }
-  return att.bmm(v);  // [BH, T, D]
+  if (G > 1) att = att.view({k.size(0), G * T, T});
+  return att.bmm(v).view({BH, T, D});  // [BH, T, D]
 }
 
 }  // namespace dtrain::engine::model

@@ -27,12 +27,20 @@ struct AttentionDropout {
 enum class AttentionKind { naive, tiled };
 AttentionKind attention_kind(const std::string& name);  // "naive" | "tiled"
 
-// q, k, v: [B*H, T, D] (B rows of H heads each); returns [B*H, T, D].
-// causal_bias: the caller's cache of the [T, T] additive mask (naive only).
+// q: [B*H, T, D] (B rows of H heads each); k, v: [B*KV, T, D], KV dividing
+// H (grouped-query attention: query head h uses kv head h / (H / KV));
+// returns [B*H, T, D]. causal_bias: the caller's cache of the [T, T]
+// additive mask (naive only).
 at::Tensor attention_core(AttentionKind kind, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           int64_t batch, const AttentionDropout& drop, at::Tensor* causal_bias);
 
-// The naive core: softmax(q k^T / sqrt(D) + causal) (dropped) v through
+// k or v [B*KV, T, D] -> [B*H, T, D], each kv head repeated for its H / KV
+// query heads (a copy; kv itself when KV = H): for kernels that need one
+// k, v per query head (tiled, ring attention).
+at::Tensor repeat_kv(const at::Tensor& kv, int64_t batch, int64_t heads);
+
+// The naive core (grouped-query attention without repeating k and v: the
+// G = H / KV query heads of a kv head as one [G*T, D] batch entry): softmax(q k^T / sqrt(D) + causal) (dropped) v through
 // autograd's own ops (it saves the [B*H, T, T] probabilities and mask).
 at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t batch,
                            const AttentionDropout& drop, at::Tensor* causal_bias);

@@ -54,8 +54,16 @@ void check_config(const GptConfig& cfg) {
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& cfg) : heads(cfg.heads) {
   kind = attention_kind(cfg.attention);
-  qkv = register_module("qkv", torch::nn::Linear(cfg.d_model, 3 * cfg.d_model));
-  proj = register_module("proj", torch::nn::Linear(cfg.d_model, cfg.d_model));
+  if (cfg.llama()) {  // separate q and kv (grouped-query attention), no biases
+    const int D = cfg.d_model / cfg.heads;
+    kv_heads = kv_local = cfg.kv();
+    q = register_module("q", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, cfg.heads * D).bias(false)));
+    kv = register_module("kv", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, 2 * kv_heads * D).bias(false)));
+    proj = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(cfg.heads * D, cfg.d_model).bias(false)));
+  } else {
+    qkv = register_module("qkv", torch::nn::Linear(cfg.d_model, 3 * cfg.d_model));
+    proj = register_module("proj", torch::nn::Linear(cfg.d_model, cfg.d_model));
+  }
   attn_drop = register_module("attn_drop", torch::nn::Dropout(cfg.dropout));
   resid_drop = register_module("resid_drop", torch::nn::Dropout(cfg.dropout));
 }
@@ -77,9 +85,16 @@ at::Tensor linear_nd(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 // into the TP region, the output stays split).
 // With sequence parallelism the input holds this rank's positions and is
 // all-gathered along T first.
+// The input of column-parallel layers: x itself, or x copied into the TP
+// region, or (sequence parallelism) all-gathered along T; once for layers
+// that share it (llama's q and kv).
+at::Tensor tp_input(const at::Tensor& x, const TpGroup* tp) {
+  if (!tp || !tp->active()) return x;
+  return tp->sp() ? gather_from_sp(x, *tp) : copy_to_tp(x, *tp);
+}
+
 at::Tensor column_parallel(torch::nn::Linear& l, const at::Tensor& x, const TpGroup* tp) {
-  if (!tp || !tp->active()) return linear_nd(x, l->weight, l->bias);
-  return linear_nd(tp->sp() ? gather_from_sp(x, *tp) : copy_to_tp(x, *tp), l->weight, l->bias);
+  return linear_nd(tp_input(x, tp), l->weight, l->bias);
 }
 
 // x W^T + b with W this rank's columns and x this rank's split input
@@ -148,15 +163,22 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0);
   const int64_t tp_size = tp ? tp->size : 1;
   const int64_t H = heads / tp_size, D = x.size(2) / heads, C = H * D;  // local heads and width
-  // One head-major copy of q, k and v together (matmul on the strided
-  // [B, H, T, D] views would copy each of them anyway), then plain bmm.
-  auto qkv_out = column_parallel(qkv, x, tp);  // [B, T, 3C] (all T, also with sequence parallelism)
-  const int64_t T = qkv_out.size(1);
-  auto qkv_heads = qkv_out.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().view({3, B * H, T, D});
-  // unbind, not three selects: its backward stacks the three grads in one
-  // copy, where each select's backward would zero-fill all of [3, ...].
-  auto qkv3 = qkv_heads.unbind(0);
-  auto q = qkv3[0], k = qkv3[1], v = qkv3[2];  // [B*H, T, D] each
+  at::Tensor q, k, v;  // [B*H, T, D] (llama: k and v [B*KVl, T, D])
+  if (this->q) {
+    auto qkv3 = llama_qkv(x, H);
+    q = qkv3[0], k = qkv3[1], v = qkv3[2];
+  } else {
+    // One head-major copy of q, k and v together (matmul on the strided
+    // [B, H, T, D] views would copy each of them anyway), then plain bmm.
+    auto qkv_out = column_parallel(qkv, x, tp);  // [B, T, 3C] (all T, also with sequence parallelism)
+    const int64_t T = qkv_out.size(1);
+    auto qkv_heads = qkv_out.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().view({3, B * H, T, D});
+    // unbind, not three selects: its backward stacks the three grads in one
+    // copy, where each select's backward would zero-fill all of [3, ...].
+    auto qkv3 = qkv_heads.unbind(0);
+    q = qkv3[0], k = qkv3[1], v = qkv3[2];  // [B*H, T, D] each
+  }
+  const int64_t T = q.size(1), KVl = k.size(0) / B;
 
   const double p = attn_drop->options.p();
   auto resid = [&](const at::Tensor& y) {  // [B, T, C] (full width after the row-parallel sum)
@@ -167,9 +189,10 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     // On a GPU: PyTorch's fused causal attention (FlashAttention-style
     // kernels), never materialising [B*H, T, T]. (With dropout on, the
     // explicit path below draws the layout-invariant mask.)
-    auto y = at::scaled_dot_product_attention(q.view({B, H, T, D}), k.view({B, H, T, D}),
-                                              v.view({B, H, T, D}), /*attn_mask=*/{}, 0.0,
-                                              /*is_causal=*/true);  // [B, H, T, D]
+    auto y = at::scaled_dot_product_attention(q.view({B, H, T, D}), k.view({B, KVl, T, D}),
+                                              v.view({B, KVl, T, D}), /*attn_mask=*/{}, 0.0,
+                                              /*is_causal=*/true, std::nullopt,
+                                              /*enable_gqa=*/KVl != H);  // [B, H, T, D]
     return resid(y.transpose(1, 2).reshape({B, T, C}));
   }
   // The core (scores, causal mask, softmax, dropout, weighted values),
@@ -186,7 +209,8 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     drop.row_begin = d.global_rows > 0 ? d.row_begin : 0;
     drop.heads_global = heads;
     drop.head_begin = tp_rank * H;
-    if (seq && seq->attention) return seq->attention(qkv_in[0], qkv_in[1], qkv_in[2], B, drop);
+    if (seq && seq->attention)  // ring attention: every query head with its own k, v
+      return seq->attention(qkv_in[0], repeat_kv(qkv_in[1], B, H), repeat_kv(qkv_in[2], B, H), B, drop);
     return attention_core(kind, qkv_in[0], qkv_in[1], qkv_in[2], B, drop, &causal_bias_);
   };
   auto y = core_runner ? core_runner(core, {q, k, v}, {}) : core({q, k, v});  // [B*H, T, D]
@@ -194,17 +218,49 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   return resid(y);
 }
 
+// llama: q from this rank's query heads, k and v from the kv heads they use
+// (kv_first.. of the global numbering), rotated at their global positions.
+std::vector<at::Tensor> CausalSelfAttentionImpl::llama_qkv(const at::Tensor& x, int64_t H) {
+  const int64_t B = x.size(0), D = x.size(2) / heads, KVl = kv_local;
+  const at::Tensor in = tp_input(x, tp);          // [B, T, C] (all T, also with sequence parallelism)
+  const at::Tensor qo = linear_nd(in, q->weight);  // [B, T, H*D]
+  at::Tensor w = kv->weight;                       // [2*KVl*D, C], or the whole [2*KV*D, C]
+  if (kv_replicated)  // this rank's kv head: its k rows and its v rows of the whole weight
+    w = at::cat({w.narrow(0, kv_first * D, KVl * D), w.narrow(0, (kv_heads + kv_first) * D, KVl * D)}, 0);
+  const at::Tensor kvo = linear_nd(in, w);         // [B, T, 2*KVl*D]
+  const int64_t T = qo.size(1);
+  at::Tensor positions = at::arange(T, at::TensorOptions().dtype(at::kLong).device(x.device()));
+  if (seq && seq->active()) {  // this rank's segments of the global sequence
+    std::vector<at::Tensor> parts;
+    for (auto [begin, end] : seq->segments) parts.push_back(at::arange(begin, end, positions.options()));
+    positions = at::cat(parts, 0);
+  }
+  const auto& cs = rotary->cos_sin(positions);  // cos, sin [T, D]
+  const auto heads_major = [&](const at::Tensor& t, int64_t n) {  // [B, T, n, D] -> [B*n, T, D]
+    return t.permute({0, 2, 1, 3}).contiguous().view({B * n, T, D});
+  };
+  return {heads_major(apply_rotary(qo.view({B, T, H, D}), cs[0], cs[1]), H),
+          heads_major(apply_rotary(kvo.narrow(2, 0, KVl * D).view({B, T, KVl, D}), cs[0], cs[1]), KVl),
+          heads_major(kvo.narrow(2, KVl * D, KVl * D).view({B, T, KVl, D}), KVl)};
+}
+
 // ---------------------------------------------------------------------------
 // MLP: exact (erf) GELU, as torch.nn.GELU() defaults to.
 
 MlpImpl::MlpImpl(const GptConfig& cfg) {
-  fc = register_module("fc", torch::nn::Linear(cfg.d_model, 4 * cfg.d_model));
-  proj = register_module("proj", torch::nn::Linear(4 * cfg.d_model, cfg.d_model));
+  if (cfg.llama()) {  // SwiGLU: proj(silu(gate(x)) * up(x)), gate and up fused, no biases
+    gate_up = register_module("gate_up", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, 2 * cfg.ffn()).bias(false)));
+    proj = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(cfg.ffn(), cfg.d_model).bias(false)));
+  } else {
+    fc = register_module("fc", torch::nn::Linear(cfg.d_model, 4 * cfg.d_model));
+    proj = register_module("proj", torch::nn::Linear(4 * cfg.d_model, cfg.d_model));
+  }
   drop = register_module("drop", torch::nn::Dropout(cfg.dropout));
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
-  auto h = at::gelu(column_parallel(fc, x, tp));  // [B, T, 4C / tp]
+  // [B, T, 4C / tp]; SwiGLU: this rank's gate rows then its up rows, [B, T, F / tp]
+  auto h = gate_up ? swiglu(column_parallel(gate_up, x, tp)) : at::gelu(column_parallel(fc, x, tp));
   return residual_dropout(row_parallel(proj, h, tp), drop->options.p(), is_training(), position, layer,
                           random::DropoutSite::mlp_resid, tp, seq);  // [B, T, C] ([B, T / tp, C] with SP)
 }
@@ -215,21 +271,27 @@ at::Tensor MlpImpl::forward(const at::Tensor& x) {
 BlockImpl::BlockImpl(const GptConfig& cfg, int layer) {
   // Registration order fixes both the parameter names' order and the order
   // in which GptImpl draws their initial values: ln1, attn, ln2, mlp.
-  ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
+  if (cfg.llama()) rms1 = register_module("ln1", RmsNorm(cfg.d_model, cfg.norm_eps));
+  else ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
   attn = register_module("attn", CausalSelfAttention(cfg));
-  ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
-  if (cfg.moe.is_moe_block(layer))
-    moe = register_module("moe", Moe(cfg.moe, cfg.d_model));
+  if (cfg.llama()) rms2 = register_module("ln2", RmsNorm(cfg.d_model, cfg.norm_eps));
+  else ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
+  if (cfg.moe.is_moe_block(layer)) {
+    MoeConfig m = cfg.moe;
+    m.llama = cfg.llama();
+    moe = register_module("moe", Moe(m, cfg.d_model));
+  }
   else
     mlp = register_module("mlp", Mlp(cfg));
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
-  auto h = x + attn->forward(ln1->forward(x));  // [B, T, C]
+  auto h = x + attn->forward(rms1 ? rms1->forward(x) : ln1->forward(x));  // [B, T, C]
+  const at::Tensor n2 = rms2 ? rms2->forward(h) : ln2->forward(h);
   if (moe)  // the MLP's residual dropout on the experts' output
-    return h + residual_dropout(moe->forward(ln2->forward(h)), attn->resid_drop->options.p(), is_training(),
+    return h + residual_dropout(moe->forward(n2), attn->resid_drop->options.p(), is_training(),
                                 attn->position, attn->layer, random::DropoutSite::mlp_resid, nullptr, attn->seq);
-  return h + mlp->forward(ln2->forward(h));      // [B, T, C]
+  return h + mlp->forward(n2);      // [B, T, C]
 }
 
 // ---------------------------------------------------------------------------
@@ -238,7 +300,9 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
 GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed) : cfg_(cfg) {
   check_config(cfg);
   wte = register_module("wte", torch::nn::Embedding(cfg.vocab, cfg.d_model));
-  wpe = register_module("wpe", torch::nn::Embedding(cfg.seq_len, cfg.d_model));
+  if (!cfg.llama()) wpe = register_module("wpe", torch::nn::Embedding(cfg.seq_len, cfg.d_model));
+  rotary_.cfg = cfg.rope;
+  rotary_.head_dim = cfg.d_model / cfg.heads;
   drop = register_module("drop", torch::nn::Dropout(cfg.dropout));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int i = 0; i < cfg.layers; ++i) {
@@ -246,13 +310,21 @@ GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed) : cfg_(cfg) {
     block->attn->layer = i;
     block->attn->position = &position_;
     block->attn->seq = &seq_;
+    block->attn->rotary = &rotary_;
     if (block->mlp) block->mlp->layer = i, block->mlp->position = &position_, block->mlp->seq = &seq_;
     blocks->push_back(block);
   }
-  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
+  if (cfg.llama()) rms_f = register_module("ln_f", RmsNorm(cfg.d_model, cfg.norm_eps));
+  else ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
   // Untied from wte (GPT-2 ties them): keeps TP/PP sharding of the head
   // independent of the embedding's placement, at the cost of V*C parameters.
-  head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, cfg.vocab).bias(false)));
+  // A llama may tie them (tie_embeddings): the head then reads wte.weight.
+  if (!cfg.tie_embeddings)
+    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, cfg.vocab).bias(false)));
+  if (cfg.llama()) {
+    init_llama(seed);
+    return;
+  }
 
   // Deterministic init: one local generator seeded with `seed`, every
   // parameter drawn in registration order, so every process (and every
@@ -279,6 +351,21 @@ GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed) : cfg_(cfg) {
   }
 }
 
+// transformers' LlamaPreTrainedModel: every weight N(0, 0.02) (no scaled
+// residual projections), RMSNorm weights 1; drawn in registration order
+// from one generator seeded with `seed`, like the GPT.
+void GptImpl::init_llama(uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  at::NoGradGuard no_grad;
+  for (auto& item : named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    const bool is_norm = name.rfind("ln_f.", 0) == 0 || name.find(".ln1.") != std::string::npos ||
+                         name.find(".ln2.") != std::string::npos;
+    if (is_norm) item.value().fill_(1.0);
+    else item.value().normal_(0.0, kInitStd, gen);
+  }
+}
+
 at::Tensor GptImpl::forward(const at::Tensor& tokens) {
   return head_logits(run_blocks(embed(tokens), 0, cfg_.layers));
 }
@@ -296,6 +383,9 @@ at::Tensor GptImpl::embed(const at::Tensor& tokens) {
     at::Tensor tok = tp_.vocab_parallel ? vocab_parallel_embedding(tokens, wte->weight, vocab_begin, tp_)
                                         : at::embedding(wte->weight, tokens);  // [B, T, C]
     const int64_t t = tok.size(1);  // T / tp with sequence parallelism: this rank's positions
+    if (!wpe)  // llama: positions enter as rotations of q and k
+      return residual_dropout(tok, drop->options.p(), is_training(), &position_, 0, random::DropoutSite::embedding,
+                              &tp_, &seq_);
     const int64_t t0 = tp_.sp() ? tp_.rank * t : 0;
     at::Tensor pos = wpe->weight.narrow(0, t0, t);  // [T, C]
     if (seq_.active()) {  // this rank's segments of the global positions
@@ -325,16 +415,27 @@ at::Tensor GptImpl::run_block(int i, const at::Tensor& x) {
   return block_runner_([block](const std::vector<at::Tensor>& in) { return block->forward(in[0]); }, {x}, params);
 }
 
+at::Tensor GptImpl::final_norm(const at::Tensor& x) { return rms_f ? rms_f->forward(x) : ln_f->forward(x); }
+
 at::Tensor GptImpl::head_logits(const at::Tensor& x) {
   return run_unit(cfg_.layers + 1, [&] {
-    if (!tp_.vocab_parallel) return head->forward(ln_f->forward(x));  // [B, T, V] on every rank
-    return column_parallel(head, ln_f->forward(x), &tp_);             // [B, T, V / tp]
+    // Tied: wte's rows are the head's (split alike under vocab parallelism).
+    const at::Tensor& w = head ? head->weight : wte->weight;  // [V, C] ([V / tp, C])
+    if (!tp_.vocab_parallel) return head ? head->forward(final_norm(x)) : linear_nd(final_norm(x), w);  // [B, T, V]
+    return linear_nd(tp_input(final_norm(x), &tp_), w);           // [B, T, V / tp]
   });
 }
 
 void GptImpl::set_tensor_parallel(TpGroup tp) {
   tp_ = std::move(tp);
+  const int n = tp_.size, kv = cfg_.kv();
   for (const auto& block : *blocks) {
+    auto& attn = block->as<Block>()->attn;
+    if (attn->q) {  // the kv heads this rank's query heads [r H/n, (r+1) H/n) use
+      attn->kv_replicated = kv % n != 0;  // then n % kv == 0: one kv head per rank
+      attn->kv_local = attn->kv_replicated ? 1 : kv / n;
+      attn->kv_first = attn->kv_replicated ? tp_.rank * kv / n : tp_.rank * attn->kv_local;
+    }
     block->as<Block>()->attn->tp = &tp_;
     if (block->as<Block>()->mlp) block->as<Block>()->mlp->tp = &tp_;
   }

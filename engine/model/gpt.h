@@ -1,7 +1,9 @@
 // A GPT (docs/ARCHITECTURE.md, 'The engine's folders'): token + position
 // embeddings, pre-LayerNorm blocks (causal multi-head self-attention, GELU MLP),
-// final LayerNorm, output head. Deterministic init from a seed, stable parameter
-// names ("blocks.3.attn.qkv.weight"). Written so TP/PP/EP are layouts of it:
+// final LayerNorm, output head; and its Llama variant (kind llama, llama.h:
+// RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases).
+// Deterministic init from a seed, stable parameter names
+// ("blocks.3.attn.qkv.weight"). Written so TP/PP/EP are layouts of it:
 // blocks are separate modules, linears are replaceable. Not parallel itself.
 #pragma once
 
@@ -9,6 +11,7 @@
 
 #include "engine/model/moe.h"
 #include "engine/model/attention_core.h"
+#include "engine/model/llama.h"
 #include "engine/model/recompute.h"
 #include "engine/model/tp_ops.h"
 #include <torch/nn/modules/container/modulelist.h>
@@ -34,6 +37,16 @@ struct GptConfig {
   double dropout = 0.0;
   MoeConfig moe;  // experts 0: every block has a dense MLP
   std::string attention = "naive";  // the attention core: naive | tiled (attention_core.h)
+  // kind llama (llama.h): the fields below; a gpt ignores them.
+  std::string kind = "gpt";  // gpt | llama
+  int kv_heads = 0;          // key/value heads (grouped-query attention); 0 = heads
+  int ffn_hidden = 0;        // the SwiGLU MLP's hidden width; 0 = 4 * d_model
+  double norm_eps = 1e-5;    // RMSNorm's epsilon
+  RotaryConfig rope;         // rotary base and Llama 3.1 scaling
+  bool tie_embeddings = false;  // the head reuses wte's weight (no head.weight)
+  bool llama() const { return kind == "llama"; }
+  int kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  int ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * d_model; }
 };
 
 // Where the current micro-batch sits in the step's global batch, for dropout
@@ -66,8 +79,18 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GptConfig& cfg);
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
-  torch::nn::Linear qkv{nullptr};   // C -> 3C
-  torch::nn::Linear proj{nullptr};  // C -> C
+  torch::nn::Linear qkv{nullptr};   // C -> 3C (gpt)
+  torch::nn::Linear proj{nullptr};  // C -> C (llama: H*D -> C, no bias)
+  // llama: q C -> H*D and kv C -> 2*KV*D ([k; v]), no biases, rotary q and k.
+  torch::nn::Linear q{nullptr}, kv{nullptr};
+  int kv_heads = 0;               // of the whole model (llama)
+  // Under tensor parallelism (llama): this rank uses kv heads [kv_first,
+  // kv_first + kv_local) of the global numbering. kv_replicated: kv.weight
+  // is the whole [2*KV*D, C] (tp % KV == 0) and the rank reads its rows;
+  // else kv.weight holds exactly its heads' k rows, then their v rows.
+  int kv_first = 0, kv_local = 0;
+  bool kv_replicated = false;
+  Rotary* rotary = nullptr;       // set by GptImpl (llama)
   torch::nn::Dropout attn_drop{nullptr}, resid_drop{nullptr};
   int heads;                      // of the whole model; this rank computes heads / tp->size
   int layer = 0;                  // global block index (dropout streams)
@@ -80,6 +103,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   SegmentRunner core_runner;
 
  private:
+  // llama: q [B*H, T, D] and k, v [B*KV, T, D] of this rank, rotary applied.
+  std::vector<at::Tensor> llama_qkv(const at::Tensor& x, int64_t H);
   // [T, T] additive causal mask (0 on and below the diagonal, -inf above),
   // built on first use for a T and reused; not a buffer, so not in the
   // state dict or checkpoints.
@@ -91,8 +116,9 @@ class MlpImpl : public torch::nn::Module {
  public:
   explicit MlpImpl(const GptConfig& cfg);
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
-  torch::nn::Linear fc{nullptr};    // C -> 4C
-  torch::nn::Linear proj{nullptr};  // 4C -> C
+  torch::nn::Linear fc{nullptr};    // C -> 4C (gpt)
+  torch::nn::Linear proj{nullptr};  // 4C -> C (llama: F -> C, no bias)
+  torch::nn::Linear gate_up{nullptr};  // llama: C -> 2F ([gate; up]), no bias
   torch::nn::Dropout drop{nullptr};
   int layer = 0;
   const TpGroup* tp = nullptr;
@@ -105,7 +131,8 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GptConfig& cfg, int layer = 0);
   at::Tensor forward(const at::Tensor& x);  // x + attn(ln1(x)); x + mlp(ln2(x))
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};  // gpt
+  RmsNorm rms1{nullptr}, rms2{nullptr};             // llama (named ln1, ln2)
   CausalSelfAttention attn{nullptr};
   Mlp mlp{nullptr};
   Moe moe{nullptr};  // instead of mlp in an MoE block (MoeConfig::is_moe_block)
@@ -169,7 +196,7 @@ class GptImpl : public torch::nn::Module {
   const TpGroup& tensor_parallel() const { return tp_; }
   // Context parallelism: from now on embed, dropout and attention take this
   // rank's tokens as `split`'s segments of the global sequence.
-  void set_sequence_split(SequenceSplit split) { seq_ = std::move(split); }
+  void set_sequence_split(SequenceSplit split) { seq_ = std::move(split), rotary_.clear(); }
   const SequenceSplit& sequence_split() const { return seq_; }
 
   // Mixture of experts (moe.cpp): the MoE layers in block order; the sum of
@@ -181,16 +208,20 @@ class GptImpl : public torch::nn::Module {
   void set_expert_parallel(EpGroup ep);
 
   torch::nn::Embedding wte{nullptr};  // [V, C]
-  torch::nn::Embedding wpe{nullptr};  // [T, C]
+  torch::nn::Embedding wpe{nullptr};  // [T, C] (gpt only: llama's positions are rotary)
   torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList blocks{nullptr};  // "blocks.<i>"
   torch::nn::LayerNorm ln_f{nullptr};
-  torch::nn::Linear head{nullptr};    // C -> V, no bias
+  torch::nn::Linear head{nullptr};    // C -> V, no bias (absent when tie_embeddings)
+  RmsNorm rms_f{nullptr};             // llama's final norm (named ln_f)
 
  private:
   at::Tensor run_unit(int unit, const std::function<at::Tensor()>& body);
   at::Tensor run_block(int i, const at::Tensor& x);
+  at::Tensor final_norm(const at::Tensor& x);
+  void init_llama(uint64_t seed);
   SegmentRunner block_runner_;
+  Rotary rotary_;  // llama: the blocks' shared cos/sin cache
   GptConfig cfg_;
   UnitHooks* hooks_ = nullptr;
   TpGroup tp_;

@@ -115,7 +115,8 @@ Routing moe_route(const at::Tensor& logits, const MoeConfig& cfg, const at::Tens
   // Renormalised over the chosen k; top-1 keeps the probability itself
   // (Switch), else the gate would be 1 and the router would learn only from
   // the aux loss.
-  if (K > 1) r.gates = r.gates / r.gates.sum(-1, /*keepdim=*/true);
+  // Mixtral renormalises always.
+  if (K > 1 || cfg.llama) r.gates = r.gates / r.gates.sum(-1, /*keepdim=*/true);
   // Priority: all first choices (in token order), then all second choices.
   at::Tensor flat = r.experts.t().reshape({-1});                     // [K*N]
   at::Tensor onehot = at::one_hot(flat, E);                          // [K*N, E]
@@ -130,9 +131,9 @@ Routing moe_route(const at::Tensor& logits, const MoeConfig& cfg, const at::Tens
   return r;
 }
 
-ExpertLinearImpl::ExpertLinearImpl(int experts, int in, int out) {
+ExpertLinearImpl::ExpertLinearImpl(int experts, int in, int out, bool with_bias) {
   weight = register_parameter("weight", at::empty({experts, out, in}));  // [E, out, in]
-  bias = register_parameter("bias", at::zeros({experts, out}));          // [E, out]
+  if (with_bias) bias = register_parameter("bias", at::zeros({experts, out}));  // [E, out]
 }
 
 MoeImpl::MoeImpl(const MoeConfig& cfg, int d_model) : cfg_(cfg) {
@@ -141,8 +142,8 @@ MoeImpl::MoeImpl(const MoeConfig& cfg, int d_model) : cfg_(cfg) {
                                        std::to_string(cfg.top_k) + ": need 1 <= top_k <= experts and capacity_factor > 0");
   router = register_module("router", torch::nn::Linear(torch::nn::LinearOptions(d_model, cfg.experts).bias(false)));
   const int d_ff = cfg.d_ff > 0 ? cfg.d_ff : 4 * d_model;
-  fc = register_module("fc", ExpertLinear(cfg.experts, d_model, d_ff));
-  proj = register_module("proj", ExpertLinear(cfg.experts, d_ff, d_model));
+  fc = register_module("fc", ExpertLinear(cfg.experts, d_model, cfg.llama ? 2 * d_ff : d_ff, !cfg.llama));
+  proj = register_module("proj", ExpertLinear(cfg.experts, d_ff, d_model, !cfg.llama));
   selection_bias = at::zeros({cfg.experts});
   counters.reset(cfg.experts);
 }
@@ -154,8 +155,12 @@ at::Tensor MoeImpl::run_experts(const at::Tensor& rows, const std::vector<int64_
     if (counts[j] == 0) continue;
     at::Tensor x = rows.narrow(0, off, counts[j]);  // [n, C]
     const int64_t e = int64_t(j);  // local index into this rank's slice
-    at::Tensor h = at::gelu(at::linear(x, fc->weight[e], fc->bias[e]));  // [n, F]
-    outs.push_back(at::linear(h, proj->weight[e], proj->bias[e]));      // [n, C]
+    if (cfg_.llama) {  // SwiGLU, no biases
+      outs.push_back(at::linear(swiglu(at::linear(x, fc->weight[e])), proj->weight[e]));  // [n, C]
+    } else {
+      at::Tensor h = at::gelu(at::linear(x, fc->weight[e], fc->bias[e]));  // [n, F]
+      outs.push_back(at::linear(h, proj->weight[e], proj->bias[e]));      // [n, C]
+    }
     off += counts[j];
   }
   // No rows: an empty slice of the input keeps the graph (and so the

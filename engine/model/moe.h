@@ -26,6 +26,10 @@ struct MoeConfig {
   int every = 1;              // blocks 0, every, 2 * every, ... are MoE (Megatron's moe_layer_freq)
   bool bias_balance = false;  // DeepSeek-V3's selection bias (balance: bias)
   int d_ff = 0;               // an expert's hidden width; 0 = 4 * d_model
+  // Mixtral (model.kind llama): SwiGLU experts without biases (fc [E, 2F, C]
+  // = [gate; up], proj [E, C, F]) and the k gates always renormalised to
+  // sum to 1 (top-1 included).
+  bool llama = false;
   bool is_moe_block(int layer) const { return experts > 0 && layer % every == 0; }
 };
 
@@ -54,11 +58,11 @@ struct MoeCounters {
   void reset(int experts) { load.assign(size_t(experts), 0.0), dropped = assigned = aux_sum = forwards = 0; }
 };
 
-// E linears side by side: weight [E, out, in], bias [E, out] (under expert
-// parallelism the rank's [E / ep, ...] slice of them).
+// E linears side by side: weight [E, out, in], bias [E, out] (undefined
+// without bias; under expert parallelism the rank's [E / ep, ...] slice).
 class ExpertLinearImpl : public torch::nn::Module {
  public:
-  ExpertLinearImpl(int experts, int in, int out);
+  ExpertLinearImpl(int experts, int in, int out, bool bias = true);
   at::Tensor weight, bias;
 };
 TORCH_MODULE(ExpertLinear);

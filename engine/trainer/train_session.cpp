@@ -49,6 +49,13 @@ model::GptConfig gpt_config(const ModelSpec& m) {
   c.moe.d_ff = m.moe.d_ff;
   c.moe.bias_balance = m.moe.balance == MoeBalance::bias;
   c.attention = to_string(m.attention);  // the model's own name for its core (attention_core.h)
+  c.kind = m.kind;
+  c.kv_heads = m.kv_heads;
+  c.ffn_hidden = m.ffn_hidden;
+  c.norm_eps = m.norm_eps;
+  c.rope = {m.rope_theta, m.rope_scaling.factor, m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor,
+            m.rope_scaling.original_max_position};
+  c.tie_embeddings = m.tie_embeddings;
   return c;
 }
 
@@ -145,9 +152,9 @@ std::unique_ptr<TrainSession> make_train_session() {
                 s->peak.total_flops / 1e9, s->info.world, s->peak.cores, s->info.local_world);
   }
   if (s->is_log_rank())
-    DTRAIN_INFO("model gpt: {} parameters ({} tensors); data {} samples of {} tokens; {}; "
+    DTRAIN_INFO("model {}: {} parameters ({} tensors); data {} samples of {} tokens; {}; "
                 "schedule {}; device {}, {}",
-                model_params, s->par.parts.named_params.size(),
+                spec.model.kind, model_params, s->par.parts.named_params.size(),
                 s->data->num_samples(), spec.model.seq_len, s->par.grad_sync->describe(),
                 s->par.schedule->name(), s->device.str(), to_string(spec.train.precision));
   return s;

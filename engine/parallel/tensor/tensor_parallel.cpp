@@ -39,16 +39,29 @@ std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
   const int n = tp.size(), r = tp.rank();
   const auto& cfg = model.config();
   for (auto [what, v] : {std::pair{"model.heads", cfg.heads}, {"model.d_model", cfg.d_model},
-                         {"model.vocab", vocab_parallel ? cfg.vocab : n}})
+                         {"model.vocab", vocab_parallel ? cfg.vocab : n}, {"model.ffn_hidden", cfg.llama() ? cfg.ffn() : n}})
     if (v % n != 0)
       throw Error(ErrorCode::config, std::string(what) + " = " + std::to_string(v) + " is not divisible by parallel.tp = " +
-                                         std::to_string(n), "choose a tp that divides heads, d_model and vocab");
+                                         std::to_string(n), "choose a tp that divides heads, d_model, vocab (and a llama's ffn_hidden)");
+  // llama's kv heads: split over tp (k rows and v rows alike), or, when tp
+  // is a multiple of them, whole on every rank (each rank reads the one kv
+  // head its query heads use; its gradient is partial: summed over tp).
+  const int kv = cfg.kv();
+  if (cfg.llama() && kv % n != 0 && n % kv != 0)
+    throw Error(ErrorCode::config, "model.kv_heads = " + std::to_string(kv) + " with parallel.tp = " +
+                                       std::to_string(n) + ": neither divides the other",
+                "choose a tp that divides or is a multiple of kv_heads");
   std::vector<ParamLayout> layouts;
   at::NoGradGuard no_grad;
   for (const auto& [name, p] : named_params) {
     ParamLayout l = ParamLayout::whole(p);
+    const bool kv_replicated = ends_with(name, "attn.kv.weight") && kv % n != 0;
     if (ends_with(name, "attn.qkv.weight") || ends_with(name, "attn.qkv.bias"))
       l = split(p, 0, 3, r, n);  // column-parallel by heads, q, k and v alike
+    else if ((ends_with(name, "attn.kv.weight") && !kv_replicated) || ends_with(name, "mlp.gate_up.weight"))
+      l = split(p, 0, 2, r, n);  // column-parallel: [k; v] by kv heads, [gate; up] by hidden rows
+    else if (ends_with(name, "attn.q.weight"))
+      l = split(p, 0, 1, r, n);  // column-parallel by query heads
     else if (ends_with(name, "mlp.fc.weight") || ends_with(name, "mlp.fc.bias") ||
              (vocab_parallel && (name == "wte.weight" || name == "head.weight")))
       l = split(p, 0, 1, r, n);  // column-parallel rows / vocab-parallel rows
@@ -62,7 +75,9 @@ std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
       param.set_data(local);
     } else {
       l.tp_owner = r == 0;  // replicated over TP: rank 0 counts and writes it
-      l.sum_grad_over_tp = sequence_parallel;  // every replicated one lives in the SP region
+      // Every replicated one lives in the SP region; a replicated kv's
+      // gradient covers this rank's query heads only.
+      l.sum_grad_over_tp = sequence_parallel || kv_replicated;
     }
     layouts.push_back(std::move(l));
   }
