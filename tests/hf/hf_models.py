@@ -4,12 +4,12 @@
   make KIND DIR [--dtype fp16|bf16] [--tie] [--shard-bytes N] [KIND DIR ...]
       random tiny LlamaForCausalLM (KIND llama) or MixtralForCausalLM (mixtral)
       models built from a config with transformers and saved with save_pretrained.
-  compare A B [A B ...]
+  compare [--tol T] A B [A B ...]
       loads each pair with AutoModelForCausalLM.from_pretrained (a missing,
       unexpected or mismatched key is reported) and compares the state dicts bit
       for bit (after an exact upcast to fp32 where the dtypes differ); prints
       "pair i: clean load; N differ, max abs diff X" per pair; exit 1 when any
-      pair differs or loads unclean.
+      pair differs (by more than T, when given) or loads unclean.
 Never downloads (HF_HUB_OFFLINE=1).
 """
 import os
@@ -51,7 +51,7 @@ def load(path):
     return model, {k: v for k, v in info.items() if v}
 
 
-def compare_pair(i, a, b):
+def compare_pair(i, a, b, tol=None):
     (ma, bad_a), (mb, bad_b) = load(a), load(b)
     if bad_a or bad_b:
         print(f"pair {i}: load not clean: {a}: {bad_a} {b}: {bad_b}")
@@ -72,9 +72,10 @@ def compare_pair(i, a, b):
             d = (x.float() - y.float()).abs().max().item()
             worst = max(worst, d) if d == d else float("inf")
             differing.append(k)
+    ok = not differing if tol is None else worst <= tol
     print(f"pair {i}: clean load; {len(differing)} differ, max abs diff {worst} "
-          f"(tolerance: bit for bit; {len(sa)} tensors) {' '.join(differing)}")
-    return not differing
+          f"(tolerance: {'bit for bit' if tol is None else tol}; {len(sa)} tensors) {'OK' if ok else 'FAIL'}")
+    return ok
 
 
 def main(argv):
@@ -93,8 +94,10 @@ def main(argv):
             make(kind, out, **opts)
         return 0
     if argv[0] == "compare":
-        pairs = argv[1:]
-        ok = [compare_pair(i, pairs[2 * i], pairs[2 * i + 1]) for i in range(len(pairs) // 2)]
+        tol, pairs = None, argv[1:]
+        if pairs[0] == "--tol":
+            tol, pairs = float(pairs[1]), pairs[2:]
+        ok = [compare_pair(i, pairs[2 * i], pairs[2 * i + 1], tol) for i in range(len(pairs) // 2)]
         return 0 if all(ok) else 1
     raise SystemExit(__doc__)
 
