@@ -130,3 +130,14 @@ TEST_CASE("each parameter's HF pieces tile it in row-major order") {
     CHECK(hf_tensors == 3 + 2 * (6 + (experts ? 1 + 3 * experts : 3)));
   }
 }
+
+TEST_CASE("train.init_from: a blank path is refused, naming the field") {
+  CHECK_NOTHROW(dtrain::parse_job_spec("train: {init_from: hf/llama}\n", "s.yaml"));
+  try {
+    dtrain::parse_job_spec("train: {init_from: ' '}\n", "s.yaml");
+    FAIL("a blank train.init_from was accepted");
+  } catch (const dtrain::Error& e) {
+    CHECK(e.code() == dtrain::ErrorCode::config);
+    CHECK(std::string(e.what()).find("train.init_from is blank") != std::string::npos);
+  }
+}
