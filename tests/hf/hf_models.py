@@ -10,6 +10,11 @@
       for bit (after an exact upcast to fp32 where the dtypes differ); prints
       "pair i: clean load; N differ, max abs diff X" per pair; exit 1 when any
       pair differs (by more than T, when given) or loads unclean.
+  loss T CORPUS DIR [DIR ...]
+      the mean next-token cross-entropy (fp32) transformers gives for the
+      corpus's first sample as dtrain cuts it (bytes 0..T, input the first T,
+      targets the next T), and for the same bytes rotated by one (the negative
+      control): "loss DIR X rotated Y" per model.
 Never downloads (HF_HUB_OFFLINE=1).
 """
 import os
@@ -92,6 +97,22 @@ def main(argv):
                     opts[args[i][2:].replace("-", "_")] = args[i + 1]
                     i += 2
             make(kind, out, **opts)
+        return 0
+    if argv[0] == "loss":
+        t, data = int(argv[1]), open(argv[2], "rb").read()
+        sample = torch.tensor(list(data[: t + 1]), dtype=torch.long)
+        rotated = torch.roll(sample, 1)
+        for path in argv[3:]:
+            model, bad = load(path)
+            if bad:
+                raise SystemExit(f"{path}: load not clean: {bad}")
+            model.float().eval()
+            with torch.no_grad():
+                out = []
+                for s in (sample, rotated):
+                    logits = model(s[None, :t]).logits[0].float()  # [T, V]
+                    out.append(torch.nn.functional.cross_entropy(logits, s[1:]).item())
+            print(f"loss {path} {out[0]!r} rotated {out[1]!r}")
         return 0
     if argv[0] == "compare":
         tol, pairs = None, argv[1:]

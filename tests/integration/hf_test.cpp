@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,13 @@ using dtrain::testing::write_file;
 using Json = nlohmann::json;
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
 
 std::pair<int, std::string> dtrain_cmd(const TempDir& dir, std::vector<std::string> args) {
   args.insert(args.begin(), dtrain::testing::dtrain_bin());
@@ -337,7 +345,13 @@ TEST_CASE("train.init_from loads the weights only: step 0, fresh optimizer and s
 TEST_CASE("imported weights train at dp 2 x tp 2, pp 2 and Mixtral at ep 2, and export back unchanged") {
   const TempDir& m = models();
   TempDir dir;
-  write_file(dir / "text.txt", dtrain::testing::word_salad(8 * 1024, {"llama ", "weights ", "round\n"}));
+  // Every sample dtrain cuts (bytes [i*T, i*T + T], T = 32) is the same
+  // 33 bytes when the corpus repeats a 32-byte phrase: the loss it logs is
+  // then that one sample's, which transformers can compute too.
+  std::string corpus;
+  while (corpus.size() < 32 * 256 + 1) corpus += "Llama weights go in and out. ok\n";
+  corpus.resize(32 * 256 + 1);
+  write_file(dir / "text.txt", corpus);
   struct Layout {
     std::string name, model;
     std::vector<std::string> sets;
@@ -345,7 +359,8 @@ TEST_CASE("imported weights train at dp 2 x tp 2, pp 2 and Mixtral at ep 2, and 
   const std::vector<Layout> layouts = {
       {"dp2tp2", "L", {"parallel.dp=2", "parallel.tp=2", "cluster.procs_per_node=4"}},
       {"pp2", "L", {"parallel.dp=1", "parallel.pp=2", "cluster.procs_per_node=2"}},
-      {"ep2", "M", {"parallel.dp=2", "parallel.ep=2", "cluster.procs_per_node=2"}}};
+      // aux_loss_coef 0: the logged loss is then the language-model loss alone
+      {"ep2", "M", {"parallel.dp=2", "parallel.ep=2", "cluster.procs_per_node=2", "model.moe.aux_loss_coef=0"}}};
   std::vector<std::string> pairs;
   for (const auto& l : layouts) {
     CAPTURE(l.name);
@@ -372,6 +387,30 @@ TEST_CASE("imported weights train at dp 2 x tp 2, pp 2 and Mixtral at ep 2, and 
     REQUIRE(code == 0);
     pairs.insert(pairs.end(), {m / l.model, dir / ("E_" + l.name)});
   }
+  // transformers' loss on each export against the loss dtrain logged at its
+  // last step (the same weights up to lr 1e-12); the rotated sample is the
+  // control.
+  std::vector<std::string> loss_args = {"loss", "32", dir / "text.txt"};
+  for (const auto& l : layouts) loss_args.push_back(dir / ("E_" + l.name));
+  auto [lcode, lout] = python(dir, loss_args);
+  INFO(lout);
+  REQUIRE(lcode == 0);
+  for (const auto& l : layouts) {
+    std::string last;  // the last metrics record
+    for (const auto& line : split_lines(read_file(dir / ("run_" + l.name + "/metrics.jsonl"))))
+      if (line.find("\"loss\"") != std::string::npos) last = line;
+    const double logged = Json::parse(last)["loss"].get<double>();
+    const std::string mine = lout.substr(lout.find("loss " + dir / ("E_" + l.name) + " "));
+    std::istringstream in(mine.substr(mine.find(' ', 5) + 1));
+    double hf = 0, rotated = 0;
+    std::string word;
+    in >> hf >> word >> rotated;
+    MESSAGE(l.name << ": loss dtrain " << logged << ", transformers " << hf << ": |diff| " << std::fabs(logged - hf)
+                   << " (tolerance 1e-5); control (rotated sample) |diff| " << std::fabs(logged - rotated));
+    CHECK(std::fabs(logged - hf) <= 1e-5);
+    CHECK(std::fabs(logged - rotated) >= 100 * 1e-5);
+  }
+
   // The negative control: the pp 2 export with one norm weight off by 1e-6
   // (1000x the tolerance).
   fs::copy(dir / "E_pp2", dir / "E_control", fs::copy_options::recursive);
