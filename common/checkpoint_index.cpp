@@ -86,6 +86,7 @@ std::string index_to_json(const Index& x) {
             {"files", x.files},
             {"tensors", tensors},
             {"spec", x.spec_yaml}};
+  if (x.weights_only) j["weights_only"] = true;  // absent in a training checkpoint
   return j.dump(1) + "\n";
 }
 
@@ -106,6 +107,7 @@ Index index_from_json(const std::string& text, const std::string& source) {
     x.model = j.at("model").get<std::string>();
     x.sampler_consumed = j.at("sampler").at("consumed").get<int64_t>();
     x.optimizer_step = j.at("optimizer").at("step_count").get<int64_t>();
+    x.weights_only = j.value("weights_only", false);
     const Json& s = j.at("schedule");
     x.schedule.lr = s.at("lr").get<double>();
     x.schedule.min_lr = s.at("min_lr").get<double>();

@@ -48,6 +48,9 @@ struct Index {
   std::string model;              // model signature: "gpt vocab=256 layers=2 ..."
   int64_t sampler_consumed = 0;   // global samples consumed
   int64_t optimizer_step = 0;     // AdamW step count
+  // Model weights only (an import from Hugging Face): no optimizer, sampler
+  // or RNG state; a run loading it starts at step 0 with fresh ones.
+  bool weights_only = false;
   ScheduleState schedule;
   std::string spec_yaml;          // the resolved spec the run used
   std::vector<std::string> files;  // every rank file, in rank order

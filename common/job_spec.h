@@ -165,6 +165,10 @@ struct TrainSpec {
   // goes on past any number of them (a warning each).
   NonfiniteAction nonfinite = NonfiniteAction::stop;  // stop | skip_step
   int nonfinite_patience = 3;
+  // Start from these weights (a Hugging Face Llama/Mixtral directory, or a
+  // dtrain checkpoint: a step_<N> dir or a checkpoint.dir) at step 0, with a
+  // fresh optimizer and sampler; ignored when the run resumes. "" = random init.
+  std::string init_from;
 };
 
 // One source of data.blend: a Megatron indexed dataset PREFIX and its share.

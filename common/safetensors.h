@@ -85,6 +85,10 @@ class File {
   // Reads a tensor's bytes into dst (info.nbytes() bytes).
   void read(const TensorInfo& info, void* dst) const;
   std::vector<uint8_t> read(const std::string& name) const;
+  // For readers that map the file: the descriptor and where the data
+  // section starts (a tensor's bytes are at data_start() + info.begin).
+  int fd() const { return fd_; }
+  uint64_t data_start() const { return data_start_; }
 
  private:
   std::string path_;

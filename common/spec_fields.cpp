@@ -102,6 +102,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("train.recompute", train.recompute),
       DTRAIN_FIELD("train.nonfinite", train.nonfinite),
       DTRAIN_FIELD("train.nonfinite_patience", train.nonfinite_patience),
+      DTRAIN_FIELD("train.init_from", train.init_from),
       DTRAIN_FIELD("data.path", data.path),
       DTRAIN_FIELD("data.format", data.format),
       DTRAIN_FIELD("data.blend", data.blend),

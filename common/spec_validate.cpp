@@ -178,6 +178,9 @@ void check_enums(const Checker& c) {
   c.one_of("train.nonfinite");
   c.at_least("train.nonfinite_patience", s.train.nonfinite_patience, 1,
              "e.g. 3 (1 stops at the first non-finite step)");
+  if (!s.train.init_from.empty() && s.train.init_from.find_first_not_of(" \t") == std::string::npos)
+    c.error("train.init_from", "train.init_from is blank; give a Hugging Face model directory or a dtrain "
+                               "checkpoint, or remove the field (random initialisation)");
   c.one_of("model.attention");
   c.one_of("parallel.reduce_dtype");
   if (!c.bad({"parallel.reduce_dtype", "parallel.zero"}) && s.parallel.reduce_dtype == ReduceDtype::bf16 &&

@@ -32,6 +32,7 @@
 #include "launcher/doctor.h"
 #include "launcher/gpus.h"
 #include "launcher/input_checks.h"
+#include "launcher/init_from.h"
 #include "launcher/run_dir_lock.h"
 #include "rendezvous/rendezvous_client.h"
 #include "rendezvous/rendezvous_server.h"
@@ -244,6 +245,7 @@ std::string self_dir() {
 int launch(const JobSpec& spec, const LaunchOptions& options) {
   check_devices(spec);  // before anything starts
   check_data_file(spec);
+  check_init_from(spec);  // train.init_from: its weights fit this model
   plan::check_fits_memory(spec, options.allow_large);
   // Its refusals (an archive as checkpoint.dir, a `latest` outside it)
   // before any directory is created or locked; applied under the lock below.
@@ -274,8 +276,9 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   const LockOwner me =
       this_agent(spec.job.name, job_id_of(spec.job.name, job_key, rdzv), config.hostname, rdzv);
   RunDirLocks locks = lock_run_dirs(spec, me);
+  std::string from;  // the checkpoint this run resumes ("" when it starts fresh)
   if (locks.owns_checkpoints()) {
-    const std::string from = prepare_checkpoint_start(
+    from = prepare_checkpoint_start(
         spec.checkpoint.dir.empty() ? "" : absolute_dir(spec.checkpoint.dir),
         {options.resume_from, options.fresh});
     if (from.empty() && locks.log->holds()) keep_earlier_metrics(absolute_dir(spec.log.dir), me);
@@ -286,6 +289,8 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   config.log_header = "job '" + spec.job.name + "' run of " + me.started + " (agent pid " +
                       std::to_string(me.pid) + " on " + me.host + ")";
   std::tie(config.run_dir, config.spec_path) = prepare_run_dir(spec);
+  if (!spec.train.init_from.empty() && from.empty() && options.resume_from.empty())
+    config.extra_env.push_back("DTRAIN_INIT_FROM=" + prepare_init_from(spec, config.run_dir));
 
   // Where the rendezvous is, and which of this host's addresses the others
   // reach it at: checked before anything listens.

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "apps/dtrain/cmd_ckpt_hf.h"
 #include "apps/dtrain/command.h"
 #include "common/checkpoint_dir.h"
 #include "common/checkpoint_reader.h"
@@ -69,7 +70,7 @@ int run_merge(const std::string& path, const std::string& out, bool with_optimiz
 }
 
 void add_ckpt(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("ckpt", "inspect or merge a sharded checkpoint");
+  auto* cmd = app.add_subcommand("ckpt", "inspect, merge, import or export checkpoints");
   cmd->require_subcommand(1);
 
   struct InspectArgs {
@@ -97,6 +98,7 @@ void add_ckpt(CLI::App& app, int& exit_code) {
   merge->callback([ma, &exit_code] {
     exit_code = run_merge(ma->dir, ma->out, ma->with_optimizer, ma->force);
   });
+  add_ckpt_hf(*cmd, exit_code);
 }
 
 }  // namespace

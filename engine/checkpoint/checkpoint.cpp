@@ -14,6 +14,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/mesh.h"
+#include "common/model_signature.h"
 #include "engine/device/device.h"
 
 namespace dtrain::engine::checkpoint {
@@ -179,14 +181,7 @@ void check_finite_state(const TrainState& s, const std::vector<parallel::StateEn
 
 }  // namespace
 
-std::string model_signature(const ModelSpec& m) {
-  return m.kind + " vocab=" + std::to_string(m.vocab) + " layers=" + std::to_string(m.layers) +
-         " d_model=" + std::to_string(m.d_model) + " heads=" + std::to_string(m.heads) +
-         " seq_len=" + std::to_string(m.seq_len) +
-         (m.moe.experts > 0 ? " moe.experts=" + std::to_string(m.moe.experts) + " moe.every=" + std::to_string(m.moe.every) +
-                                  (m.moe.d_ff > 0 ? " moe.d_ff=" + std::to_string(m.moe.d_ff) : std::string())
-                            : std::string());
-}
+std::string model_signature(const ModelSpec& m) { return ck::model_signature(m); }
 
 std::string prepare_resume(const TrainState& s) {
   const std::string& root = s.spec->checkpoint.dir;
@@ -231,18 +226,24 @@ SaveStats save(const TrainState& s, int64_t step) {
   return stats;
 }
 
-int64_t load(const TrainState& s, const std::string& dir) {
+int64_t load(const TrainState& s, const std::string& dir, bool weights_only) {
   ck::CheckpointReader reader(dir);
   const ck::Index& x = reader.index();
+  weights_only = weights_only || x.weights_only;
   std::vector<parallel::StateEntry> entries = s.state->load_entries();
+  if (weights_only)  // the model's tensors; everything else as a fresh run has it
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [](const auto& e) { return e.name.rfind("model/", 0) != 0; }),
+                  entries.end());
   std::vector<ck::ExpectedTensor> expected;
   for (const auto& e : entries)
     if (expected.empty() || expected.back().name != e.name)  // a tensor's slices come together
       expected.push_back({e.name, dtype_name(e.tensor), e.global_shape});
-  ck::check_compatible(x, dir, model_signature(s.spec->model), expected);
+  ck::check_compatible(x, dir, weights_only ? x.model : model_signature(s.spec->model), expected);
 
   at::NoGradGuard no_grad;
   for (auto& e : entries) read_into(reader, e.name, e.tensor, e.slice);
+  if (weights_only) return 0;
   if (s.spec->fault.kind == FaultKind::reset_moments_on_load && s.info->restart == 0) {
     // fault.kind reset_moments_on_load (a wrong resume on purpose): the
     // moments as a fresh AdamW has them; the step count is still loaded.

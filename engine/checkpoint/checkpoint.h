@@ -61,7 +61,11 @@ SaveStats save(const TrainState& s, int64_t step);
 // checking the model matches; returns the step it holds. RNG: the state of
 // the same global rank when the checkpoint has it, else a fresh seed from
 // (job.seed, rank, step) -- ranks that did not exist have no stream to continue.
-int64_t load(const TrainState& s, const std::string& dir);
+// weights_only (or a checkpoint whose index says weights_only, e.g. a
+// Hugging Face import): the model's tensors alone, matched by name and shape
+// (not by signature: seq_len and dropout may differ); optimizer, sampler and
+// RNG stay as a fresh run has them, and it returns 0.
+int64_t load(const TrainState& s, const std::string& dir, bool weights_only = false);
 
 // Loads only the model's tensors of checkpoint dir `dir` (any mesh) into
 // this rank's parameters, after the same model check as load; the
@@ -83,6 +87,8 @@ bool preemption_requested(comm::Group& control, bool last);
 // WorldInfo::resume_from (DTRAIN_RESUME_FROM, set by `dtrain resume`; first
 // launch only) or else
 // checkpoint.dir's `latest`; returns the step to continue from (0: none).
+// With nothing to resume, WorldInfo::init_from (train.init_from) is loaded
+// weights only, and the run starts at step 0.
 int64_t resume(const TrainState& s);
 // after_step: saves every checkpoint.every steps, after the last step and
 // on preemption (collective), except after a step that was not finite

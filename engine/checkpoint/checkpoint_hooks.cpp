@@ -15,6 +15,15 @@ int64_t resume(const TrainState& s) {
   std::string dir = prepare_resume(s);
   if (!s.info->resume_from.empty() && s.info->restart == 0)
     dir = dtrain::checkpoint::resolve(s.info->resume_from);
+  if (dir.empty() && !s.info->init_from.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    load(s, s.info->init_from, /*weights_only=*/true);
+    if (s.info->rank == 0)
+      DTRAIN_INFO("initialised the model from {} (weights only; fresh optimizer and sampler) in {:.3f} s",
+                  s.info->init_from,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return 0;
+  }
   if (dir.empty()) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t step = load(s, dir);

@@ -28,7 +28,7 @@ namespace dtrain::engine::comm {
 
 // Who this worker is: read from RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, DTRAIN_MESH, DTRAIN_COORD, DTRAIN_RESTART,
-// DTRAIN_SPEC, DTRAIN_RUN_DIR, DTRAIN_RESUME_FROM and GLOO_SOCKET_IFNAME.
+// DTRAIN_SPEC, DTRAIN_RUN_DIR, DTRAIN_RESUME_FROM, DTRAIN_INIT_FROM and GLOO_SOCKET_IFNAME.
 // Missing DTRAIN_MESH = pure data parallel.
 // from_env is the engine's only reader of the environment: code below it
 // takes these fields.
@@ -47,6 +47,9 @@ struct WorldInfo {
   std::string run_dir;
   // Checkpoint to load on the first launch (`dtrain resume` sets it); "" = none.
   std::string resume_from;
+  // Weights to start from when there is nothing to resume (train.init_from,
+  // resolved by the launcher to a checkpoint step dir); "" = none.
+  std::string init_from;
   // Network interface for Gloo, as in PyTorch; "" = loopback when
   // MASTER_ADDR is 127.x or localhost, else the host's default.
   std::string gloo_socket_ifname;

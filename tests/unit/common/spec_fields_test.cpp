@@ -115,6 +115,7 @@ const std::vector<Example> kExamples = {
     {"train.recompute", "selective"},
     {"train.nonfinite", "skip_step"},
     {"train.nonfinite_patience", "5"},
+    {"train.init_from", "hf/llama-1b"},
     {"data.path", "/data/tokens.bin"},
     {"data.format", "tokens-u16"},
     {"data.blend", "[{path: a, weight: 0.7}, {path: b, weight: 0.3}]", {"data.format=indexed"}},
