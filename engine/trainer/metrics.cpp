@@ -116,7 +116,7 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
   interval_s_ += r.step_s;
   interval_wait_s_ += r.sync_wait_s;
   ++interval_steps_;
-  if (!should_log(r.step) && !r.nonfinite) return;  // a non-finite step is always logged
+  if (!should_log(r.step) && !r.nonfinite && !r.checkpoint) return;  // so are non-finite and checkpoint steps
   const double step_s = interval_s_ / double(interval_steps_);
   const double tokens_per_s = double(opt_.tokens_per_step) / step_s;
   const double wait_s = interval_wait_s_ / double(interval_steps_);

@@ -40,6 +40,7 @@ struct StepReport {
   int slowest_rank = -1;        // logged steps: the rank with the most compute (straggler.h)
   double straggler_ratio = 0;   // its compute / the median rank's
   bool nonfinite = false;       // the loss or gradient norm is NaN or inf (the update was skipped)
+  bool checkpoint = false;      // the step saved or committed a checkpoint (ckpt_* in extra): always logged
   std::vector<std::pair<std::string, double>> extra;  // GradSync::step_metrics (e.g. moe_max_load)
   // Tokens drawn per data source since the start of training (indexed data):
   // "data_tokens": {"<base name>": n, ...} in metrics.jsonl.

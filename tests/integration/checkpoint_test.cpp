@@ -524,3 +524,121 @@ TEST_CASE("bad checkpoints refuse to load and fail `ckpt inspect`, naming the fi
     }
   }
 }
+
+namespace {
+
+// step -> {field -> value} of the ckpt_* fields of a run's metrics records
+// (a step recorded twice keeps the last).
+std::map<int, std::map<std::string, double>> read_ckpt_fields(const std::string& path) {
+  std::map<int, std::map<std::string, double>> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto s = line.find("\"step\": ");
+    if (s == std::string::npos) continue;
+    auto& fields = out[std::atoi(line.c_str() + s + 8)];
+    fields.clear();
+    for (const std::string name : {"ckpt_block_ms", "ckpt_write_ms"})
+      if (auto p = line.find("\"" + name + "\": "); p != std::string::npos)
+        fields[name] = std::strtod(line.c_str() + p + name.size() + 4, nullptr);
+  }
+  return out;
+}
+
+std::string fields_text(const std::map<int, std::map<std::string, double>>& m) {
+  std::ostringstream out;
+  for (const auto& [step, fields] : m)
+    for (const auto& [name, v] : fields) out << "  step " << step << ": " << name << " " << v << "\n";
+  return out.str();
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint.async: the same files as a synchronous save, bit-exact resume, ckpt_* metrics") {
+  Fixture f;
+  // log.every 7: steps 10 and 20 are not logging steps; their saves add a record.
+  Run sync = f.run("sync", {"log.every=7"});
+  INFO(sync.output);
+  REQUIRE(sync.code == 0);
+  Run async = f.run("async", {"log.every=7", "checkpoint.async=true"});
+  INFO(async.output);
+  REQUIRE(async.code == 0);
+  check_trained("async", async);
+  // Training is not disturbed: every step's loss bitwise equal.
+  INFO("sync:\n" << seq(sync.losses, 1, kSteps) << "async:\n" << seq(async.losses, 1, kSteps));
+  for (const auto& [step, loss] : sync.losses) {  // async has more: the steps that committed
+    CAPTURE(step);
+    REQUIRE(async.losses.count(step));
+    CHECK(std::memcmp(&loss, &async.losses.at(step), sizeof(double)) == 0);
+  }
+  // The rank files of every kept checkpoint are byte-identical.
+  CHECK(read_latest(f.dir / "async/ckpt") == "step_30");
+  for (const std::string step : {"step_10", "step_20", "step_30"})
+    for (const std::string file : {"rank_0.safetensors", "rank_1.safetensors"}) {
+      CAPTURE(step + "/" + file);
+      REQUIRE(fs::exists(f.dir / "async/ckpt/" + step + "/index.json"));
+      CHECK(dtrain::testing::read_file(f.dir / "sync/ckpt/" + step + "/" + file) ==
+            dtrain::testing::read_file(f.dir / "async/ckpt/" + step + "/" + file));
+    }
+
+  // Metrics: a sync save reports both figures on its step; an async one
+  // blocks at its step and reports its write on a later step (when it was
+  // committed): never on the save step, except the last (waited for).
+  const auto sm = read_ckpt_fields(f.dir / "sync/metrics.jsonl");
+  const auto am = read_ckpt_fields(f.dir / "async/metrics.jsonl");
+  INFO("sync ckpt fields:\n" << fields_text(sm) << "async ckpt fields:\n" << fields_text(am));
+  for (int step : {10, 20, 30}) {
+    CAPTURE(step);
+    REQUIRE(sm.count(step));
+    REQUIRE(am.count(step));
+    CHECK(sm.at(step).count("ckpt_block_ms"));
+    CHECK(sm.at(step).count("ckpt_write_ms"));
+    CHECK(am.at(step).count("ckpt_block_ms"));
+    CHECK(am.at(step).count("ckpt_write_ms") == (step == 30));
+  }
+  int async_writes = 0;
+  for (const auto* m : {&sm, &am})
+    for (const auto& [step, fields] : *m)
+      for (const auto& [name, v] : fields) {
+        CHECK(v >= 0);
+        async_writes += m == &am && name == "ckpt_write_ms" && step > 10 && step < 30;
+      }
+  CHECK(async_writes == 2);  // the writes of steps 10 and 20, each committed in a later step
+  CHECK(am.count(9) == 0);   // not a logging step, no save: no record
+
+  // Resumed from the async run's step_20: steps 21..30 and the final
+  // parameters bitwise equal to the synchronous run.
+  Run resumed = f.run("resumed", {"log.every=7", "checkpoint.async=true"}, {}, f.dir / "async/ckpt/step_20");
+  INFO(resumed.output);
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.output.find("resuming from step 20") != std::string::npos);
+  REQUIRE(resumed.losses.count(kSteps));
+  for (const auto& [step, loss] : resumed.losses) {
+    CAPTURE(step);
+    REQUIRE(sync.losses.count(step));
+    CHECK(std::memcmp(&loss, &sync.losses.at(step), sizeof(double)) == 0);
+  }
+  const auto sync_p = f.params("sync");
+  REQUIRE(!sync_p.empty());
+  CHECK(f.params("resumed") == sync_p);
+}
+
+TEST_CASE("checkpoint.async: a crash while the writer thread writes leaves latest on the previous checkpoint") {
+  Fixture f;
+  Run crashed = f.run("crash", {"checkpoint.async=true", "fault.kind=crash_during_save", "fault.rank=1",
+                                "fault.step=20"});
+  INFO(crashed.output);
+  REQUIRE(crashed.code != 0);
+  const std::string root = f.dir / "crash/ckpt";
+  CHECK(read_latest(root) == "step_10");
+  CHECK(fs::exists(root + "/step_20.tmp/rank_1.safetensors"));  // the half-written shard
+  CHECK(!fs::exists(root + "/step_20"));
+  Run again = f.run("crash", {"checkpoint.async=true"});
+  INFO(again.output);
+  REQUIRE(again.code == 0);
+  CHECK(again.output.find("resuming from step 10") != std::string::npos);
+  CHECK(again.output.find("removed 1 unfinished .tmp") != std::string::npos);
+  CHECK(read_latest(root) == "step_30");
+  CHECK(!fs::exists(root + "/step_20.tmp"));
+  check_trained("crashed + relaunched", again);
+}
