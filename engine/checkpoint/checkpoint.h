@@ -91,7 +91,8 @@ struct StepSave {
   bool stop = false;      // the loop must stop now (preempted)
   double block_ms = -1;   // the step loop was stopped this long for checkpoints (-1: no save work)
   double write_ms = -1;   // a rank file was written in this long: this step's save when
-                          // synchronous, the one committed at this step when async (-1: none)
+                          // synchronous, the one committed at this step when async (the longer
+                          // when the last step commits two) (-1: none)
 };
 StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite);
 
