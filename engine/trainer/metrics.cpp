@@ -116,7 +116,7 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
   interval_s_ += r.step_s;
   interval_wait_s_ += r.sync_wait_s;
   ++interval_steps_;
-  if (!should_log(r.step) && !r.nonfinite && !r.checkpoint) return;  // so are non-finite and checkpoint steps
+  if (!should_log(r.step) && !r.nonfinite) return;  // a non-finite step is always logged
   const double step_s = interval_s_ / double(interval_steps_);
   const double tokens_per_s = double(opt_.tokens_per_step) / step_s;
   const double wait_s = interval_wait_s_ / double(interval_steps_);
@@ -140,6 +140,18 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
     DTRAIN_INFO("step {}/{} | {}", r.step, opt_.total_steps, line);
   }
   const std::string line = jsonl_line(r, mem, {tokens_per_s, elapsed, process_cpu_s(), step_s, wait_s, mfu});
+  if (jsonl_) {
+    std::fputs(line.c_str(), jsonl_);
+    std::fflush(jsonl_);
+  }
+  if (tensorboard_) tensorboard_->add_record(line);
+}
+
+void MetricsLogger::record_checkpoint(int64_t step, double block_ms, double write_ms, bool print) {
+  if (!print) return;
+  std::string line = fmt::format("{{\"step\": {}, \"ckpt_block_ms\": {:.3f}", step, block_ms);
+  if (write_ms >= 0) line += fmt::format(", \"ckpt_write_ms\": {:.3f}", write_ms);
+  line += "}\n";
   if (jsonl_) {
     std::fputs(line.c_str(), jsonl_);
     std::fflush(jsonl_);

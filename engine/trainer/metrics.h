@@ -40,7 +40,6 @@ struct StepReport {
   int slowest_rank = -1;        // logged steps: the rank with the most compute (straggler.h)
   double straggler_ratio = 0;   // its compute / the median rank's
   bool nonfinite = false;       // the loss or gradient norm is NaN or inf (the update was skipped)
-  bool checkpoint = false;      // the step saved or committed a checkpoint (ckpt_* in extra): always logged
   std::vector<std::pair<std::string, double>> extra;  // GradSync::step_metrics (e.g. moe_max_load)
   // Tokens drawn per data source since the start of training (indexed data):
   // "data_tokens": {"<base name>": n, ...} in metrics.jsonl.
@@ -84,6 +83,10 @@ class MetricsLogger {
   // Every step: accumulates timing. On rank 0 for logged steps (and every
   // non-finite one): prints and appends one JSON line.
   void record(const StepReport& report, const MemoryStats& memory, bool print);
+  // A record of its own after a step's checkpoint work (on rank 0, every
+  // step that did some): {"step", "ckpt_block_ms"[, "ckpt_write_ms"]}
+  // (after_step's StepSave; write_ms < 0 is left out).
+  void record_checkpoint(int64_t step, double block_ms, double write_ms, bool print);
 
  private:
   struct Timing {  // the logged interval's figures

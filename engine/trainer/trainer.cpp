@@ -154,21 +154,6 @@ checkpoint::StepSave maybe_save_checkpoint(TrainSession& s, int64_t steps_done, 
   return checkpoint::after_step(checkpoint_state(s), steps_done, step_finite);
 }
 
-// ckpt_block_ms (the step loop stopped for checkpoints: a whole synchronous
-// save; an async save's copies, its wait for the previous write, its commit)
-// and ckpt_write_ms (the rank file's write: of this step's synchronous save,
-// or of the async save committed at this step) go on the step's metrics
-// line; a step that was not to be logged gets one, its loss reduced here
-// (collective over dp: what after_step did is the same on every rank).
-void record_checkpoint(TrainSession& s, const checkpoint::StepSave& saved, const StepResult& r, StepReport& report,
-                       bool logged) {
-  if (saved.block_ms < 0) return;
-  report.checkpoint = true;
-  report.extra.emplace_back("ckpt_block_ms", saved.block_ms);
-  if (saved.write_ms >= 0) report.extra.emplace_back("ckpt_write_ms", saved.write_ms);
-  if (!logged) report.loss = global_mean_loss(s, r.local_loss_sum);
-}
-
 MetricsOptions metrics_options(const TrainSession& s, int64_t start_step) {
   MetricsOptions o;
   o.total_steps = s.spec.train.steps;
@@ -236,6 +221,7 @@ int run_training() {
         DTRAIN_WARN("straggler: rank {} computes {:.0f} ms per step, {:.2f}x the median {:.0f} ms",
                     st.slowest_rank, st.slowest_s * 1e3, st.ratio, st.median_s * 1e3);
     }
+    metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
     comm::trace_step_done(step + 1, r.step_s);
     if (logged) comm::trace_logged(report.loss, report.straggler_ratio);
     if (memory_check.due(step + 1)) memory_check.compare(s.memory(), s.is_log_rank());
@@ -244,8 +230,12 @@ int run_training() {
     const auto save_start = std::chrono::steady_clock::now();  // the blocking part of a save, for goodput
     const checkpoint::StepSave saved = maybe_save_checkpoint(s, step + 1, r.finite);
     comm::trace_checkpoint_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count());
-    record_checkpoint(s, saved, r, report, logged);
-    metrics.record(report, logged || report.checkpoint ? s.memory() : MemoryStats{}, s.is_log_rank());
+    // ckpt_block_ms: the loop stopped for checkpoints (a whole synchronous
+    // save; an async one's copies, wait for a previous write, commit);
+    // ckpt_write_ms: the rank file's write (this step's synchronous save, or
+    // the async save committed at this step). A record of its own: the
+    // step's record is written before the save, which may crash.
+    if (saved.block_ms >= 0) metrics.record_checkpoint(step + 1, saved.block_ms, saved.write_ms, s.is_log_rank());
     if (const std::string path = timeline::end_step(); !path.empty() && s.is_log_rank())
       DTRAIN_INFO("log.trace: wrote {} (and every rank its own); `dtrain trace merge {} OUT.json`", path,
                   s.info.run_dir.empty() ? s.spec.log.dir : s.info.run_dir);
