@@ -39,18 +39,26 @@ tmp, out_path, cmd, load0, reps = sys.argv[1:6]
 lines = []
 say = lambda x="": (lines.append(x), print(x))
 say(f"# bench/ckpt_async.sh: step-loop blocking for checkpoints, sync vs async, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}")
-say(f"# per run: sums over metrics.jsonl of ckpt_block_ms / ckpt_write_ms (rank 0), the run's mean step_time_s")
+say(f"# per run: sums over metrics.jsonl of ckpt_block_ms / ckpt_write_ms (rank 0); *_mid: steps before the last")
+say(f"# (the last step's save is waited for in both modes); per-step async blocking: {{step: ms}}")
 say(f"# load average at start: {load0}; reproduce: {cmd}")
-say(f"{'rep':>3} {'block_sync_ms':>13} {'block_async_ms':>14} {'ratio':>7} {'write_sync_ms':>13} {'write_async_ms':>14}")
+say(f"{'rep':>3} {'block_sync_ms':>13} {'block_async_ms':>14} {'ratio':>6} {'sync_mid':>9} {'async_mid':>9} {'ratio_mid':>9} {'write_sync_ms':>13} {'write_async_ms':>14}")
+last = int(os.environ.get("STEPS", "20"))
 def sums(name):
-    b = w = 0.0
+    b = w = mid = 0.0
+    per = {}
     for l in open(os.path.join(tmp, name, "metrics.jsonl")):
         r = json.loads(l)
-        b += r.get("ckpt_block_ms", 0.0); w += r.get("ckpt_write_ms", 0.0)
-    return b, w
+        if "ckpt_block_ms" not in r: continue
+        b += r["ckpt_block_ms"]; w += r.get("ckpt_write_ms", 0.0)
+        if r["step"] < last: mid += r["ckpt_block_ms"]
+        per[r["step"]] = round(r["ckpt_block_ms"], 1)
+    return b, w, mid, per
 for rep in range(1, int(reps) + 1):
-    bs, ws = sums(f"r{rep}-async_false")
-    ba, wa = sums(f"r{rep}-async_true")
-    say(f"{rep:>3} {bs:>13.1f} {ba:>14.1f} {bs / ba if ba > 0 else float('inf'):>7.2f} {ws:>13.1f} {wa:>14.1f}")
+    bs, ws, ms, _ = sums(f"r{rep}-async_false")
+    ba, wa, ma, per = sums(f"r{rep}-async_true")
+    r = lambda x, y: x / y if y > 0 else float("inf")
+    say(f"{rep:>3} {bs:>13.1f} {ba:>14.1f} {r(bs, ba):>6.2f} {ms:>9.1f} {ma:>9.1f} {r(ms, ma):>9.2f} {ws:>13.1f} {wa:>14.1f}")
+    say(f"#   async per step: {per}")
 open(out_path, "w").write("\n".join(lines) + "\n")
 PYEOF
