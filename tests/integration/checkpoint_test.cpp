@@ -6,7 +6,9 @@
 // 100x), merge vs the 1-process model plus a Python reader of the public format,
 // `ckpt inspect` and `ckpt merge --with-optimizer`, and bad checkpoints. A run's
 // final parameters are those of its last checkpoint, through `dtrain ckpt
-// merge`. Every run from step 1 must have trained (its loss fell): equal curves
+// merge`. checkpoint.async: the same rank files as a synchronous save, bitwise
+// equal losses and resume, ckpt_* metrics records, a crash of the writer
+// thread mid-file. Every run from step 1 must have trained (its loss fell): equal curves
 // of frozen models prove nothing. Tiny model: a run takes seconds.
 #include <doctest/doctest.h>
 
