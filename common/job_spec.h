@@ -209,6 +209,11 @@ struct CheckpointSpec {
   std::string dir;  // empty = no checkpoints
   int every = 0;    // 0 = only at the end / on preemption
   int keep = 3;
+  // true: a save copies the state to host memory and a background thread
+  // writes the files while training goes on; the commit (index.json,
+  // rename, latest) follows at the first step boundary after every rank's
+  // write has finished. Same files as a synchronous save.
+  bool async = false;
 };
 
 // Chaos testing: one fault injected on purpose, on the first launch only

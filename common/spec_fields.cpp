@@ -113,6 +113,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("checkpoint.dir", checkpoint.dir),
       DTRAIN_FIELD("checkpoint.every", checkpoint.every),
       DTRAIN_FIELD("checkpoint.keep", checkpoint.keep),
+      DTRAIN_FIELD("checkpoint.async", checkpoint.async),
       DTRAIN_FIELD("log.dir", log.dir),
       DTRAIN_FIELD("log.every", log.every),
       DTRAIN_FIELD("log.tensorboard", log.tensorboard),

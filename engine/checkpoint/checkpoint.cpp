@@ -195,33 +195,63 @@ std::string prepare_resume(const TrainState& s) {
   return ck::latest_dir(root);
 }
 
-SaveStats save(const TrainState& s, int64_t step) {
-  const auto t0 = std::chrono::steady_clock::now();
+namespace detail {
+
+PreparedSave prepare_save(const TrainState& s, int64_t step, bool copy) {
   const std::string& root = s.spec->checkpoint.dir;
   const std::vector<parallel::StateEntry> entries = s.state->save_entries();
   check_finite_state(s, entries, step);  // collective: no rank writes non-finite state
   if (s.info->rank == 0) ck::prepare_tmp_dir(root, step);
   s.control->barrier();  // the .tmp dir exists for everyone
 
-  std::vector<at::Tensor> keep;
-  std::vector<ck::ShardData> shards = collect_shards(s, entries, keep);
-  safetensors::WriteOptions wopt;
+  PreparedSave p;
+  p.step = step;
+  p.dir = ck::tmp_dir(root, step);
+  p.file = rank_file(s.info->rank);
+  p.shards = collect_shards(s, entries, p.keep);
+  if (copy)  // on a CPU, to_host is the live tensor itself: training must not change what is written
+    for (size_t i = 0; i < p.keep.size(); ++i)
+      if (p.keep[i].device().is_cpu() && !p.keep[i].is_pinned()) {
+        p.keep[i] = p.keep[i].clone();
+        p.shards[i].data = p.keep[i].data_ptr();
+      }
+  if (s.info->rank == 0) p.index = index_header(s, step);  // the state as of this step
   if (crash_during_save(s.spec->fault, *s.info, step))
     // fault.kind crash_during_save: SIGKILLed after writing about half the
     // shard, leaving step_<N>.tmp behind as a real crash would
-    wopt.progress = [](uint64_t written, uint64_t total) {
+    p.options.progress = [](uint64_t written, uint64_t total) {
       if (2 * written >= total) ::raise(SIGKILL);  // mid-file: header and part of the data on disk
     };
-  SaveStats stats;
-  stats.bytes = ck::write_rank_file(ck::tmp_dir(root, step), rank_file(s.info->rank), std::move(shards), wopt);
-  s.control->barrier();  // every rank file is written and fsynced
+  return p;
+}
 
+uint64_t write_prepared(PreparedSave& p) {
+  const uint64_t bytes = ck::write_rank_file(p.dir, p.file, std::move(p.shards), p.options);
+  p.shards.clear();
+  p.keep.clear();  // the host copies are written: free them
+  return bytes;
+}
+
+void commit_prepared(const TrainState& s, PreparedSave& p) {
+  s.control->barrier();  // every rank file is written and fsynced
   if (s.info->rank == 0) {
-    ck::write_index(ck::tmp_dir(root, step), index_header(s, step));
-    ck::commit(root, step, s.spec->checkpoint.keep);
+    ck::write_index(p.dir, std::move(p.index));
+    ck::commit(s.spec->checkpoint.dir, p.step, s.spec->checkpoint.keep);
   }
   s.control->barrier();  // committed: nobody runs ahead of `latest`
-  stats.dir = root + "/" + ck::step_dir_name(step);
+}
+
+}  // namespace detail
+
+SaveStats save(const TrainState& s, int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  detail::PreparedSave p = detail::prepare_save(s, step, /*copy=*/false);
+  SaveStats stats;
+  const auto w0 = std::chrono::steady_clock::now();
+  stats.bytes = detail::write_prepared(p);
+  stats.write_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  detail::commit_prepared(s, p);
+  stats.dir = s.spec->checkpoint.dir + "/" + ck::step_dir_name(step);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return stats;
 }

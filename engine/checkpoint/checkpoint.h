@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/checkpoint_writer.h"
 #include "common/job_spec.h"
 #include "engine/checkpoint/fault.h"  // the trainer calls fault_in_step
 #include "engine/comm/comm.h"
@@ -39,6 +40,7 @@ struct SaveStats {
   std::string dir;         // the committed step_<N>
   uint64_t bytes = 0;      // this rank's tensor bytes
   double seconds = 0;      // wall time of the whole collective save
+  double write_seconds = 0;  // of which writing this rank's file
 };
 
 // "gpt vocab=256 layers=2 d_model=64 heads=4 seq_len=64": what must match
@@ -93,8 +95,47 @@ int64_t resume(const TrainState& s);
 // after_step: saves every checkpoint.every steps, after the last step and
 // on preemption (collective), except after a step that was not finite
 // (`step_finite` false, the same on every rank): that save is left out with
-// a warning, so `latest` stays on finite state. Returns true when the loop
-// must stop now.
-bool after_step(const TrainState& s, int64_t steps_done, bool step_finite);
+// a warning, so `latest` stays on finite state. With checkpoint.async it
+// starts the save (async_save.cpp) and commits one whose writes have all
+// finished; the last step and preemption wait for the write and commit.
+// What it did is the same on every rank.
+struct StepSave {
+  bool stop = false;      // the loop must stop now (preempted)
+  double block_ms = -1;   // the step loop was stopped this long for checkpoints (-1: no save work)
+  double write_ms = -1;   // a rank file was written in this long: this step's save when
+                          // synchronous, the one committed at this step when async (the longer
+                          // when the last step commits two) (-1: none)
+};
+StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite);
+
+// The pieces of save(), shared with the asynchronous save.
+namespace detail {
+struct PreparedSave {
+  int64_t step = 0;
+  std::string dir, file;                    // step_<N>.tmp and rank_<r>.safetensors
+  std::vector<at::Tensor> keep;             // host copies the shards point into
+  std::vector<dtrain::checkpoint::ShardData> shards;
+  dtrain::checkpoint::Index index;          // rank 0: the header as of `step`
+  safetensors::WriteOptions options;        // the crash_during_save fault
+};
+// Collective: the finiteness check, step_<N>.tmp made, host copies taken
+// (`copy`: never aliasing live CPU tensors, for a write that overlaps training).
+PreparedSave prepare_save(const TrainState& s, int64_t step, bool copy);
+// This rank's file; no collective (safe on a background thread).
+uint64_t write_prepared(PreparedSave& p);
+// Collective: barrier, rank 0's index.json and commit, barrier.
+void commit_prepared(const TrainState& s, PreparedSave& p);
+}  // namespace detail
+
+// Asynchronous saves (at most one in flight per process). start_async_save
+// waits for (and commits) a save still in flight, then prepares `step`'s
+// and hands the write to a background thread. finish_async_save is
+// collective: with `wait` it joins the writer; without, it commits only when
+// every rank's write is done (one all-reduce per call while a save is in
+// flight). Both return the write time in ms of the save they committed
+// (-1: none). A writer's I/O error throws dtrain::Error(checkpoint) on every rank.
+double start_async_save(const TrainState& s, int64_t step);
+double finish_async_save(const TrainState& s, bool wait);
+bool async_save_in_flight();
 
 }  // namespace dtrain::engine::checkpoint

@@ -1,6 +1,7 @@
 // The trainer hooks of checkpoint.h: resume at start, and after each step
 // the periodic / final / preemption save. Kept apart from checkpoint.cpp,
 // which is the save and load mechanics.
+#include <algorithm>
 #include <chrono>
 
 #include "common/checkpoint_dir.h"
@@ -38,14 +39,45 @@ int64_t resume(const TrainState& s) {
   return step;
 }
 
-bool after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
-  const bool preempted = preemption_requested(*s.control, steps_done >= s.spec->train.steps);
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The synchronous save of step `steps_done`; returns its write time in ms.
+double save_now(const TrainState& s, int64_t steps_done, bool preempted) {
+  SaveStats st;
+  {
+    timeline::Scope span(timeline::Kind::checkpoint);
+    st = save(s, steps_done);
+  }
+  if (s.info->rank == 0)
+    DTRAIN_INFO("checkpoint {} saved{}: {:.1f} MB from rank 0 in {:.3f} s ({:.0f} MB/s)", st.dir,
+                preempted ? " on SIGTERM" : "", double(st.bytes) / 1e6, st.seconds,
+                double(st.bytes) / 1e6 / (st.seconds > 0 ? st.seconds : 1e-9));
+  return st.write_seconds * 1e3;
+}
+
+}  // namespace
+
+StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
+  StepSave out;
+  out.stop = preemption_requested(*s.control, steps_done >= s.spec->train.steps);
+  const bool preempted = out.stop;
   const auto& c = s.spec->checkpoint;
   const bool due = (c.every > 0 && steps_done % c.every == 0) || steps_done == s.spec->train.steps;
   if (c.dir.empty()) {
     if (preempted && s.info->rank == 0)
       DTRAIN_WARN("SIGTERM: stopping after step {} without a checkpoint (checkpoint.dir is empty)", steps_done);
-    return preempted;
+    return out;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  bool worked = false;  // started, waited for or committed a save: block_ms is reported
+  if (c.async && async_save_in_flight()) {  // a cheap poll: commits once every rank's write is done
+    timeline::Scope span(timeline::Kind::checkpoint);
+    out.write_ms = finish_async_save(s, /*wait=*/false);
+    worked = out.write_ms >= 0;
   }
   if ((due || preempted) && !step_finite) {
     if (s.info->rank == 0) {
@@ -53,21 +85,25 @@ bool after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
       DTRAIN_WARN("checkpoint of step {} not written: the step was not finite; {}", steps_done,
                   latest.empty() ? "no checkpoint exists yet" : "latest stays " + latest);
     }
+  } else if ((due || preempted) && c.async) {
+    timeline::Scope span(timeline::Kind::checkpoint);
+    out.write_ms = std::max(out.write_ms, start_async_save(s, steps_done));
+    worked = true;
   } else if (due || preempted) {
-    SaveStats st;
-    {
-      timeline::Scope span(timeline::Kind::checkpoint);
-      st = save(s, steps_done);
-    }
-    if (s.info->rank == 0)
-      DTRAIN_INFO("checkpoint {} saved{}: {:.1f} MB from rank 0 in {:.3f} s ({:.0f} MB/s)", st.dir,
-                  preempted ? " on SIGTERM" : "", double(st.bytes) / 1e6, st.seconds,
-                  double(st.bytes) / 1e6 / (st.seconds > 0 ? st.seconds : 1e-9));
+    out.write_ms = save_now(s, steps_done, preempted);
+    worked = true;
   }
+  // The end of training and preemption wait for the write and commit it.
+  if (c.async && async_save_in_flight() && (preempted || steps_done >= s.spec->train.steps)) {
+    timeline::Scope span(timeline::Kind::checkpoint);
+    out.write_ms = std::max(out.write_ms, finish_async_save(s, /*wait=*/true));
+    worked = true;
+  }
+  if (worked) out.block_ms = ms_since(t0);
   fault_after_step(s.spec->fault, *s.info, steps_done);  // after the step's checkpoint, if one was due
   if (preempted && s.info->rank == 0)
     DTRAIN_INFO("preempted: stopping after step {}; `dtrain resume --ckpt {}` continues", steps_done, c.dir);
-  return preempted;
+  return out;
 }
 
 }  // namespace dtrain::engine::checkpoint

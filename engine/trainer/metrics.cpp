@@ -153,4 +153,16 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
   if (tensorboard_) tensorboard_->add_record(line);
 }
 
+void MetricsLogger::record_checkpoint(int64_t step, double block_ms, double write_ms, bool print) {
+  if (!print) return;
+  std::string line = fmt::format("{{\"step\": {}, \"ckpt_block_ms\": {:.3f}", step, block_ms);
+  if (write_ms >= 0) line += fmt::format(", \"ckpt_write_ms\": {:.3f}", write_ms);
+  line += "}\n";
+  if (jsonl_) {
+    std::fputs(line.c_str(), jsonl_);
+    std::fflush(jsonl_);
+  }
+  if (tensorboard_) tensorboard_->add_record(line);
+}
+
 }  // namespace dtrain::engine::trainer

@@ -152,8 +152,8 @@ int64_t maybe_load_checkpoint(TrainSession& s) { return checkpoint::resume(check
 
 // Saves every checkpoint.every steps, after the last step
 // and on SIGTERM (preemption), never after a non-finite step; returns true
-// when the loop must stop.
-bool maybe_save_checkpoint(TrainSession& s, int64_t steps_done, bool step_finite) {
+// when the loop must stop and what the save cost (checkpoint::StepSave).
+checkpoint::StepSave maybe_save_checkpoint(TrainSession& s, int64_t steps_done, bool step_finite) {
   return checkpoint::after_step(checkpoint_state(s), steps_done, step_finite);
 }
 
@@ -253,12 +253,18 @@ int run_training() {
     nonfinite.observe(step + 1, r.finite, logged ? report.loss : std::nan(""), r.grad_norm, s.is_log_rank());
     comm::trace_phase(trace::Phase::checkpoint);
     const auto save_start = std::chrono::steady_clock::now();  // the blocking part of a save, for goodput
-    const bool preempted = maybe_save_checkpoint(s, step + 1, r.finite);
+    const checkpoint::StepSave saved = maybe_save_checkpoint(s, step + 1, r.finite);
     comm::trace_checkpoint_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count());
+    // ckpt_block_ms: the loop stopped for checkpoints (a whole synchronous
+    // save; an async one's copies, wait for a previous write, commit);
+    // ckpt_write_ms: the rank file's write (this step's synchronous save, or
+    // the async save committed at this step). A record of its own: the
+    // step's record is written before the save, which may crash.
+    if (saved.block_ms >= 0) metrics.record_checkpoint(step + 1, saved.block_ms, saved.write_ms, s.is_log_rank());
     if (const std::string path = timeline::end_step(); !path.empty() && s.is_log_rank())
       DTRAIN_INFO("log.trace: wrote {} (and every rank its own); `dtrain trace merge {} OUT.json`", path,
                   s.info.run_dir.empty() ? s.spec.log.dir : s.info.run_dir);
-    if (preempted) return 0;  // preempted, saved
+    if (saved.stop) return 0;  // preempted, saved
   }
   if (const std::string what = s.par.schedule->summary(); !what.empty()) DTRAIN_INFO("{}", what);
   comm::trace_phase(trace::Phase::done);

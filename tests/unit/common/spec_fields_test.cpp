@@ -126,6 +126,7 @@ const std::vector<Example> kExamples = {
     {"checkpoint.dir", "ck"},
     {"checkpoint.every", "3"},
     {"checkpoint.keep", "1"},
+    {"checkpoint.async", "true"},
     {"log.dir", "logs"},
     {"log.every", "2"},
     {"log.trace.steps", "[1, 2]"},
