@@ -3,6 +3,7 @@
 // (tokenizer and inputs readable, PREFIX.bin/.idx/.json refused when they
 // exist unless --force, as `ckpt merge` refuses), then runs
 // scripts/data_prepare.py with the project venv's Python, which tokenizes.
+#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +25,8 @@
 #ifndef DTRAIN_DEFAULT_PYTHON
 #define DTRAIN_DEFAULT_PYTHON ""
 #endif
+
+extern char** environ;
 
 namespace dtrain::app {
 namespace {
@@ -64,13 +67,11 @@ int run_child(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) throw Error(ErrorCode::internal, std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    ::execv(args[0], args.data());
-    std::perror(args[0]);
-    ::_exit(127);  // the child of a failed exec, never the CLI itself
-  }
+  // posix_spawn, not fork: the CLI links gRPC, whose threads a fork would copy half-way.
+  pid_t pid = -1;
+  if (const int rc = ::posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ); rc != 0)
+    throw Error(ErrorCode::config, "data prepare: cannot run " + argv[0] + ": " + std::strerror(rc),
+                "check DTRAIN_VENV (run scripts/install-deps)");
   g_child = pid;
   struct sigaction sa {}, old[3];
   sa.sa_handler = forward_signal;

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <regex>
@@ -85,10 +86,14 @@ size_t count(const std::string& text, const std::string& part) {
 
 // metrics.jsonl as (step, loss), in file order (a resumed round appends).
 std::vector<std::pair<int, double>> step_losses(const std::string& path) {
-  const auto steps = parity::read_metric(path, "step");
-  const auto losses = parity::read_metric(path, "loss");
+  // Line by line: checkpoint records ({"step", "ckpt_block_ms", ...}) have no loss.
   std::vector<std::pair<int, double>> out;
-  for (size_t i = 0; i < steps.size() && i < losses.size(); ++i) out.push_back({int(steps[i]), losses[i]});
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto s = line.find("\"step\": "), l = line.find("\"loss\": ");
+    if (s != std::string::npos && l != std::string::npos)
+      out.push_back({std::atoi(line.c_str() + s + 8), std::strtod(line.c_str() + l + 8, nullptr)});
+  }
   return out;
 }
 

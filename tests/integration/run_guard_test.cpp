@@ -45,7 +45,9 @@ bool wait_until(const std::function<bool()>& done, double timeout_s) {
   return done();
 }
 
-// metrics.jsonl, every line parsed as JSON; `bad` collects the lines that are not.
+// metrics.jsonl's step records (every line parsed as JSON; checkpoint
+// records, {"step", "ckpt_block_ms", ...} without a loss, left out); `bad`
+// collects the lines that are not JSON.
 std::vector<nlohmann::json> metrics_lines(const std::string& path, std::vector<std::string>* bad) {
   std::vector<nlohmann::json> out;
   std::istringstream lines(read_file(path));
@@ -55,7 +57,7 @@ std::vector<nlohmann::json> metrics_lines(const std::string& path, std::vector<s
       if (bad) bad->push_back(line);
       continue;
     }
-    out.push_back(std::move(j));
+    if (j.contains("loss")) out.push_back(std::move(j));
   }
   return out;
 }

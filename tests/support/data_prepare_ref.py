@@ -5,6 +5,9 @@
 #       vocab 1000, trained by `tokenizers` on CORPUS), DIR/a.jsonl and
 #       DIR/b.jsonl (the corpus's paragraphs, one document per line),
 #       DIR/c.txt and DIR/d.txt (one document each)
+#   data_prepare_ref.py make32k CORPUS DIR -> DIR/tok32k.json (a byte-level
+#       BPE of 32000 entries trained on CORPUS), DIR/train.jsonl (the corpus's
+#       paragraphs but every 20th) and DIR/valid.jsonl (every 20th: held out)
 #   data_prepare_ref.py check DIR PREFIX INPUT... [--eod]
 #       -> every document's ids from tokenizers' encode (+ the eod id) against
 #       megatron-core's IndexedDataset(PREFIX)[i]; prints how many differ,
@@ -39,6 +42,23 @@ def make(corpus, out):
     with open(os.path.join(out, "d.txt"), "w") as f:
         f.write("one short document\n")
     print(f"tokenizer vocab {tok.get_vocab_size()}; {len(paragraphs)} paragraphs")
+
+
+def make32k(corpus, out):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=32000, special_tokens=["<|endoftext|>", "<unk>"], show_progress=False)
+    tok.train([corpus], trainer)
+    tok.save(os.path.join(out, "tok32k.json"))
+    paragraphs = [p for p in open(corpus, encoding="utf-8", errors="replace").read().split("\n\n") if p.strip()]
+    for name, keep in (("train", lambda i: i % 20 != 0), ("valid", lambda i: i % 20 == 0)):
+        with open(os.path.join(out, name + ".jsonl"), "w") as f:
+            for i, p in enumerate(paragraphs):
+                if keep(i):
+                    f.write(json.dumps({"text": p}) + "\n")
+    print("tok32k.json:", tok.get_vocab_size(), "entries;", len(paragraphs), "paragraphs")
 
 
 def texts(path):
@@ -82,6 +102,8 @@ def check(out, prefix, inputs, eod):
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "make32k":
+        make32k(sys.argv[2], sys.argv[3])
     else:
         eod = "--eod" in sys.argv
         args = [a for a in sys.argv[2:] if a != "--eod"]
