@@ -24,15 +24,22 @@ warnings.filterwarnings("ignore")
 import numpy as np
 
 
-def make(corpus, out):
+def train_bpe(corpus, out, vocab, name):
+    """A byte-level BPE of `vocab` entries trained on CORPUS, saved as OUT/NAME;
+    returns it and the corpus's paragraphs (split at blank lines)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=["<|endoftext|>", "<unk>"], show_progress=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>", "<unk>"], show_progress=False)
     tok.train([corpus], trainer)
-    tok.save(os.path.join(out, "tok.json"))
+    tok.save(os.path.join(out, name))
     paragraphs = [p for p in open(corpus, encoding="utf-8", errors="replace").read().split("\n\n") if p.strip()]
+    return tok, paragraphs
+
+
+def make(corpus, out):
+    tok, paragraphs = train_bpe(corpus, out, 1000, "tok.json")
     for name, part in (("a", paragraphs[:240]), ("b", paragraphs[240:300])):
         with open(os.path.join(out, name + ".jsonl"), "w") as f:
             for p in part:
@@ -45,14 +52,7 @@ def make(corpus, out):
 
 
 def make32k(corpus, out):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=32000, special_tokens=["<|endoftext|>", "<unk>"], show_progress=False)
-    tok.train([corpus], trainer)
-    tok.save(os.path.join(out, "tok32k.json"))
-    paragraphs = [p for p in open(corpus, encoding="utf-8", errors="replace").read().split("\n\n") if p.strip()]
+    tok, paragraphs = train_bpe(corpus, out, 32000, "tok32k.json")
     for name, keep in (("train", lambda i: i % 20 != 0), ("valid", lambda i: i % 20 == 0)):
         with open(os.path.join(out, name + ".jsonl"), "w") as f:
             for i, p in enumerate(paragraphs):
