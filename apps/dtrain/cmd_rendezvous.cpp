@@ -78,8 +78,8 @@ void run_rendezvous(const RendezvousCmdOptions& o) {
   const std::string tls = tls_summary(server_options, spec);
   rendezvous::RendezvousServer server(std::move(server_options));
   int bound = server.start(host + ":" + std::to_string(port));
-  std::cout << "rendezvous listening on " << host << ":" << bound << std::endl;
-  std::cout << tls << std::endl;
+  // One flush for both lines: whoever waits for "listening" reads the TLS line too.
+  std::cout << "rendezvous listening on " << host << ":" << bound << "\n" << tls << std::endl;
   std::cout << "job '" << spec.job.name << "', nodes "
             << (spec.cluster.nodes_min == spec.cluster.nodes_max
                     ? std::to_string(spec.cluster.nodes_max)
