@@ -97,3 +97,16 @@ TEST_CASE("log.tensorboard: a run from scratch moves earlier event files to tb.b
   CHECK(event_files(kept[0]).size() == 1);
   CHECK(out2.find("the earlier tb is now " + kept[0]) != std::string::npos);
 }
+
+TEST_CASE("the venv's tensorboard command starts (the README's way to view log.dir/tb)") {
+  REQUIRE_MESSAGE(!python().empty(), "no Python was found at configure time: run scripts/install-deps");
+  // tensorboard's entry point imports pkg_resources, which setuptools >= 81
+  // no longer ships; install-deps keeps a setuptools that has it.
+  const std::string tb = (fs::path(python()).parent_path() / "tensorboard").string();
+  REQUIRE_MESSAGE(fs::exists(tb), "missing (run scripts/install-deps): " << tb);
+  auto& p = Parity::get();
+  auto [code, out] = run_command({tb, "--version"}, p.dir / "tb_version.log", 120);
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("2.") != std::string::npos);
+}
