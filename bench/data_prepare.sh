@@ -58,13 +58,13 @@ for rep in $(seq 1 "$REPS"); do  # interleaved: a load drift hits both sides
   summary="$("$DTRAIN" data prepare --tokenizer "$WORK/tok.json" --input "$WORK/docs.jsonl" --output "$WORK/corpus" --append-eod 2>"$WORK/prepare.err")"
   threads="$(grep -o 'tokenizing on [0-9]* thread(s)[^)]*)' "$WORK/prepare.err" || true)"
   echo "round $rep: dtrain data prepare ($threads): $summary"
-  prep_mbs="$(sed -E 's/.* ([0-9.]+) MB\/s.*/\1/' <<< "$summary")"
+  prep_tps="$(sed -E 's/.* ([0-9]+) tokens\/s.*/\1/' <<< "$summary")"
   direct="$(RAYON_NUM_THREADS=1 taskset -c 0 "$PY" "$WORK/direct.py" "$WORK")"
   read -r d_mbs d_tps d_tokens d_s <<< "$direct"
   echo "round $rep: tokenizers.encode, 1 core:  $d_tokens tokens in $d_s s, $d_mbs MB/s, $d_tps tokens/s (load $(cut -d' ' -f1 /proc/loadavg))"
-  ratios+=("$(awk -v a="$prep_mbs" -v b="$d_mbs" 'BEGIN { printf "%.2f", a / b }')")
+  ratios+=("$(awk -v a="$prep_tps" -v b="$d_tps" 'BEGIN { printf "%.3f", a / b }')")
 done
-echo "ratio prepare / direct (MB/s; tokens are the same) per round: ${ratios[*]}; median $(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')x"
+echo "ratio prepare / direct (tokens/s over the same tokens and bytes) per round: ${ratios[*]}; median $(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')x"
 
 echo "== sample fetch vs step time at dp 4 ($STEPS steps, tiny GPT, vocab 8000, seq_len 128, micro_batch 8)"
 cat > "$WORK/spec.yaml" <<YAML

@@ -1,9 +1,8 @@
 // checkpoint.async: the training thread takes the save's host copies at the
-// step boundary and returns to training; a background writer thread of each
-// rank does the rest and commits together with the other ranks' writers over
-// their own Gloo group (AsyncSaveScope's), never over the training thread's
-// groups. At most one save is in flight per process. Not here: the
-// file format and the directory protocol (common/checkpoint_*).
+// step boundary; a writer thread per rank does the rest and commits with the
+// other ranks' writers over their own Gloo group (AsyncSaveScope's), never
+// over the training thread's groups. At most one save in flight per process.
+// Not here: the file format and the directory protocol (common/checkpoint_*).
 #include <ATen/ops/full.h>
 
 #include <atomic>
