@@ -8,7 +8,8 @@
 // connections, and one equal to the world on the world's backend shares the
 // world's pg. NCCL groups live under "pg/nccl/..." (communicators are made at
 // the first op). Control is the world group when the world is Gloo, else a
-// Gloo world group of its own.
+// Gloo world group of its own. make_side_group (side_group.h) adds a Gloo
+// world group on a pg of its own, after build, for another thread's use.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
