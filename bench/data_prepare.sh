@@ -7,12 +7,15 @@
 # samples (metrics' data_fetch_s, rank 0) against the step time
 # (step_time_s) at dp 4 on the prepared data: medians over the steps after
 # the first, and their ratio.
-# Usage: bench/data_prepare.sh [STEPS]   (DTRAIN_BUILD_DIR, DTRAIN_VENV)
+# Prepare picks its thread count from the cores the load average leaves
+# free (scripts/data_prepare.py); the two sides alternate REPS times.
+# Usage: [REPS=3] bench/data_prepare.sh [STEPS]   (DTRAIN_BUILD_DIR, DTRAIN_VENV)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
 DTRAIN="$BUILD/apps/dtrain/dtrain"
 STEPS="${1:-30}"
+REPS="${REPS:-3}"
 export DTRAIN_VENV="${DTRAIN_VENV:-$HOME/.cache/dtrain/torch-2.15.0}"
 PY="$DTRAIN_VENV/bin/python"
 [ -x "$DTRAIN" ] || { echo "no $DTRAIN: build first (scripts/build)" >&2; exit 2; }
@@ -34,12 +37,8 @@ with open(out + "/docs.jsonl", "w") as f:
             f.write(json.dumps({"text": p}) + "\n")
 PY
 
-echo "== data prepare vs tokenizers from Python on one core ($(wc -c < "$WORK/docs.jsonl") bytes of JSONL, $(nproc) CPUs, load $(cut -d' ' -f1 /proc/loadavg))"
-summary="$("$DTRAIN" data prepare --tokenizer "$WORK/tok.json" --input "$WORK/docs.jsonl" --output "$WORK/corpus" --append-eod 2>/dev/null)"
-echo "dtrain data prepare: $summary"
-prep_mbs="$(sed -E 's/.* ([0-9.]+) MB\/s.*/\1/' <<< "$summary")"
-prep_tps="$(sed -E 's/.* ([0-9]+) tokens\/s.*/\1/' <<< "$summary")"
-direct="$(RAYON_NUM_THREADS=1 taskset -c 0 "$PY" - "$WORK" <<'PY'
+echo "== data prepare vs tokenizers from Python on one core ($(wc -c < "$WORK/docs.jsonl") bytes of JSONL, $(nproc) CPUs, load $(cut -d' ' -f1 /proc/loadavg)), $REPS interleaved rounds"
+cat > "$WORK/direct.py" <<'PY'
 import json, sys, time
 from tokenizers import Tokenizer
 out = sys.argv[1]
@@ -53,11 +52,19 @@ for raw in lines:
 s = time.monotonic() - t
 print(f"{nbytes / 1e6 / s:.2f} {tokens / s:.0f} {tokens} {s:.2f}")
 PY
-)"
-read -r d_mbs d_tps d_tokens d_s <<< "$direct"
-echo "tokenizers.encode, 1 core:  $d_tokens tokens in $d_s s, $d_mbs MB/s, $d_tps tokens/s"
-awk -v a="$prep_mbs" -v b="$d_mbs" -v c="$prep_tps" -v d="$d_tps" \
-  'BEGIN { printf "ratio prepare / direct: %.2fx MB/s, %.2fx tokens/s\n", a / b, c / d }'
+ratios=()
+for rep in $(seq 1 "$REPS"); do  # interleaved: a load drift hits both sides
+  rm -f "$WORK"/corpus.*
+  summary="$("$DTRAIN" data prepare --tokenizer "$WORK/tok.json" --input "$WORK/docs.jsonl" --output "$WORK/corpus" --append-eod 2>"$WORK/prepare.err")"
+  threads="$(grep -o 'tokenizing on [0-9]* thread(s)[^)]*)' "$WORK/prepare.err" || true)"
+  echo "round $rep: dtrain data prepare ($threads): $summary"
+  prep_tps="$(sed -E 's/.* ([0-9]+) tokens\/s.*/\1/' <<< "$summary")"
+  direct="$(RAYON_NUM_THREADS=1 taskset -c 0 "$PY" "$WORK/direct.py" "$WORK")"
+  read -r d_mbs d_tps d_tokens d_s <<< "$direct"
+  echo "round $rep: tokenizers.encode, 1 core:  $d_tokens tokens in $d_s s, $d_mbs MB/s, $d_tps tokens/s (load $(cut -d' ' -f1 /proc/loadavg))"
+  ratios+=("$(awk -v a="$prep_tps" -v b="$d_tps" 'BEGIN { printf "%.3f", a / b }')")
+done
+echo "ratio prepare / direct (tokens/s over the same tokens and bytes) per round: ${ratios[*]}; median $(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')x"
 
 echo "== sample fetch vs step time at dp 4 ($STEPS steps, tiny GPT, vocab 8000, seq_len 128, micro_batch 8)"
 cat > "$WORK/spec.yaml" <<YAML

@@ -10,6 +10,7 @@ temporary names and renamed at the end, so a failure or a signal leaves no
 PREFIX.* half written. Bad input exits 2 naming the file (and line).
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import signal
@@ -26,6 +27,15 @@ BATCH_BYTES = 1 << 20
 
 class BadInput(Exception):
     pass
+
+
+def encode_threads():
+    """Threads to tokenize on: the cores this process may run on that the
+    1-minute load average leaves free, at least 1. Rayon's pool (what
+    encode_batch uses by default) spins on every core and loses to a plain
+    loop when the cores are busy."""
+    cores = len(os.sched_getaffinity(0))
+    return max(1, min(cores, int(cores - os.getloadavg()[0] + 0.5)))
 
 
 def documents(path, text_key):
@@ -101,6 +111,10 @@ def main():
     p.add_argument("inputs", nargs="+")
     a = p.parse_args()
 
+    threads = encode_threads()
+    # encode_batch then runs on the calling thread with the GIL released:
+    # our own threads, one chunk of a batch each, are the parallelism.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer
     try:
         tok = Tokenizer.from_file(a.tokenizer)
@@ -136,13 +150,23 @@ def main():
     try:
         lengths = []
         progress = Progress()
+        sys.stderr.write(f"tokenizing on {threads} thread(s) ({len(os.sched_getaffinity(0))} cores, "
+                         f"load average {os.getloadavg()[0]:.1f})\n")
+        pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
         with open(tmp[".bin"], "wb") as bin_f:
             batch, batch_bytes = [], 0
+
+            def encode(docs):
+                if pool is None:
+                    return tok.encode_batch(docs)
+                step = (len(docs) + threads - 1) // threads
+                chunks = [docs[i:i + step] for i in range(0, len(docs), step)]
+                return [enc for part in pool.map(tok.encode_batch, chunks) for enc in part]  # in order
 
             def flush():
                 # One array per batch: per-document numpy calls cost more than the writes.
                 flat = []
-                for enc in tok.encode_batch(batch):
+                for enc in encode(batch):
                     flat.extend(enc.ids)
                     if a.append_eod:
                         flat.append(eod)

@@ -1,37 +1,39 @@
-// checkpoint.async: the save's host copies are taken at the step boundary and
-// a background thread of this rank writes its file while training goes on.
-// Every collective (the finiteness check, barriers, the done-flag all-reduce,
-// rank 0's index + commit) stays on the training thread: the writer only
-// writes. At most one save is in flight per process.
-#include <ATen/ops/empty.h>
+// checkpoint.async: the training thread takes the save's host copies at the
+// step boundary; a writer thread per rank does the rest and commits with the
+// other ranks' writers over their own Gloo group (AsyncSaveScope's), never
+// over the training thread's groups. At most one save in flight per process.
+// Not here: the file format and the directory protocol (common/checkpoint_*).
+#include <ATen/ops/full.h>
 
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <filesystem>
 #include <thread>
 
 #include "common/checkpoint_dir.h"
+#include "common/checkpoint_writer.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/comm/side_group.h"
 
 namespace dtrain::engine::checkpoint {
 namespace {
+namespace ck = dtrain::checkpoint;
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 struct InFlight {
-  bool active = false;                 // started and not yet committed (training thread only)
-  detail::PreparedSave save;           // the writer's until `done`
+  comm::Group* group = nullptr;    // the writers' (AsyncSaveScope's); null: no async saves
+  bool active = false;             // started and not yet reported (training thread only)
+  detail::PreparedSave save;       // the writer's until `done`
   std::thread writer;
-  std::atomic<bool> done{false};       // the writer finished (error or not)
-  std::exception_ptr error;            // set by the writer before `done`
-  uint64_t bytes = 0;
-  double write_ms = 0;
-  // A run that ends by an exception with a write in flight: the write
-  // finishes (never committed: step_<N>.tmp is cleaned at the next start).
+  std::atomic<bool> done{false};   // the writer finished (committed or failed)
+  std::exception_ptr error;        // set by the writer before `done`
+  double write_ms = 0;             // this rank's file
   ~InFlight() {
     if (writer.joinable()) writer.join();
   }
@@ -42,65 +44,165 @@ InFlight& in_flight() {
   return f;
 }
 
+// What the writer needs of the TrainState, copied: the training thread's
+// objects move on while it runs.
+struct WriterJob {
+  comm::Group* group = nullptr;
+  std::string root;
+  int keep = 0;
+  int rank = 0;
+};
+
+// One collective round of the writers: every rank's flag, max over the
+// world. It is also their barrier: no writer passes it before all reach it.
+float agree(comm::Group& g, float flag) {
+  at::Tensor t = at::full({1}, flag, at::kFloat);  // [1]
+  g.all_reduce(t, /*async=*/false, comm::ReduceOp::max);
+  return t.data_ptr<float>()[0];
+}
+
+[[noreturn]] void peer_failed(int64_t step, const std::string& what, const std::string& dir) {
+  throw Error(ErrorCode::checkpoint,
+              "checkpoint of step " + std::to_string(step) + " not committed: another rank " + what + " (" + dir + ")",
+              "see that rank's error; latest stays on the previous checkpoint");
+}
+
+// The writer's protocol, the same on every rank, three rounds of `agree`:
+//   1. rank 0 has made step_<N>.tmp and no rank's copies hold NaN or inf
+//      (else nothing is written, and every rank throws);
+//   2. every rank file is written and fsynced;
+//   3. rank 0 has written index.json and committed (rename, latest, keep).
+// A rank killed mid-write never reaches round 2: the others' collective
+// fails when its sockets close, and latest stays where it was.
+void write_and_commit(const WriterJob& job, detail::PreparedSave& p, double& write_ms) {
+  comm::Group& g = *job.group;
+  std::exception_ptr own;
+  const std::string bad = detail::first_nonfinite_copy(p);
+  if (job.rank == 0 && bad.empty()) {
+    try {
+      ck::prepare_tmp_dir(job.root, p.step);
+    } catch (...) {
+      own = std::current_exception();
+    }
+  }
+  const float first = agree(g, !bad.empty() ? float(job.rank + 2) : own ? 1.0f : 0.0f);
+  if (first >= 2 && job.rank == 0 && !own) {  // nothing of this step is written: not even its directory
+    std::error_code ec;
+    std::filesystem::remove_all(p.dir, ec);
+  }
+  if (first >= 2)
+    throw Error(ErrorCode::config,
+                "checkpoint of step " + std::to_string(p.step) + " not written: the training state holds NaN or inf (" +
+                    (bad.empty() ? "rank " + std::to_string(int(first) - 2) : "this rank's " + bad) + ")",
+                "the run diverged; lower train.lr or clip gradients with train.grad_clip, and resume from the "
+                "last checkpoint in checkpoint.dir = " + job.root);
+  if (own) std::rethrow_exception(own);
+  if (first > 0) peer_failed(p.step, "could not make the step's directory", p.dir);
+
+  const auto w0 = std::chrono::steady_clock::now();
+  uint64_t bytes = 0;
+  try {
+    bytes = detail::write_prepared(p);
+  } catch (...) {
+    own = std::current_exception();
+  }
+  write_ms = ms_since(w0);
+  if (agree(g, own ? 1.0f : 0.0f) > 0) {
+    if (own) std::rethrow_exception(own);
+    peer_failed(p.step, "failed to write its file", p.dir);
+  }
+  const auto c0 = std::chrono::steady_clock::now();
+  if (job.rank == 0) {
+    try {
+      ck::write_index(p.dir, std::move(p.index));
+      ck::commit(job.root, p.step, job.keep);
+    } catch (...) {
+      own = std::current_exception();
+    }
+  }
+  if (agree(g, own ? 1.0f : 0.0f) > 0) {
+    if (own) std::rethrow_exception(own);
+    peer_failed(p.step, "failed to commit", p.dir);
+  }
+  if (job.rank == 0)
+    DTRAIN_INFO("checkpoint {}/{} committed (async): {:.1f} MB from rank 0 written in {:.0f} ms, commit {:.0f} ms",
+                job.root, ck::step_dir_name(p.step), double(bytes) / 1e6, write_ms, ms_since(c0));
+}
+
+// Joins a finished (or, with `wait`, any) writer; returns its write time,
+// or -1 when there is nothing to report yet. Rethrows the writer's failure.
+double collect(bool wait) {
+  InFlight& f = in_flight();
+  if (!f.active || (!wait && !f.done.load(std::memory_order_acquire))) return -1;
+  if (f.writer.joinable()) f.writer.join();
+  f.active = false;
+  if (f.error) std::rethrow_exception(f.error);
+  return f.write_ms;
+}
+
 }  // namespace
 
 bool async_save_in_flight() { return in_flight().active; }
 
-double finish_async_save(const TrainState& s, bool wait) {
-  InFlight& f = in_flight();
-  if (!f.active) return -1;
-  if (wait && f.writer.joinable()) f.writer.join();
-  at::Tensor flags = at::empty({2}, at::kFloat);  // [not done, failed], max over the world
-  flags.data_ptr<float>()[0] = f.done.load(std::memory_order_acquire) ? 0.0f : 1.0f;
-  flags.data_ptr<float>()[1] = f.error ? 1.0f : 0.0f;
-  s.control->all_reduce(flags, /*async=*/false, comm::ReduceOp::max);
-  if (flags.data_ptr<float>()[0] > 0) return -1;  // some rank is still writing: next step
-  if (f.writer.joinable()) f.writer.join();
-  f.active = false;
-  if (flags.data_ptr<float>()[1] > 0) {
-    if (f.error) std::rethrow_exception(f.error);
-    throw Error(ErrorCode::checkpoint,
-                "checkpoint of step " + std::to_string(f.save.step) + " not committed: another rank failed to write "
-                "its file into " + f.save.dir, "see that rank's error above; latest stays on the previous checkpoint");
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  detail::commit_prepared(s, f.save);
-  if (s.info->rank == 0)
-    DTRAIN_INFO("checkpoint {}/{} committed (async): {:.1f} MB from rank 0 written in {:.0f} ms, commit {:.0f} ms",
-                s.spec->checkpoint.dir, dtrain::checkpoint::step_dir_name(f.save.step), double(f.bytes) / 1e6,
-                f.write_ms, ms_since(t0));
-  return f.write_ms;
-}
+double poll_async_save(const TrainState&) { return collect(/*wait=*/false); }
+
+double finish_async_save(const TrainState&) { return collect(/*wait=*/true); }
 
 double start_async_save(const TrainState& s, int64_t step) {
   InFlight& f = in_flight();
+  if (f.group == nullptr)
+    throw Error(ErrorCode::internal, "checkpoint.async without the writers' process group",
+                "the trainer holds a checkpoint::AsyncSaveScope while it trains");
   double committed = -1;
   if (f.active) {  // at most one in flight: this save waits for the previous one
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t previous = f.save.step;
-    committed = finish_async_save(s, /*wait=*/true);
+    committed = collect(/*wait=*/true);
     if (s.info->rank == 0)
-      DTRAIN_INFO("checkpoint: the save of step {} waited {:.0f} ms for the write of step {}", step, ms_since(t0),
+      DTRAIN_INFO("checkpoint: the save of step {} waited {:.1f} ms for the write of step {}", step, ms_since(t0),
                   previous);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  f.save = detail::prepare_save(s, step, /*copy=*/true);
+  f.save = detail::take_snapshot(s, step);
   f.done.store(false);
   f.error = nullptr;
+  f.write_ms = 0;
   f.active = true;
   if (s.info->rank == 0)
-    DTRAIN_INFO("checkpoint of step {} started (async): host copies taken in {:.0f} ms", step, ms_since(t0));
-  f.writer = std::thread([&f] {
-    const auto w0 = std::chrono::steady_clock::now();
+    DTRAIN_INFO("checkpoint of step {} started (async): host copies taken in {:.1f} ms", step, ms_since(t0));
+  const WriterJob job{f.group, s.spec->checkpoint.dir, s.spec->checkpoint.keep, s.info->rank};
+  f.writer = std::thread([&f, job] {
     try {
-      f.bytes = detail::write_prepared(f.save);
+      write_and_commit(job, f.save, f.write_ms);
     } catch (...) {
       f.error = std::current_exception();
     }
-    f.write_ms = ms_since(w0);
+    f.save.keep.clear();  // the host copies, whatever happened
+    f.save.shards.clear();
     f.done.store(true, std::memory_order_release);
   });
   return committed;
+}
+
+AsyncSaveScope::AsyncSaveScope(comm::Comm& comm, const JobSpec& spec) {
+  if (!spec.checkpoint.async || spec.checkpoint.dir.empty()) return;
+  writers_ = comm::make_side_group(comm, "checkpoint");
+  in_flight().group = writers_.get();
+}
+
+AsyncSaveScope::~AsyncSaveScope() {
+  InFlight& f = in_flight();
+  const bool was_active = f.active;
+  if (f.writer.joinable()) f.writer.join();  // its collectives end with its peers' (or fail when they are gone)
+  f.group = nullptr;
+  f.active = false;
+  if (was_active && f.error) {
+    try {
+      std::rethrow_exception(f.error);
+    } catch (const std::exception& e) {
+      DTRAIN_WARN("checkpoint of step {} was not committed: {}", f.save.step, e.what());
+    }
+  }
 }
 
 }  // namespace dtrain::engine::checkpoint

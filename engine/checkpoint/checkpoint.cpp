@@ -197,13 +197,11 @@ std::string prepare_resume(const TrainState& s) {
 
 namespace detail {
 
-PreparedSave prepare_save(const TrainState& s, int64_t step, bool copy) {
-  const std::string& root = s.spec->checkpoint.dir;
-  const std::vector<parallel::StateEntry> entries = s.state->save_entries();
-  check_finite_state(s, entries, step);  // collective: no rank writes non-finite state
-  if (s.info->rank == 0) ck::prepare_tmp_dir(root, step);
-  s.control->barrier();  // the .tmp dir exists for everyone
+namespace {
 
+PreparedSave snapshot(const TrainState& s, const std::vector<parallel::StateEntry>& entries, int64_t step,
+                      bool copy) {
+  const std::string& root = s.spec->checkpoint.dir;
   PreparedSave p;
   p.step = step;
   p.dir = ck::tmp_dir(root, step);
@@ -223,6 +221,26 @@ PreparedSave prepare_save(const TrainState& s, int64_t step, bool copy) {
       if (2 * written >= total) ::raise(SIGKILL);  // mid-file: header and part of the data on disk
     };
   return p;
+}
+
+}  // namespace
+
+PreparedSave prepare_save(const TrainState& s, int64_t step, bool copy) {
+  const std::vector<parallel::StateEntry> entries = s.state->save_entries();
+  check_finite_state(s, entries, step);  // collective: no rank writes non-finite state
+  if (s.info->rank == 0) ck::prepare_tmp_dir(s.spec->checkpoint.dir, step);
+  s.control->barrier();  // the .tmp dir exists for everyone
+  return snapshot(s, entries, step, copy);
+}
+
+PreparedSave take_snapshot(const TrainState& s, int64_t step) {
+  return snapshot(s, s.state->save_entries(), step, /*copy=*/true);
+}
+
+std::string first_nonfinite_copy(const PreparedSave& p) {
+  std::vector<parallel::StateEntry> entries;
+  for (size_t i = 0; i < p.keep.size(); ++i) entries.push_back({p.shards[i].entry.name, {}, {}, p.keep[i], ""});
+  return first_nonfinite(entries);
 }
 
 uint64_t write_prepared(PreparedSave& p) {

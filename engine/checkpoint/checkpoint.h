@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -96,9 +97,11 @@ int64_t resume(const TrainState& s);
 // on preemption (collective), except after a step that was not finite
 // (`step_finite` false, the same on every rank): that save is left out with
 // a warning, so `latest` stays on finite state. With checkpoint.async it
-// starts the save (async_save.cpp) and commits one whose writes have all
-// finished; the last step and preemption wait for the write and commit.
-// What it did is the same on every rank.
+// takes the save's host copies and hands the rest to the writer thread
+// (async_save.cpp), and reports a save the writers have committed; the last
+// step and preemption wait for the write and commit. Which saves it starts
+// and waits for is the same on every rank; the step at which a background
+// commit is reported is rank 0's.
 struct StepSave {
   bool stop = false;      // the loop must stop now (preempted)
   double block_ms = -1;   // the step loop was stopped this long for checkpoints (-1: no save work)
@@ -121,21 +124,51 @@ struct PreparedSave {
 // Collective: the finiteness check, step_<N>.tmp made, host copies taken
 // (`copy`: never aliasing live CPU tensors, for a write that overlaps training).
 PreparedSave prepare_save(const TrainState& s, int64_t step, bool copy);
+// The host copies alone (never aliasing live tensors) and rank 0's index
+// header: no collective, nothing made on disk.
+PreparedSave take_snapshot(const TrainState& s, int64_t step);
+// The first of the copies' floating-point tensors holding a NaN or inf ("": none).
+std::string first_nonfinite_copy(const PreparedSave& p);
 // This rank's file; no collective (safe on a background thread).
 uint64_t write_prepared(PreparedSave& p);
 // Collective: barrier, rank 0's index.json and commit, barrier.
 void commit_prepared(const TrainState& s, PreparedSave& p);
 }  // namespace detail
 
-// Asynchronous saves (at most one in flight per process). start_async_save
-// waits for (and commits) a save still in flight, then prepares `step`'s
-// and hands the write to a background thread. finish_async_save is
-// collective: with `wait` it joins the writer; without, it commits only when
-// every rank's write is done (one all-reduce per call while a save is in
-// flight). Both return the write time in ms of the save they committed
-// (-1: none). A writer's I/O error throws dtrain::Error(checkpoint) on every rank.
+// Asynchronous saves (async_save.cpp; at most one in flight per process).
+// The training thread only takes host copies; a writer thread per rank then
+// checks them, writes its file and commits with the other ranks' writers
+// over a Gloo group of their own (AsyncSaveScope's; barriers, rank 0's
+// index.json, rename, latest), so no collective of the save runs on the
+// training thread.
+// start_async_save: waits for a save still in flight (and throws its
+// failure), then takes `step`'s copies and starts the writer; returns the
+// write time in ms of a save it waited for (-1: none). poll_async_save: no
+// collective; the write time of a save this rank's writer has finished
+// since (-1: none), its failure thrown. finish_async_save: waits for the
+// save in flight; its write time (-1: none), its failure thrown. The
+// writers agree on a save's outcome, so a failure (an I/O error, or
+// non-finite state: then nothing is written) throws dtrain::Error on every
+// rank, and `latest` stays on the previous checkpoint.
 double start_async_save(const TrainState& s, int64_t step);
-double finish_async_save(const TrainState& s, bool wait);
+double poll_async_save(const TrainState& s);
+double finish_async_save(const TrainState& s);
 bool async_save_in_flight();
+
+// Made by the trainer after its process groups, on every rank (collective
+// when checkpoint.async is on: it makes the writers' Gloo group over the
+// world, comm/side_group.h), and destroyed before them: a writer still in
+// flight when the run ends, by an exception too, finishes (or fails with its
+// peers) before its group and the groups' store are torn down.
+class AsyncSaveScope {
+ public:
+  AsyncSaveScope(comm::Comm& comm, const JobSpec& spec);
+  AsyncSaveScope(const AsyncSaveScope&) = delete;
+  AsyncSaveScope& operator=(const AsyncSaveScope&) = delete;
+  ~AsyncSaveScope();
+
+ private:
+  std::unique_ptr<comm::Group> writers_;  // null without checkpoint.async
+};
 
 }  // namespace dtrain::engine::checkpoint

@@ -74,9 +74,8 @@ StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   bool worked = false;  // started, waited for or committed a save: block_ms is reported
-  if (c.async && async_save_in_flight()) {  // a cheap poll: commits once every rank's write is done
-    timeline::Scope span(timeline::Kind::checkpoint);
-    out.write_ms = finish_async_save(s, /*wait=*/false);
+  if (c.async && async_save_in_flight()) {  // no collective: has this rank's writer finished?
+    out.write_ms = poll_async_save(s);
     worked = out.write_ms >= 0;
   }
   if ((due || preempted) && !step_finite) {
@@ -96,7 +95,7 @@ StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
   // The end of training and preemption wait for the write and commit it.
   if (c.async && async_save_in_flight() && (preempted || steps_done >= s.spec->train.steps)) {
     timeline::Scope span(timeline::Kind::checkpoint);
-    out.write_ms = std::max(out.write_ms, finish_async_save(s, /*wait=*/true));
+    out.write_ms = std::max(out.write_ms, finish_async_save(s));
     worked = true;
   }
   if (worked) out.block_ms = ms_since(t0);

@@ -8,7 +8,8 @@
 // connections, and one equal to the world on the world's backend shares the
 // world's pg. NCCL groups live under "pg/nccl/..." (communicators are made at
 // the first op). Control is the world group when the world is Gloo, else a
-// Gloo world group of its own.
+// Gloo world group of its own. make_side_group (side_group.h) adds a Gloo
+// world group on a pg of its own, after build, for another thread's use.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -22,6 +23,7 @@
 #include "engine/comm/gloo_group.h"
 #include "engine/comm/group_factory.h"
 #include "engine/comm/shm_group.h"
+#include "engine/comm/side_group.h"
 #include "engine/comm/traced_group.h"
 
 namespace dtrain::engine::comm {
@@ -78,6 +80,10 @@ class CommImpl : public Comm {
   Group& control() override { return control_ ? *control_ : *world_; }
 
   void build(const CommOptions& options);
+  std::unique_ptr<Group> side_group(const std::string& name) {
+    return detail::make_group("gloo", name, all_, info_.rank,
+                              detail::make_pg("gloo", "side/" + name, info_.rank, info_.world, ctx_), 0, ctx_);
+  }
 
  private:
   // The pg over every rank in rank order for `backend`, made on first use:
@@ -192,6 +198,14 @@ void CommImpl::build(const CommOptions& options) {
 }
 
 }  // namespace
+
+std::unique_ptr<Group> make_side_group(Comm& comm, const std::string& name) {
+  auto* impl = dynamic_cast<CommImpl*>(&comm);
+  if (impl == nullptr)
+    throw Error(ErrorCode::internal, "make_side_group: the Comm was not made by init_comm",
+                "make the Comm with init_comm or init_comm_with_store");
+  return impl->side_group(name);
+}
 
 std::unique_ptr<Comm> init_comm_with_store(const WorldInfo& info,
                                            const c10::intrusive_ptr<c10d::Store>& store,

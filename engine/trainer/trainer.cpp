@@ -202,6 +202,7 @@ struct Validation {
 int run_training() {
   auto session = make_train_session();
   TrainSession& s = *session;
+  const checkpoint::AsyncSaveScope async_saves(*s.comm, s.spec);  // a write in flight ends before the groups
   int64_t step = maybe_load_checkpoint(s);
   if (step >= s.spec.train.steps && s.is_log_rank())
     DTRAIN_WARN("nothing to train: the checkpoint is at step {} and train.steps = {}; "

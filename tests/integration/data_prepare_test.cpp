@@ -4,10 +4,11 @@
 // reads them (tests/support/data_prepare_ref.py); each bad input exits 2
 // naming the file; `dtrain validate` refuses damaged or mismatched datasets
 // before any worker; a 0.8/0.2 blend trains a tiny GPT for 200 steps with
-// its shares in data_tokens, a resume at step 100 and dp 2 x tp 2 reproduce it;
+// its shares in data_tokens, a SIGTERM stop mid-run and its relaunch, and dp 2 x tp 2 reproduce it;
 // a Llama trains on data prepared with a ~32k BPE and its val_loss falls.
 #include <doctest/doctest.h>
 
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -202,7 +203,7 @@ TEST_CASE("dtrain validate: damaged or mismatched indexed data and bad blends ex
          {"data.blend=[{path: " + p + ", weight: 1}, {path: " + (in.dir / "gone") + ", weight: 1}]"});
 }
 
-TEST_CASE("blend 0.8/0.2: 200 steps of a tiny GPT; resume at step 100 and dp 2 x tp 2 draw the same samples") {
+TEST_CASE("blend 0.8/0.2: 200 steps of a tiny GPT; a SIGTERM stop and relaunch, and dp 2 x tp 2 draw the same samples") {
   const Inputs& in = inputs();
   for (const char* name : {"a", "b"})
     REQUIRE(prepare({"--tokenizer", in.dir / "tok.json", "--input", in.dir / (std::string(name) + ".jsonl"),
@@ -229,14 +230,37 @@ TEST_CASE("blend 0.8/0.2: 200 steps of a tiny GPT; resume at step 100 and dp 2 x
   MESSAGE("after 200 steps: src_a " << a << " tokens, src_b " << b << " (share " << b / (a + b) << ", 0.2 wanted)");
   CHECK(a + b == 200.0 * 4 * 16);
   CHECK(std::fabs(b / (a + b) - 0.2) < 0.01);
-  // Resumed from the straight run's step 100: the same losses and counts after it.
-  const auto [rloss, rtokens] = run("resumed", {}, {"--resume-from", in.dir / "straight/ckpt/step_100"});
-  REQUIRE(rloss.size() == 100);
+  // A SIGTERM while it trains: the workers finish the step, save it and
+  // exit; the relaunch resumes there. Its steps equal the straight run's:
+  // losses bitwise, data_tokens exactly (the blend's cursor resumed).
+  const std::string term = in.dir / "term";
+  {
+    TagGuard tag;
+    std::vector<std::string> argv = {dtrain_bin(), "launch", in.dir / "blend.yaml", "--set", "log.dir=" + term,
+                                     "--set", "checkpoint.dir=" + term + "/ckpt", "--set", "cluster.grace_s=60",
+                                     "--set", "cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(free_port())};
+    Child child(argv, in.dir / "term.log", {tag.env(), "DTRAIN_NO_REBUILD=1"});
+    while (child.running() && !parity::losses_by_step(term + "/metrics.jsonl").count(20)) child.wait(0.01);
+    child.signal(SIGTERM);
+    REQUIRE(child.wait(60));
+    INFO(child.output());
+    CHECK(child.exit_code() == 128 + SIGTERM);
+  }
+  const std::string latest = read_latest(term + "/ckpt");
+  const int stopped = std::atoi(latest.c_str() + 5);
+  MESSAGE("SIGTERM once step 20 was logged: stopped and saved after step " << stopped);
+  REQUIRE(stopped >= 20);
+  REQUIRE(stopped < 200);  // else the run ended before the signal: nothing was tested
+  REQUIRE(parity::losses_by_step(term + "/metrics.jsonl").size() == size_t(stopped));
+  const auto [rloss, rtokens] = run("term", {});  // checkpoint.dir's latest: resumes after `stopped`
+  REQUIRE(rloss.size() == 200);                   // 1..stopped, then the relaunch's stopped+1..200
   double worst = 0;
   for (const auto& [step, l] : rloss) worst = std::max(worst, std::fabs(l - loss.at(step)));
-  MESSAGE("resumed at 100: max |loss difference| over steps 101-200 " << worst << " (tolerance 0: bit-exact)");
+  MESSAGE("stopped by SIGTERM at " << stopped << ", relaunched: max |loss difference| over steps 1-200 " << worst
+                                   << " (tolerance 0: bit-exact)");
   CHECK(worst == 0.0);
   for (const auto& [step, counts] : rtokens) CHECK(counts == tokens.at(step));
+  CHECK(rtokens.size() == 200);
   // dp 2 x tp 2, 20 steps of the same global batch (2 ranks x micro_batch 2).
   const auto [ploss, ptokens] = run("dp2tp2", {"train.steps=20", "cluster.procs_per_node=4", "parallel.dp=2",
                                                "parallel.tp=2", "train.micro_batch=2"});
