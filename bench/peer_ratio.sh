@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# dtrain vs a Python peer at RANKS CPU ranks: `dtrain launch` of the quickstart
-# GPT against bench/peer/gpt_ddp.py (same GPT, data and batch, PyTorch DDP on
-# gloo, launched by the venv's torchrun), one thread per rank. Both sides run
+# dtrain vs a Python peer at RANKS CPU ranks, one thread per rank, for each of
+# KINDS: ddp = `dtrain launch` DDP vs bench/peer/gpt_ddp.py (PyTorch DDP),
+# zero3 = parallel.zero 3 vs gpt_fsdp.py (FSDP2 fully_shard), pp = parallel.pp
+# with the 1f1b schedule and RANKS micro-batches vs gpt_pp.py (Schedule1F1B);
+# same GPT, data and batch, gloo, the peer launched by the venv's torchrun.
+# SIZE=quickstart (configs/quickstart.yaml's GPT: d_model 128) or compute
+# (d_model 512, 4 layers, seq 128, micro_batch 4: most of a step in sgemm).
+# Both sides run
 # the same PyTorch wheel (the venv's LibTorch for the engine, its Python for
 # the peer), so the same kernels and BLAS (the wheel's MKL).
 # Runs are interleaved (every rank count in every round; dtrain first in odd
@@ -16,7 +21,8 @@
 # GLOO_TOO=1 adds a third side: dtrain with cluster.shm false (every
 # all-reduce over Gloo's TCP, as the peer's), to show what the shared-memory
 # all-reduce is worth.
-#   [RANKS="2 4"] [ROUNDS=3] [STEPS=150] [GLOO_TOO=1] [DTRAIN_VENV=...] bench/peer_ratio.sh   -> bench/results/peer_ratio.txt
+#   [KINDS="ddp zero3 pp"] [SIZE=compute] [RANKS="2 4"] [ROUNDS=3] [STEPS=150] [GLOO_TOO=1]
+#   [DTRAIN_VENV=...] bench/peer_ratio.sh   -> bench/results/peer_ratio.txt (OUT=...)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
@@ -30,7 +36,17 @@ cd "$ROOT"
 
 # The quickstart's sizes (configs/quickstart.yaml), passed to both sides.
 LAYERS=4 D_MODEL=128 HEADS=4 SEQ=64 MB=8 LR=1e-3 WARMUP=20 BUCKET=1 EVERY=10
+SIZE="${SIZE:-quickstart}"
+case "$SIZE" in
+  quickstart) ;;
+  compute) D_MODEL=512 HEADS=8 SEQ=128 MB=4 ;;
+  *) echo "peer_ratio: SIZE=$SIZE: use quickstart or compute" >&2; exit 2 ;;
+esac
 RANKS="${RANKS:-4}"
+KINDS="${KINDS:-ddp}"
+for k in $KINDS; do
+  case "$k" in ddp|zero3|pp) ;; *) echo "peer_ratio: KINDS has '$k': use ddp, zero3 or pp" >&2; exit 2 ;; esac
+done
 
 [ -x "$BUILD/apps/dtrain/dtrain" ] && [ -x "$BUILD/apps/dtrain/dtrain-worker" ] || {
   echo "peer_ratio: build dtrain first (scripts/build, or DTRAIN_BUILD_DIR=...)" >&2; exit 2; }
@@ -45,13 +61,24 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 tmp="$(mktemp -d /tmp/dtrain-peer-XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
 
-dtrain_run() {  # $1 = round, $2 = ranks, $3 = cluster.shm; prints "tokens/s cpu_ms_per_step"
-  local n="$2" dir="$tmp/dtrain$1_$2_$3"
-  "$BUILD/apps/dtrain/dtrain" launch configs/quickstart.yaml --set cluster.shm="$3" \
+# The layout of kind $1 at $2 ranks, as dtrain --set arguments (pp: one stage
+# per rank and as many micro-batches, the peer's default).
+layout() {
+  case "$1" in
+    ddp) echo "--set parallel.dp=$2 --set parallel.zero=0" ;;
+    zero3) echo "--set parallel.dp=$2 --set parallel.zero=3" ;;
+    pp) echo "--set parallel.dp=1 --set parallel.zero=0 --set parallel.pp=$2 --set train.grad_accum=$2 --set parallel.pipeline.schedule=1f1b" ;;
+  esac
+}
+
+dtrain_run() {  # $1 = round, $2 = ranks, $3 = cluster.shm, $4 = kind; prints "tokens/s cpu_ms_per_step"
+  local n="$2" dir="$tmp/dtrain$1_$2_$3_$4"
+  # shellcheck disable=SC2046
+  "$BUILD/apps/dtrain/dtrain" launch configs/quickstart.yaml --set cluster.shm="$3" $(layout "$4" "$n") \
     --set train.steps="$STEPS" --set log.every="$EVERY" --set log.dir="$dir" \
     --set checkpoint.dir='""' --set model.layers="$LAYERS" --set model.d_model="$D_MODEL" \
     --set model.heads="$HEADS" --set model.seq_len="$SEQ" --set train.micro_batch="$MB" \
-    --set parallel.dp="$n" --set cluster.procs_per_node="$n" --set train.lr="$LR" \
+    --set cluster.procs_per_node="$n" --set train.lr="$LR" \
     --set train.warmup_steps="$WARMUP" --set parallel.ddp.bucket_mb="$BUCKET" \
     >"$dir.log" 2>&1 || { cat "$dir.log" >&2; echo "peer_ratio: dtrain failed" >&2; exit 1; }
   # metrics.jsonl also has a record for step 1: start at step $EVERY, as the peer does.
@@ -66,14 +93,20 @@ print(f"{steps * int(sys.argv[2]) / (last['elapsed_s'] - first['elapsed_s']):.1f
 EOF
 }
 
-peer_run() {  # $1 = round, $2 = ranks; prints "tokens/s cpu_ms_per_step"
-  local log="$tmp/peer$1_$2.log"
+peer_run() {  # $1 = round, $2 = ranks, $3 = kind; prints "tokens/s cpu_ms_per_step"
+  local log="$tmp/peer$1_$2_$3.log" script extra=""
+  case "$3" in
+    ddp) script=gpt_ddp.py extra="--bucket-mb $BUCKET" ;;
+    zero3) script=gpt_fsdp.py ;;
+    pp) script=gpt_pp.py extra="--schedule 1f1b" ;;
+  esac
   set +e
+  # shellcheck disable=SC2086
   "$PY" -m torch.distributed.run --standalone --nproc-per-node "$2" \
-    bench/peer/gpt_ddp.py --data data/corpus.txt \
+    "bench/peer/$script" --data data/corpus.txt \
     --layers "$LAYERS" --d-model "$D_MODEL" --heads "$HEADS" --seq-len "$SEQ" \
     --micro-batch "$MB" --steps "$STEPS" --lr "$LR" --warmup-steps "$WARMUP" \
-    --bucket-mb "$BUCKET" --log-every "$EVERY" >"$log" 2>&1
+    $extra --log-every "$EVERY" >"$log" 2>&1
   local rc=$?
   set -e
   if [ $rc -ne 0 ]; then cat "$log" >&2; echo "peer_ratio: peer exited $rc" >&2; exit 1; fi
@@ -84,69 +117,77 @@ peer_run() {  # $1 = round, $2 = ranks; prints "tokens/s cpu_ms_per_step"
 LOAD0="$(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A D P G DC PC
 for r in $(seq "$ROUNDS"); do
-  for n in $RANKS; do
-    # (assigned first: a failing run's exit status stops the script under set -e)
-    if [ $((r % 2)) = 1 ]; then
-      d="$(dtrain_run "$r" "$n" true)"; p="$(peer_run "$r" "$n")"
-    else
-      p="$(peer_run "$r" "$n")"; d="$(dtrain_run "$r" "$n" true)"
-    fi
-    read -r "D[$r,$n]" "DC[$r,$n]" <<<"$d"
-    read -r "P[$r,$n]" "PC[$r,$n]" <<<"$p"
-    G[$r,$n]="-"
-    [ "${GLOO_TOO:-0}" = 1 ] && G[$r,$n]="$(dtrain_run "$r" "$n" false | cut -d' ' -f1)"
-    echo "round $r, $n ranks: dtrain ${D[$r,$n]} tok/s (${DC[$r,$n]} CPU ms/step), peer ${P[$r,$n]} tok/s (${PC[$r,$n]}), dtrain over gloo ${G[$r,$n]}" >&2
+  for k in $KINDS; do
+    for n in $RANKS; do
+      # (assigned first: a failing run's exit status stops the script under set -e)
+      if [ $((r % 2)) = 1 ]; then
+        d="$(dtrain_run "$r" "$n" true "$k")"; p="$(peer_run "$r" "$n" "$k")"
+      else
+        p="$(peer_run "$r" "$n" "$k")"; d="$(dtrain_run "$r" "$n" true "$k")"
+      fi
+      read -r "D[$k,$r,$n]" "DC[$k,$r,$n]" <<<"$d"
+      read -r "P[$k,$r,$n]" "PC[$k,$r,$n]" <<<"$p"
+      G[$k,$r,$n]="-"
+      [ "${GLOO_TOO:-0}" = 1 ] && G[$k,$r,$n]="$(dtrain_run "$r" "$n" false "$k" | cut -d' ' -f1)"
+      echo "round $r, $k, $n ranks: dtrain ${D[$k,$r,$n]} tok/s (${DC[$k,$r,$n]} CPU ms/step), peer ${P[$k,$r,$n]} tok/s (${PC[$k,$r,$n]}), dtrain over gloo ${G[$k,$r,$n]}" >&2
+    done
   done
 done
 OVERRIDES="$(env | grep -E '^(OPENBLAS_CORETYPE|MKL_CBWR|MKL_ENABLE_INSTRUCTIONS|ATEN_CPU_CAPABILITY)=' | tr '\n' ' ' || true)"
 
 {
-  echo "# bench/peer_ratio.sh: dtrain launch vs PyTorch DDP (torchrun, gloo), $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "# bench/peer_ratio.sh: dtrain launch vs PyTorch peers (torchrun, gloo): $KINDS, $(date -u +%Y-%m-%dT%H:%MZ)"
   echo "# ranks $RANKS on $CORES cores, 1 thread/rank (OMP/MKL/OPENBLAS=1), torch $TORCH from $VENV on both sides"
   echo "# BLAS on both sides: $BLAS; kernel overrides on both sides: ${OVERRIDES:-none}"
   echo "# load average (1/5/15 min) at start: $LOAD0, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "# GPT layers $LAYERS d_model $D_MODEL heads $HEADS seq_len $SEQ, micro_batch $MB per rank, $STEPS steps, bucket $BUCKET MB"
+  echo "# size $SIZE: GPT layers $LAYERS d_model $D_MODEL heads $HEADS seq_len $SEQ, micro_batch $MB per rank, $STEPS steps, bucket $BUCKET MB"
+  echo "# peers: ddp = gpt_ddp.py (DDP), zero3 = gpt_fsdp.py (FSDP2), pp = gpt_pp.py (Schedule1F1B, micro-batches = ranks)"
+  echo "# cpu_ms = rank 0's process CPU time per step (all its threads); cpu_ratio = peer / dtrain"
   echo "# tokens/s from the end of step $EVERY to the last step; rounds interleaved"
   ROWS=""
+  for k in $KINDS; do
   for n in $RANKS; do
-    echo "## $n ranks (GBS $((MB * n)))"
+    echo "## $k, $n ranks (GBS $((MB * n)))"
     printf "%-6s %14s %14s %8s %12s %12s %9s %16s %10s\n" round dtrain_tok_s peer_tok_s ratio \
       dtrain_cpu_ms peer_cpu_ms cpu_ratio dtrain_gloo_tok_s gloo_ratio
     ds="" ps="" gs="" dcs="" pcs=""
     for r in $(seq "$ROUNDS"); do
       gr="-"
-      [ "${G[$r,$n]}" != "-" ] && gr="$(printf "%.3f" "$(echo "${G[$r,$n]} / ${P[$r,$n]}" | bc -l)")"
-      printf "%-6s %14s %14s %8.3f %12s %12s %9.3f %16s %10s\n" "$r" "${D[$r,$n]}" "${P[$r,$n]}" \
-        "$(echo "${D[$r,$n]} / ${P[$r,$n]}" | bc -l)" "${DC[$r,$n]}" "${PC[$r,$n]}" \
-        "$(echo "${PC[$r,$n]} / ${DC[$r,$n]}" | bc -l)" "${G[$r,$n]}" "$gr"
-      ds="$ds ${D[$r,$n]}" ps="$ps ${P[$r,$n]}" gs="$gs ${G[$r,$n]}" dcs="$dcs ${DC[$r,$n]}" pcs="$pcs ${PC[$r,$n]}"
+      [ "${G[$k,$r,$n]}" != "-" ] && gr="$(printf "%.3f" "$(echo "${G[$k,$r,$n]} / ${P[$k,$r,$n]}" | bc -l)")"
+      printf "%-6s %14s %14s %8.3f %12s %12s %9.3f %16s %10s\n" "$r" "${D[$k,$r,$n]}" "${P[$k,$r,$n]}" \
+        "$(echo "${D[$k,$r,$n]} / ${P[$k,$r,$n]}" | bc -l)" "${DC[$k,$r,$n]}" "${PC[$k,$r,$n]}" \
+        "$(echo "${PC[$k,$r,$n]} / ${DC[$k,$r,$n]}" | bc -l)" "${G[$k,$r,$n]}" "$gr"
+      ds="$ds ${D[$k,$r,$n]}" ps="$ps ${P[$k,$r,$n]}" gs="$gs ${G[$k,$r,$n]}" dcs="$dcs ${DC[$k,$r,$n]}" pcs="$pcs ${PC[$k,$r,$n]}"
     done
-    ROWS="$ROWS$n:$ds:$ps:$gs:$dcs:$pcs;"
+    ROWS="$ROWS$k:$n:$ds:$ps:$gs:$dcs:$pcs;"
+  done
   done
   "$PY" - "$ROWS" <<'EOF'
 import statistics, sys
 rows = []
 for chunk in sys.argv[1].strip(";").split(";"):
-    n, d, p, g, dc, pc = chunk.split(":")
+    k, n, d, p, g, dc, pc = chunk.split(":")
     d, p = [float(x) for x in d.split()], [float(x) for x in p.split()]
     dc, pc = [float(x) for x in dc.split()], [float(x) for x in pc.split()]
     md, mp = statistics.median(d), statistics.median(p)
     mr = statistics.median(a / b for a, b in zip(d, p))
-    rows.append((int(n), md, mp))
-    print(f"{n} ranks: median dtrain {md:.1f} tok/s, peer {mp:.1f} tok/s, ratio of medians {md / mp:.3f}, "
-          f"median of round ratios {mr:.3f} (goal >= 1.2); dtrain won {sum(a > b for a, b in zip(d, p))} "
+    rows.append((k, int(n), md, mp))
+    print(f"{k}, {n} ranks: median dtrain {md:.1f} tok/s, peer {mp:.1f} tok/s, ratio of medians {md / mp:.3f}, "
+          f"median of round ratios {mr:.3f}; dtrain won {sum(a > b for a, b in zip(d, p))} "
           f"of {len(d)} rounds")
-    print(f"{n} ranks: rank 0's CPU per step, medians: dtrain {statistics.median(dc):.2f} ms, peer "
+    print(f"{k}, {n} ranks: rank 0's CPU per step, medians: dtrain {statistics.median(dc):.2f} ms, peer "
           f"{statistics.median(pc):.2f} ms, peer / dtrain {statistics.median(pc) / statistics.median(dc):.3f}")
     if "-" not in g.split():
         g = [float(x) for x in g.split()]
-        print(f"{n} ranks, dtrain with cluster.shm false: median {statistics.median(g):.1f} tok/s, "
+        print(f"{k}, {n} ranks, dtrain with cluster.shm false: median {statistics.median(g):.1f} tok/s, "
               f"median of round ratios vs the peer {statistics.median(a / b for a, b in zip(g, p)):.3f}")
-base = next((r for r in rows if r[0] == 1), None)
-if base and len(rows) > 1:
-    print("## scaling (medians; efficiency = tok/s at n / (n x tok/s at 1 rank))")
-    print(f"{'ranks':>5s} {'dtrain_tok_s':>13s} {'eff':>6s} {'peer_tok_s':>11s} {'eff':>6s}")
-    for n, md, mp in rows:
-        print(f"{n:5d} {md:13.1f} {md / (n * base[1]):6.2f} {mp:11.1f} {mp / (n * base[2]):6.2f}")
+for kind in dict.fromkeys(r[0] for r in rows):
+    of = [r for r in rows if r[0] == kind]
+    base = next((r for r in of if r[1] == 1), None)
+    if base and len(of) > 1:
+        print(f"## {kind} scaling (medians; efficiency = tok/s at n / (n x tok/s at 1 rank))")
+        print(f"{'ranks':>5s} {'dtrain_tok_s':>13s} {'eff':>6s} {'peer_tok_s':>11s} {'eff':>6s}")
+        for _, n, md, mp in of:
+            print(f"{n:5d} {md:13.1f} {md / (n * base[2]):6.2f} {mp:11.1f} {mp / (n * base[3]):6.2f}")
 EOF
 } | tee "$OUT"

@@ -6,6 +6,9 @@
 // Usage: rendezvous_scale_bench [--agents 256,1024] [--slots 1] [--reps 3]
 //        [--preconnect]  each agent calls Status once before the clock starts,
 //                        so its channel is up (an agent that started earlier)
+//        [--state-only]  no server, no threads: RoundState alone, N joins each
+//                        followed by poll() as the server does (the round
+//                        logic's own cost, apart from gRPC and TLS)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -21,6 +24,7 @@
 #include "common/log.h"
 #include "rendezvous/rendezvous_client.h"
 #include "rendezvous/rendezvous_server.h"
+#include "rendezvous/round_state.h"
 
 using namespace dtrain::rendezvous;
 using Clock = std::chrono::steady_clock;
@@ -111,6 +115,34 @@ RunResult run_once(int agents, int slots, bool preconnect) {
   return r;
 }
 
+// RoundState alone: seconds for the first n-1 joins (each polled) and for the
+// last join with the round's close.
+void run_state_only(int agents, int slots) {
+  ServerOptions so;
+  so.job = "bench";
+  so.token = "t";
+  so.min_nodes = so.max_nodes = agents;
+  so.mesh.size(dtrain::mesh::Axis::dp) = agents * slots;
+  RoundState state(so);
+  const TimePoint t0{};
+  const auto start = Clock::now();
+  auto before_last = start;
+  size_t answered = 0;
+  for (int i = 0; i < agents; ++i) {
+    if (i == agents - 1) before_last = Clock::now();
+    JoinInfo info;
+    info.node_id = "agent-" + std::to_string(i);
+    info.host = "127.0.0.1";
+    info.slots = slots;
+    if (state.join(info, static_cast<uint64_t>(i + 1), t0, t0 + std::chrono::seconds(60))) std::abort();
+    answered += state.poll(t0).size();
+  }
+  const auto end = Clock::now();
+  std::printf("%8d %6d %7d %12.3f %12.3f %12.3f %6s\n", agents, slots, agents * slots, secs(start, end),
+              secs(start, before_last), secs(before_last, end), answered == size_t(agents) ? "ok" : "FAIL");
+  std::fflush(stdout);
+}
+
 std::vector<int> parse_list(const char* s) {
   std::vector<int> out;
   std::stringstream in(s);
@@ -124,9 +156,10 @@ std::vector<int> parse_list(const char* s) {
 int main(int argc, char** argv) {
   std::vector<int> sizes = {256, 1024};
   int slots = 1, reps = 3;
-  bool preconnect = false;
+  bool preconnect = false, state_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--preconnect")) preconnect = true;
+    else if (!std::strcmp(argv[i], "--state-only")) state_only = true;
     else if (i + 1 >= argc) break;
     else if (!std::strcmp(argv[i], "--agents")) sizes = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--slots")) slots = std::stoi(argv[++i]);
@@ -137,6 +170,13 @@ int main(int argc, char** argv) {
     std::printf("# load average %.2f %.2f %.2f on %u cores%s\n", load[0], load[1], load[2],
                 std::thread::hardware_concurrency(), preconnect ? "; --preconnect" : "");
   dtrain::log::set_level(dtrain::log::Level::warn);  // keep the round summaries out of the table
+  if (state_only) {
+    std::printf("# RoundState alone (--state-only)\n%8s %6s %7s %12s %12s %12s %6s\n", "agents", "slots", "world",
+                "all_s", "joins_s", "close_s", "check");
+    for (int agents : sizes)
+      for (int rep = 0; rep < reps; ++rep) run_state_only(agents, slots);
+    return 0;
+  }
   std::printf("%8s %6s %7s %5s %14s %14s %6s\n", "agents", "slots", "world", "rep",
               "all_joined_s", "close_to_all_s", "check");
   bool all_ok = true;

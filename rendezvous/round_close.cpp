@@ -128,7 +128,7 @@ std::vector<JoinOutcome> RoundState::close_round(TimePoint now) {
     DTRAIN_ERROR("rendezvous: {}", msg);
     for (const Member& m : members)
       out.push_back({m.ticket, {RefusalKind::precondition, msg}, nullptr, 0});
-    waiting_.clear();
+    clear_waiting();
     return out;
   }
   const Member& host0 =
@@ -144,8 +144,8 @@ std::vector<JoinOutcome> RoundState::close_round(TimePoint now) {
     closed->node_ids.push_back(members[i].info.node_id);
     out.push_back({members[i].ticket, {}, closed, static_cast<int>(i)});
   }
-  active_ = std::move(members);
-  waiting_.clear();
+  set_active(std::move(members));
+  clear_waiting();
   open_ = false;
   last_closed_ = closed;
   progress_.clear();  // the new round's workers start their traces afresh

@@ -62,16 +62,18 @@ Refusal RoundState::check_join(const JoinInfo& info) const {
                                       " is out of range: the job has cluster.nodes = " +
                                       std::to_string(options_.max_nodes) + " (ranks 0.." +
                                       std::to_string(options_.max_nodes - 1) + ")"};
-  for (const Member& m : waiting_) {
-    if (m.info.node_id == info.node_id)
-      return {RefusalKind::exists, "duplicate node: node_id '" + info.node_id +
-                                       "' already joined round " + r +
-                                       "; every agent needs a unique node id"};
-    if (info.node_rank >= 0 && m.info.node_rank == info.node_rank)
-      return {RefusalKind::exists, "duplicate node rank: node_rank " +
-                                       std::to_string(info.node_rank) + " is already taken by '" +
-                                       m.info.node_id + "' (host " + m.info.host + ") in round " +
-                                       r + "; give every agent a distinct --node-rank"};
+  scanned_ += 2;
+  if (auto it = waiting_by_id_.find(info.node_id); it != waiting_by_id_.end())
+    return {RefusalKind::exists, "duplicate node: node_id '" + info.node_id +
+                                     "' already joined round " + r +
+                                     "; every agent needs a unique node id"};
+  if (auto it = waiting_by_rank_.find(info.node_rank);
+      info.node_rank >= 0 && it != waiting_by_rank_.end()) {
+    const Member& m = *it->second;
+    return {RefusalKind::exists, "duplicate node rank: node_rank " +
+                                     std::to_string(info.node_rank) + " is already taken by '" +
+                                     m.info.node_id + "' (host " + m.info.host + ") in round " +
+                                     r + "; give every agent a distinct --node-rank"};
   }
   return {};
 }
@@ -85,9 +87,8 @@ Refusal RoundState::join(const JoinInfo& info, uint64_t ticket, TimePoint now,
     return {RefusalKind::precondition, "the job stopped without a restart: " + failure_ +
                                            " (a configuration error, which a restart would repeat)"};
   if (!open_) {
-    bool member = std::any_of(active_.begin(), active_.end(),
-                              [&](const Member& m) { return m.info.node_id == info.node_id; });
-    if (member) {
+    ++scanned_;
+    if (active_by_id_.count(info.node_id)) {
       open_next_round("node '" + info.node_id + "' re-joined");
     } else if (static_cast<int>(active_.size()) >= options_.max_nodes) {
       return {RefusalKind::exhausted,
@@ -105,15 +106,44 @@ Refusal RoundState::join(const JoinInfo& info, uint64_t ticket, TimePoint now,
   m.joined = now;
   m.expiry = expiry;
   m.last_beat = now;
-  waiting_.push_back(std::move(m));
+  add_waiting(std::move(m));
   if (static_cast<int>(waiting_.size()) == options_.min_nodes) min_reached_ = now;
   return {};
 }
 
 void RoundState::withdraw(uint64_t ticket) {
-  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
-                                [&](const Member& m) { return m.ticket == ticket; }),
-                 waiting_.end());
+  ++scanned_;
+  if (auto it = waiting_by_ticket_.find(ticket); it != waiting_by_ticket_.end())
+    erase_waiting(it->second);
+}
+
+void RoundState::add_waiting(Member m) {
+  if (m.expiry != TimePoint::max()) deadlines_.emplace(m.expiry, m.ticket);
+  auto it = waiting_.insert(waiting_.end(), std::move(m));
+  waiting_by_ticket_[it->ticket] = it;
+  waiting_by_id_[it->info.node_id] = it;
+  if (it->info.node_rank >= 0) waiting_by_rank_[it->info.node_rank] = it;
+}
+
+void RoundState::erase_waiting(WaitingIt it) {
+  waiting_by_ticket_.erase(it->ticket);
+  waiting_by_id_.erase(it->info.node_id);
+  if (it->info.node_rank >= 0) waiting_by_rank_.erase(it->info.node_rank);
+  waiting_.erase(it);
+}
+
+void RoundState::clear_waiting() {
+  waiting_.clear();
+  waiting_by_ticket_.clear();
+  waiting_by_id_.clear();
+  waiting_by_rank_.clear();
+  deadlines_ = {};
+}
+
+void RoundState::set_active(std::vector<Member> members) {
+  active_ = std::move(members);
+  active_by_id_.clear();
+  for (size_t i = 0; i < active_.size(); ++i) active_by_id_[active_[i].info.node_id] = i;
 }
 
 void RoundState::open_next_round(const std::string& why) {
@@ -122,15 +152,18 @@ void RoundState::open_next_round(const std::string& why) {
   DTRAIN_INFO("rendezvous: round {} opens: {} (restart count {})", round_, why, restart_);
 }
 
-std::vector<JoinOutcome> RoundState::poll(TimePoint now) {
+// The joiners whose deadline has passed, soonest first: popped off the
+// deadline heap (entries of joiners that already left are skipped).
+std::vector<JoinOutcome> RoundState::expire_joins(TimePoint now) {
   std::vector<JoinOutcome> out;
-  int need = elastic() ? options_.min_nodes : options_.max_nodes;
-  for (size_t i = 0; i < waiting_.size();) {
-    const Member& m = waiting_[i];
-    if (m.expiry > now) {
-      ++i;
-      continue;
-    }
+  const int need = elastic() ? options_.min_nodes : options_.max_nodes;
+  while (!deadlines_.empty() && deadlines_.top().first <= now) {
+    const uint64_t ticket = deadlines_.top().second;
+    deadlines_.pop();
+    ++scanned_;
+    auto found = waiting_by_ticket_.find(ticket);
+    if (found == waiting_by_ticket_.end()) continue;  // withdrew earlier
+    const Member& m = *found->second;
     std::string msg = "rendezvous timed out after " +
                       seconds_text(seconds_between(m.joined, m.expiry)) + " s: joined " +
                       std::to_string(waiting_.size()) + " of " + std::to_string(need) +
@@ -141,8 +174,13 @@ std::vector<JoinOutcome> RoundState::poll(TimePoint now) {
                       " in round " + std::to_string(round_);
     DTRAIN_WARN("rendezvous: join of '{}' ({}): {}", m.info.node_id, m.info.host, msg);
     out.push_back({m.ticket, {RefusalKind::deadline, msg}, nullptr, 0});
-    waiting_.erase(waiting_.begin() + static_cast<long>(i));
+    erase_waiting(found->second);
   }
+  return out;
+}
+
+std::vector<JoinOutcome> RoundState::poll(TimePoint now) {
+  std::vector<JoinOutcome> out = expire_joins(now);
   if (open_ && ready_to_close(now)) {
     auto closed = close_round(now);
     out.insert(out.end(), closed.begin(), closed.end());
@@ -152,6 +190,7 @@ std::vector<JoinOutcome> RoundState::poll(TimePoint now) {
     auto limit = std::chrono::duration<double>(3 * options_.heartbeat_s);
     std::vector<std::string> dead;
     std::string lost;  // each lost node: rank, id, address, hostname, last heartbeat
+    scanned_ += active_.size();
     for (const Member& m : active_)
       if (now - m.last_beat > limit) {
         dead.push_back(m.info.node_id);
@@ -166,9 +205,10 @@ std::vector<JoinOutcome> RoundState::poll(TimePoint now) {
       failure_ = "node " + names + " missed 3 heartbeats (" + seconds_text(3 * options_.heartbeat_s) +
                  " s) and is declared dead" + lost;
       DTRAIN_ERROR("rendezvous: {}", failure_);
-      active_.erase(std::remove_if(active_.begin(), active_.end(),
-                                   [&](const Member& m) { return now - m.last_beat > limit; }),
-                    active_.end());
+      std::vector<Member> alive;
+      for (Member& m : active_)
+        if (now - m.last_beat <= limit) alive.push_back(std::move(m));
+      set_active(std::move(alive));
       open_next_round("node " + names + " missed 3 heartbeats (" +
                       seconds_text(3 * options_.heartbeat_s) + " s) and is declared dead");
     }
@@ -202,13 +242,12 @@ HeartbeatReply RoundState::heartbeat(const std::string& node_id, uint64_t round,
     all_started_ = true;
     last_progress_ = now;
   }
-  for (Member& m : active_)
-    if (m.info.node_id == node_id) {
-      m.last_beat = now;
-      reply.known = true;
-    }
-  for (const Member& m : waiting_)
-    if (m.info.node_id == node_id) reply.known = true;
+  scanned_ += 2;
+  if (auto it = active_by_id_.find(node_id); it != active_by_id_.end()) {
+    active_[it->second].last_beat = now;
+    reply.known = true;
+  }
+  if (waiting_by_id_.count(node_id)) reply.known = true;
   return reply;
 }
 
@@ -242,10 +281,11 @@ void RoundState::report_failure(const FailureReport& r) {
 }
 
 void RoundState::leave(const std::string& node_id, bool success) {
-  auto it = std::find_if(active_.begin(), active_.end(),
-                         [&](const Member& m) { return m.info.node_id == node_id; });
-  if (it == active_.end()) return;
-  active_.erase(it);
+  auto it = active_by_id_.find(node_id);
+  if (it == active_by_id_.end()) return;
+  std::vector<Member> rest = std::move(active_);
+  rest.erase(rest.begin() + static_cast<long>(it->second));
+  set_active(std::move(rest));
   DTRAIN_INFO("rendezvous: node '{}' left round {} ({})", node_id, round_,
               success ? "finished" : "failed");
   // A clean finish is not a membership change; a failed node is.
@@ -286,12 +326,16 @@ ServerStatus RoundState::status(TimePoint now) const {
   s.min_nodes = options_.min_nodes;
   s.max_nodes = options_.max_nodes;
   s.round_open = open_;
-  for (const Member& m : open_ ? waiting_ : active_) {
+  auto add = [&](const Member& m) {
     s.nodes.push_back({m.info.node_id, m.info.host, m.info.node_rank,
                        seconds_between(m.last_beat, now), m.info.hostname, {}});
     for (const auto& [rank, p] : progress_)
       if (progress_node_.count(rank) && progress_node_.at(rank) == m.info.node_id) s.nodes.back().ranks.push_back(p);
-  }
+  };
+  if (open_)
+    for (const Member& m : waiting_) add(m);
+  else
+    for (const Member& m : active_) add(m);
   return s;
 }
 

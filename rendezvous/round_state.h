@@ -6,9 +6,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <list>
 #include <map>
 #include <memory>
+#include <queue>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "rendezvous/rendezvous_server.h"
@@ -63,6 +67,8 @@ class RoundState {
   Refusal check_auth(const std::string& job, const std::string& token) const;
   // Admit a joiner to the open round (opening the next one when needed) or
   // refuse it. Call poll() afterwards: the join may have filled the round.
+  // Tickets are unique (the server counts them). O(1) amortised, like
+  // withdraw, heartbeat and a poll that decides nothing.
   Refusal join(const JoinInfo& info, uint64_t ticket, TimePoint now, TimePoint expiry);
   // A waiting joiner went away (cancelled, deadline): it leaves the round.
   void withdraw(uint64_t ticket);
@@ -82,6 +88,10 @@ class RoundState {
   // The last round that closed (its whole placement), null before the first.
   std::shared_ptr<const ClosedRound> last_closed() const { return last_closed_; }
   bool open() const { return open_; }
+  // Entries that join, withdraw, heartbeat and poll have examined so far
+  // (index look-ups, deadline pops, list visits; closing a round is not
+  // counted): a test's measure that joins stay O(1) amortised, untimed.
+  uint64_t scanned() const { return scanned_; }
 
  private:
   bool elastic() const { return options_.min_nodes < options_.max_nodes; }
@@ -95,6 +105,12 @@ class RoundState {
   Cluster cluster_of(const std::vector<Member>& members) const;
   void log_summary(const ClosedRound& closed, const std::vector<Member>& members);
   void check_hang(TimePoint now);  // poll(): a stalled closed round is a failure
+  // The waiting list and its indexes change only through these.
+  void add_waiting(Member m);
+  void erase_waiting(std::list<Member>::iterator it);
+  void clear_waiting();
+  void set_active(std::vector<Member> members);  // active_ and its index
+  std::vector<JoinOutcome> expire_joins(TimePoint now);
 
   // Collective progress of the closed round's ranks (heartbeats), and when
   // any rank last completed one.
@@ -116,10 +132,23 @@ class RoundState {
   uint64_t round_ = 1;
   int restart_ = 0;
   bool open_ = true;
-  std::vector<Member> waiting_;  // joiners of the open round, in join order
+  std::list<Member> waiting_;    // joiners of the open round, in join order
+  // waiting_ by ticket, node id and requested node rank: a join checks for
+  // duplicates, and a withdrawal or heartbeat finds its joiner, in O(1).
+  using WaitingIt = std::list<Member>::iterator;
+  std::unordered_map<uint64_t, WaitingIt> waiting_by_ticket_;
+  std::unordered_map<std::string, WaitingIt> waiting_by_id_;
+  std::unordered_map<int, WaitingIt> waiting_by_rank_;
+  // Waiting joiners' deadlines, soonest on top. Lazy deletion: a joiner that
+  // withdrew leaves its entry, skipped when it surfaces (each entry is
+  // popped once: O(1) amortised per join); emptied when the round closes.
+  using Deadline = std::pair<TimePoint, uint64_t>;  // expiry, ticket
+  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<Deadline>> deadlines_;
   std::vector<Member> active_;   // members of the last closed round, by node rank
+  std::unordered_map<std::string, size_t> active_by_id_;  // node id -> index in active_
   TimePoint min_reached_{};      // elastic: when waiting_ reached min_nodes
   std::shared_ptr<const ClosedRound> last_closed_;
+  mutable uint64_t scanned_ = 0;  // see scanned()
 };
 
 }  // namespace dtrain::rendezvous

@@ -49,7 +49,7 @@ def main():
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
 
-    t_first = first_logged = None
+    t_first = first_logged = cpu_first = None
     mean = torch.zeros(())
     for step in range(a.steps):
         x, y = batches.slot(step, rank)
@@ -68,12 +68,14 @@ def main():
             now = time.perf_counter()
             if t_first is None:
                 t_first, first_logged = now, done  # timing starts after the first interval
+                cpu_first = time.process_time()  # this process's CPU, all its threads (Gloo's too)
             elif rank == 0:
                 print(f"peer step {done}/{a.steps} loss {mean.item():.4f} "
                       f"grad_norm {norm.full_tensor().item():.3f}", flush=True)
     t_end = time.perf_counter()
+    cpu_ms = 1e3 * (time.process_time() - cpu_first) / (a.steps - first_logged)
     summary("fsdp2", a, gbs * T, a.steps - first_logged, t_end - t_first, mean.item(),
-            f"gbs={gbs} reshard_after_forward={int(reshard)}")
+            f"gbs={gbs} reshard_after_forward={int(reshard)} rank0_cpu_ms_per_step={cpu_ms:.2f}")
     dist.destroy_process_group()
 
 

@@ -99,7 +99,7 @@ def main():
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
 
-    t_first = first_logged = None
+    t_first = first_logged = cpu_first = None
     mean = torch.zeros(())
     for step in range(a.steps):
         mbs = [batches.slot(step, i) for i in range(m)]  # micro-batch i = slot i of the step
@@ -124,12 +124,14 @@ def main():
             now = time.perf_counter()
             if t_first is None:
                 t_first, first_logged = now, done  # timing starts after the first interval
+                cpu_first = time.process_time()  # this process's CPU, all its threads (Gloo's too)
             elif rank == 0:
                 print(f"peer step {done}/{a.steps} loss {mean.item():.4f} grad_norm {norm.item():.3f}",
                       flush=True)
     t_end = time.perf_counter()
+    cpu_ms = 1e3 * (time.process_time() - cpu_first) / (a.steps - first_logged)
     summary(f"pp_{a.schedule}", a, gbs * T, a.steps - first_logged, t_end - t_first, mean.item(),
-            f"gbs={gbs} microbatches={m} stages={world}")
+            f"gbs={gbs} microbatches={m} stages={world} rank0_cpu_ms_per_step={cpu_ms:.2f}")
     dist.destroy_process_group()
 
 
