@@ -22,17 +22,12 @@ void pipeline_rules(const JobSpec& spec, Problems& out) {
 }
 
 // Mixture of experts. Under TP each rank of the tp group dispatches 1/tp of
-// a micro-batch's tokens (they are the same on every TP rank without
-// sequence parallelism).
+// a micro-batch's tokens (they are the same on every TP rank; with sequence
+// parallelism the layer gathers them first). Any pipeline stage may hold
+// MoE blocks.
 void moe_rules(const JobSpec& spec, Problems& out) {
-  const int experts = spec.model.moe.experts, tp = spec.parallel.tp;
-  if (experts <= 0) return;
-  if (spec.parallel.pp > 1)
-    out.push_back("model.moe.experts = " + std::to_string(experts) + " with parallel.pp = " +
-                  std::to_string(spec.parallel.pp) + ": mixture of experts runs with pp 1 for now");
-  if (tp > 1 && spec.parallel.sequence_parallel)
-    out.push_back("model.moe.experts = " + std::to_string(experts) +
-                  " with parallel.sequence_parallel is not implemented yet; use sequence_parallel false");
+  const int tp = spec.parallel.tp;
+  if (spec.model.moe.experts <= 0) return;
   const int64_t tokens = int64_t(spec.train.micro_batch) * spec.model.seq_len;
   if (tp > 1 && tokens % tp != 0)
     out.push_back("train.micro_batch * model.seq_len = " + std::to_string(tokens) +

@@ -257,20 +257,26 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   r.dp = c.dp, r.tp = c.tp, r.pp = c.pp, r.cp = mc[mesh::Axis::cp];
   const std::vector<int64_t> units = units_of_stage(spec, d, c.pp);
   model_states(spec, units, replica, r);
-  int64_t moe_blocks = 0, unit_numel = 0;
+  int64_t moe_blocks = 0;
   const std::vector<int64_t> rank_blocks = blocks_of_stage(spec, d, c.pp);
   for (int64_t l : rank_blocks)
     if (d.moe_block(l)) ++moe_blocks;
-  for (int64_t u : units) unit_numel += u;
   // Experts: whole param, grad and AdamW state per rank (the expert sync
   // reduces them over the ranks holding the same experts; ZeRO leaves them).
   const int64_t experts = moe_blocks * expert_numel(d);
   r.param_bytes += kFloat * experts;
   r.grad_bytes += kFloat * experts;
   r.optimizer_bytes += 2 * kFloat * experts;
-  // The engine builds the whole stage (every expert, nothing sharded yet)
-  // before expert parallelism and ZeRO cut it down.
-  r.build_bytes = kFloat * (unit_numel + moe_blocks * d.ep * expert_numel(d));
+  // The engine builds the whole model (every stage's blocks, every expert,
+  // nothing sharded yet) before the pipeline split, expert parallelism and
+  // ZeRO cut it down.
+  int64_t built = 0;
+  for (int s = 0; s < spec.parallel.pp; ++s) {
+    for (int64_t u : units_of_stage(spec, d, s)) built += u;
+    for (int64_t l : blocks_of_stage(spec, d, s))
+      if (d.moe_block(l)) built += d.ep * expert_numel(d);
+  }
+  r.build_bytes = kFloat * built;
   r.data_bytes = data_buffer_bytes(spec);
 
   const int p = spec.parallel.pp, v = spec.parallel.pipeline_virtual_stages;

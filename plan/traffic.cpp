@@ -76,7 +76,9 @@ uint64_t dp_bytes(const Group& g) {
 // 1/n share to the experts, and all-gathers the shares' expert outputs,
 // [top_k, tokens / n, d_model], forward and the share's input gradient,
 // [tokens / n, d_model], backward: each (n-1) times its own part, over the
-// stage's MoE blocks.
+// stage's MoE blocks. With sequence parallelism an MoE block also
+// all-gathers its input's positions forward and its output's gradient
+// backward: 2 (n-1) x [tokens / n, d_model] more.
 uint64_t tp_bytes(const Group& g) {
   const AxisSizes& m = g.m;
   const TrafficModel& t = g.t;
@@ -90,7 +92,7 @@ uint64_t tp_bytes(const Group& g) {
   const uint64_t ce = g.tokens() * 4;  // [micro_batch * seq_len / cp] fp32
   const uint64_t moe = g.stage_moe_blocks();
   const uint64_t act = g.act(), share = act / g.n, k = uint64_t(t.top_k);
-  const uint64_t moe_gathers = moe * (g.n - 1) * (k * share + share);
+  const uint64_t moe_gathers = moe * (g.n - 1) * (k * share + share + (t.sequence_parallel ? 2 * share : 0));
   return g.micro() * ((layers * 4 - moe * 2 + first + last) * g.all_reduce(act) + moe_gathers +
                       last * 3 * g.all_reduce(ce)) +
          g.all_reduce(8);
@@ -174,6 +176,7 @@ TrafficModel traffic_model_from_spec(const JobSpec& spec) {
   t.moe_layers = spec.model.moe.every >= 1 ? int(moe_block_count(spec.model)) : 0;
   t.experts = spec.model.moe.experts;
   t.top_k = spec.model.moe.top_k;
+  t.sequence_parallel = spec.parallel.sequence_parallel && spec.parallel.tp > 1;
   return t;
 }
 

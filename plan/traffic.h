@@ -28,6 +28,7 @@ struct TrafficModel {
   int moe_every = 1;         // block l is MoE when l % moe_every == 0 (and experts > 0)
   int experts = 0, top_k = 1;
   uint64_t expert_params = 0;  // one expert's parameters (fp32 gradients, reduced over edp)
+  bool sequence_parallel = false;  // MoE blocks then gather the positions over tp
 };
 TrafficModel traffic_model_from_spec(const JobSpec& spec);
 

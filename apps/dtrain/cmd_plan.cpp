@@ -155,7 +155,7 @@ std::string plan_text(const JobSpec& spec, const pl::MemoryPlan& plan, const ren
   }
   out += "\nfp32 figures (bf16 autocast keeps some activations in 2 bytes: an upper bound); activations "
          "are autograd's saved tensors, transient backward's largest temporaries; data the bytes dataset's "
-         "host copy; need = the peak (or the stage as built, when larger) + data, what `launch` checks.\n";
+         "host copy; need = the peak (or the model as built, when larger) + data, what `launch` checks.\n";
   return out;
 }
 

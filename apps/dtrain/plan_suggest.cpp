@@ -159,7 +159,7 @@ void print_suggestions(const JobSpec& base, const SuggestOptions& o, std::ostrea
                   "choose a --world whose dp divides the global batch, or change the spec");
     throw Error(ErrorCode::config,
                 fmt::format("--suggest --world {}: no layout of {} fits{}; the smallest predicted need is {} "
-                            "({}: peak {}, the stage as built {}{})",
+                            "({}: peak {}, the model as built {}{})",
                             o.world, base.source, budget, pl::format_bytes(double(smallest.need)), smallest.what,
                             pl::format_bytes(double(smallest.peak)), pl::format_bytes(double(smallest.build)),
                             smallest.build > smallest.peak ? ", every expert before ep cuts them" : ""),

@@ -250,7 +250,7 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
   const at::Tensor n2 = rms2 ? rms2->forward(h) : ln2->forward(h);
   if (moe)  // the MLP's residual dropout on the experts' output
     return h + residual_dropout(moe->forward(n2), attn->resid_drop->options.p(), is_training(),
-                                attn->position, attn->layer, random::DropoutSite::mlp_resid, nullptr, attn->seq);
+                                attn->position, attn->layer, random::DropoutSite::mlp_resid, attn->tp, attn->seq);
   return h + mlp->forward(n2);      // [B, T, C]
 }
 

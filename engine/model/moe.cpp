@@ -97,6 +97,44 @@ struct GatherShares : public torch::autograd::Function<GatherShares> {
   }
 };
 
+// [B, T/S, C] -> [B, T, C]: every TP rank's positions, gathered along T.
+at::Tensor gather_seq(const at::Tensor& x, const TpGroup& tp) {
+  at::Tensor in = x.transpose(0, 1).contiguous();  // [T/S, B, C]: dim-0 collectives
+  at::Tensor out = at::empty({in.size(0) * tp.size, in.size(1), in.size(2)}, in.options());  // [T, B, C]
+  tp.all_gather(in, out);
+  return out.transpose(0, 1).contiguous();  // [B, T, C]
+}
+
+// Sequence parallelism: gather_seq as an autograd function. The layer's
+// output is the same on every TP rank and its gradient arrives whole
+// (SliceSeq's backward), so the gradient of the gathered tokens is whole
+// too: backward keeps this rank's positions of it (no reduce-scatter).
+struct GatherSeq : public torch::autograd::Function<GatherSeq> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const TpGroup* tp) {
+    ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
+    return gather_seq(x, *tp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* tp = reinterpret_cast<const TpGroup*>(ctx->saved_data["tp"].toInt());
+    const int64_t t = grads[0].size(1) / tp->size;
+    return {grads[0].narrow(1, tp->rank * t, t).contiguous(), at::Tensor()};
+  }
+};
+
+// [B, T, C] (the same on every TP rank) -> this rank's [B, T/S, C]; the
+// gradient of the whole is every rank's positions all-gathered.
+struct SliceSeq : public torch::autograd::Function<SliceSeq> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, const TpGroup* tp) {
+    ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
+    const int64_t t = y.size(1) / tp->size;
+    return y.narrow(1, tp->rank * t, t).contiguous();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* tp = reinterpret_cast<const TpGroup*>(ctx->saved_data["tp"].toInt());
+    return {gather_seq(grads[0].contiguous(), *tp), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 int64_t moe_capacity(int64_t tokens, const MoeConfig& cfg) {
@@ -168,7 +206,13 @@ at::Tensor MoeImpl::run_experts(const at::Tensor& rows, const std::vector<int64_
   return outs.empty() ? rows.narrow(0, 0, 0) : at::cat(outs, 0);  // [sum counts, C]
 }
 
-at::Tensor MoeImpl::forward(const at::Tensor& x) {
+at::Tensor MoeImpl::forward(const at::Tensor& x_in) {
+  // Sequence parallelism: the TP group's positions gathered first, so every
+  // TP rank holds the whole micro-batch (as without SP) and routing and
+  // capacity are one process's; this rank's positions of the (replicated)
+  // output are returned at the end.
+  const bool sp = tp && tp->sp();
+  const at::Tensor x = sp ? GatherSeq::apply(x_in, tp) : x_in;  // [B, T, C]
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), N = B * T;
   const int64_t E = cfg_.experts, K = cfg_.top_k;
   at::Tensor xf = x.reshape({N, C});                                 // [N, C]
@@ -247,7 +291,7 @@ at::Tensor MoeImpl::forward(const at::Tensor& x) {
   at::Tensor slots = at::zeros({K * Ns, C}, back.options()).index_copy(0, local_a, back);    // [K*Ns, C]
   if (shared) slots = GatherShares::apply(slots.view({K, Ns, C}), tp);                      // [K, N, C]
   at::Tensor y = (slots.view({K, N, C}) * r.gates.t().unsqueeze(-1).to(slots.scalar_type())).sum(0);  // [N, C]
-  return y.view({B, T, C});
+  return sp ? SliceSeq::apply(y.view({B, T, C}), tp) : y.view({B, T, C});  // [B, T / S, C] with SP
 }
 
 void MoeImpl::update_selection_bias(const std::vector<double>& load, double rate) {

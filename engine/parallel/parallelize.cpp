@@ -74,7 +74,8 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   //    of every MoE layer; their gradients go over edp (below), the rest
   //    over dp.
   const bool moe = spec.model.moe.experts > 0;
-  if (moe) apply_expert_parallel(*out.parts.model, out.parts.named_params, out.parts.layouts, comm.group(mesh::GroupKind::ep));
+  if (moe)
+    apply_expert_parallel(*out.parts.model, out.parts.named_params, out.parts.layouts, comm.group(mesh::GroupKind::ep));
   DenseAndExperts split = moe ? split_experts(out.parts.named_params, out.parts.layouts)
                               : DenseAndExperts{out.parts.named_params, out.parts.layouts, {}};
   auto& named = split.dense;
@@ -114,7 +115,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   }
   if (moe)  // the experts' gradients over edp, wrapped around the dense sync; counters over the real dp
     out.grad_sync = make_moe_sync(std::move(out.grad_sync), std::move(split.experts), *out.parts.model,
-                                  comm.group(mesh::GroupKind::dp), tp, comm.group(mesh::GroupKind::ep),
+                                  comm.group(mesh::GroupKind::dp), tp, pp, comm.group(mesh::GroupKind::ep),
                                   grad_group(mesh::GroupKind::edp),
                                   {spec.model.moe.balance == MoeBalance::bias, spec.model.moe.bias_rate});
   return out;

@@ -89,8 +89,6 @@ TEST_CASE("validate: a bad spec exits 2 naming the file, the field and the fix")
       {"zero 3 with pp", kSpec, {"--set", "parallel.zero=3"},
        {"spec.yaml: this spec asks for what the builtin engine cannot run:",
         "parallel.zero = 3 with parallel.pp = 2 is not implemented yet; use zero 0, 1 or 2 with pp"}},
-      {"moe with pp", kSpec, {"--set", "model.moe.experts=4"},
-       {"model.moe.experts = 4 with parallel.pp = 2: mixture of experts runs with pp 1 for now"}},
       {"too many parameters", kSpec, {"--set", "model.d_model=4096", "--set", "model.layers=100000"},
        {"spec.yaml: model.d_model = 4096, model.layers = 100000, model.vocab = 256: 2.01e+13 parameters, "
         "more than the maximum 1e12"}},

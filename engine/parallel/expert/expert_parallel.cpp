@@ -23,6 +23,10 @@ void apply_expert_parallel(model::GptImpl& model, const std::vector<std::pair<st
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < named_params.size(); ++i) {
     const auto& [name, p] = named_params[i];
+    // Under sequence parallelism the router sees the gathered tokens of the
+    // whole micro-batch on every TP rank: its gradient is whole, not a
+    // partial sum like the other replicated parameters' in the SP region.
+    if (name.find(".moe.router.") != std::string::npos) layouts[i].sum_grad_over_tp = false;
     if (!is_expert_param(name)) continue;
     ParamLayout& l = layouts[i];
     // Under TP the experts are not split over tp: each TP rank runs its

@@ -29,7 +29,9 @@ struct ExpertParams {
 
 // Cuts every expert tensor of `named_params` to this rank's experts (rows
 // [rank * E / ep, (rank + 1) * E / ep) of dim 0), records that in its
-// layout, and hands the model the group's all-to-all.
+// layout, and hands the model the group's all-to-all. Under sequence
+// parallelism the routers' gradients are whole on every TP rank (the layer
+// routes the gathered micro-batch): not summed over tp.
 void apply_expert_parallel(model::GptImpl& model, const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                            std::vector<ParamLayout>& layouts, comm::Group& ep);
 
@@ -53,13 +55,15 @@ struct MoeSyncOptions {
 // (expert squares added over ep, where the experts differ), the optimizer's
 // tensors dense first then experts, checkpoints with each expert slice
 // written by edp rank 0, and per step the routing counters summed over dp
-// (moe_aux_loss, moe_max_load, moe_dropped; the DeepSeek-V3 bias update).
-// `tp`: only its rank 0 (with dp and ep rank 0) writes the replicated
-// selection biases. `edp` is only the experts' gradient-reduction group
+// and pp (moe_aux_loss, moe_max_load, moe_dropped, ep_bytes_sent; the
+// DeepSeek-V3 bias update). `tp`: only its rank 0 (with dp and ep rank 0)
+// writes the replicated selection biases, each of its stage's layers. `pp`:
+// the stages hold disjoint layers and experts (their counters and expert
+// norms add up over it). `edp` is only the experts' gradient-reduction group
 // (a comm::NoSyncGroup under fault.kind no_grad_sync); `dp` only sums the
 // counters.
 std::unique_ptr<GradSync> make_moe_sync(std::unique_ptr<GradSync> dense, ExpertParams experts, model::GptImpl& model,
-                                        comm::Group& dp, comm::Group& tp, comm::Group& ep, comm::Group& edp,
-                                        MoeSyncOptions options);
+                                        comm::Group& dp, comm::Group& tp, comm::Group& pp, comm::Group& ep,
+                                        comm::Group& edp, MoeSyncOptions options);
 
 }  // namespace dtrain::engine::parallel

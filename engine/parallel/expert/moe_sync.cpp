@@ -77,9 +77,9 @@ class MoeState : public StateProvider {
 class MoeSync : public GradSync {
  public:
   MoeSync(std::unique_ptr<GradSync> dense, ExpertParams experts, model::GptImpl& model, comm::Group& dp,
-          comm::Group& tp, comm::Group& ep, comm::Group& edp, MoeSyncOptions options)
-      : dense_(std::move(dense)), experts_(std::move(experts)), layers_(model.moe_layers()), dp_(dp), tp_(tp), ep_(ep),
-        edp_(edp), options_(options) {
+          comm::Group& tp, comm::Group& pp, comm::Group& ep, comm::Group& edp, MoeSyncOptions options)
+      : dense_(std::move(dense)), experts_(std::move(experts)), layers_(model.moe_layers()), dp_(dp), tp_(tp), pp_(pp),
+        ep_(ep), edp_(edp), options_(options) {
     at::NoGradGuard no_grad;
     // Gradients exist from the start, so autograd accumulates into them in
     // place and an expert that gets no token still has a (zero) gradient.
@@ -88,15 +88,16 @@ class MoeSync : public GradSync {
     for (auto& m : layers_) m->selection_bias = m->selection_bias.to(m->router->weight.device());
     for (int i = 0; i < model.config().layers; ++i)  // moe_layers() is in block order
       if (model.config().moe.is_moe_block(i)) bias_names_.push_back("moe/selection_bias/blocks." + std::to_string(i));
+    // A pipeline stage holds the layers whose routers kept their weights.
+    for (auto& m : layers_) held_.push_back(m->router->weight.numel() > 0);
+    reset_counters();
   }
 
-  void begin_micro(int micro, bool last) override {
-    if (micro == 0) {
-      for (auto& m : layers_) m->counters.reset(m->config().experts);
-      ep_.reset_bytes_sent();
-    }
-    dense_->begin_micro(micro, last);
-  }
+  // The counters start at zero before a step's first forward: a pipeline
+  // runs forwards before the first backward, so they are reset after the
+  // previous step (zero()), not at its first micro-step. (The trainer
+  // resets the groups' byte counts at the step's start.)
+  void begin_micro(int micro, bool last) override { dense_->begin_micro(micro, last); }
 
   SyncStats finish() override {
     SyncStats stats = dense_->finish();
@@ -131,7 +132,7 @@ class MoeSync : public GradSync {
       grads.push_back(p.grad());
       counted.push_back(true);
     }
-    return clip_grad_norm(grads, counted, {&ep_}, max_norm, dense * dense);
+    return clip_grad_norm(grads, counted, {&ep_, &pp_}, max_norm, dense * dense);
   }
 
   OptimizerParams optimizer_params() override {
@@ -151,6 +152,7 @@ class MoeSync : public GradSync {
   void zero() override {
     dense_->zero();
     for (auto& [name, p] : experts_.named) p.grad().zero_();
+    reset_counters();
   }
 
   ModelBytes memory() const override {
@@ -165,8 +167,10 @@ class MoeSync : public GradSync {
   std::unique_ptr<StateProvider> state(optim::AdamW& optimizer) override {
     const size_t first = dense_->optimizer_params().params.size();
     std::vector<at::Tensor> biases;
-    for (auto& m : layers_) biases.push_back(m->selection_bias);
-    return std::make_unique<MoeState>(dense_->state(optimizer), experts_, bias_names_, std::move(biases), optimizer,
+    std::vector<std::string> names;
+    for (size_t l = 0; l < layers_.size(); ++l)  // each stage writes its layers' biases
+      if (held_[l]) biases.push_back(layers_[l]->selection_bias), names.push_back(bias_names_[l]);
+    return std::make_unique<MoeState>(dense_->state(optimizer), experts_, std::move(names), std::move(biases), optimizer,
                                       first, edp_.rank() == 0,
                                       dp_.rank() == 0 && tp_.rank() == 0 && ep_.rank() == 0);
   }
@@ -183,15 +187,21 @@ class MoeSync : public GradSync {
 
  private:
   // The step's routing counters of every rank summed over dp (the whole
-  // global batch), the metrics from them, and the selection-bias update.
+  // global batch) and pp (a layer counts on its stage only, zeros
+  // elsewhere), the metrics from them, and the selection-bias update.
   void reduce_counters();
+  void reset_counters() {
+    for (auto& m : layers_) m->counters.reset(m->config().experts);
+  }
 
   std::unique_ptr<GradSync> dense_;
   ExpertParams experts_;
   std::vector<model::Moe> layers_;
   std::vector<std::string> bias_names_;
+  std::vector<bool> held_;  // per layer: on this pipeline stage
   comm::Group& dp_;
   comm::Group& tp_;
+  comm::Group& pp_;
   comm::Group& ep_;
   comm::Group& edp_;
   MoeSyncOptions options_;
@@ -209,7 +219,18 @@ void MoeSync::reduce_counters() {
   }
   at::Tensor t = at::tensor(v, at::TensorOptions().dtype(at::kDouble)).to(dp_.device());
   if (dp_.size() > 1) dp_.all_reduce(t);
-  t = t.cpu();
+  // ep_bytes_sent: this rank's all-to-all bytes (rows and counts to other ep
+  // ranks in the step's forwards and backwards), summed over its pp group:
+  // the bytes of every stage of its slice of the model.
+  at::Tensor bytes = at::tensor(std::vector<double>{double(ep_.bytes_sent())},
+                                at::TensorOptions().dtype(at::kDouble)).to(dp_.device());  // [1]
+  if (pp_.size() > 1) {
+    at::Tensor both = at::cat({t, bytes});  // one all-reduce for both
+    pp_.all_reduce(both);
+    t = both.narrow(0, 0, t.numel()), bytes = both.narrow(0, t.numel(), 1);
+  }
+  const double ep_bytes = bytes.cpu().item<double>();
+  t = t.cpu().contiguous();
   const double* s = t.data_ptr<double>();
   double max_load = 0, dropped = 0, assigned = 0, aux = 0;
   at::NoGradGuard no_grad;
@@ -224,20 +245,18 @@ void MoeSync::reduce_counters() {
     if (s[E + 3] > 0) aux += s[E + 2] / s[E + 3];
     if (options_.bias_balance) layers_[l]->update_selection_bias(std::vector<double>(s, s + E), options_.bias_rate);
   }
-  // ep_bytes_sent: this rank's all-to-all rows (and counts) to other ep
-  // ranks in the step's forwards and backwards.
   metrics_ = {{"moe_aux_loss", aux},
               {"moe_max_load", max_load},
               {"moe_dropped", assigned > 0 ? dropped / assigned : 0},
-              {"ep_bytes_sent", double(ep_.bytes_sent())}};
+              {"ep_bytes_sent", ep_bytes}};
 }
 
 }  // namespace
 
 std::unique_ptr<GradSync> make_moe_sync(std::unique_ptr<GradSync> dense, ExpertParams experts, model::GptImpl& model,
-                                        comm::Group& dp, comm::Group& tp, comm::Group& ep, comm::Group& edp,
-                                        MoeSyncOptions options) {
-  return std::make_unique<MoeSync>(std::move(dense), std::move(experts), model, dp, tp, ep, edp, options);
+                                        comm::Group& dp, comm::Group& tp, comm::Group& pp, comm::Group& ep,
+                                        comm::Group& edp, MoeSyncOptions options) {
+  return std::make_unique<MoeSync>(std::move(dense), std::move(experts), model, dp, tp, pp, ep, edp, options);
 }
 
 }  // namespace dtrain::engine::parallel

@@ -50,6 +50,17 @@ timeline::Kind timeline_kind(Op op) {
   return timeline::Kind::forward;
 }
 
+// The aux losses of the MoE layers among blocks [begin, end) from their
+// last forward, summed in block order as GptImpl::moe_aux_loss does
+// (undefined: no MoE block there).
+at::Tensor stage_aux_loss(const model::GptImpl& model, int begin, int end) {
+  at::Tensor total;
+  for (int i = begin; i < end; ++i)
+    if (const auto& m = model.blocks->ptr(size_t(i))->as<model::Block>()->moe; m && m->last_aux.defined())
+      total = total.defined() ? total + m->last_aux : m->last_aux;
+  return total;
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -146,11 +157,18 @@ class Pipeline : public Schedule {
           }
           x = first && reduce_in_backward ? model.embed(m.tokens) : m.input;
           at::Tensor y = model.run_blocks(x, stage_.first_block(a.chunk), stage_.last_block(a.chunk));  // [B, T, C]
+          // The MoE blocks' aux losses of this chunk (undefined: none) join
+          // its own backward and the step's loss, as loss() adds them on one
+          // process; read now, before the next forward overwrites them.
+          const at::Tensor aux = stage_aux_loss(model, stage_.first_block(a.chunk), stage_.last_block(a.chunk));  // []
+          if (aux.defined()) loss_sum += aux.item<double>();
           if (last) {
             m.loss = model.head_loss(y, m.targets);  // [] mean over B*T
             loss_sum += m.loss.item<double>();
+            if (aux.defined()) m.loss = m.loss + aux;
           } else {
             m.output = y;
+            m.aux = aux;
           }
           break;
         }
@@ -178,15 +196,22 @@ class Pipeline : public Schedule {
           comm::trace_phase(trace::Phase::backward);
           if (last)
             m.loss.mul(options.loss_scale).backward();
+          else if (m.aux.defined())
+            stage_root(m, options.loss_scale).backward();
           else
             m.output.backward(m.output_grad);
-          m.loss = m.output = m.output_grad = m.tokens = m.targets = at::Tensor();
+          m.loss = m.output = m.output_grad = m.tokens = m.targets = m.aux = at::Tensor();
           break;
         }
         case Op::backward_input: {
           comm::trace_phase(trace::Phase::backward);
-          m.input_grad = last ? m.split.backward_input(m.loss.mul(options.loss_scale), {}, m.input, params)
-                              : m.split.backward_input(m.output, m.output_grad, m.input, params);
+          if (last)
+            m.input_grad = m.split.backward_input(m.loss.mul(options.loss_scale), {}, m.input, params);
+          else if (m.aux.defined())
+            m.input_grad = m.split.backward_input(stage_root(m, options.loss_scale), {}, m.input, params);
+          else
+            m.input_grad = m.split.backward_input(m.output, m.output_grad, m.input, params);
+          m.aux = at::Tensor();
           m.output_grad = at::Tensor();
           break;
         }
@@ -278,7 +303,15 @@ class Pipeline : public Schedule {
     at::Tensor input_grad;   // the input half's gradient of `input` (split backward)
     at::Tensor embedded;     // first stage, split backward: the embedding's output
     SplitBackward split;     // between a split backward's halves
+    at::Tensor aux;          // not the last stage: this chunk's MoE aux losses [], until its backward
   };
+  // A stage with MoE blocks before the last: one scalar root whose gradient
+  // is output_grad at the output (d(sum(y * g))/dy = g, exactly) and the
+  // loss scale at the aux losses, so one backward (or its split halves)
+  // takes both.
+  static at::Tensor stage_root(const Micro& m, double loss_scale) {
+    return (m.output * m.output_grad).sum() + m.aux.mul(loss_scale);  // []
+  }
   // A message's tag, from the receiving side's (micro-batch, chunk) and
   // its direction (activation forward, gradient backward).
   int tag(int micro, int chunk, bool grad) const { return (micro * stage_.chunks + chunk) * 2 + (grad ? 1 : 0); }

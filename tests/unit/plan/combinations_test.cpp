@@ -39,11 +39,6 @@ TEST_CASE("combinations: each rule fires alone, naming its fields") {
   const std::vector<Case> cases = {
       {"zero 3 with pp", {"cluster.procs_per_node=4", "parallel.dp=2", "parallel.pp=2", "parallel.zero=3"},
        "parallel.zero = 3 with parallel.pp = 2 is not implemented yet"},
-      {"moe with pp", {"cluster.procs_per_node=2", "parallel.pp=2", "model.moe.experts=4"},
-       "model.moe.experts = 4 with parallel.pp = 2: mixture of experts runs with pp 1"},
-      {"moe with sp",
-       {"cluster.procs_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true", "model.moe.experts=4"},
-       "model.moe.experts = 4 with parallel.sequence_parallel is not implemented yet"},
       {"moe tokens over tp",
        {"cluster.procs_per_node=2", "parallel.tp=2", "model.moe.experts=4", "train.micro_batch=1", "model.seq_len=33"},
        "train.micro_batch * model.seq_len = 33 tokens do not split over parallel.tp = 2"},
@@ -64,8 +59,9 @@ TEST_CASE("combinations: each rule fires alone, naming its fields") {
     CHECK(refusal(custom).empty());
   }
   // Two rules at once: both reported.
-  CHECK(dtrain::plan::combination_problems(spec_with({"cluster.procs_per_node=4", "parallel.dp=2", "parallel.pp=2",
-                                                      "parallel.zero=3", "model.moe.experts=4"}))
+  CHECK(dtrain::plan::combination_problems(spec_with({"cluster.procs_per_node=8", "parallel.dp=2", "parallel.pp=2",
+                                                      "parallel.zero=3", "model.moe.experts=4", "parallel.tp=2",
+                                                      "train.micro_batch=1", "model.seq_len=33"}))
             .size() == 2);
 }
 
@@ -74,6 +70,9 @@ TEST_CASE("combinations: what the engine runs passes") {
            {},
            {"cluster.procs_per_node=8", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "parallel.zero=2"},
            {"cluster.procs_per_node=4", "parallel.dp=2", "parallel.tp=2", "parallel.ep=2", "model.moe.experts=4"},
+           // MoE in pipeline stages, and under sequence parallelism.
+           {"cluster.procs_per_node=4", "parallel.dp=2", "parallel.pp=2", "parallel.ep=2", "model.moe.experts=4"},
+           {"cluster.procs_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true", "model.moe.experts=4"},
            {"cluster.procs_per_node=2", "parallel.dp=2", "parallel.zero=3", "train.precision=bf16"}}) {
     const dtrain::JobSpec s = spec_with(sets);
     CHECK(dtrain::plan::combination_problems(s).empty());
