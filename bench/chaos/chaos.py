@@ -37,6 +37,10 @@ SOURCE = os.path.dirname(os.path.dirname(HERE))
 TESTHOSTS = os.path.join(SOURCE, "scripts", "testhosts")
 KINDS = ["kill_worker", "kill_agent", "hang", "slow_rank", "link_cut", "full_disk", "corrupt_ckpt"]
 RDZV_PORT = 29400
+# The agents' first word on any fault: a worker's failure, a round change's
+# reason, a lost node, a hang, a skipped checkpoint, a full disk.
+ANY_CAUSE = (r"because: [^\n]*|failed: [^\n]*|lost node [^\n]*|hang: no rank[^\n]*|checkpoint: skipped[^\n]*|"
+             r"No space left on device")
 LOSS_TOL = 1e-5
 
 
@@ -272,7 +276,7 @@ class Campaign:
 
     def inject(self, kind, host):
         f = {"kind": kind, "host": host, "at": time.time(), "step_at": self.metrics.max_step(),
-             "mark": self.marks()}
+             "mark": self.marks(), "round": self.last_round()[0]}
         if kind in ("kill_worker", "hang", "slow_rank"):
             pid = self.worker_of(host)
             if pid is None:
@@ -303,7 +307,10 @@ class Campaign:
         if f["kind"] == "kill_worker":
             return r"pid %d\) failed: signal 9" % f["pid"], "worker SIGKILLed"
         if f["kind"] == "hang":
-            return r"rank\(s\) [0-9, ]+ never entered it", "hang"
+            # The rendezvous' hang report: it names the rank that never
+            # entered the collective, or says every rank is inside it (the
+            # stopped worker had entered it before it stopped).
+            return r"hang: no rank completed a collective for [^\n]*(\n  [^\n]*)*", "hang"
         if f["kind"] == "full_disk":
             return r"[^\n]*No space left on device", "full disk"
         if f["kind"] == "corrupt_ckpt":
@@ -344,14 +351,14 @@ class Campaign:
                           if rank_recs else "not named")
             f["trained"] = f["detected"]
             f["redone"] = 0
+            f["correct"] = bool(rank_recs)
             return
-        def named():
-            text = self.new_text(f["mark"])
-            m = re.search(pattern, text)
+        def named():  # the first sign that something is wrong, whatever it says
+            m = re.search(pattern, self.new_text(f["mark"])) or re.search(ANY_CAUSE, self.new_text(f["mark"]))
             return m.group(0) if m else None
-        got = self.wait(named, limit, "%s on host %d to be named" % (f["kind"], f["host"]))
+        got = self.wait(named, limit, "%s on host %d to be detected" % (f["kind"], f["host"]))
         f["detected"] = time.time() if got else None
-        f["named"] = got or "not named"
+        f["named"] = got or "not detected"
         if f["kind"] == "full_disk" and got:
             os.remove(os.path.join(self.ckpt_dir, "filler"))
             f["freed"] = time.time()
@@ -372,10 +379,21 @@ class Campaign:
             before = [r[1] for r in self.metrics.snapshot() if r[0] <= f["detected"]]
             top = max(before, default=0)
             f["redone"] = max(0, top - (first[1] - 1))
+        # Named correctly: the fault's own explanation appeared (by the time
+        # training resumed), not only a consequence of it.
+        m = re.search(pattern, self.new_text(f["mark"]))
+        f["correct"] = bool(m)
+        if m:
+            f["named"] = m.group(0)
         if f["kind"] == "link_cut":
-            m = self.wait(lambda: re.search(r"re-joined the rendezvous [0-9.]+ s after losing it",
-                                            self.agents[f["host"]].text()), limit, "host %d to re-join" % f["host"])
-            f["named"] += "; host: " + (m.group(0) if m else "did not re-join")
+            # Back in a round of all hosts: through the re-join (its agent had
+            # given the round up) or a plain round change (its link returned first).
+            back = self.wait(lambda: self.last_round()[1] == self.a.hosts and self.last_round()[0] > f["round"],
+                             limit, "host %d to be back in a round of %d nodes" % (f["host"], self.a.hosts))
+            m = re.search(r"re-joined the rendezvous [0-9.]+ s after losing it", self.new_text(f["mark"]))
+            f["named"] += "; back in round %d %s" % (self.last_round()[0], "(" + m.group(0) + ")" if m else
+                                                       "(its agent re-joined on the round change)") if back else \
+                "; not back"
 
     def schedule(self):
         kinds = []
@@ -404,6 +422,9 @@ class Campaign:
                 break
             ready = self.wait(lambda: (self.track_rounds(), self.healthy())[1], 120, "all hosts training")
             if not ready:
+                if self.agents[0].proc.poll() is not None:
+                    self.problems.append("the job ended (step %d) before fault %d: raise --steps"
+                                         % (self.metrics.max_step(), len(self.faults) + 1))
                 break
             time.sleep(gap)  # the schedule's spacing between faults (not a synchronisation)
             if self.metrics.max_step() >= self.a.steps - self.a.margin_steps:
@@ -417,6 +438,14 @@ class Campaign:
             print("chaos: %6.1f s  %-11s host %d (step %d)" % (self.elapsed(f["at"]), kind, host, f["step_at"]),
                   flush=True)
             self.follow(f)
+        if self.a.end == "signal":
+            # Train a few more steps, then end the job as a preemption would:
+            # SIGTERM to every agent (workers finish the step, save, exit 0).
+            top = self.metrics.max_step()
+            self.wait(lambda: self.metrics.max_step() >= top + 5, self.a.recover_timeout_s, "steps after the last fault")
+            for ag in self.agents.values():
+                if ag.proc.poll() is None:
+                    os.kill(ag.proc.pid, signal.SIGTERM)
         self.finish()
 
     def finish(self):
@@ -432,8 +461,9 @@ class Campaign:
         self.metrics.stop = True
         self.metrics.thread.join()
         current = [self.agents[i] for i in sorted(self.agents)]
+        ok_codes = (0, 128 + signal.SIGTERM) if self.a.end == "signal" else (0,)
         for ag in current:
-            if ag.proc.poll() != 0:
+            if ag.proc.poll() not in ok_codes:
                 self.problems.append("agent on host %d exited %s (log %s)" % (ag.i, ag.proc.poll(), ag.log_path))
         self.kill_leftovers()
 
@@ -471,7 +501,8 @@ def checks(c, shm_before):
         d = abs(loss - first[step]) / max(abs(first[step]), 1e-12)
         if d > worst:
             worst, worst_step = d, step
-    missing = [s for s in range(1, c.a.steps + 1) if s not in first]
+    last = max(first, default=0) if c.a.end == "signal" else c.a.steps
+    missing = [s for s in range(1, last + 1) if s not in first]
     redone = len(recs) - len(first)
     if missing:
         c.problems.append("steps never trained: %s" % missing[:20])
@@ -521,12 +552,12 @@ def goodput_line(summary):
 
 
 def write_results(c, summary):
-    rows = ["| # | at (s) | fault | host | step | detect (s) | train again (s) | steps redone | named as |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| # | at (s) | fault | host | step | detect (s) | train again (s) | steps redone | named correctly | "
+            "named as |", "|---|---|---|---|---|---|---|---|---|---|"]
     for n, f in enumerate(c.faults, 1):
-        rows.append("| %d | %.1f | %s | %d | %d | %s | %s | %s | %s |" % (
+        rows.append("| %d | %.1f | %s | %d | %d | %s | %s | %s | %s | %s |" % (
             n, c.elapsed(f["at"]), f["kind"], f["host"], f["step_at"], fmt_s(f, "detected"),
-            fmt_s(f, "trained"), f.get("redone", "-"), f.get("named", "-").replace("|", "/")))
+            fmt_s(f, "trained"), f.get("redone", "-"), "yes" if f.get("correct") else "no", f.get("named", "-").replace("|", "/").replace("\n", " / ")))
     lines = ["# Chaos campaign (seed %d, %d hosts, %d faults)" % (c.a.seed, c.a.hosts, len(c.faults)), "",
              "\n".join(rows), "",
              "- wall time %.1f s, productive step time %.1f s: goodput %.1f%%" % (
@@ -536,6 +567,9 @@ def write_results(c, summary):
              % (summary["redone_records"], summary["max_redo_loss_rel_diff"], LOSS_TOL),
              "- steps never trained: %s" % (summary["missing_steps"] or "none"),
              "- /dev/shm segments left: %s" % (summary["new_shm"] or "none"),
+             "- named otherwise (detected and recovered, but the fault's own explanation never appeared): %s"
+             % (", ".join("#%d %s" % (n, f["kind"]) for n, f in enumerate(c.faults, 1) if not f.get("correct"))
+                or "none"),
              "- problems: %s" % ("; ".join(c.problems) if c.problems else "none"), ""]
     with open(os.path.join(c.out, "chaos.md"), "w") as f:
         f.write("\n".join(lines))
@@ -594,6 +628,9 @@ def main():
     p.add_argument("--every-s", type=float, default=3.0, help="mean gap between a recovery and the next fault")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--margin-steps", type=int, default=20, help="no fault this close to the last step")
+    p.add_argument("--end", choices=["steps", "signal"], default="steps",
+                   help="steps: the job runs to train.steps; signal: SIGTERM to the agents 5 steps after "
+                        "the last fault's recovery (every step up to the last one run must be there)")
     p.add_argument("--d-model", type=int, default=96, help="model width: sets the step time")
     p.add_argument("--ckpt-every", type=int, default=5)
     p.add_argument("--hang-timeout-s", type=float, default=3)

@@ -17,8 +17,8 @@ int64_t resume(const TrainState& s) {
   std::string dir = prepare_resume(s);
   if (!s.info->resume_from.empty() && s.info->restart == 0)
     dir = dtrain::checkpoint::resolve(s.info->resume_from);  // explicit: a corrupt one is refused by load
-  else if (!dir.empty())
-    dir = newest_verified(s, dir);  // automatic: past a corrupt `latest` to the newest that verifies
+  else if (!dir.empty())  // automatic: past a corrupt `latest` to the newest that verifies,
+    dir = newest_verified(s, dir, /*fall_back=*/s.info->resume_from.empty());  // unless begun explicitly
   if (dir.empty() && !s.info->init_from.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     load(s, s.info->init_from, /*weights_only=*/true);

@@ -12,9 +12,11 @@
 namespace dtrain::engine::checkpoint {
 
 // `latest` (a step_<N> dir of checkpoint.dir) if every shard's checksum
-// verifies, else the newest older step that does (rank 0 checks, every rank
-// gets its answer). Throws dtrain::Error(checkpoint) naming each step it
-// tried when none verifies. Collective over s.control.
-std::string newest_verified(const TrainState& s, const std::string& latest);
+// verifies, else (fall_back) the newest older step that does (rank 0 checks,
+// every rank gets its answer). Throws dtrain::Error(checkpoint) naming each
+// step it tried when none verifies, or when `latest` does not and fall_back
+// is false (a run started by --resume-from: its restarts never go back past
+// what the user named). Collective over s.control.
+std::string newest_verified(const TrainState& s, const std::string& latest, bool fall_back);
 
 }  // namespace dtrain::engine::checkpoint
