@@ -22,6 +22,7 @@ struct RendezvousSpec {
   int join_timeout_s = 60;                     // how long an agent waits for a round
   double last_call_s = 5.0;                    // elastic: wait after min nodes joined
   double heartbeat_s = 2.0;                    // agent heartbeat interval; 3 missed = dead
+  double rejoin_timeout_s = 300;               // an agent that lost the rendezvous retries this long (0 = give up)
   std::string token_file;                      // file holding the shared token (or DTRAIN_TOKEN)
   std::string advertise_addr;                  // this node's address for the others ("" = the route's)
   // tls: {ca, cert, key}: PEM files (all three or none). None: the TLS

@@ -33,6 +33,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("cluster.rendezvous.join_timeout_s", cluster.rendezvous.join_timeout_s),
       DTRAIN_FIELD("cluster.rendezvous.last_call_s", cluster.rendezvous.last_call_s),
       DTRAIN_FIELD("cluster.rendezvous.heartbeat_s", cluster.rendezvous.heartbeat_s),
+      DTRAIN_FIELD("cluster.rendezvous.rejoin_timeout_s", cluster.rendezvous.rejoin_timeout_s),
       DTRAIN_FIELD("cluster.rendezvous.token_file", cluster.rendezvous.token_file),
       DTRAIN_FIELD("cluster.rendezvous.advertise_addr", cluster.rendezvous.advertise_addr),
       DTRAIN_FIELD("cluster.rendezvous.tls.ca", cluster.rendezvous.tls_ca),

@@ -83,6 +83,8 @@ void check_ranges(const Checker& c) {
              "seconds to wait for more nodes after the minimum joined");
   c.at_least("cluster.rendezvous.heartbeat_s", s.cluster.rendezvous.heartbeat_s, 0.001,
              "a positive interval in seconds, e.g. 2");
+  c.at_least("cluster.rendezvous.rejoin_timeout_s", s.cluster.rendezvous.rejoin_timeout_s, 0.0,
+             "seconds an agent keeps re-joining after losing the rendezvous, e.g. 300; 0 = give up at once");
   c.at_least("cluster.topology.nvlink_domain", s.cluster.topology.nvlink_domain, 0,
              "use 0 for the whole node (or discovered)");
   for (auto [path, v] : {std::pair{"parallel.dp", s.parallel.dp}, {"parallel.tp", s.parallel.tp},

@@ -115,10 +115,10 @@ int Agent::run() {
       stop_step(outcome == Outcome::signaled ? stop_signal_ : SIGTERM);
       if (stop_signal_ != 0) break;
       if (outcome == Outcome::failed && round_moved_on()) outcome = Outcome::round_changed;
-      if (outcome == Outcome::unreachable)
-        throw Error(ErrorCode::rendezvous,
-                    "lost the rendezvous server at " + config_.endpoint + ": " + heartbeat_detail_,
-                    "check that the rendezvous (node 0 or `dtrain rendezvous`) is still running");
+      if (outcome == Outcome::unreachable) {  // a partition: re-join when the link returns (rejoin.cpp)
+        begin_rejoin();
+        continue;
+      }
       if (outcome == Outcome::round_changed) {
         DTRAIN_WARN("rendezvous: {}; stopped this node's workers, re-joining{}", heartbeat_detail_,
                     remote_failure_.empty() ? "" : "\n  because: " + remote_failure_);
@@ -190,7 +190,8 @@ rendezvous::Assignment Agent::rendezvous_step() {
   info.node_rank = config_.node_rank;
   info.gpu = spec_.cluster.device == DeviceKind::cuda;
   info.master_port = free_port();
-  rendezvous::Assignment a = client_.join(info, spec_.cluster.rendezvous.join_timeout_s);
+  rendezvous::Assignment a =
+      rejoining_ ? rejoin(info) : client_.join(info, spec_.cluster.rendezvous.join_timeout_s);
   num_nodes_ = a.num_nodes;
   if (a.node_rank == 0)
     for (const auto& w : a.placement.warnings) DTRAIN_WARN("placement: {}", w);
@@ -219,6 +220,7 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   in.cores = usable_cores();
   in.extra_env = config_.extra_env;
   in.gloo_ifname = config_.ifname;
+  in.agent_pid = ::getpid();  // the worker watch's fallback (worker_watch.h)
   const auto& show = config_.console_ranks;
   for (const auto& placement : a.local_ranks) {
     Worker w;

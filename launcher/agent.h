@@ -4,6 +4,7 @@
 // node's WorkerGroup; the rendezvous server and the CLI live elsewhere.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,6 +61,12 @@ class Agent {
   void check_restarts_left(int restart) const;  // throws when restart > max_restarts
   rendezvous::ServerStatus server_status();     // restart 0 and not stopped when unknown
   bool round_moved_on();  // after a local failure: the server is past this round
+  // After the rendezvous was lost (rejoin.cpp): begin_rejoin logs and starts
+  // the clock (throws when rejoin_timeout_s is 0); rejoin joins until the
+  // server admits this node or the time is up (throws).
+  void begin_rejoin();
+  rendezvous::Assignment rejoin(const rendezvous::JoinInfo& info);
+  bool server_answers();  // a status call succeeds
 
   void record_exit(const ExitEvent& event, bool stopping);
   std::optional<Outcome> group_outcome() const;
@@ -94,6 +101,9 @@ class Agent {
   int round_restart_ = 0;                // the server's restart count when this round closed
   std::string heartbeat_detail_;         // why the heartbeat ended the round
   std::string remote_failure_;           // the rendezvous' reason for ending it
+  bool rejoining_ = false;               // lost the rendezvous; the next join retries
+  std::chrono::steady_clock::time_point rejoin_since_;
+  std::string rejoin_lost_;              // how it was lost, for the give-up message
 };
 
 }  // namespace dtrain::launcher

@@ -59,11 +59,42 @@ std::vector<pid_t> session_members(const std::vector<pid_t>& all) {
   return out;
 }
 
+std::vector<pid_t> sessions_with_env(const std::string& entry) {
+  std::vector<pid_t> out;
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return out;
+  const pid_t self = ::getpid();
+  const std::string needle = std::string(1, '\0') + entry + std::string(1, '\0');
+  while (dirent* e = ::readdir(proc)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 1 || *end != '\0' || pid == self) continue;
+    const std::string path = "/proc/" + std::to_string(pid) + "/environ";
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    std::string env(1, '\0');  // so the first entry matches the needle too
+    char buf[8192];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) env.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    if (env.back() != '\0') env.push_back('\0');
+    if (env.find(needle) == std::string::npos) continue;
+    const pid_t sid = live_session_of(static_cast<pid_t>(pid));
+    if (sid > 1 && std::find(out.begin(), out.end(), sid) == out.end()) out.push_back(sid);
+  }
+  ::closedir(proc);
+  return out;
+}
+
 int signal_sessions(const std::vector<pid_t>& sids, int sig) {
+  // Counted before the groups are signalled: a process that dies of the
+  // group's signal at once must still count (it got the signal).
+  const std::vector<pid_t> members = session_members(sids);
   for (pid_t sid : sids)
     if (sid > 1) ::kill(-sid, sig);
-  int n = 0;
-  for (pid_t pid : session_members(sids)) n += ::kill(pid, sig) == 0 ? 1 : 0;
+  int n = static_cast<int>(members.size());  // gone since the scan: ended by the group's signal
+  for (pid_t pid : members) ::kill(pid, sig);   // members outside the leader's group
+  for (pid_t pid : session_members(sids))       // started since the first scan
+    if (std::find(members.begin(), members.end(), pid) == members.end()) n += ::kill(pid, sig) == 0 ? 1 : 0;
   return n;
 }
 

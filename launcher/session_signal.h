@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <string>
 #include <vector>
 
 namespace dtrain::launcher {
@@ -18,5 +19,9 @@ int signal_sessions(const std::vector<pid_t>& sids, int sig);
 
 // The live (not zombie) processes of the sessions `sids`.
 std::vector<pid_t> session_members(const std::vector<pid_t>& sids);
+
+// The sessions of the live processes whose environment holds `entry`
+// ("K=V", e.g. "DTRAIN_AGENT_PID=123"), this process's excepted.
+std::vector<pid_t> sessions_with_env(const std::string& entry);
 
 }  // namespace dtrain::launcher

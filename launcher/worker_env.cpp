@@ -57,6 +57,7 @@ std::vector<std::string> worker_env(const WorkerEnvInputs& in,
   set("DTRAIN_SPEC", in.spec_path);
   set("DTRAIN_RUN_DIR", in.run_dir);
   set("DTRAIN_ERROR_FILE", error_file_path(in.run_dir, local.rank));
+  if (in.agent_pid > 0) set("DTRAIN_AGENT_PID", num(in.agent_pid));
   // Gloo binds where the hostname resolves unless told an interface; on hosts
   // that share one name (or whose name maps to 127.x) that is unreachable.
   if (!in.gloo_ifname.empty() && in.gloo_ifname != "lo" && !env.count("GLOO_SOCKET_IFNAME"))

@@ -23,6 +23,9 @@ struct WorkerEnvInputs {
   // The interface of the address this node advertises: GLOO_SOCKET_IFNAME
   // unless the environment sets one ("" or loopback: left unset).
   std::string gloo_ifname;
+  // The agent's pid, as DTRAIN_AGENT_PID: its worker watch finds by it a
+  // worker the agent died before registering (0: not set).
+  int agent_pid = 0;
 };
 
 // <run_dir>/error_rank_<r>.json

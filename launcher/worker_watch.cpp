@@ -148,6 +148,15 @@ int run_worker_watch(int fd, double grace_s, pid_t agent) {
       if (line[0] == '-') sids.erase(sid);
     }
   }
+  // A worker spawned just before the agent died may not be registered yet
+  // (its "+" line never sent) though it already runs: found by the
+  // DTRAIN_AGENT_PID its environment carries (worker_env.h).
+  size_t unregistered = 0;
+  for (pid_t sid : sessions_with_env("DTRAIN_AGENT_PID=" + std::to_string(agent)))
+    if (sid != ::getsid(0) && sids.insert(sid).second) ++unregistered;
+  if (unregistered > 0)
+    DTRAIN_WARN("the agent (pid {}) is gone with {} worker session(s) it had not registered yet",
+                agent, unregistered);
   if (!sids.empty()) stop_sessions(std::vector<pid_t>(sids.begin(), sids.end()), grace_s, agent);
   return 0;
 }

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/timeline.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/resume_fallback.h"
 
 namespace dtrain::engine::checkpoint {
 
@@ -15,7 +16,9 @@ int64_t resume(const TrainState& s) {
   install_preemption_handler();
   std::string dir = prepare_resume(s);
   if (!s.info->resume_from.empty() && s.info->restart == 0)
-    dir = dtrain::checkpoint::resolve(s.info->resume_from);
+    dir = dtrain::checkpoint::resolve(s.info->resume_from);  // explicit: a corrupt one is refused by load
+  else if (!dir.empty())  // automatic: past a corrupt `latest` to the newest that verifies,
+    dir = newest_verified(s, dir, /*fall_back=*/s.info->resume_from.empty());  // unless begun explicitly
   if (dir.empty() && !s.info->init_from.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     load(s, s.info->init_from, /*weights_only=*/true);

@@ -127,7 +127,9 @@ std::vector<std::string> elastic_sets(const std::string& run_dir) {
           "train.grad_accum=auto", "cluster.grace_s=1", "cluster.rendezvous.join_timeout_s=30",
           // Room for all three first joins to make round 1 under load; the
           // re-formed round waits as long for a straggler.
-          "cluster.rendezvous.last_call_s=2", "cluster.rendezvous.heartbeat_s=0.5"};
+          "cluster.rendezvous.last_call_s=2", "cluster.rendezvous.heartbeat_s=0.5",
+          // A cut host gives up re-joining after 1 s (the re-join case raises it).
+          "cluster.rendezvous.rejoin_timeout_s=1"};
 }
 
 // A 2-host run of the same spec resumed from `from` (run dir <fixture>/<name>);
@@ -189,6 +191,8 @@ TEST_CASE("elastic 2:3: a cut host is named; the survivors re-form on 2, same gl
     CHECK(agents[1]->exit_code() == 0);
     CHECK(agents[2]->exit_code() != 0);
     CHECK(has(out2, "lost the rendezvous server"));
+    CHECK(has(out2, "; stopped this node's workers, re-joining for up to 1 s (cluster.rendezvous.rejoin_timeout_s)"));
+    CHECK(has(out2, " s (cluster.rendezvous.rejoin_timeout_s = 1); last attempt: "));
     // Round 1 on 3 nodes (dp 3, grad_accum 2), round 2 on the survivors (dp 2, grad_accum 3).
     CHECK(has(out0, "rendezvous round 1 closed (restart 0): 3 nodes, world 3, mesh dp=3"));
     CHECK(has(out0, "rendezvous round 2 closed (restart 0): 2 nodes, world 2, mesh dp=2"));
@@ -323,6 +327,74 @@ TEST_CASE("elastic 2:3: a node that comes back is admitted at the next round") {
   CHECK(has(o0, "worker rank 0 of 3 mesh tp=1,cp=1,dp=3,pp=1,ep=1 spec dp:3 grad_accum:2"));
   CHECK(has(o0, "worker rank 0 of 2 mesh tp=1,cp=1,dp=2,pp=1,ep=1 spec dp:2 grad_accum:3"));
   CHECK(has(back, "worker rank 2 of 3 mesh tp=1,cp=1,dp=3,pp=1,ep=1 spec dp:3 grad_accum:2"));
+  CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
+  for (const auto& a : agents)
+    for (int pid : printed_pids(a->output())) CHECK_MESSAGE(!dtrain::testing::pid_alive(pid), "pid " << pid);
+}
+
+TEST_CASE("elastic 2:3: a cut host's agent re-joins when its link returns; the job ends on 3 nodes") {
+  if (skip_without_hosts()) return;
+  auto& p = parity::Parity::get();
+  TestHosts hosts(3);
+  TagGuard tag;
+  const std::string run_dir = p.dir / "partition_rejoin";
+  constexpr int kRejoinSteps = 100;
+  std::vector<std::string> sets = elastic_sets(run_dir);
+  // 100 steps of >= 100 ms: round 2 is still training when host 2 is back.
+  sets.insert(sets.end(), {"cluster.rendezvous.rejoin_timeout_s=120", "fault.ms=100",
+                           "train.steps=" + std::to_string(kRejoinSteps)});
+  std::vector<std::unique_ptr<Child>> agents;
+  start_three(agents, [&](int i) {
+    return start_agent(i, p.dir / "spec.yaml", sets, p.dir / ("partition_rejoin" + std::to_string(i) + ".log"), tag);
+  });
+  auto out = [&](int i) { return agents[size_t(i)]->output(); };
+  REQUIRE_MESSAGE(wait_until(180, [&] {
+    return parity::read_metric(run_dir + "/metrics.jsonl", "loss").size() >= 6;
+  }), out(0));
+  hosts.cut(2);
+  // The order of events, each awaited: host 2's agent notices and keeps
+  // trying; the survivors re-form on 2; the link returns; host 2 is admitted.
+  REQUIRE_MESSAGE(wait_until(60, [&] { return has(out(2), "re-joining for up to 120 s"); }), out(2));
+  REQUIRE_MESSAGE(wait_until(60, [&] { return has(out(0), "round 2 closed (restart 0): 2 nodes"); }), out(0));
+  hosts.heal(2);
+  REQUIRE_MESSAGE(wait_until(90, [&] { return has(out(0), "round 3 closed (restart 0): 3 nodes"); }),
+                  "node 0:\n" << out(0) << "\nnode 2:\n" << out(2));
+  for (int i = 0; i < 3; ++i) {
+    INFO("node " << i << ":\n" << out(i));
+    REQUIRE(agents[size_t(i)]->wait(180));
+    CHECK(agents[size_t(i)]->exit_code() == 0);
+  }
+  const std::string out0 = out(0), out2 = out(2);
+  INFO("node 0:\n" << out0 << "\nnode 2:\n" << out2);
+  CHECK(has(out0, "rendezvous round 1 closed (restart 0): 3 nodes"));
+  CHECK(has(out0, "lost node 2: id '" + TestHosts::addr(2) + ":"));
+  CHECK(has(out2, "re-joined the rendezvous "));
+  CHECK(has(out2, "round 3: node 2 of 3"));  // its workers ran in round 3
+  // Round 3 resumed mid-run: it trained steps on 3 nodes again.
+  const auto at = out0.rfind("resuming from step ");
+  REQUIRE(at != std::string::npos);
+  const int resumed = std::atoi(out0.c_str() + at + 19);
+  CHECK(resumed < kRejoinSteps);
+  // Exact resume: every step ran, and a step run again (after each round
+  // change, from the last checkpoint, on another world with the same global
+  // batch) has the loss of its first run.
+  std::map<int, double> first;
+  double worst = 0;
+  int again = 0;
+  for (auto [step, loss] : step_losses(run_dir + "/metrics.jsonl")) {
+    if (!first.count(step)) {
+      first[step] = loss;
+      continue;
+    }
+    ++again;
+    worst = std::max(worst, std::fabs(loss - first[step]) / std::max(std::fabs(first[step]), 1e-12));
+  }
+  MESSAGE("re-join: round 3 resumed from step " << resumed << " on 3 nodes; " << again
+                                                << " step(s) run again, max loss rel diff vs their first run "
+                                                << worst << " (tolerance " << parity::kLossRelTol << ")");
+  CHECK(first.size() == size_t(kRejoinSteps));
+  CHECK(first.rbegin()->first == kRejoinSteps);
+  CHECK(worst <= parity::kLossRelTol);
   CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
   for (const auto& a : agents)
     for (int pid : printed_pids(a->output())) CHECK_MESSAGE(!dtrain::testing::pid_alive(pid), "pid " << pid);

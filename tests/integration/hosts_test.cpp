@@ -205,7 +205,7 @@ TEST_CASE("partition: host 2's link cut mid-run; the survivors name it after 3 m
   std::vector<std::string> sets = {
       "log.dir=" + run_dir, "cluster.nodes=3", "cluster.procs_per_node=1", "parallel.dp=3",
       "train.micro_batch=4", "train.steps=400", "cluster.grace_s=1",
-      "cluster.rendezvous.join_timeout_s=4",
+      "cluster.rendezvous.join_timeout_s=4", "cluster.rendezvous.rejoin_timeout_s=1",
       "cluster.rendezvous.heartbeat_s=" + std::to_string(heartbeat)};
   std::vector<std::unique_ptr<Child>> agents;
   for (int i = 0; i < 3; ++i) {
@@ -248,5 +248,6 @@ TEST_CASE("partition: host 2's link cut mid-run; the survivors name it after 3 m
   // on an injected clock (rendezvous_round_test.cpp), not on a loaded machine.
   CHECK(age >= 3 * heartbeat);
   CHECK(agents[2]->output().find("lost the rendezvous server") != std::string::npos);
+  CHECK(agents[2]->output().find("gave up re-joining after") != std::string::npos);
   CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
 }

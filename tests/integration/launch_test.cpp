@@ -354,8 +354,10 @@ TEST_CASE("SIGTERM to dtrain: every worker is gone, by SIGTERM or by SIGKILL aft
 static void check_survivor_after_kill(bool kill_node0_with_server) {
   Job job;
   const double heartbeat = 0.5;
+  // rejoin_timeout_s: when node 0 (and the rendezvous with it) is gone, the
+  // survivor re-joins this long before it gives up.
   std::string spec = job.spec("nodes: 2, procs_per_node: 2, grace_s: 1, "
-                              "rendezvous: {join_timeout_s: 4, heartbeat_s: 0.5}",
+                              "rendezvous: {join_timeout_s: 4, heartbeat_s: 0.5, rejoin_timeout_s: 1}",
                               "dp: 4", {env_report(), "--dir", job.dir.path(), "--sleep", "60"});
   std::vector<std::string> token = {"DTRAIN_TOKEN=itest"};
   int port = kill_node0_with_server ? free_port() : job.rendezvous(spec, token);

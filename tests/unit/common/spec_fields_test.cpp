@@ -49,6 +49,7 @@ const std::vector<Example> kExamples = {
     {"cluster.rendezvous.join_timeout_s", "30"},
     {"cluster.rendezvous.last_call_s", "1.5"},
     {"cluster.rendezvous.heartbeat_s", "0.5"},
+    {"cluster.rendezvous.rejoin_timeout_s", "12.5"},
     {"cluster.rendezvous.token_file", "/etc/dtrain/token"},
     {"cluster.rendezvous.advertise_addr", "10.0.0.7"},
     {"cluster.rendezvous.tls.ca", "/etc/dtrain/ca.pem",

@@ -1,0 +1,671 @@
+#!/usr/bin/env python3
+"""Chaos campaign: runs an elastic dtrain job on N test hosts (scripts/testhosts)
+while injecting faults drawn from a seeded schedule, and reports per fault the
+time to detect it, the time to train again, the steps redone and the cause the
+agents named; at the end goodput, and that nothing was lost (every redone
+step's loss equals its first run, every step ran, no process left in the
+hosts). Drives the real binaries; Python standard library only.
+
+  bench/chaos/chaos.py --dtrain build/apps/dtrain/dtrain --seed 7 --faults 8 --out /tmp/chaos
+  (--duration S instead of --faults: inject until S seconds have passed)
+
+Faults: kill_worker (SIGKILL a worker), kill_agent (SIGKILL an agent; it is
+started again once the survivors re-formed), hang (SIGSTOP a worker: the
+rendezvous' hang detection names it), slow_rank (SIGSTOP 1 s, then SIGCONT:
+named in metrics.jsonl as slowest_rank; nothing is redone), link_cut (host's
+link down, up again a few seconds later: the agent re-joins), full_disk
+(checkpoint.dir is a small tmpfs; it is filled until a save fails on it, then
+freed), corrupt_ckpt (a worker SIGKILLed, then the newest checkpoint's files
+corrupted before the restart reads them: the restart skips it, naming it, and
+resumes from the newest step that verifies). Exit 0 when every
+check passed, 1 otherwise; results in <out>/chaos.md, chaos.json, chaos.svg.
+"""
+import argparse
+import fcntl
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.dirname(os.path.dirname(HERE))
+TESTHOSTS = os.path.join(SOURCE, "scripts", "testhosts")
+KINDS = ["kill_worker", "kill_agent", "hang", "slow_rank", "link_cut", "full_disk", "corrupt_ckpt"]
+RDZV_PORT = 29400
+# The agents' first word on any fault: a worker's failure, a round change's
+# reason, a lost node, a hang, a skipped checkpoint, a full disk.
+ANY_CAUSE = (r"because: [^\n]*|failed: [^\n]*|lost node [^\n]*|hang: no rank[^\n]*|checkpoint: skipped[^\n]*|"
+             r"No space left on device")
+LOSS_TOL = 1e-5
+
+
+def addr(i):
+    return "10.251.77.%d" % (10 + i)
+
+
+def netns_pids(i):
+    out = subprocess.run(["ip", "netns", "pids", "dtrain-h%d" % i], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def is_worker(pid):
+    args = cmdline(pid)
+    return bool(args) and os.path.basename(args[0].decode(errors="replace")) == "dtrain-worker"
+
+
+def fill(path):
+    """Fills the file system holding path (ENOSPC is the point)."""
+    block = b"\0" * (1 << 20)
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(block)
+        except OSError:
+            pass
+    return path
+
+
+def word_salad(size, seed=1):
+    words = ["the ", "model ", "learns ", "a ", "distributed ", "gradient ", "bucket ", "of ", "bytes ",
+             "and ", "every ", "rank ", "sums ", "its ", "share\n", "while ", "backward ", "runs. "]
+    rng = random.Random(seed)
+    out = []
+    n = 0
+    while n < size:
+        w = rng.choice(words)
+        out.append(w)
+        n += len(w)
+    return "".join(out)[:size]
+
+
+class Metrics:
+    """Follows <run>/metrics.jsonl: every step record with the wall time it was seen."""
+
+    def __init__(self, path):
+        self.path = path
+        self.records = []  # (seen_at, step, loss, slowest_rank, step_time_s)
+        self.lock = threading.Lock()
+        self.offset = 0
+        self.stop = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        pending = ""
+        while not self.stop:
+            try:
+                with open(self.path) as f:
+                    f.seek(self.offset)
+                    chunk = f.read()
+                    self.offset = f.tell()
+            except OSError:
+                chunk = ""
+            pending += chunk
+            now = time.time()
+            while "\n" in pending:
+                line, pending = pending.split("\n", 1)
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if "loss" not in r or "step" not in r:
+                    continue
+                with self.lock:
+                    self.records.append((now, int(r["step"]), float(r["loss"]), r.get("slowest_rank"),
+                                         float(r.get("step_time_s", 0.0)), float(r.get("straggler_ratio") or 0)))
+            time.sleep(0.05)
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.records)
+
+    def max_step(self):
+        recs = self.snapshot()
+        return max((r[1] for r in recs), default=0)
+
+
+class Agent:
+    def __init__(self, campaign, i, k):
+        self.i, self.k = i, k
+        self.log_path = os.path.join(campaign.out, "agent%d_%d.log" % (i, k))
+        self.log = open(self.log_path, "w")
+        argv = ["/usr/bin/nsenter", "--net=/run/netns/dtrain-h%d" % i, "--", campaign.dtrain, "launch",
+                campaign.spec, "--node-rank", str(i), "--rdzv", "%s:%d" % (addr(0), RDZV_PORT)]
+        env = dict(os.environ, DTRAIN_TOKEN="chaos-campaign", DTRAIN_NO_REBUILD="1")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def text(self):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
+class Campaign:
+    def __init__(self, a):
+        self.a = a
+        self.dtrain = os.path.abspath(a.dtrain)
+        self.out = os.path.abspath(a.out)
+        os.makedirs(self.out, exist_ok=True)
+        self.run_dir = os.path.join(self.out, "run")
+        self.ckpt_dir = os.path.join(self.run_dir, "ckpt")  # a small tmpfs: the full_disk fault fills it
+        self.mounted = False
+        self.spec = os.path.join(self.out, "spec.yaml")
+        self.rng = random.Random(a.seed)
+        self.agents = {}  # host -> current Agent
+        self.all_agents = []
+        self.faults = []
+        self.problems = []
+        self.t0 = time.time()
+        self.seen_pids = set()  # every process seen in the hosts: their /dev/shm segments must be gone
+
+    # ---- set-up -------------------------------------------------------------
+    def write_spec(self):
+        a = self.a
+        with open(os.path.join(self.out, "text.txt"), "w") as f:
+            f.write(word_salad(64 * 1024))
+        n = a.hosts
+        # Steps of ~0.1 s on a CPU from the model's size alone: a `fault: slow`
+        # pacing would stop at the first restart (it acts on restart 0 only).
+        spec = (
+            "job: {name: chaos, seed: 1234}\n"
+            "cluster: {nodes: \"%d:%d\", procs_per_node: 1, device: cpu, backend: gloo, max_restarts: 1000,\n"
+            "          grace_s: 1, hang_timeout_s: %g,\n"
+            "          rendezvous: {join_timeout_s: 30, last_call_s: 1, heartbeat_s: 0.5, rejoin_timeout_s: 120}}\n"
+            "parallel: {dp: auto}\n"
+            "model: {kind: gpt, vocab: 256, layers: 2, d_model: %d, heads: 2, seq_len: 64, dropout: 0.0}\n"
+            "train: {steps: %d, micro_batch: 2, global_batch: 12, grad_accum: auto, lr: 3.0e-3,\n"
+            "        warmup_steps: 3, precision: fp32}\n"
+            "data: {path: %s, format: bytes}\n"
+            "checkpoint: {dir: %s, every: %d, keep: 3}\n"
+            "log: {dir: %s, every: 1}\n"
+            "entrypoint: builtin\n"
+        ) % (max(1, n - 1), n, a.hang_timeout_s, a.d_model, a.steps, os.path.join(self.out, "text.txt"),
+             self.ckpt_dir, a.ckpt_every, self.run_dir)
+        with open(self.spec, "w") as f:
+            f.write(spec)
+        os.makedirs(self.ckpt_dir, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dm" % a.ckpt_fs_mb, "dtrain-chaos", self.ckpt_dir],
+                       check=True)
+        self.mounted = True
+
+    def start_agent(self, i):
+        k = sum(1 for ag in self.all_agents if ag.i == i)
+        ag = Agent(self, i, k)
+        self.agents[i] = ag
+        self.all_agents.append(ag)
+        return ag
+
+    def node0_text(self):
+        return self.agents[0].text()
+
+    def all_text(self):
+        return "\n".join(ag.text() for ag in self.all_agents)
+
+    def marks(self):
+        """Where each agent's log ends now: new_text() reads from there."""
+        return {ag.log_path: len(ag.text()) for ag in self.all_agents}
+
+    def new_text(self, marks):
+        return "\n".join(ag.text()[marks.get(ag.log_path, 0):] for ag in self.all_agents)
+
+    def elapsed(self, t=None):
+        return (t if t is not None else time.time()) - self.t0
+
+    # ---- waiting ------------------------------------------------------------
+    def wait(self, pred, timeout, what):
+        end = time.time() + timeout
+        while time.time() < end:
+            v = pred()
+            if v:
+                return v
+            if self.agents[0].proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        v = pred()
+        if not v:
+            self.problems.append("timed out after %g s waiting for %s" % (timeout, what))
+        return v
+
+    def last_round(self):
+        rounds = re.findall(r"rendezvous round (\d+) closed \(restart \d+\): (\d+) nodes", self.node0_text())
+        return (int(rounds[-1][0]), int(rounds[-1][1])) if rounds else (0, 0)
+
+    def collect_pids(self):
+        while not getattr(self, "t_end", None):
+            for i in range(self.a.hosts):
+                self.seen_pids.update(netns_pids(i))
+            time.sleep(0.2)
+
+    def healthy(self):
+        """All hosts in the last round and a step recorded after it closed."""
+        rnd, nodes = self.last_round()
+        if nodes != self.a.hosts:
+            return False
+        text = self.node0_text()
+        at = text.rfind("rendezvous round %d closed" % rnd)
+        return at >= 0 and self.metrics.max_step() > 0 and self.steps_since(self.round_seen.get(rnd, time.time())) >= 2
+
+    def steps_since(self, t):
+        return sum(1 for r in self.metrics.snapshot() if r[0] > t)
+
+    def track_rounds(self):
+        rnd, _ = self.last_round()
+        if rnd and rnd not in self.round_seen:
+            self.round_seen[rnd] = time.time()
+
+    # ---- faults -------------------------------------------------------------
+    def worker_of(self, i):
+        pids = [p for p in netns_pids(i) if is_worker(p)]
+        return pids[0] if pids else None
+
+    def inject(self, kind, host):
+        f = {"kind": kind, "host": host, "at": time.time(), "step_at": self.metrics.max_step(),
+             "mark": self.marks(), "round": self.last_round()[0]}
+        if kind in ("kill_worker", "hang", "slow_rank"):
+            pid = self.worker_of(host)
+            if pid is None:
+                return None
+            f["pid"] = pid
+            os.kill(pid, signal.SIGKILL if kind == "kill_worker" else signal.SIGSTOP)
+            if kind == "slow_rank":
+                time.sleep(self.a.slow_s)  # the stall itself: below hang_timeout_s
+                os.kill(pid, signal.SIGCONT)
+        elif kind == "kill_agent":
+            ag = self.agents[host]
+            f["pid"] = ag.proc.pid
+            os.kill(ag.proc.pid, signal.SIGKILL)
+        elif kind == "link_cut":
+            subprocess.run([TESTHOSTS, "cut", str(host)], check=True, capture_output=True)
+        elif kind == "full_disk":
+            fill(os.path.join(self.ckpt_dir, "filler"))
+        elif kind == "corrupt_ckpt":
+            pid = self.worker_of(host)
+            if pid is None:
+                return None
+            f["pid"] = pid
+            os.kill(pid, signal.SIGKILL)
+        return f
+
+    def detect_pattern(self, f):
+        h = f["host"]
+        if f["kind"] == "kill_worker":
+            return r"pid %d\) failed: signal 9" % f["pid"], "worker SIGKILLed"
+        if f["kind"] == "hang":
+            # The rendezvous' hang report: it names the rank that never
+            # entered the collective, or says every rank is inside it (the
+            # stopped worker had entered it before it stopped).
+            return r"hang: no rank completed a collective for [^\n]*(\n  [^\n]*)*", "hang"
+        if f["kind"] == "full_disk":
+            return r"[^\n]*No space left on device", "full disk"
+        if f["kind"] == "corrupt_ckpt":
+            return r"checkpoint: skipped step_\d+: [^\n]*", "corrupt checkpoint"
+        if f["kind"] in ("kill_agent", "link_cut"):  # the node rank may differ from the host's index
+            return r"lost node \d+: id '%s:" % re.escape(addr(h)), "lost node"
+        return None, None
+
+    def corrupt_latest(self, f):
+        """After the SIGKILL is named: corrupt `latest`'s files (the restart has not read them yet)."""
+        ok = self.wait(lambda: re.search(r"pid %d\) failed: signal 9" % f["pid"], self.new_text(f["mark"])),
+                       self.a.recover_timeout_s, "the SIGKILL before corrupting the checkpoint")
+        if not ok:
+            return
+        with open(os.path.join(self.ckpt_dir, "latest")) as fh:
+            step_dir = os.path.join(self.ckpt_dir, fh.read().strip())
+        for name in os.listdir(step_dir):
+            if name.endswith(".safetensors"):
+                with open(os.path.join(step_dir, name), "r+b") as fh:
+                    fh.seek(-1, os.SEEK_END)
+                    b = fh.read(1)
+                    fh.seek(-1, os.SEEK_END)
+                    fh.write(bytes([b[0] ^ 0x5A]))  # tensor data, not the header: the checksum breaks
+        f["corrupted"] = os.path.basename(step_dir)
+
+    def follow(self, f):
+        """Waits for the fault to be named and training to resume; fills f."""
+        if f["kind"] == "corrupt_ckpt":
+            self.corrupt_latest(f)
+        pattern, _ = self.detect_pattern(f)
+        limit = self.a.recover_timeout_s
+        if pattern is None:  # slow_rank: named by metrics.jsonl's slowest_rank and straggler_ratio
+            rank_recs = self.wait(lambda: [r for r in self.metrics.snapshot()
+                                           if r[0] > f["at"] and r[5] >= self.a.straggler_ratio], limit,
+                                  "a straggler step")
+            f["detected"] = rank_recs[0][0] if rank_recs else None
+            f["named"] = ("slowest_rank %s, straggler_ratio %.1f" % (rank_recs[0][3], rank_recs[0][5])
+                          if rank_recs else "not named")
+            f["trained"] = f["detected"]
+            f["redone"] = 0
+            f["correct"] = bool(rank_recs)
+            return
+        def named():  # the first sign that something is wrong, whatever it says
+            m = re.search(pattern, self.new_text(f["mark"])) or re.search(ANY_CAUSE, self.new_text(f["mark"]))
+            return m.group(0) if m else None
+        got = self.wait(named, limit, "%s on host %d to be detected" % (f["kind"], f["host"]))
+        f["detected"] = time.time() if got else None
+        f["named"] = got or "not detected"
+        if f["kind"] == "full_disk" and got:
+            os.remove(os.path.join(self.ckpt_dir, "filler"))
+            f["freed"] = time.time()
+        if f["kind"] == "link_cut":
+            time.sleep(max(0.0, f["at"] + self.a.cut_s - time.time()))  # the partition lasts cut_s
+            subprocess.run([TESTHOSTS, "heal", str(f["host"])], check=True, capture_output=True)
+            f["healed"] = time.time()
+        if f["kind"] == "kill_agent" and got:
+            # Start it again once the survivors have re-formed without it.
+            self.wait(lambda: self.last_round()[1] == self.a.hosts - 1, limit, "the survivors to re-form")
+            self.start_agent(f["host"])
+        def resumed():
+            recs = [r for r in self.metrics.snapshot() if f["detected"] and r[0] > f["detected"]]
+            return recs[0] if recs else None
+        first = self.wait(resumed, limit, "training after %s on host %d" % (f["kind"], f["host"]))
+        f["trained"] = first[0] if first else None
+        if first:
+            before = [r[1] for r in self.metrics.snapshot() if r[0] <= f["detected"]]
+            top = max(before, default=0)
+            f["redone"] = max(0, top - (first[1] - 1))
+        # Named correctly: the fault's own explanation appeared (by the time
+        # training resumed), not only a consequence of it.
+        m = re.search(pattern, self.new_text(f["mark"]))
+        f["correct"] = bool(m)
+        if m:
+            f["named"] = m.group(0)
+        if f["kind"] == "link_cut":
+            # Back in a round of all hosts: through the re-join (its agent had
+            # given the round up) or a plain round change (its link returned first).
+            back = self.wait(lambda: self.last_round()[1] == self.a.hosts and self.last_round()[0] > f["round"],
+                             limit, "host %d to be back in a round of %d nodes" % (f["host"], self.a.hosts))
+            m = re.search(r"re-joined the rendezvous [0-9.]+ s after losing it", self.new_text(f["mark"]))
+            f["named"] += "; back in round %d %s" % (self.last_round()[0], "(" + m.group(0) + ")" if m else
+                                                       "(its agent re-joined on the round change)") if back else \
+                "; not back"
+
+    def schedule(self):
+        kinds = []
+        while len(kinds) < 10000:
+            batch = list(KINDS)
+            self.rng.shuffle(batch)
+            kinds += batch
+        for kind in kinds:
+            hosts = list(range(1, self.a.hosts)) if kind in ("kill_agent", "link_cut") else list(range(self.a.hosts))
+            yield kind, self.rng.choice(hosts), self.rng.uniform(0.5, 1.5) * self.a.every_s
+
+    # ---- the campaign -------------------------------------------------------
+    def run(self):
+        self.write_spec()
+        self.metrics = Metrics(os.path.join(self.run_dir, "metrics.jsonl"))
+        self.round_seen = {}
+        threading.Thread(target=self.collect_pids, daemon=True).start()
+        self.start_agent(0)
+        self.wait(lambda: "listening on port" in self.node0_text(), 60, "node 0's rendezvous")
+        for i in range(1, self.a.hosts):
+            self.start_agent(i)
+        for kind, host, gap in self.schedule():
+            if self.a.faults and len(self.faults) >= self.a.faults:
+                break
+            if self.a.duration_s and self.elapsed() >= self.a.duration_s:
+                break
+            ready = self.wait(lambda: (self.track_rounds(), self.healthy())[1], 120, "all hosts training")
+            if not ready:
+                if self.agents[0].proc.poll() is not None:
+                    self.problems.append("the job ended (step %d) before fault %d: raise --steps"
+                                         % (self.metrics.max_step(), len(self.faults) + 1))
+                break
+            time.sleep(gap)  # the schedule's spacing between faults (not a synchronisation)
+            if self.metrics.max_step() >= self.a.steps - self.a.margin_steps:
+                self.problems.append("the job reached step %d before fault %d: raise --steps"
+                                     % (self.metrics.max_step(), len(self.faults) + 1))
+                break
+            f = self.inject(kind, host)
+            if f is None:
+                continue
+            self.faults.append(f)
+            print("chaos: %6.1f s  %-11s host %d (step %d)" % (self.elapsed(f["at"]), kind, host, f["step_at"]),
+                  flush=True)
+            self.follow(f)
+        if self.a.end == "signal":
+            # Train a few more steps, then end the job as a preemption would:
+            # SIGTERM to every agent (workers finish the step, save, exit 0).
+            top = self.metrics.max_step()
+            self.wait(lambda: self.metrics.max_step() >= top + 5, self.a.recover_timeout_s, "steps after the last fault")
+            for ag in self.agents.values():
+                if ag.proc.poll() is None:
+                    os.kill(ag.proc.pid, signal.SIGTERM)
+        self.finish()
+
+    def finish(self):
+        end = time.time() + self.a.end_timeout_s
+        for ag in self.all_agents:
+            left = max(1.0, end - time.time())
+            try:
+                ag.proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                self.problems.append("agent on host %d (log %s) still running at the end" % (ag.i, ag.log_path))
+        self.t_end = time.time()
+        time.sleep(0.5)
+        self.metrics.stop = True
+        self.metrics.thread.join()
+        current = [self.agents[i] for i in sorted(self.agents)]
+        ok_codes = (0, 128 + signal.SIGTERM) if self.a.end == "signal" else (0,)
+        for ag in current:
+            if ag.proc.poll() not in ok_codes:
+                self.problems.append("agent on host %d exited %s (log %s)" % (ag.i, ag.proc.poll(), ag.log_path))
+        self.kill_leftovers()
+
+    def kill_leftovers(self):
+        left = []
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            left = [p for i in range(self.a.hosts) for p in netns_pids(i)]
+            if not left:
+                break
+            time.sleep(0.1)
+        if left:
+            self.problems.append("processes left in the hosts: %s" % left)
+            for p in left:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+        for ag in self.all_agents:
+            if ag.proc.poll() is None:
+                os.killpg(ag.proc.pid, signal.SIGKILL)
+                ag.proc.wait()
+
+
+def checks(c, shm_before):
+    """Nothing lost: every step ran, each redone step's loss equals its first run."""
+    recs = c.metrics.snapshot()
+    first = {}
+    worst = 0.0
+    worst_step = None
+    for _, step, loss, _, _, _ in recs:
+        if step not in first:
+            first[step] = loss
+            continue
+        d = abs(loss - first[step]) / max(abs(first[step]), 1e-12)
+        if d > worst:
+            worst, worst_step = d, step
+    last = max(first, default=0) if c.a.end == "signal" else c.a.steps
+    missing = [s for s in range(1, last + 1) if s not in first]
+    redone = len(recs) - len(first)
+    if missing:
+        c.problems.append("steps never trained: %s" % missing[:20])
+    if worst > LOSS_TOL:
+        c.problems.append("step %d's redone loss differs from its first run by %.3g (tolerance %g)"
+                          % (worst_step, worst, LOSS_TOL))
+    shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    # dtrain's segments are /dev/shm/dtrain-<pid>-<nonce>: those of this job's processes.
+    ours = lambda name: re.match(r"dtrain-(\d+)-", name) and int(name.split("-")[1]) in c.seen_pids
+    new_shm = sorted(n for n in shm_after - shm_before if ours(n))
+    if new_shm:
+        c.problems.append("/dev/shm segments left: %s" % new_shm)
+    for f in c.faults:
+        if f.get("detected") is None or f.get("trained") is None:
+            c.problems.append("fault %s on host %d: not %s" % (f["kind"], f["host"],
+                              "named" if f.get("detected") is None else "recovered from"))
+    wall = c.t_end - c.t0
+    seen, productive = set(), 0.0
+    for r in recs:
+        if r[1] not in seen:
+            seen.add(r[1])
+            productive += r[4]
+    goodput_json = None
+    try:
+        with open(os.path.join(c.run_dir, "goodput.json")) as f:
+            goodput_json = json.load(f)
+    except (OSError, ValueError):
+        pass
+    return {"max_redo_loss_rel_diff": worst, "redone_records": redone, "missing_steps": missing,
+            "wall_s": wall, "productive_s": productive, "goodput": productive / wall if wall > 0 else 0,
+            "new_shm": new_shm, "goodput_json": goodput_json}
+
+
+def fmt_s(f, key):
+    v = f.get(key)
+    return "-" if v is None else "%.2f" % (v - f["at"])
+
+
+def goodput_line(summary):
+    g = summary.get("goodput_json")
+    if not g:
+        return "- node 0's goodput.json: none"
+    secs = g.get("seconds", {})
+    parts = ", ".join("%s %.1f s" % (k, v) for k, v in secs.items())
+    return "- node 0's goodput.json (its agent's accounting, launch to end): %.1f%% of %.1f s wall (%s)" % (
+        100 * g.get("goodput", 0), g.get("wall_s", 0), parts)
+
+
+def write_results(c, summary):
+    rows = ["| # | at (s) | fault | host | step | detect (s) | train again (s) | steps redone | named correctly | "
+            "named as |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for n, f in enumerate(c.faults, 1):
+        rows.append("| %d | %.1f | %s | %d | %d | %s | %s | %s | %s | %s |" % (
+            n, c.elapsed(f["at"]), f["kind"], f["host"], f["step_at"], fmt_s(f, "detected"),
+            fmt_s(f, "trained"), f.get("redone", "-"), "yes" if f.get("correct") else "no", f.get("named", "-").replace("|", "/").replace("\n", " / ")))
+    lines = ["# Chaos campaign (seed %d, %d hosts, %d faults)" % (c.a.seed, c.a.hosts, len(c.faults)), "",
+             "\n".join(rows), "",
+             "- wall time %.1f s, productive step time %.1f s: goodput %.1f%%" % (
+                 summary["wall_s"], summary["productive_s"], 100 * summary["goodput"]),
+             goodput_line(summary),
+             "- redone step records %d; max |loss - first run| / |first run| over redone steps %.3g (tolerance %g)"
+             % (summary["redone_records"], summary["max_redo_loss_rel_diff"], LOSS_TOL),
+             "- steps never trained: %s" % (summary["missing_steps"] or "none"),
+             "- /dev/shm segments left: %s" % (summary["new_shm"] or "none"),
+             "- named otherwise (detected and recovered, but the fault's own explanation never appeared): %s"
+             % (", ".join("#%d %s" % (n, f["kind"]) for n, f in enumerate(c.faults, 1) if not f.get("correct"))
+                or "none"),
+             "- problems: %s" % ("; ".join(c.problems) if c.problems else "none"), ""]
+    with open(os.path.join(c.out, "chaos.md"), "w") as f:
+        f.write("\n".join(lines))
+    faults = [{k: v for k, v in f.items() if k != "mark"} for f in c.faults]
+    with open(os.path.join(c.out, "chaos.json"), "w") as f:
+        json.dump({"seed": c.a.seed, "t0": c.t0, "faults": faults, "summary": summary,
+                   "problems": c.problems}, f, indent=1)
+    write_svg(c, os.path.join(c.out, "chaos.svg"))
+    return "\n".join(lines)
+
+
+def write_svg(c, path):
+    recs = c.metrics.snapshot()
+    wall = max(1.0, c.t_end - c.t0)
+    top = max([r[1] for r in recs] + [1])
+    W, H, L, B = 900, 320, 50, 40
+    x = lambda t: L + (t - c.t0) / wall * (W - L - 10)
+    y = lambda s: H - B - s / top * (H - B - 20)
+    colors = {"kill_worker": "#d62728", "kill_agent": "#9467bd", "hang": "#ff7f0e", "slow_rank": "#2ca02c",
+              "link_cut": "#1f77b4", "full_disk": "#8c564b", "corrupt_ckpt": "#e377c2"}
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" '
+           'font-size="11">' % (W, H + 20),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (L, H - B, W - 10, H - B),
+           '<line x1="%d" y1="20" x2="%d" y2="%d" stroke="black"/>' % (L, L, H - B),
+           '<text x="%d" y="%d">time (s), 0 .. %.0f</text>' % (W // 2 - 40, H - 10, wall),
+           '<text x="5" y="15">step (0 .. %d)</text>' % top]
+    for f in c.faults:
+        end = f.get("trained") or f.get("detected") or f["at"]
+        col = colors.get(f["kind"], "gray")
+        out.append('<rect x="%.1f" y="20" width="%.1f" height="%d" fill="%s" opacity="0.25"/>'
+                   % (x(f["at"]), max(1.0, x(end) - x(f["at"])), H - B - 20, col))
+        out.append('<line x1="%.1f" y1="20" x2="%.1f" y2="%d" stroke="%s"/>' % (x(f["at"]), x(f["at"]), H - B, col))
+        out.append('<text x="%.1f" y="%d" fill="%s" transform="rotate(-90 %.1f %d)">%s h%d</text>'
+                   % (x(f["at"]) + 10, H - B - 5, col, x(f["at"]) + 10, H - B - 5, f["kind"], f["host"]))
+    pts = " ".join("%.1f,%.1f" % (x(r[0]), y(r[1])) for r in recs)
+    out.append('<polyline points="%s" fill="none" stroke="black" stroke-width="1.5"/>' % pts)
+    lx = L + 10
+    for kind, col in colors.items():
+        out.append('<rect x="%d" y="%d" width="10" height="10" fill="%s"/><text x="%d" y="%d">%s</text>'
+                   % (lx, H + 5, col, lx + 14, H + 14, kind))
+        lx += 105
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dtrain", default=os.path.join(SOURCE, "build", "apps", "dtrain", "dtrain"))
+    p.add_argument("--out", required=True)
+    p.add_argument("--hosts", type=int, default=3)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--faults", type=int, default=0, help="stop after this many faults (0: --duration)")
+    p.add_argument("--duration-s", type=float, default=0)
+    p.add_argument("--every-s", type=float, default=3.0, help="mean gap between a recovery and the next fault")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--margin-steps", type=int, default=20, help="no fault this close to the last step")
+    p.add_argument("--end", choices=["steps", "signal"], default="steps",
+                   help="steps: the job runs to train.steps; signal: SIGTERM to the agents 5 steps after "
+                        "the last fault's recovery (every step up to the last one run must be there)")
+    p.add_argument("--d-model", type=int, default=96, help="model width: sets the step time")
+    p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--hang-timeout-s", type=float, default=3)
+    p.add_argument("--ckpt-fs-mb", type=int, default=48, help="size of the tmpfs under checkpoint.dir")
+    p.add_argument("--slow-s", type=float, default=1.0)
+    p.add_argument("--straggler-ratio", type=float, default=3.0, help="a slow_rank is named at this ratio")
+    p.add_argument("--cut-s", type=float, default=3.0)
+    p.add_argument("--recover-timeout-s", type=float, default=90)
+    p.add_argument("--end-timeout-s", type=float, default=300)
+    p.add_argument("--hosts-ready", action="store_true",
+                   help="the caller holds the test hosts (scripts/testhosts up N done)")
+    a = p.parse_args()
+    if not a.faults and not a.duration_s:
+        p.error("give --faults or --duration-s")
+    lock = None
+    if not a.hosts_ready:
+        lock = open("/run/dtrain-testhosts-test.lock", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the tests' lock: one user of the hosts at a time
+        subprocess.run([TESTHOSTS, "up", str(a.hosts)], check=True)
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    c = Campaign(a)
+    try:
+        c.run()
+    finally:
+        if c.all_agents and not hasattr(c, "t_end"):
+            c.t_end = time.time()
+            c.kill_leftovers()
+        if c.mounted:
+            subprocess.run(["umount", c.ckpt_dir], check=False)
+        if not a.hosts_ready:
+            subprocess.run([TESTHOSTS, "down"], check=False)
+    summary = checks(c, shm_before)
+    print(write_results(c, summary))
+    return 0 if not c.problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
