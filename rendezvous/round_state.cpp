@@ -180,7 +180,13 @@ bool RoundState::ready_to_close(TimePoint now) const {
   int n = static_cast<int>(waiting_.size());
   if (n >= options_.max_nodes) return true;
   if (!elastic() || n < options_.min_nodes) return false;
-  return seconds_between(min_reached_, now) >= options_.last_call_s;
+  // A round re-formed after a loss: once every member of the last round that
+  // is still alive has re-joined, nobody else is expected; no last call.
+  const bool survivors_back = !active_.empty() && std::all_of(active_.begin(), active_.end(), [&](const Member& a) {
+    return std::any_of(waiting_.begin(), waiting_.end(),
+                       [&](const Member& w) { return w.info.node_id == a.info.node_id; });
+  });
+  return survivors_back || seconds_between(min_reached_, now) >= options_.last_call_s;
 }
 
 HeartbeatReply RoundState::heartbeat(const std::string& node_id, uint64_t round,
