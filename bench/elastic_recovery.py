@@ -17,8 +17,12 @@ start to its first step (what a restart from scratch pays for worker start-up,
 Gloo set-up and one step); a round's "formed -> training" is the same work
 plus the checkpoint load. Prints every run, the medians and the ratios.
 
-Usage: sudo bench/elastic_recovery.py [RUNS]   (DTRAIN_BUILD_DIR, default build/;
-DTRAIN_BENCH_KEEP=1 keeps the agents' logs)
+With --defaults grace_s and last_call_s keep their defaults (5 s each)
+instead of 1 s. "Today" vs "now": the same command with DTRAIN_BUILD_DIR of
+the two builds.
+
+Usage: sudo bench/elastic_recovery.py [RUNS] [--defaults]
+(DTRAIN_BUILD_DIR, default build/; DTRAIN_BENCH_KEEP=1 keeps the agents' logs)
 """
 import fcntl
 import os
@@ -34,6 +38,9 @@ BUILD = os.environ.get("DTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
 DTRAIN = os.path.join(BUILD, "apps", "dtrain", "dtrain")
 TESTHOSTS = os.path.join(ROOT, "scripts", "testhosts")
 HEARTBEAT_S, LAST_CALL_S, GRACE_S = 0.5, 1.0, 1.0
+DEFAULTS = "--defaults" in sys.argv
+if DEFAULTS:
+    LAST_CALL_S, GRACE_S = 5.0, 5.0
 POLL_S = 0.01
 
 
@@ -200,7 +207,8 @@ def one_fresh(work, k):
 
 
 def main():
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    numbers = [a for a in sys.argv[1:] if not a.startswith("--")]
+    runs = int(numbers[0]) if numbers else 3
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces): sudo %s" % sys.argv[0])
     if not os.access(DTRAIN, os.X_OK):

@@ -112,7 +112,7 @@ int Agent::run() {
         finish_goodput();
         return 0;
       }
-      stop_step(outcome == Outcome::signaled ? stop_signal_ : SIGTERM);
+      stop_step(stop_signal_for(outcome));
       if (stop_signal_ != 0) break;
       if (outcome == Outcome::failed && round_moved_on()) outcome = Outcome::round_changed;
       if (outcome == Outcome::unreachable) {  // a partition: re-join when the link returns (rejoin.cpp)
@@ -148,6 +148,14 @@ int Agent::run() {
   leave(false);
   finish_goodput();
   return 128 + stop_signal_;
+}
+
+int Agent::stop_signal_for(Outcome outcome) const {
+  if (outcome == Outcome::signaled) return stop_signal_;
+  if (outcome == Outcome::round_changed && heartbeat_ &&
+      heartbeat_->failure().find("declared dead") != std::string::npos)
+    return SIGKILL;
+  return SIGTERM;
 }
 
 void Agent::check_restarts_left(int restart) const {
@@ -328,11 +336,15 @@ std::optional<Agent::Outcome> Agent::group_outcome() const {
 }
 
 void Agent::stop_step(int first_signal) {
-  if (procs_ && procs_->running() > 0)
+  const bool now = first_signal == SIGKILL;
+  if (procs_ && procs_->running() > 0 && now)
+    DTRAIN_INFO("stopping {} worker(s) with SIGKILL now: a node is gone, so their collectives cannot "
+                "finish (nor a save on SIGTERM)", procs_->running());
+  else if (procs_ && procs_->running() > 0)
     DTRAIN_INFO("stopping {} worker(s): {}, SIGKILL after {} s", procs_->running(),
                 signal_name(first_signal), spec_.cluster.grace_s);
   if (procs_) {
-    auto events = procs_->close(first_signal, spec_.cluster.grace_s, [this] { return hurry(); });
+    auto events = procs_->close(first_signal, now ? 0.0 : spec_.cluster.grace_s, [this] { return hurry(); });
     for (const auto& e : events) record_exit(e, /*stopping=*/true);
   }
   if (heartbeat_) heartbeat_detail_ = heartbeat_->detail();

@@ -57,6 +57,10 @@ class Agent {
   void start_step(const rendezvous::Assignment& assignment, int restart);
   Outcome monitor_step();
   void stop_step(int first_signal);
+  // SIGTERM (the workers save on it), or SIGKILL at once when the round
+  // ended because a node was declared dead: the workers wait in a collective
+  // with a rank that is gone (Gloo cannot abort it) and could not save.
+  int stop_signal_for(Outcome outcome) const;
   int restart_or_fail(int restart);  // after a local failure: -1 = restart
   void check_restarts_left(int restart) const;  // throws when restart > max_restarts
   rendezvous::ServerStatus server_status();     // restart 0 and not stopped when unknown

@@ -220,7 +220,14 @@ bool RoundState::ready_to_close(TimePoint now) const {
   int n = static_cast<int>(waiting_.size());
   if (n >= options_.max_nodes) return true;
   if (!elastic() || n < options_.min_nodes) return false;
-  return seconds_between(min_reached_, now) >= options_.last_call_s;
+  // A round re-formed after a loss: once every member of the last round that
+  // is still alive has re-joined, nobody else is expected; no last call.
+  // Checked only once enough have joined, by the node-id index: joins stay O(1).
+  const bool survivors_back =
+      !active_.empty() && n >= static_cast<int>(active_.size()) &&
+      std::all_of(active_.begin(), active_.end(),
+                  [&](const Member& a) { return waiting_by_id_.count(a.info.node_id) != 0; });
+  return survivors_back || seconds_between(min_reached_, now) >= options_.last_call_s;
 }
 
 HeartbeatReply RoundState::heartbeat(const std::string& node_id, uint64_t round,

@@ -1,5 +1,6 @@
 // Elastic shrink and grow in RoundState, at exact instants (no sockets, no
-// sleeps): a dead node's round re-forms on the survivors with a smaller dp,
+// sleeps): a dead node's round re-forms on the survivors with a smaller dp
+// as soon as they are all back (a first round waits for the last call),
 // a node that comes back is admitted at the next round, and with
 // grad_accum: auto a round whose dp does not divide the global batch is
 // refused with the values and the fix.
@@ -59,11 +60,11 @@ TEST_CASE("elastic round: 3 -> 2 nodes on a lost heartbeat, then 3 again when th
         std::string::npos);
   CHECK(st.restart == 0);  // a membership change, not a failure
 
-  // The survivors re-join; the round closes at min (2) after the last call.
+  // The survivors re-join; once both are back nobody else is expected: the
+  // round closes at once, without the last call.
   CHECK_FALSE(s.join(node("n0", 0), 4, t, TimePoint::max()));
   CHECK_FALSE(s.join(node("n1", 1), 5, t, TimePoint::max()));
-  CHECK(s.poll(t + milliseconds(999)).empty());
-  out = s.poll(t + milliseconds(1000));
+  out = s.poll(t);
   REQUIRE(out.size() == 2);
   CHECK(out[0].closed->placement.mesh.dp() == 2);
   CHECK(out[0].closed->round == 2);
@@ -80,6 +81,22 @@ TEST_CASE("elastic round: 3 -> 2 nodes on a lost heartbeat, then 3 again when th
   REQUIRE(out.size() == 3);
   CHECK(out[0].closed->placement.mesh.dp() == 3);
   CHECK(out[0].closed->node_ids == std::vector<std::string>{"n0", "n1", "n2b"});
+}
+
+TEST_CASE("elastic round: a first round at min waits for the last call; a survivor still missing is waited for") {
+  RoundState s(elastic_options(12));
+  TimePoint t{};
+  CHECK_FALSE(s.join(node("n0", 0), 1, t, TimePoint::max()));
+  CHECK_FALSE(s.join(node("n1", 1), 2, t, TimePoint::max()));
+  CHECK(s.poll(t + milliseconds(999)).empty());  // nobody to wait for is known: the last call
+  REQUIRE(s.poll(t + milliseconds(1000)).size() == 2);
+  t += milliseconds(1000);
+  CHECK_FALSE(s.join(node("n2", 2), 3, t, TimePoint::max()));  // scale-up: round 2 opens
+  CHECK(s.round() == 2);
+  CHECK_FALSE(s.join(node("n0", 0), 4, t, TimePoint::max()));
+  CHECK(s.poll(t).empty());  // n1 of the last round is alive and not back yet
+  CHECK_FALSE(s.join(node("n1", 1), 5, t, TimePoint::max()));
+  CHECK(s.poll(t).size() == 3);
 }
 
 TEST_CASE("elastic round: grad_accum auto refuses a round whose dp does not divide the global batch") {
