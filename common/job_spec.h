@@ -169,6 +169,21 @@ struct TrainSpec {
   // dtrain checkpoint: a step_<N> dir or a checkpoint.dir) at step 0, with a
   // fresh optimizer and sampler; ignored when the run resumes. "" = random init.
   std::string init_from;
+  OffloadSpec offload;
+};
+
+// Where AdamW's state (optimizer) and ZeRO-3's parameter shards (params)
+// live between uses: none = on the device; host = pinned host memory, the
+// update on the CPU (needs a GPU); nvme = one file per rank under `path`
+// (created and removed by the job), read and written in buckets by an I/O
+// thread, `prefetch` reading the next step's first buckets during its
+// forward and backward. Checkpoints are the same with or without.
+struct OffloadSpec {
+  OffloadTarget optimizer = OffloadTarget::none;
+  OffloadTarget params = OffloadTarget::none;
+  std::string path;  // a directory, outside checkpoint.dir; required by nvme
+  bool prefetch = true;
+  bool active() const { return optimizer != OffloadTarget::none || params != OffloadTarget::none; }
 };
 
 // One source of data.blend: a Megatron indexed dataset PREFIX and its share.

@@ -23,6 +23,7 @@ enum class Recompute { none, full, selective };                                /
 enum class NonfiniteAction { stop, skip_step };                                // train.nonfinite
 enum class DataFormat { bytes, tokens_u16, tokens_u32, indexed, synthetic };    // data.format
 enum class GlooReduceScatter { ring, native };                                 // cluster.gloo_reduce_scatter
+enum class OffloadTarget { none, host, nvme };                                 // train.offload.optimizer, .params
 // fault.kind (common/job_spec.h says what each does)
 enum class FaultKind {
   none, kill_after_step, hang, slow, crash_during_save, no_grad_sync, recompute_redraw, raise, nan_grad,
@@ -80,6 +81,10 @@ struct SpecEnumNames<DataFormat> {
 template <>
 struct SpecEnumNames<GlooReduceScatter> {
   static inline const std::vector<std::string> names = {"ring", "native"};
+};
+template <>
+struct SpecEnumNames<OffloadTarget> {
+  static inline const std::vector<std::string> names = {"none", "host", "nvme"};
 };
 template <>
 struct SpecEnumNames<FaultKind> {

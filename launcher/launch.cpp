@@ -32,6 +32,7 @@
 #include "launcher/doctor.h"
 #include "launcher/gpus.h"
 #include "launcher/input_checks.h"
+#include "launcher/offload_checks.h"
 #include "launcher/init_from.h"
 #include "launcher/run_dir_lock.h"
 #include "rendezvous/rendezvous_client.h"
@@ -246,6 +247,7 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   check_devices(spec);  // before anything starts
   check_data_file(spec);
   check_init_from(spec);  // train.init_from: its weights fit this model
+  check_offload(spec, visible_gpus());  // train.offload: a GPU for host, nvme's directory
   plan::check_fits_memory(spec, options.allow_large);
   // Its refusals (an archive as checkpoint.dir, a `latest` outside it)
   // before any directory is created or locked; applied under the lock below.
