@@ -27,7 +27,8 @@ enum class OffloadTarget { none, host, nvme };                                 /
 // fault.kind (common/job_spec.h says what each does)
 enum class FaultKind {
   none, kill_after_step, hang, slow, crash_during_save, no_grad_sync, recompute_redraw, raise, nan_grad,
-  no_tp_reduce, no_pp_grad, reset_moments_on_load, cp_local_attention
+  no_tp_reduce, no_pp_grad, reset_moments_on_load, cp_local_attention,
+  offload_no_writeback, offload_truncate, offload_delete
 };
 
 // names[i] is the spelling of E(i), in the order messages list them.
@@ -91,7 +92,7 @@ struct SpecEnumNames<FaultKind> {
   static inline const std::vector<std::string> names = {
       "none",     "kill_after_step", "hang",         "slow",       "crash_during_save",     "no_grad_sync",
       "recompute_redraw", "raise",   "nan_grad",     "no_tp_reduce", "no_pp_grad", "reset_moments_on_load",
-      "cp_local_attention"};
+      "cp_local_attention", "offload_no_writeback", "offload_truncate", "offload_delete"};
 };
 template <typename E>
 concept SpecEnum = requires { SpecEnumNames<E>::names; };

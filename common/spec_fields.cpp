@@ -107,6 +107,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("train.offload.params", train.offload.params),
       DTRAIN_FIELD("train.offload.path", train.offload.path),
       DTRAIN_FIELD("train.offload.prefetch", train.offload.prefetch),
+      DTRAIN_FIELD("train.offload.bucket_mb", train.offload.bucket_mb),
       DTRAIN_FIELD("data.path", data.path),
       DTRAIN_FIELD("data.format", data.format),
       DTRAIN_FIELD("data.blend", data.blend),

@@ -26,6 +26,19 @@ void validate_offload(const JobSpec& s, const SpecOrigin& origin, Problems& prob
     error("train.offload.params", "train.offload.params = " + to_string(o.params) + " with parallel.zero = " +
                                       std::to_string(s.parallel.zero) + ": only ZeRO-3 keeps parameters as shards "
                                       "between uses; set parallel.zero: 3 or train.offload.params: none");
+  if (!origin.any_bad({"train.offload.bucket_mb"}) && !(o.bucket_mb > 0))
+    error("train.offload.bucket_mb", "train.offload.bucket_mb = " + format_double(o.bucket_mb) +
+                                         ": must be > 0 (megabytes of AdamW state per I/O bucket); e.g. 64");
+  const FaultKind f = s.fault.kind;
+  const bool offload_fault =
+      f == FaultKind::offload_no_writeback || f == FaultKind::offload_truncate || f == FaultKind::offload_delete;
+  if (offload_fault && o.optimizer != OffloadTarget::nvme && !origin.any_bad({"fault.kind", "train.offload.optimizer"}))
+    error("fault.kind", "fault.kind = " + to_string(f) + " acts on train.offload's files, but "
+                        "train.offload.optimizer = " + to_string(o.optimizer) + "; set train.offload.optimizer: nvme");
+  if ((f == FaultKind::offload_truncate || f == FaultKind::offload_delete) && s.fault.step < 1 &&
+      !origin.any_bad({"fault.kind", "fault.step"}))
+    error("fault.step", "fault.step = " + std::to_string(s.fault.step) + ": fault.kind = " + to_string(f) +
+                            " strikes after step fault.step, and steps count from 1; use fault.step >= 1");
   if (!o.active() && !o.path.empty())
     problems.warn("train.offload.path = " + o.path + " is ignored: train.offload.optimizer and .params are none");
 }

@@ -244,10 +244,10 @@ std::string self_dir() {
 }
 
 int launch(const JobSpec& spec, const LaunchOptions& options) {
+  check_offload(spec, visible_gpus());  // train.offload: a GPU for host (named before cluster.device), nvme's directory
   check_devices(spec);  // before anything starts
   check_data_file(spec);
   check_init_from(spec);  // train.init_from: its weights fit this model
-  check_offload(spec, visible_gpus());  // train.offload: a GPU for host, nvme's directory
   plan::check_fits_memory(spec, options.allow_large);
   // Its refusals (an archive as checkpoint.dir, a `latest` outside it)
   // before any directory is created or locked; applied under the lock below.

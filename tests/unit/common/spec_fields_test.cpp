@@ -119,6 +119,7 @@ const std::vector<Example> kExamples = {
     {"train.offload.optimizer", "nvme", {"train.offload.path=/scratch"}},
     {"train.offload.params", "nvme", {"parallel.zero=3", "train.offload.path=/scratch"}},
     {"train.offload.path", "/scratch"},
+    {"train.offload.bucket_mb", "0.5"},
     {"data.path", "/data/tokens.bin"},
     {"data.format", "tokens-u16"},
     {"data.blend", "[{path: a, weight: 0.7}, {path: b, weight: 0.3}]", {"data.format=indexed"}},
