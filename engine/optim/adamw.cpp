@@ -93,6 +93,7 @@ AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptio
   m_.reserve(params_.size());
   v_.reserve(params_.size());
   at::NoGradGuard no_grad;
+  if (!opt_.allocate_state) return;
   for (const auto& p : params_) {
     m_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
     v_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
@@ -103,6 +104,8 @@ AdamW::~AdamW() = default;
 
 void AdamW::step(double lr) {
   if (store_) return step_offloaded(lr);
+  if (m_.size() != params_.size())
+    throw Error(ErrorCode::internal, "AdamW: allocate_state false but the moments were never offloaded");
   at::NoGradGuard no_grad;
   ++step_;
   const double b1 = opt_.beta1, b2 = opt_.beta2;

@@ -24,6 +24,9 @@ struct AdamWOptions {
   // One fused pass per contiguous fp32 CPU tensor (as torch.optim.AdamW's
   // fused=True); false = the five in-place ATen ops per tensor. Same formula.
   bool fused = true;
+  // false: no moment tensors at construction, for a caller that calls
+  // offload() next (the whole state allocated first would set the peak).
+  bool allocate_state = true;
 };
 
 class AdamW {

@@ -9,11 +9,11 @@
 #include <ATen/ops/empty_like.h>
 
 #include <algorithm>
-#include <cctype>
 #include <filesystem>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/offload_files.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
 #include "engine/doctor/blas_check.h"
@@ -76,6 +76,7 @@ std::unique_ptr<optim::AdamW> make_optimizer(const JobSpec& spec, parallel::Opti
   o.beta2 = spec.train.beta2;
   o.eps = spec.train.adam_eps;
   o.weight_decay = spec.train.weight_decay;
+  o.allocate_state = spec.train.offload.optimizer == OffloadTarget::none;  // else offload_optimizer, next
   return std::make_unique<optim::AdamW>(std::move(p.params), std::move(p.decay), o, std::move(p.grads));
 }
 
@@ -87,26 +88,13 @@ void offload_optimizer(const JobSpec& spec, const comm::WorldInfo& info, const c
                        optim::AdamW& optimizer) {
   const OffloadSpec& o = spec.train.offload;
   if (o.optimizer == OffloadTarget::none) return;
-  std::string job = spec.job.name;
-  for (char& c : job)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
-  const std::string prefix = "dtrain-offload-" + job + "-rank";
   optim::OffloadOptions opt;
   opt.nvme = o.optimizer == OffloadTarget::nvme;
   opt.pinned = !opt.nvme && !device.is_cpu();
   opt.bucket_floats = std::max<int64_t>(1, int64_t(o.bucket_mb * 1024 * 1024 / 8));
   if (opt.nvme) {
-    opt.file = (std::filesystem::path(o.path) / (prefix + std::to_string(info.rank) + ".bin")).string();
-    std::error_code ec;
-    if (info.rank == 0)
-      for (const auto& e : std::filesystem::directory_iterator(o.path, ec)) {
-        const std::string name = e.path().filename().string();
-        if (name.rfind(prefix, 0) != 0 || name.size() < prefix.size() + 5) continue;
-        const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 4);
-        if (name.substr(name.size() - 4) == ".bin" && !digits.empty() &&
-            digits.find_first_not_of("0123456789") == std::string::npos && std::stoll(digits) >= info.world)
-          std::filesystem::remove(e.path(), ec);
-      }
+    opt.file = offload_file(o.path, spec.job.name, info.rank);
+    if (info.rank == 0) remove_offload_files(o.path, spec.job.name, info.world);
   }
   opt.drop_writes = spec.fault.kind == FaultKind::offload_no_writeback;
   optimizer.offload(opt, o.prefetch);
