@@ -140,6 +140,21 @@ struct ModelSpec {
   int effective_ffn_hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * d_model; }
 };
 
+// Where AdamW's state (optimizer) and ZeRO-3's parameter shards (params)
+// live between uses: none = on the device; host = pinned host memory, the
+// update on the CPU (needs a GPU); nvme = one file per rank under `path`
+// (created and removed by the job), read and written in buckets by an I/O
+// thread, `prefetch` reading the next step's first buckets during its
+// forward and backward. Checkpoints are the same with or without.
+struct OffloadSpec {
+  OffloadTarget optimizer = OffloadTarget::none;
+  OffloadTarget params = OffloadTarget::none;
+  std::string path;  // a directory, outside checkpoint.dir; required by nvme
+  bool prefetch = true;
+  double bucket_mb = 64;  // AdamW state (m and v) per I/O bucket; two buckets are in memory
+  bool active() const { return optimizer != OffloadTarget::none || params != OffloadTarget::none; }
+};
+
 struct TrainSpec {
   int steps = 100;
   int micro_batch = 8;
@@ -170,6 +185,7 @@ struct TrainSpec {
   // dtrain checkpoint: a step_<N> dir or a checkpoint.dir) at step 0, with a
   // fresh optimizer and sampler; ignored when the run resumes. "" = random init.
   std::string init_from;
+  OffloadSpec offload;
 };
 
 // One source of data.blend: a Megatron indexed dataset PREFIX and its share.
@@ -245,6 +261,10 @@ struct CheckpointSpec {
 //                      layout) sets AdamW's moments to zero
 //   cp_local_attention (every rank) under context parallelism each rank
 //                      attends only to its own chunks: no ring
+//   offload_no_writeback (every rank) train.offload.optimizer nvme never
+//                      writes the moments back: each step starts from zeros
+//   offload_truncate, offload_delete  rank `rank` truncates (to half) or
+//                      deletes its train.offload file after step `step`
 struct FaultSpec {
   FaultKind kind = FaultKind::none;
   int rank = 0;
@@ -254,7 +274,8 @@ struct FaultSpec {
   // The kinds that act on every rank (fault.rank does not apply).
   bool every_rank() const {
     return kind == FaultKind::no_grad_sync || kind == FaultKind::no_tp_reduce || kind == FaultKind::no_pp_grad ||
-           kind == FaultKind::reset_moments_on_load || kind == FaultKind::cp_local_attention;
+           kind == FaultKind::reset_moments_on_load || kind == FaultKind::cp_local_attention ||
+           kind == FaultKind::offload_no_writeback;
   }
 };
 

@@ -119,6 +119,8 @@ void validate_llama(const JobSpec& spec, const SpecOrigin& origin, Problems& pro
 void validate_cp(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 // spec_trace.cpp: log.trace.steps, a range inside [1, train.steps].
 void validate_trace(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
+// train.offload: targets, path given, params with ZeRO-3 (spec_offload.cpp).
+void validate_offload(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 // data.valid (spec_valid.cpp).
 void validate_valid(const JobSpec& spec, const SpecOrigin& origin, Problems& problems);
 // job.name: length, UTF-8, no control characters (spec_job_name.cpp).

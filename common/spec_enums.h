@@ -23,10 +23,12 @@ enum class Recompute { none, full, selective };                                /
 enum class NonfiniteAction { stop, skip_step };                                // train.nonfinite
 enum class DataFormat { bytes, tokens_u16, tokens_u32, indexed, synthetic };    // data.format
 enum class GlooReduceScatter { ring, native };                                 // cluster.gloo_reduce_scatter
+enum class OffloadTarget { none, host, nvme };                                 // train.offload.optimizer, .params
 // fault.kind (common/job_spec.h says what each does)
 enum class FaultKind {
   none, kill_after_step, hang, slow, crash_during_save, no_grad_sync, recompute_redraw, raise, nan_grad,
-  no_tp_reduce, no_pp_grad, reset_moments_on_load, cp_local_attention
+  no_tp_reduce, no_pp_grad, reset_moments_on_load, cp_local_attention,
+  offload_no_writeback, offload_truncate, offload_delete
 };
 
 // names[i] is the spelling of E(i), in the order messages list them.
@@ -82,11 +84,15 @@ struct SpecEnumNames<GlooReduceScatter> {
   static inline const std::vector<std::string> names = {"ring", "native"};
 };
 template <>
+struct SpecEnumNames<OffloadTarget> {
+  static inline const std::vector<std::string> names = {"none", "host", "nvme"};
+};
+template <>
 struct SpecEnumNames<FaultKind> {
   static inline const std::vector<std::string> names = {
       "none",     "kill_after_step", "hang",         "slow",       "crash_during_save",     "no_grad_sync",
       "recompute_redraw", "raise",   "nan_grad",     "no_tp_reduce", "no_pp_grad", "reset_moments_on_load",
-      "cp_local_attention"};
+      "cp_local_attention", "offload_no_writeback", "offload_truncate", "offload_delete"};
 };
 template <typename E>
 concept SpecEnum = requires { SpecEnumNames<E>::names; };

@@ -178,6 +178,8 @@ void check_enums(const Checker& c) {
   c.one_of("train.precision");
   c.one_of("train.recompute");
   c.one_of("train.nonfinite");
+  c.one_of("train.offload.optimizer");
+  c.one_of("train.offload.params");
   c.at_least("train.nonfinite_patience", s.train.nonfinite_patience, 1,
              "e.g. 3 (1 stops at the first non-finite step)");
   if (!s.train.init_from.empty() && s.train.init_from.find_first_not_of(" \t") == std::string::npos)
@@ -455,6 +457,7 @@ void validate_spec(const JobSpec& spec, const SpecOrigin& origin, Problems& prob
   validate_valid(spec, origin, problems);
   validate_job_name(spec, origin, problems);
   validate_trace(spec, origin, problems);
+  validate_offload(spec, origin, problems);
 }
 
 }  // namespace dtrain::detail

@@ -32,6 +32,8 @@
 #include "launcher/doctor.h"
 #include "launcher/gpus.h"
 #include "launcher/input_checks.h"
+#include "launcher/offload_checks.h"
+#include "common/offload_files.h"
 #include "launcher/init_from.h"
 #include "launcher/run_dir_lock.h"
 #include "rendezvous/rendezvous_client.h"
@@ -243,6 +245,7 @@ std::string self_dir() {
 }
 
 int launch(const JobSpec& spec, const LaunchOptions& options) {
+  check_offload(spec, visible_gpus());  // train.offload: a GPU for host (named before cluster.device), nvme's directory
   check_devices(spec);  // before anything starts
   check_data_file(spec);
   check_init_from(spec);  // train.init_from: its weights fit this model
@@ -344,6 +347,12 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
 
   Agent agent(spec, config, client);
   int code = agent.run();
+  // Every worker of this machine has exited: what a SIGKILLed one left of
+  // train.offload's files goes (one machine only: another machine's ranks
+  // may still use a shared path).
+  if (spec.train.offload.optimizer == OffloadTarget::nvme && agent.num_nodes() <= 1)
+    if (const int n = remove_offload_files(spec.train.offload.path, spec.job.name, 0); n > 0)
+      DTRAIN_INFO("removed {} offload file(s) of stopped workers from {}", n, spec.train.offload.path);
   if (server && code == 0 && agent.num_nodes() > 1) wait_for_other_nodes(client, config.node_id);
   return code;
 }

@@ -74,10 +74,19 @@ void model_rules(const JobSpec& spec, Problems& out) {
                   "model.tie_embeddings false (the head gets its own weight) or use pp 1 and zero <= 2");
 }
 
+// train.offload.params (ZeRO-3 shards off the device between uses) is
+// specified but not run by this engine yet; the optimizer's offload is.
+void offload_rules(const JobSpec& spec, Problems& out) {
+  if (spec.train.offload.params != OffloadTarget::none)
+    out.push_back("train.offload.params = " + to_string(spec.train.offload.params) +
+                  " is not implemented yet; set train.offload.params: none (train.offload.optimizer: nvme "
+                  "takes AdamW's state, half of the fp32 training state, off the device and out of memory)");
+}
+
 // In the order the engine reported them. A new parallelism adds one row
 // with its own rules.
 constexpr void (*kRules[])(const JobSpec&, Problems&) = {pipeline_rules, moe_rules, context_rules, precision_rules,
-                                                         model_rules};
+                                                         model_rules, offload_rules};
 
 }  // namespace
 

@@ -267,6 +267,13 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   r.param_bytes += kFloat * experts;
   r.grad_bytes += kFloat * experts;
   r.optimizer_bytes += 2 * kFloat * experts;
+  // train.offload.optimizer: the moments live in host memory (host) or in a
+  // file (nvme), whose two I/O buckets stay in memory.
+  if (spec.train.offload.optimizer != OffloadTarget::none) {
+    r.offload_bytes = r.optimizer_bytes;
+    const auto bucket = int64_t(spec.train.offload.bucket_mb * 1024 * 1024);
+    r.optimizer_bytes = spec.train.offload.optimizer == OffloadTarget::nvme ? 2 * std::min(bucket, r.offload_bytes) : 0;
+  }
   // The engine builds the whole model (every stage's blocks, every expert,
   // nothing sharded yet) before the pipeline split, expert parallelism and
   // ZeRO cut it down.
@@ -361,7 +368,11 @@ std::string plan_to_text(const JobSpec& spec, const MemoryPlan& plan) {
                   format_bytes(double(r.need_bytes())).c_str());
     out += line;
   }
-  (void)spec;
+  if (spec.train.offload.optimizer != OffloadTarget::none && !plan.ranks.empty())
+    out += "optimizer offload: AdamW's moments of rank 0, " + format_bytes(double(plan.ranks[0].offload_bytes)) +
+           (spec.train.offload.optimizer == OffloadTarget::nvme
+                ? ", live in nvme files under " + spec.train.offload.path + "; the optimizer column is their two I/O buckets in memory\n"
+                : ", live in pinned host memory; the optimizer column (device) holds none of them\n");
   return out;
 }
 

@@ -28,6 +28,11 @@ ModelSize model_size(const JobSpec& spec) {
   s.rank_bytes = count.dense / split * (weights + grads + optim) +
                  count.experts / std::max(1, p.ep) * kStateBytesPerParam;
   s.node_bytes = s.rank_bytes * std::max(1, spec.cluster.procs_per_node);
+  s.optim_rank_bytes = count.dense / split * optim + count.experts / std::max(1, p.ep) * 8;
+  const OffloadTarget where = spec.train.offload.optimizer;
+  s.host_rank_bytes = where == OffloadTarget::host ? s.optim_rank_bytes : 0;
+  s.nvme_rank_bytes = where == OffloadTarget::nvme ? s.optim_rank_bytes : 0;
+  s.device_rank_bytes = s.rank_bytes - s.host_rank_bytes - s.nvme_rank_bytes;
   return s;
 }
 
@@ -53,8 +58,11 @@ void check_model_size(const JobSpec& spec) {
 }
 
 void check_fits_memory(const JobSpec& spec, bool allow_large) {
-  if (allow_large || spec.cluster.device != DeviceKind::cpu) return;
-  const ModelSize s = model_size(spec);
+  if (allow_large) return;
+  ModelSize s = model_size(spec);
+  // Host memory: on a CPU the device's bytes are host bytes too; nvme files are neither.
+  s.rank_bytes = s.host_rank_bytes + (spec.cluster.device == DeviceKind::cpu ? s.device_rank_bytes : 0);
+  s.node_bytes = s.rank_bytes * std::max(1, spec.cluster.procs_per_node);
   const uint64_t have = machine_memory_bytes();
   if (have == 0 || s.node_bytes <= double(have)) return;
   char params[32];
@@ -64,10 +72,11 @@ void check_fits_memory(const JobSpec& spec, bool allow_large) {
                   ", model.layers = " + std::to_string(spec.model.layers) + ", model.vocab = " +
                   std::to_string(spec.model.vocab) + ": " + params +
                   " parameters need " + gigabytes(s.node_bytes) +
-                  " of fp32 training state on this machine (" +
+                  " of fp32 training state in this machine's memory (" +
                   std::to_string(spec.cluster.procs_per_node) + " rank(s) x " +
                   gigabytes(s.rank_bytes) + "), more than its " + gigabytes(double(have)),
-              "make the model smaller, shard it (parallel.tp, parallel.pp, parallel.zero), or "
+              "make the model smaller, shard it (parallel.tp, parallel.pp, parallel.zero), move AdamW's "
+              "state to files (train.offload.optimizer: nvme), or "
               "pass --allow-large to try anyway");
 }
 

@@ -22,6 +22,10 @@ struct ModelSize {
   double state_bytes = 0; // params x 16 B
   double rank_bytes = 0;  // one rank: split by tp * pp, ZeRO stages split by dp
   double node_bytes = 0;  // cluster.procs_per_node ranks on one machine
+  // Where one rank's bytes live under train.offload (they sum to rank_bytes):
+  // AdamW's moments move to host memory or to nvme files, the rest stays.
+  double optim_rank_bytes = 0;  // AdamW's m and v of one rank, wherever they live
+  double device_rank_bytes = 0, host_rank_bytes = 0, nvme_rank_bytes = 0;
 };
 
 ModelSize model_size(const JobSpec& spec);
@@ -35,9 +39,10 @@ std::vector<std::string> model_size_problems(const JobSpec& spec);
 // the parameter count).
 void check_model_size(const JobSpec& spec);
 
-// Throws dtrain::Error(config) when cluster.device = cpu and one machine's
-// ranks need more memory for their training state than this machine has,
-// unless allow_large. GPU memory is the device's: not checked here.
+// Throws dtrain::Error(config) when one machine's ranks need more host
+// memory for their training state than this machine has (cluster.device
+// cpu: all but what train.offload puts in nvme files; cuda: what it puts in
+// host memory), unless allow_large. GPU memory is the device's: not checked here.
 void check_fits_memory(const JobSpec& spec, bool allow_large);
 
 }  // namespace dtrain::plan

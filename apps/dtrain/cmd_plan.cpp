@@ -96,9 +96,9 @@ std::string plan_json(const JobSpec& spec, const pl::MemoryPlan& plan, const ren
     const auto& r = plan.ranks[i];
     out += fmt::format(
         "    {{\"rank\": {}, \"dp\": {}, \"tp\": {}, \"pp\": {}, {}\"param_bytes\": {}, \"grad_bytes\": {}, "
-        "\"optimizer_bytes\": {}, \"cache_bytes\": {}, \"activation_bytes\": {}, \"transient_bytes\": {}, "
+        "\"optimizer_bytes\": {}, \"offload_bytes\": {}, \"cache_bytes\": {}, \"activation_bytes\": {}, \"transient_bytes\": {}, "
         "\"peak_bytes\": {}, \"in_flight\": {}, \"build_bytes\": {}, \"data_bytes\": {}, \"need_bytes\": {}}}{}\n",
-        r.rank, r.dp, r.tp, r.pp, spec.parallel.cp > 1 ? fmt::format("\"cp\": {}, ", r.cp) : std::string(), r.param_bytes, r.grad_bytes, r.optimizer_bytes, r.cache_bytes, r.activation_bytes,
+        r.rank, r.dp, r.tp, r.pp, spec.parallel.cp > 1 ? fmt::format("\"cp\": {}, ", r.cp) : std::string(), r.param_bytes, r.grad_bytes, r.optimizer_bytes, r.offload_bytes, r.cache_bytes, r.activation_bytes,
         r.transient_bytes, r.peak_bytes, r.in_flight, r.build_bytes, r.data_bytes, r.need_bytes(),
         i + 1 < plan.ranks.size() ? "," : "");
   }

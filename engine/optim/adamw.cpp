@@ -10,6 +10,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/sum.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <cmath>
@@ -49,6 +50,34 @@ void fused_adamw(float* __restrict p, const float* __restrict g, float* __restri
   }
 }
 
+FusedStep make_fused_step(bool decay, double lr, const AdamWOptions& o, int64_t step) {
+  const double bias_correction1 = 1.0 - std::pow(o.beta1, double(step));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, double(step)));
+  const bool wd = decay && o.weight_decay != 0.0;
+  return FusedStep{wd ? float(1.0 - lr * o.weight_decay) : 1.0f, float(o.beta1), float(1.0 - o.beta1),
+                   float(o.beta2), float(1.0 - o.beta2), float(bias_correction2_sqrt), float(o.eps),
+                   float(-(lr / bias_correction1))};
+}
+
+// One piece of an offloaded bucket: params[begin, end) with its moments at
+// m and v. fp32 CPU parameters and gradients are updated where they are; any
+// other (a GPU's) is copied to the host, updated there and copied back, as
+// ZeRO-Offload's CPU Adam does.
+void offloaded_piece(at::Tensor& p, const at::Tensor& g, int64_t begin, int64_t end, float* m, float* v,
+                     const FusedStep& fs) {
+  const bool in_place = p.device().is_cpu() && p.scalar_type() == at::kFloat && g.device().is_cpu() &&
+                        g.scalar_type() == at::kFloat && g.is_contiguous();
+  if (in_place) {
+    fused_adamw(p.data_ptr<float>() + begin, g.const_data_ptr<float>() + begin, m, v, end - begin, fs);
+    return;
+  }
+  at::Tensor pv = p.view({-1}).slice(0, begin, end);  // [end - begin]
+  at::Tensor ph = pv.to(at::kCPU, at::kFloat).contiguous();
+  const at::Tensor gh = g.reshape({-1}).slice(0, begin, end).to(at::kCPU, at::kFloat).contiguous();
+  fused_adamw(ph.data_ptr<float>(), gh.const_data_ptr<float>(), m, v, end - begin, fs);
+  pv.copy_(ph);
+}
+
 }  // namespace
 
 AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptions options,
@@ -64,13 +93,19 @@ AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptio
   m_.reserve(params_.size());
   v_.reserve(params_.size());
   at::NoGradGuard no_grad;
+  if (!opt_.allocate_state) return;
   for (const auto& p : params_) {
     m_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
     v_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
   }
 }
 
+AdamW::~AdamW() = default;
+
 void AdamW::step(double lr) {
+  if (store_) return step_offloaded(lr);
+  if (m_.size() != params_.size())
+    throw Error(ErrorCode::internal, "AdamW: allocate_state false but the moments were never offloaded");
   at::NoGradGuard no_grad;
   ++step_;
   const double b1 = opt_.beta1, b2 = opt_.beta2;
@@ -96,6 +131,100 @@ void AdamW::step(double lr) {
     auto denom = v_[i].sqrt().div_(bias_correction2_sqrt).add_(opt_.eps);  // sqrt(vhat) + eps
     p.addcdiv_(m_[i], denom, -step_size);              // p -= lr * mhat / denom
   }
+}
+
+void AdamW::offload(OffloadOptions options, bool prefetch) {
+  std::vector<int64_t> sizes;
+  for (const auto& p : params_) {
+    if (!p.is_contiguous())
+      throw Error(ErrorCode::internal, "AdamW offload: a parameter of shape " + std::to_string(p.dim()) +
+                                           "-d is not contiguous; the offloaded update writes it as one run");
+    sizes.push_back(p.numel());
+  }
+  store_ = std::make_unique<OffloadStore>(sizes, std::move(options));
+  prefetch_ = prefetch;
+  m_.clear();  // the store starts at zero, as these did
+  v_.clear();
+  materialized_ = false;
+}
+
+int64_t AdamW::resident_bytes() const {
+  int64_t n = store_ ? store_->staging_bytes() : 0;
+  for (const auto* state : {&m_, &v_})
+    for (const auto& t : *state)
+      if (t.defined()) n += t.numel() * int64_t(t.element_size());
+  return n;
+}
+
+// Whole buckets through one host buffer, piece by piece into tensors shaped
+// like the parameters (where a checkpoint load writes and a save reads).
+void AdamW::materialize() {
+  if (!store_ || materialized_) return;
+  at::NoGradGuard no_grad;
+  store_->drain();
+  m_.clear();
+  v_.clear();
+  for (const auto& p : params_) {
+    m_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    v_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+  }
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  for (int b = 0; b < store_->buckets(); ++b) {
+    const int64_t len = store_->bucket_len(b);
+    at::Tensor mv = at::empty({2, len}, f32);  // [m | v] of the bucket
+    store_->read_bucket(b, mv.data_ptr<float>());
+    for (const auto& pc : store_->pieces(b))
+      for (int k = 0; k < 2; ++k)
+        (k ? v_ : m_)[pc.param].view({-1}).slice(0, pc.begin, pc.end).copy_(mv[k].slice(0, pc.at, pc.at + pc.end - pc.begin));
+  }
+  materialized_ = true;
+}
+
+void AdamW::flush_materialized() {
+  if (!materialized_) return;
+  at::NoGradGuard no_grad;
+  store_->drain();
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  for (int b = 0; b < store_->buckets(); ++b) {
+    at::Tensor mv = at::empty({2, store_->bucket_len(b)}, f32);  // [m | v] of the bucket
+    for (const auto& pc : store_->pieces(b))
+      for (int k = 0; k < 2; ++k)
+        mv[k].slice(0, pc.at, pc.at + pc.end - pc.begin).copy_((k ? v_ : m_)[pc.param].reshape({-1}).slice(0, pc.begin, pc.end));
+    store_->write_bucket(b, mv.data_ptr<float>());
+  }
+  // Dropped, not reused: an asynchronous checkpoint save may still hold them.
+  m_.clear();
+  v_.clear();
+  materialized_ = false;
+}
+
+// Bucket b is updated while b + 1 is read and b - 1 written (two slots, the
+// store's queue in order); the next step's first two buckets are queued
+// last, so they are read during its forward and backward.
+void AdamW::step_offloaded(double lr) {
+  at::NoGradGuard no_grad;
+  flush_materialized();
+  store_->check_file();
+  ++step_;
+  const int nb = store_->buckets();
+  for (int b = 0; b < std::min(nb, 2); ++b) store_->prefetch(b);
+  for (int b = 0; b < nb; ++b) {
+    float* m = store_->acquire(b);
+    float* v = m + store_->bucket_len(b);
+    for (const auto& pc : store_->pieces(b)) {
+      at::Tensor& p = params_[pc.param];
+      const at::Tensor& g = grads_.empty() ? p.grad() : grads_[pc.param];
+      if (!g.defined()) continue;
+      offloaded_piece(p, g, pc.begin, pc.end, m + pc.at, v + pc.at, make_fused_step(decay_[pc.param], lr, opt_, step_));
+    }
+    store_->release(b);
+    if (b + 2 < nb) store_->prefetch(b + 2);
+  }
+  if (prefetch_)
+    for (int b = 0; b < std::min(nb, 2); ++b) store_->prefetch(b);
+  else
+    store_->drain();
+  store_->check_file();
 }
 
 void AdamW::zero_grad() {

@@ -8,7 +8,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
+
+#include "engine/optim/offload_store.h"
 
 namespace dtrain::engine::optim {
 
@@ -21,6 +24,9 @@ struct AdamWOptions {
   // One fused pass per contiguous fp32 CPU tensor (as torch.optim.AdamW's
   // fused=True); false = the five in-place ATen ops per tensor. Same formula.
   bool fused = true;
+  // false: no moment tensors at construction, for a caller that calls
+  // offload() next (the whole state allocated first would set the peak).
+  bool allocate_state = true;
 };
 
 class AdamW {
@@ -31,14 +37,29 @@ class AdamW {
   // empty = each param's .grad().
   AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptions options,
         std::vector<at::Tensor> grads = {});
+  ~AdamW();
+  // Keeps the moments in `store` (host memory or a file) instead of tensors
+  // of their own: step() reads and writes them bucket by bucket. Before the
+  // first step; the moments start at zero as without. prefetch: the next
+  // step's first buckets are read while its forward and backward run.
+  void offload(OffloadOptions options, bool prefetch);
   // One step with learning rate lr. Skips params without a gradient.
   void step(double lr);
   void zero_grad();  // sets grads to zero (keeps storage)
 
   int64_t step_count() const { return step_; }
   // State for checkpoints: exp_avg and exp_avg_sq per param, same order.
-  std::vector<at::Tensor>& exp_avg() { return m_; }
-  std::vector<at::Tensor>& exp_avg_sq() { return v_; }
+  // Offloaded: read into tensors of their own on first use (a save reads
+  // them, a load writes them), written back and dropped by the next step.
+  std::vector<at::Tensor>& exp_avg() { return materialize(), m_; }
+  std::vector<at::Tensor>& exp_avg_sq() { return materialize(), v_; }
+  // Bytes of AdamW state in this process's tensors (moments, or the
+  // offload's staging buffers); bytes it keeps in host memory or a file.
+  int64_t resident_bytes() const;
+  int64_t offloaded_bytes() const { return store_ ? store_->bytes() : 0; }
+  const OffloadStore* offload_store() const { return store_.get(); }
+  OffloadStore* offload_store() { return store_.get(); }
+  OffloadIo take_offload_io() { return store_ ? store_->take_stats() : OffloadIo{}; }
   void set_step_count(int64_t s) { step_ = s; }
   const std::vector<at::Tensor>& params() const { return params_; }
 
@@ -47,8 +68,14 @@ class AdamW {
   std::vector<bool> decay_;
   std::vector<at::Tensor> grads_;  // empty: params_[i].grad()
   AdamWOptions opt_;
-  std::vector<at::Tensor> m_, v_;
+  void materialize();        // offloaded: m_ and v_ from the store
+  void flush_materialized();  // offloaded: m_ and v_ back to the store, dropped
+  void step_offloaded(double lr);
+  std::vector<at::Tensor> m_, v_;  // offloaded: empty unless materialized
   int64_t step_ = 0;
+  std::unique_ptr<OffloadStore> store_;
+  bool prefetch_ = true;  // read the next step's first buckets ahead
+  bool materialized_ = false;
 };
 
 struct LrSchedule {

@@ -8,10 +8,12 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/offload_files.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
 #include "engine/doctor/blas_check.h"
@@ -74,7 +76,28 @@ std::unique_ptr<optim::AdamW> make_optimizer(const JobSpec& spec, parallel::Opti
   o.beta2 = spec.train.beta2;
   o.eps = spec.train.adam_eps;
   o.weight_decay = spec.train.weight_decay;
+  o.allocate_state = spec.train.offload.optimizer == OffloadTarget::none;  // else offload_optimizer, next
   return std::make_unique<optim::AdamW>(std::move(p.params), std::move(p.decay), o, std::move(p.grads));
+}
+
+// train.offload.optimizer: AdamW's moments in a file per rank under
+// train.offload.path (named by job and rank; a launch replaces the file an
+// earlier, killed one left, and rank 0 removes those of ranks beyond this
+// world), or in host memory, pinned for the GPU.
+void offload_optimizer(const JobSpec& spec, const comm::WorldInfo& info, const c10::Device& device,
+                       optim::AdamW& optimizer) {
+  const OffloadSpec& o = spec.train.offload;
+  if (o.optimizer == OffloadTarget::none) return;
+  optim::OffloadOptions opt;
+  opt.nvme = o.optimizer == OffloadTarget::nvme;
+  opt.pinned = !opt.nvme && !device.is_cpu();
+  opt.bucket_floats = std::max<int64_t>(1, int64_t(o.bucket_mb * 1024 * 1024 / 8));
+  if (opt.nvme) {
+    opt.file = offload_file(o.path, spec.job.name, info.rank);
+    if (info.rank == 0) remove_offload_files(o.path, spec.job.name, info.world);
+  }
+  opt.drop_writes = spec.fault.kind == FaultKind::offload_no_writeback;
+  optimizer.offload(opt, o.prefetch);
 }
 
 }  // namespace
@@ -141,6 +164,7 @@ std::unique_ptr<TrainSession> make_train_session() {
                                            double(spec.global_batch()) * double(spec.model.seq_len));
   s->par = parallel::parallelize(spec, *s->comm, std::move(model));
   s->optimizer = make_optimizer(spec, s->par.grad_sync->optimizer_params());
+  offload_optimizer(spec, s->info, s->device, *s->optimizer);
   s->state = s->par.grad_sync->state(*s->optimizer);
   s->schedule.lr = spec.train.lr;
   s->schedule.min_lr = spec.train.min_lr;
@@ -169,6 +193,23 @@ std::unique_ptr<TrainSession> make_train_session() {
   return s;
 }
 
+void offload_fault_after_step(TrainSession& s, int64_t steps_done) {
+  const FaultSpec& f = s.spec.fault;
+  if (f.kind != FaultKind::offload_truncate && f.kind != FaultKind::offload_delete) return;
+  optim::OffloadStore* store = s.optimizer->offload_store();
+  if (s.info.restart != 0 || s.info.rank != f.rank || steps_done != f.step || !store || !store->nvme()) return;
+  store->drain();  // the step's writes land first, so the damage is what the next step meets
+  const std::string& file = store->file();
+  DTRAIN_WARN("fault.kind = {}: {} {} after step {}", to_string(f.kind),
+              f.kind == FaultKind::offload_truncate ? "truncating" : "deleting", file, steps_done);
+  if (f.kind == FaultKind::offload_delete) {
+    std::filesystem::remove(file);
+  } else {
+    std::error_code ec;
+    std::filesystem::resize_file(file, store->bytes() / 2, ec);
+  }
+}
+
 MemoryStats TrainSession::memory() const {
   MemoryStats m;
   m.rss = process_rss_bytes();
@@ -176,9 +217,7 @@ MemoryStats TrainSession::memory() const {
   m.params = b.params;
   m.grads = b.grads;
   m.peak = device::cpu_peak_bytes();
-  for (auto* state : {&optimizer->exp_avg(), &optimizer->exp_avg_sq()})
-    for (auto& t : *state)
-      if (t.defined()) m.optimizer += t.numel() * int64_t(t.element_size());
+  m.optimizer = optimizer->resident_bytes();  // offloaded: its staging buffers only
   return m;
 }
 

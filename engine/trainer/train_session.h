@@ -52,4 +52,8 @@ struct TrainSession {
 // this engine does not run (plan/combinations.h: ZeRO-3 or MoE with pp, fp16, ...).
 std::unique_ptr<TrainSession> make_train_session();
 
+// fault.kind offload_truncate / offload_delete: rank fault.rank truncates
+// or deletes its train.offload file after step fault.step (first launch).
+void offload_fault_after_step(TrainSession& s, int64_t steps_done);
+
 }  // namespace dtrain::engine::trainer

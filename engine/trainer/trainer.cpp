@@ -222,6 +222,7 @@ int run_training() {
   for (; step < s.spec.train.steps; ++step) {
     timeline::begin_step(int(step + 1));  // the step's span ends after its checkpoint
     StepResult r = train_step(s, step, timer);
+    offload_fault_after_step(s, step + 1);
     run_peak = std::max(run_peak, device::cpu_peak_bytes());
     last_bytes = {r.dp_bytes_sent, r.tp_bytes_sent, r.ep_bytes_sent, r.cp_bytes_sent};
     StepReport report{step + 1, 0.0, r.lr, r.grad_norm, r.step_s, r.sync.wait_s,
@@ -229,7 +230,13 @@ int run_training() {
     report.extra = s.par.grad_sync->step_metrics();
     // After advance(): the tokens of steps 1..step+1, a function of the position alone.
     report.data_tokens = s.data->source_tokens(s.sampler->state().consumed);
-    report.extra.emplace_back("data_fetch_s", r.data_s);  // rank 0's; bench/data_prepare.sh compares it to step_time_s
+    report.extra.emplace_back("data_fetch_s", r.data_s);
+    if (s.optimizer->offload_store()) {  // where AdamW's state lives, and this step's I/O on it
+      const optim::OffloadIo io = s.optimizer->take_offload_io();
+      report.extra.emplace_back("offload_bytes", double(s.optimizer->offloaded_bytes()));
+      report.extra.emplace_back("offload_io_ms", io.io_s * 1e3);
+      report.extra.emplace_back("offload_wait_ms", io.wait_s * 1e3);
+    }  // rank 0's; bench/data_prepare.sh compares it to step_time_s
     const bool evaluated = validation.due(s.spec, step + 1);  // the same on every rank
     if (evaluated) validation.run(s, report);
     // A non-finite step is always logged: every rank knows it (r.finite is

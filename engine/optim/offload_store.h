@@ -1,0 +1,110 @@
+// Where an offloaded AdamW keeps its moments: one file per rank read and
+// written with pread/pwrite in buckets by an I/O thread (nvme), or one host
+// buffer, pinned under a GPU (host). The elements of every parameter, in
+// order, are cut into buckets; bucket b's m then v lie together (file offset
+// 8 * its first element). Owns the file (created at start, removed at the
+// end) and its checks; not the update (adamw.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dtrain::engine::optim {
+
+struct OffloadOptions {
+  bool nvme = true;         // false: host memory
+  bool pinned = false;      // host: page-locked (a GPU copies from it)
+  std::string file;         // nvme: the rank's file, replaced if it exists
+  int64_t bucket_floats = 8 << 20;  // elements of one moment per bucket
+  bool drop_writes = false;  // fault.kind offload_no_writeback: release() writes nothing
+};
+
+// I/O since the last take_stats: seconds the I/O thread spent in pread and
+// pwrite, and seconds the training thread waited for it.
+struct OffloadIo {
+  double io_s = 0;
+  double wait_s = 0;
+};
+
+class OffloadStore {
+ public:
+  // sizes: the element count of each parameter, in the optimizer's order.
+  OffloadStore(const std::vector<int64_t>& sizes, OffloadOptions options);
+  ~OffloadStore();  // drains the queue, closes and removes the file
+  OffloadStore(const OffloadStore&) = delete;
+  OffloadStore& operator=(const OffloadStore&) = delete;
+
+  // A contiguous run of one parameter's elements inside a bucket.
+  struct Piece {
+    size_t param;
+    int64_t begin, end;  // elements of the parameter
+    int64_t at;          // its first element's place in the bucket
+  };
+  int buckets() const { return int(buckets_.size()); }
+  const std::vector<Piece>& pieces(int b) const { return buckets_[b].pieces; }
+  int64_t bucket_len(int b) const { return buckets_[b].len; }
+
+  // The bucket's m (len floats) followed by its v, once read. Blocks.
+  float* acquire(int b);
+  // Done with b: nvme queues its write (the slot is reused after it).
+  void release(int b);
+  // Queues b's read unless its slot already holds or awaits it.
+  void prefetch(int b);
+  // Every queued read and write done; rethrows the I/O thread's error.
+  void drain();
+  // Synchronous whole-bucket copies (checkpoint save/load), after drain():
+  // into / from `mv` (2 * bucket_len floats). Forget what the slots hold.
+  void read_bucket(int b, float* mv);
+  void write_bucket(int b, const float* mv);
+  // Throws when the file was deleted or truncated under the job.
+  void check_file() const;
+
+  int64_t bytes() const { return 8 * total_; }      // where the state lives: host or nvme
+  int64_t staging_bytes() const;                     // nvme: the slots' bytes in memory
+  bool nvme() const { return opt_.nvme; }
+  const std::string& file() const { return opt_.file; }
+  OffloadIo take_stats();
+
+ private:
+  struct Bucket {
+    int64_t first = 0, len = 0;  // elements, in the order of all parameters
+    std::vector<Piece> pieces;
+  };
+  struct Slot {
+    at::Tensor buffer;  // 2 * bucket_floats floats (counted by the CPU allocator)
+    int bucket = -1;    // which bucket it holds or awaits; -1 none
+    bool ready = false;
+  };
+  struct Op {
+    bool write;
+    int bucket, slot;
+  };
+  void run_io();
+  void do_io(const Op& op);
+  void io_bytes(bool write, int64_t offset, char* p, int64_t n) const;
+
+  OffloadOptions opt_;
+  int64_t total_ = 0;
+  std::vector<Bucket> buckets_;
+  at::Tensor host_;  // host: every bucket, as in the file
+  int fd_ = -1;
+  Slot slots_[2];
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  int busy_ = 0;  // ops taken by the thread, not done
+  bool stop_ = false;
+  std::exception_ptr error_;
+  int64_t io_ns_ = 0, wait_ns_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace dtrain::engine::optim

@@ -1,0 +1,233 @@
+// train.offload.optimizer: nvme (AdamW's moments in one file per rank,
+// bucketed pread/pwrite) against the same layout without it, through the
+// parity harness (tests/support/parity.h): DDP and ZeRO-3 at dp 2 within
+// 1e-5 with max differences printed, negative control fault.kind
+// offload_no_writeback; the moments' resident bytes near 0 and offload_bytes
+// = 8 B per local parameter; nothing left under the path after a job, also
+// after a SIGKILL and restart, and after a failed job; checkpoints with and without offload resume
+// each other; a file truncated or deleted mid-run stops the job naming it
+// with the previous checkpoint intact; bad input refused before any worker.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/support/parity.h"
+
+namespace {
+
+using namespace dtrain::testing;
+using namespace dtrain::testing::parity;
+namespace fs = std::filesystem;
+
+// 4 KiB of m and v per bucket: the tiny model's ~43k parameters take ~80
+// buckets, so the two staging buckets are a few percent of the state.
+const char* kBucket = "train.offload.bucket_mb=0.004";
+
+// A fresh directory for one run's offload files.
+std::string offload_dir(const std::string& name) {
+  const std::string d = Parity::get().dir / ("offload_" + name);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<std::string> nvme(const std::string& dir) {
+  return {"train.offload.optimizer=nvme", "train.offload.path=" + dir, kBucket};
+}
+
+std::vector<std::string> layout(int zero) {
+  return with(ranks(2, 4), {"parallel.zero=" + std::to_string(zero), "checkpoint.every=10", "checkpoint.keep=5"});
+}
+
+std::vector<std::string> left_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  return out;
+}
+
+double last_metric(const std::string& name, const std::string& key) {
+  const auto v = read_metric(Parity::get().dir / name + "/metrics.jsonl", key);
+  REQUIRE(!v.empty());
+  return v.back();
+}
+
+const RunResult& plain_run(int zero) {
+  return Parity::get().cached("plain_z" + std::to_string(zero), layout(zero));
+}
+
+const RunResult& nvme_run(int zero) {
+  const std::string name = "nvme_z" + std::to_string(zero);
+  return Parity::get().cached(name, with(layout(zero), nvme(offload_dir(name))));
+}
+
+}  // namespace
+
+TEST_CASE("optimizer nvme vs none at dp 2, DDP and ZeRO-3: parity, state out of memory, nothing left behind") {
+  auto& p = Parity::get();
+  for (int zero : {0, 3}) {
+    const std::string what = zero == 0 ? "DDP dp2" : "ZeRO-3 dp2";
+    const RunResult& plain = plain_run(zero);
+    const RunResult& run = nvme_run(zero);
+    const std::string name = "nvme_z" + std::to_string(zero);
+    CHECK(left_in(p.dir / ("offload_" + name)).empty());  // each rank removed its file
+    if (zero == 0) {
+      // The control: the moments never written back (each step from zeros).
+      const std::string cname = "nvme_nowb_z0";
+      const RunResult control =
+          launch(p.dir, cname, with(with(layout(0), nvme(offload_dir(cname))), {"fault.kind=offload_no_writeback"}));
+      compare(what + " optimizer nvme vs none", run, &control, plain, "moments never written back");
+    } else {
+      compare(what + " optimizer nvme vs none", run, nullptr, plain);
+    }
+    // 8 B per local parameter in the file, what the plain run holds as tensors.
+    const double resident_plain = last_metric("plain_z" + std::to_string(zero), "optimizer_bytes");
+    const double resident = last_metric(name, "optimizer_bytes");
+    const double offloaded = last_metric(name, "offload_bytes");
+    const double io_ms = last_metric(name, "offload_io_ms");
+    MESSAGE(what << ": AdamW state in memory " << resident_plain << " B without offload, " << resident
+                 << " B with (two staging buckets, " << 100 * resident / resident_plain << "%); offload_bytes "
+                 << offloaded << "; last step's offload_io_ms " << io_ms);
+    CHECK(offloaded == resident_plain);
+    CHECK(resident <= 0.05 * resident_plain);
+    CHECK(io_ms > 0);
+    CHECK(read_metric(p.dir / "plain_z" + std::to_string(zero) + "/metrics.jsonl", "offload_bytes").empty());
+    if (zero == 0) {  // DDP: every parameter is local
+      const auto at = run.output.find("model gpt: ");
+      REQUIRE(at != std::string::npos);
+      const double params = std::atof(run.output.c_str() + at + 11);
+      MESSAGE("DDP: " << params << " parameters, offload_bytes / parameter = " << offloaded / params);
+      CHECK(offloaded == 8 * params);
+    }
+  }
+}
+
+TEST_CASE("optimizer nvme: SIGKILL after step 12 and restart continues bit-exactly and leaves no file") {
+  auto& p = Parity::get();
+  const RunResult& straight = nvme_run(0);
+  const std::string dir = offload_dir("killed");
+  auto [code, output] = launch_raw("nvme_killed", with(with(layout(0), nvme(dir)),
+                                                       {"checkpoint.every=5", "cluster.max_restarts=1",
+                                                        "fault.kind=kill_after_step", "fault.rank=1", "fault.step=12"}));
+  INFO(output);
+  REQUIRE(code == 0);
+  CHECK(output.find("resuming from step 10") != std::string::npos);
+  const auto got = losses_by_step(p.dir / "nvme_killed/metrics.jsonl");
+  REQUIRE(got.size() == size_t(kSteps));
+  int differ = 0;
+  for (int s = 1; s <= kSteps; ++s) differ += got.at(s) != straight.losses[size_t(s - 1)];
+  const auto left = left_in(dir);
+  MESSAGE("nvme restart: " << differ << " of " << kSteps << " losses differ from the straight run; " << left.size()
+                           << " files left under the offload path");
+  CHECK(differ == 0);
+  CHECK(left.empty());
+}
+
+TEST_CASE("checkpoints: written with nvme offload resume without it, and the reverse (1e-5; control: moments reset)") {
+  auto& p = Parity::get();
+  const RunResult& plain = plain_run(0);
+  const RunResult& offloaded = nvme_run(0);
+  const auto want = losses_by_step(p.dir / "plain_z0/metrics.jsonl");
+  // nvme's step_10, resumed on the device's memory.
+  auto [c1, o1] = launch_raw("plain_from_nvme", with(ranks(2, 4), {"checkpoint.every=0"}),
+                             {"--resume-from", p.dir / "nvme_z0/ckpt/step_10"});
+  INFO(o1);
+  REQUIRE(c1 == 0);
+  const ResumeDiffs d1 = resume_diffs("plain_from_nvme", 10, want, plain.params);
+  // The plain run's step_10, resumed with the moments in files.
+  const std::string dir = offload_dir("from_plain");
+  auto [c2, o2] = launch_raw("nvme_from_plain", with(with(ranks(2, 4), nvme(dir)), {"checkpoint.every=0"}),
+                             {"--resume-from", p.dir / "plain_z0/ckpt/step_10"});
+  INFO(o2);
+  REQUIRE(c2 == 0);
+  const ResumeDiffs d2 = resume_diffs("nvme_from_plain", 10, want, offloaded.params);
+  MESSAGE("nvme step_10 -> none: max loss rel diff " << d1.loss_rel << ", max param abs diff " << d1.param_abs
+                                                     << "; none step_10 -> nvme: " << d2.loss_rel << ", "
+                                                     << d2.param_abs << " (tol " << kLossRelTol << ", "
+                                                     << kParamAbsTol << ")");
+  CHECK(d1.loss_rel <= kLossRelTol);
+  CHECK(d1.param_abs <= kParamAbsTol);
+  CHECK(d2.loss_rel <= kLossRelTol);
+  CHECK(d2.param_abs <= kParamAbsTol);
+  CHECK(left_in(dir).empty());
+  // Control: the resume into offload with the moments zeroed on load.
+  auto [c3, o3] = launch_raw("nvme_from_plain_reset",
+                             with(with(ranks(2, 4), nvme(offload_dir("reset"))),
+                                  {"checkpoint.every=0", "fault.kind=reset_moments_on_load"}),
+                             {"--resume-from", p.dir / "plain_z0/ckpt/step_10"});
+  INFO(o3);
+  REQUIRE(c3 == 0);
+  check_resume_control("none step_10 -> nvme", resume_diffs("nvme_from_plain_reset", 10, want, offloaded.params));
+}
+
+TEST_CASE("an offload file truncated or deleted mid-run stops the job naming it; the previous checkpoint stays") {
+  auto& p = Parity::get();
+  for (const std::string kind : {"offload_truncate", "offload_delete"}) {
+    const std::string name = "nvme_" + kind;
+    const std::string dir = offload_dir(name);
+    auto [code, output] = launch_raw(name, with(with(layout(0), nvme(dir)),
+                                                {"checkpoint.every=5", "cluster.max_restarts=0", "cluster.grace_s=1",
+                                                 "fault.kind=" + kind, "fault.rank=1", "fault.step=7"}));
+    INFO(output);
+    const std::string said = kind == "offload_truncate" ? "was truncated while the job ran" : "was deleted while the job ran";
+    MESSAGE(kind << ": exit " << code << ", latest " << read_latest(p.dir / name + "/ckpt"));
+    CHECK(code != 0);
+    CHECK(output.find(said) != std::string::npos);
+    CHECK(output.find("dtrain-offload-parity-rank1.bin") != std::string::npos);
+    CHECK(output.find("SIGBUS") == std::string::npos);
+    CHECK(read_latest(p.dir / name + "/ckpt") == "step_5");
+    CHECK(fs::exists(p.dir / name + "/ckpt/step_5/index.json"));
+    // Rank 0, stopped by SIGTERM or SIGKILL while it waited for rank 1: the
+    // launcher removes what it left.
+    CHECK(left_in(dir).empty());
+  }
+}
+
+TEST_CASE("bad input: train.offload refused before any worker, naming the field and the fix") {
+  auto& p = Parity::get();
+  write_file(p.dir / "not_a_dir", "x");
+  fs::create_directories(p.dir / "bad_ckpt/inside");
+  struct Case {
+    std::string name;
+    std::vector<std::string> sets;
+    std::string said;
+    std::vector<std::string> env = {};
+    std::vector<std::string> args = {};
+  };
+  const std::vector<Case> cases = {
+      {"no_path", {"train.offload.optimizer=nvme"}, "train.offload.path"},
+      {"missing", {"train.offload.optimizer=nvme", "train.offload.path=" + p.dir / "nope"}, "does not exist"},
+      {"file", {"train.offload.optimizer=nvme", "train.offload.path=" + p.dir / "not_a_dir"}, "is not a directory"},
+      {"in_ckpt",
+       {"train.offload.optimizer=nvme", "train.offload.path=" + p.dir / "bad_ckpt/inside",
+        "checkpoint.dir=" + p.dir / "bad_ckpt"},
+       "lies in checkpoint.dir"},
+      {"full",
+       {"train.offload.optimizer=nvme", "train.offload.path=" + p.dir.path(), "model.layers=96", "model.d_model=28672"},
+       "free; the offload files",
+       {},
+       {"--allow-large"}},  // past the memory check, which would refuse 1e12 parameters first
+      {"params_zero0", {"train.offload.params=nvme", "train.offload.path=" + p.dir.path()}, "only ZeRO-3"},
+      {"host_cpu", {"train.offload.optimizer=host"}, "use nvme"},
+      {"host_no_gpu",
+       {"train.offload.optimizer=host", "cluster.device=cuda"},
+       "train.offload.optimizer = host on a machine without a GPU",
+       {"CUDA_VISIBLE_DEVICES="}},
+      {"bucket", {"train.offload.optimizer=nvme", "train.offload.path=" + p.dir.path(), "train.offload.bucket_mb=0"},
+       "train.offload.bucket_mb = 0"},
+  };
+  for (const Case& c : cases) {
+    TagGuard tag;
+    std::vector<std::string> argv = {dtrain_bin(), "launch", p.dir / "spec.yaml", "--set",
+                                     "log.dir=" + p.dir / ("bad_" + c.name)};
+    for (const auto& s : c.sets) argv.insert(argv.end(), {"--set", s});
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    std::vector<std::string> env = c.env;
+    env.insert(env.end(), {tag.env(), "DTRAIN_NO_REBUILD=1"});
+    auto [code, output] = run_command(argv, p.dir / ("bad_" + c.name + ".log"), 60, env);
+    INFO(c.name << " output:\n" << output);
+    CHECK(code == 2);
+    CHECK(output.find(c.said) != std::string::npos);
+    CHECK(output.find("rank 0") == std::string::npos);  // no worker started
+  }
+}
