@@ -62,7 +62,7 @@ def main():
     dm, pm = a.step_ms
     # CPU ms per step per rank of `samples`: samples / hz / ranks / (window / step time)
     dk = 1e3 / a.hz / a.ranks / (a.window_s * 1e3 / dm)
-    pk = 1e3 / a.hz / a.ranks / (a.window_s * 1e3 / pm)
+    pk = 1e3 / a.hz / a.ranks / (a.window_s * 1e3 / pm) if pm > 0 else 0.0
     print(f"{'category':38s} {'dtrain %':>9s} {'peer %':>9s} {'dtrain CPU ms':>14s} {'peer CPU ms':>12s}")
     for n in names:
         if d.get(n, 0) < 0.0005 * dt and p.get(n, 0) < 0.0005 * pt:

@@ -94,6 +94,6 @@ done
   "$PY" bench/profile_phases.py "$tmp/run/trace"
   for side in $SIDES; do
     echo "## $side: top 25 symbols (% of the ranks' samples)"
-    sort -k2,2nr "$tmp/$side.txt" | head -25 | sed 's/^ */  /'
+    sort -k2,2nr "$tmp/$side.txt" | head -25 | sed 's/^ */  /' || true  # head closes the pipe early
   done
 } | tee "$OUT"
