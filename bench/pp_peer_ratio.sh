@@ -53,7 +53,7 @@ peer_run() {  # $1 = name, $2 = schedule; prints tokens/s
 }
 
 {
-  echo "# bench/pp_peer_ratio.sh: dtrain vs torch.distributed.pipelining, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD)"
+  echo "# bench/pp_peer_ratio.sh: dtrain ($BUILD, worktree at $(git rev-parse --short HEAD)) vs torch.distributed.pipelining, $(date -u +%Y-%m-%dT%H:%MZ)"
   echo "# pp $PP (one thread per rank) on $(nproc --all) cores, $M micro-batches of $MB x $SEQ, GPT $LAYERS x $D_MODEL;"
   echo "# $STEPS steps, tokens/s from step $EVERY; load before: $(cut -d' ' -f1-3 /proc/loadavg)${DTRAIN_SETS:+; dtrain $DTRAIN_SETS}"
   echo "| schedule | round | dtrain tok/s | peer tok/s | dtrain / peer | dtrain loss | peer loss |"
