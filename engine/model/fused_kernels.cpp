@@ -1,18 +1,18 @@
 // fused_kernels.h: the loops. Each is compiled twice (target_clones: AVX2
 // and the baseline) and picked at load time by the CPU's features (not
 // "arch=haswell", which tests the CPU model: an AMD Zen would get the
-// baseline), so the inner loops vectorise at 8 floats where the machine allows. Reductions
-// over a row accumulate in double (vectorised by `omp simd`, built with
-// -fopenmp-simd: no OpenMP runtime), so they agree with ATen's fp32 passes
-// to well under 1e-6 at model widths.
+// baseline), so the inner loops vectorise at 8 floats where the machine
+// allows. Reductions over a row accumulate in double (vectorised by `omp
+// simd`, built with -fopenmp-simd: no OpenMP runtime), so they agree with
+// ATen's fp32 passes to well under 1e-6 at model widths.
 #include "engine/model/fused_kernels.h"
 
 #include <algorithm>
 #include <cmath>
 
 namespace dtrain::engine::model::kernels {
-#define DTRAIN_CLONES __attribute__((target_clones("avx2", "default")))
 
+#define DTRAIN_CLONES __attribute__((target_clones("avx2", "default")))
 
 DTRAIN_CLONES
 void norm_forward(const float* x, const float* r, const float* w, const float* b, float* h_out, float* y,
