@@ -5,7 +5,9 @@
 # = window / wall step time): comparable between the sides even when the
 # machine is shared. The categories are by library and symbol name, first
 # match wins; "other" is what none matched.
+# The last line is the share of the samples outside MKL's sgemm.
 #   profile_categories.py D.txt P.txt --step-ms D_MS P_MS --window-s S --ranks R --hz 499
+#   (P.txt "none": dtrain's columns only)
 import argparse
 import re
 
@@ -28,6 +30,8 @@ LINE = re.compile(r"^\s*([0-9.]+)%\s+([0-9]+)\s+(\S+)\s+\[[.k]\]\s+(.*)$")
 
 def fold(path):
     cats, total = {}, 0.0
+    if path == "none":
+        return cats, 1.0
     for line in open(path, errors="replace"):
         m = LINE.match(line)
         if not m:
@@ -58,7 +62,7 @@ def main():
     dm, pm = a.step_ms
     # CPU ms per step per rank of `samples`: samples / hz / ranks / (window / step time)
     dk = 1e3 / a.hz / a.ranks / (a.window_s * 1e3 / dm)
-    pk = 1e3 / a.hz / a.ranks / (a.window_s * 1e3 / pm)
+    pk = 1e3 / a.hz / a.ranks / (a.window_s * 1e3 / pm) if pm > 0 else 0.0
     print(f"{'category':38s} {'dtrain %':>9s} {'peer %':>9s} {'dtrain CPU ms':>14s} {'peer CPU ms':>12s}")
     for n in names:
         if d.get(n, 0) < 0.0005 * dt and p.get(n, 0) < 0.0005 * pt:
@@ -67,6 +71,9 @@ def main():
               f"{d.get(n, 0) * dk:14.1f} {p.get(n, 0) * pk:12.1f}")
     print(f"{'all (CPU per step per rank)':38s} {100:9.1f} {100:9.1f} {dt * dk:14.1f} {pt * pk:12.1f}")
     print(f"{'wall ms per step':38s} {'':9s} {'':9s} {dm:14.1f} {pm:12.1f}")
+    s = CATS[0][0]
+    print(f"{'not sgemm (% of CPU samples)':38s} {100 - d.get(s, 0) / dt * 100:9.1f} "
+          f"{(100 - p.get(s, 0) / pt * 100) if pt > 1 else 0:9.1f}")
 
 
 if __name__ == "__main__":

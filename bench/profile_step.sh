@@ -2,8 +2,13 @@
 # Where a training step's time goes, dtrain vs the Python DDP peer on the same
 # PyTorch: perf samples (cpu-clock, every process of the run: the launcher,
 # all ranks, the peer's torchrun) of the quickstart GPT at RANKS ranks,
-# folded into categories by bench/profile_categories.py, one table per side.
+# folded into categories by bench/profile_categories.py, one table per side;
+# and dtrain's wall time by phase (forward, backward, gradient sync,
+# optimizer, blocked in collectives) from its timeline trace of TRACE steps
+# (bench/profile_phases.py). Sizes and KIND (gpt | llama; the peer is a GPT,
+# so PEER=0 skips it) can be overridden; SETS adds dtrain --set overrides.
 #   [RANKS=2] [STEPS=150] [SECONDS_REC=8] [TAG=before] bench/profile_step.sh -> bench/results/profile_<TAG>.txt
+#   the compute-bound size: D_MODEL=512 SEQ=128 MB=4 STEPS=60 bench/profile_step.sh
 # Same sizes and flags as bench/peer_ratio.sh; OPENBLAS_CORETYPE, when set,
 # is passed to both sides unchanged.
 set -euo pipefail
@@ -19,7 +24,11 @@ cd "$ROOT"
 command -v perf >/dev/null || { echo "profile_step: perf is not installed (apt-get install linux-perf)" >&2; exit 2; }
 [ -x "$BUILD/apps/dtrain/dtrain-worker" ] || { echo "profile_step: build dtrain first" >&2; exit 2; }
 [ -f data/corpus.txt ] || scripts/make-corpus
-LAYERS=4 D_MODEL=128 HEADS=4 SEQ=64 MB=8 LR=1e-3 WARMUP=20 BUCKET=1 EVERY=10
+LAYERS="${LAYERS:-4}" D_MODEL="${D_MODEL:-128}" HEADS="${HEADS:-4}" SEQ="${SEQ:-64}" MB="${MB:-8}"
+KIND="${KIND:-gpt}" PEER="${PEER:-1}" TRACE="${TRACE:-5}" LR=1e-3 WARMUP=20 BUCKET=1 EVERY=10
+[ "$KIND" = gpt ] || PEER=0
+EXTRA=()
+for s in ${SETS:-}; do EXTRA+=(--set "$s"); done
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 tmp="$(mktemp -d /tmp/dtrain-prof-XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
@@ -43,8 +52,9 @@ profile dtrain "step 20/" \
     --set checkpoint.dir='""' --set model.layers="$LAYERS" --set model.d_model="$D_MODEL" \
     --set model.heads="$HEADS" --set model.seq_len="$SEQ" --set train.micro_batch="$MB" \
     --set parallel.dp="$RANKS" --set cluster.procs_per_node="$RANKS" --set train.lr="$LR" \
-    --set train.warmup_steps="$WARMUP" --set parallel.ddp.bucket_mb="$BUCKET"
-profile peer "peer step 20/" \
+    --set train.warmup_steps="$WARMUP" --set parallel.ddp.bucket_mb="$BUCKET" --set model.kind="$KIND" \
+    --set "log.trace.steps=[21, $((20 + TRACE))]" "${EXTRA[@]}"
+[ "$PEER" = 1 ] && profile peer "peer step 20/" \
   "$PY" -m torch.distributed.run --standalone --nproc-per-node "$RANKS" \
     bench/peer/gpt_ddp.py --data data/corpus.txt \
     --layers "$LAYERS" --d-model "$D_MODEL" --heads "$HEADS" --seq-len "$SEQ" \
@@ -57,22 +67,33 @@ first = next(r for r in recs if r['step'] >= 20)
 print(f"{(recs[-1]['elapsed_s'] - first['elapsed_s']) / (recs[-1]['step'] - first['step']) * 1e3:.2f}")
 PYEOF
 )"
-PEER_MS="$(grep -o 'step_ms=[0-9.]*' "$tmp/peer.log" | tail -1 | cut -d= -f2)"
-for side in dtrain peer; do
+PEER_MS=0
+[ "$PEER" = 1 ] && PEER_MS="$(grep -o 'step_ms=[0-9.]*' "$tmp/peer.log" | tail -1 | cut -d= -f2)"
+SIDES="dtrain"
+[ "$PEER" = 1 ] && SIDES="dtrain peer"
+for side in $SIDES; do
   perf report -q -i "$tmp/$side.data" --no-children --sort dso,sym -F overhead,sample,dso,sym --stdio 2>/dev/null >"$tmp/$side.txt"
 done
 {
   echo "# bench/profile_step.sh: perf cpu-clock samples of every process, $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "# $RANKS ranks on $(nproc --all) cores, GPT $LAYERS x $D_MODEL, seq $SEQ, micro_batch $MB, $STEPS steps; load at end $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "# $RANKS ranks on $(nproc --all) cores, $KIND $LAYERS x $D_MODEL, heads $HEADS, seq $SEQ, micro_batch $MB, $STEPS steps; load at end $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "# dtrain --set overrides: ${SETS:-none}"
   echo "# OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, torch $("$PY" -c 'import torch; print(torch.__version__)') on both sides"
   echo "# samples: the ranks only, ${SECONDS_REC} s from rank 0's step 20 at 499 Hz; CPU ms = a rank's CPU time"
   echo "# per step in the category (samples / 499 Hz / ranks / steps in the window); wall ms = wall time per step"
   echo "# dtrain: $(grep -o 'step [0-9]*/[0-9]* .*tok/s' "$tmp/dtrain.log" | tail -1); $DT_MS ms/step"
-  echo "# peer:   $(grep -o 'PEER kind=ddp tokens_per_s=[0-9.]*' "$tmp/peer.log" | tail -1); $PEER_MS ms/step"
-  "$PY" bench/profile_categories.py "$tmp/dtrain.txt" "$tmp/peer.txt" --step-ms "$DT_MS" "$PEER_MS" \
-    --window-s "$SECONDS_REC" --ranks "$RANKS" --hz 499
-  for side in dtrain peer; do
+  [ "$PEER" = 1 ] && echo "# peer:   $(grep -o 'PEER kind=ddp tokens_per_s=[0-9.]*' "$tmp/peer.log" | tail -1); $PEER_MS ms/step"
+  if [ "$PEER" = 1 ]; then
+    "$PY" bench/profile_categories.py "$tmp/dtrain.txt" "$tmp/peer.txt" --step-ms "$DT_MS" "$PEER_MS" \
+      --window-s "$SECONDS_REC" --ranks "$RANKS" --hz 499
+  else
+    "$PY" bench/profile_categories.py "$tmp/dtrain.txt" none --step-ms "$DT_MS" 0 \
+      --window-s "$SECONDS_REC" --ranks "$RANKS" --hz 499
+  fi
+  echo "## dtrain: wall time by phase, steps 21..$((20 + TRACE)) (timeline trace)"
+  "$PY" bench/profile_phases.py "$tmp/run/trace"
+  for side in $SIDES; do
     echo "## $side: top 25 symbols (% of the ranks' samples)"
-    sort -k2,2nr "$tmp/$side.txt" | head -25 | sed 's/^ */  /'
+    sort -k2,2nr "$tmp/$side.txt" | head -25 | sed 's/^ */  /' || true  # head closes the pipe early
   done
 } | tee "$OUT"

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 # A pipeline peer: gpt_ddp.py's GPT, data and optimizer, split into one stage
 # per rank with torch.distributed.pipelining (PipelineStage + Schedule1F1B, or
-# ScheduleGPipe). No data parallelism: the step's micro-batches are the
+# ScheduleGPipe; or --schedule interleaved: --virtual-stages v stages per
+# rank, global stage g = chunk * ranks + rank, with ScheduleInterleaved1F1B). No data parallelism: the step's micro-batches are the
 # gradient-accumulation micro-steps (m = --grad-accum, default = ranks, so the
 # global batch micro_batch * m equals gpt_ddp.py's at the same rank count and
 # holds the same samples). Stage 0 holds wte/wpe and the first layers/pp
 # blocks, the last stage the last blocks, ln_f and head; the loss is computed
 # by the schedule's loss_fn on the last stage, and gradients are the mean over
-# micro-batches (scale_grads). Not here: interleaved schedules, PP x DP.
+# micro-batches (scale_grads). Not here: PP x DP.
 # CPU with gloo, one thread per rank; launch with the venv's torchrun:
 #   $VENV/bin/python -m torch.distributed.run --standalone --nproc-per-node 4 \
 #       bench/peer/gpt_pp.py --data data/corpus.txt --layers 4
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from gpt_ddp import Gpt, lr_at
 from peer_common import Batches, add_common_args, load_bytes, parse_args, summary
@@ -71,28 +72,34 @@ def main():
     ap = add_common_args(argparse.ArgumentParser())
     ap.add_argument("--grad-accum", type=int, default=0,
                     help="pipeline micro-batches per step (default: the number of ranks)")
-    ap.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
+    ap.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved"))
+    ap.add_argument("--virtual-stages", type=int, default=2, help="stages per rank (--schedule interleaved)")
     a = parse_args(ap)
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    if a.layers % world:
-        raise SystemExit(f"gpt_pp: --layers {a.layers} is not a multiple of pp = ranks {world}")
+    v = a.virtual_stages if a.schedule == "interleaved" else 1
+    if a.layers % (world * v):
+        raise SystemExit(f"gpt_pp: --layers {a.layers} is not a multiple of pp x virtual stages = {world * v}")
     m = a.grad_accum or world
     T = a.seq_len
     gbs = a.micro_batch * m
     batches = Batches(load_bytes(a.data), T, a.micro_batch, gbs, a.seed)
 
-    per = a.layers // world
+    per = a.layers // (world * v)
     full = Gpt(a.vocab, a.layers, a.d_model, a.heads, T, a.seed)
-    stage_mod = GptStage(full, rank * per, (rank + 1) * per, rank == 0, rank == world - 1)
+    n = world * v
+    mods = [GptStage(full, g * per, (g + 1) * per, g == 0, g == n - 1) for g in range(rank, n, world)]
     del full
-    stage = PipelineStage(stage_mod, rank, world, torch.device("cpu"))
-    cls = Schedule1F1B if a.schedule == "1f1b" else ScheduleGPipe
-    sched = cls(stage, n_microbatches=m, loss_fn=loss_fn)
+    stages = [PipelineStage(mod, g, n, torch.device("cpu")) for mod, g in zip(mods, range(rank, n, world))]
+    if a.schedule == "interleaved":
+        sched = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+    else:
+        sched = (Schedule1F1B if a.schedule == "1f1b" else ScheduleGPipe)(stages[0], n_microbatches=m, loss_fn=loss_fn)
+    is_first, is_last = any(mod.is_first for mod in mods), any(mod.is_last for mod in mods)  # of this rank's stages
 
-    params = list(stage_mod.parameters())
+    params = [p for mod in mods for p in mod.parameters()]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -104,10 +111,10 @@ def main():
     for step in range(a.steps):
         mbs = [batches.slot(step, i) for i in range(m)]  # micro-batch i = slot i of the step
         losses = []
-        if stage_mod.is_first:
+        if is_first:
             sched.step(arg_mbs=[(x,) for x, _ in mbs], target_mbs=[y for _, y in mbs]
-                       if stage_mod.is_last else None, losses=losses, return_outputs=False)
-        elif stage_mod.is_last:
+                       if is_last else None, losses=losses, return_outputs=False)
+        elif is_last:
             sched.step(target_mbs=[y for _, y in mbs], losses=losses, return_outputs=False)
         else:
             sched.step(return_outputs=False)
@@ -131,7 +138,7 @@ def main():
     t_end = time.perf_counter()
     cpu_ms = 1e3 * (time.process_time() - cpu_first) / (a.steps - first_logged)
     summary(f"pp_{a.schedule}", a, gbs * T, a.steps - first_logged, t_end - t_first, mean.item(),
-            f"gbs={gbs} microbatches={m} stages={world} rank0_cpu_ms_per_step={cpu_ms:.2f}")
+            f"gbs={gbs} microbatches={m} stages={world} virtual_stages={v} rank0_cpu_ms_per_step={cpu_ms:.2f}")
     dist.destroy_process_group()
 
 

@@ -8,6 +8,7 @@
 #include "engine/model/gpt.h"
 
 #include "common/error.h"
+#include "engine/model/fused_ops.h"
 #include "engine/model/linear_ops.h"
 #include "engine/random/philox.h"
 
@@ -220,7 +221,7 @@ MlpImpl::MlpImpl(const GptConfig& cfg) {
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
   // [B, T, 4C / tp]; SwiGLU: this rank's gate rows then its up rows, [B, T, F / tp]
-  auto h = gate_up ? swiglu(column_parallel(gate_up, x, tp)) : at::gelu(column_parallel(fc, x, tp));
+  auto h = gate_up ? fused_swiglu(column_parallel(gate_up, x, tp)) : at::gelu(column_parallel(fc, x, tp));
   return residual_dropout(row_parallel(proj, h, tp), drop->options.p(), is_training(), position, layer,
                           random::DropoutSite::mlp_resid, tp, seq);  // [B, T, C] ([B, T / tp, C] with SP)
 }
@@ -245,9 +246,19 @@ BlockImpl::BlockImpl(const GptConfig& cfg, int layer) {
     mlp = register_module("mlp", Mlp(cfg));
 }
 
+namespace {
+
+NormParams norm_params(const torch::nn::LayerNorm& ln, const RmsNorm& rms) {
+  if (rms) return {rms->weight, at::Tensor(), rms->eps, true};
+  return {ln->weight, ln->bias, ln->options.eps(), false};
+}
+
+}  // namespace
+
+// The norms run through fused_ops.h (ATen's ops outside fp32 CPU tensors).
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
-  auto h = x + attn->forward(rms1 ? rms1->forward(x) : ln1->forward(x));  // [B, T, C]
-  const at::Tensor n2 = rms2 ? rms2->forward(h) : ln2->forward(h);
+  const at::Tensor a = attn->forward(fused_norm(x, norm_params(ln1, rms1)));  // [B, T, C]
+  auto [h, n2] = fused_add_norm(x, a, norm_params(ln2, rms2));  // h = x + a and ln2(h) in one pass
   if (moe)  // the MLP's residual dropout on the experts' output
     return h + residual_dropout(moe->forward(n2), attn->resid_drop->options.p(), is_training(),
                                 attn->position, attn->layer, random::DropoutSite::mlp_resid, attn->tp, attn->seq);
@@ -360,7 +371,7 @@ at::Tensor GptImpl::run_block(int i, const at::Tensor& x) {
   return block_runner_([block](const std::vector<at::Tensor>& in) { return block->forward(in[0]); }, {x}, params);
 }
 
-at::Tensor GptImpl::final_norm(const at::Tensor& x) { return rms_f ? rms_f->forward(x) : ln_f->forward(x); }
+at::Tensor GptImpl::final_norm(const at::Tensor& x) { return fused_norm(x, norm_params(ln_f, rms_f)); }
 
 at::Tensor GptImpl::head_logits(const at::Tensor& x) {
   return run_unit(cfg_.layers + 1, [&] {

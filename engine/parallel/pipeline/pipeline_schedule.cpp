@@ -1,6 +1,11 @@
 // The pipeline runtime (pipeline_schedule.h): executes this stage's action
 // list. Sends are posted and waited for at the end of the step (the plan's
-// model: non-blocking sends, blocking receives); a message's tag is derived
+// model: non-blocking sends, blocking receives); receives are posted
+// kRecvAhead receive actions early and waited for where the plan has them
+// (a Gloo send moves its data only once the receiver has posted the
+// receive: posted late, every hop costs a round trip at the point of
+// need, which interleaved schedules, with v times the hops, pay v times
+// over). A message's tag is derived
 // from its micro-batch and direction, so a receive takes exactly the
 // matching send. The stage keeps, per micro-batch in flight, its input
 // activation (a leaf whose grad goes back), its output (or its loss on the
@@ -61,6 +66,11 @@ at::Tensor stage_aux_loss(const model::GptImpl& model, int begin, int end) {
   return total;
 }
 
+// Receives posted ahead of the one being waited for: one per direction in a
+// steady 1F1B state (the next forward's activation, the next backward's
+// gradient). Each holds one [B, T, C] buffer until its action runs.
+constexpr size_t kRecvAhead = 2;
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -79,6 +89,8 @@ class Pipeline : public Schedule {
                       ", grad_accum = " + std::to_string(spec_.micro) + ": the simulator rejects its plan: " + sim.error,
                   "use parallel.pipeline.schedule 1f1b or gpipe");
     actions_ = plan.at(size_t(stage_.rank));
+    for (size_t i = 0; i < actions_.size(); ++i)
+      if (actions_[i].op == Op::recv_act || actions_[i].op == Op::recv_grad) recvs_.push_back(i);
     for (const Action& a : actions_)
       if (a.op == Op::send_act || a.op == Op::send_grad) {
         const pipeline::Peer to = pipeline::peer(spec_, stage_.rank, a);
@@ -131,6 +143,31 @@ class Pipeline : public Schedule {
     };
     uint64_t message_bytes = 4;  // an activation or its gradient, fp32 [B, T, C]
     for (int64_t d : activation_) message_bytes *= uint64_t(d);
+    // Early receives: recvs_[k] is the k-th receive action; posted[k] its
+    // buffer and work once posted, which is kRecvAhead receives ahead of
+    // the one consumed (the tags are unique per step, so the order in
+    // which receives are posted does not affect which message each takes).
+    std::map<size_t, std::pair<at::Tensor, comm::WorkPtr>> posted;
+    size_t next_post = 0, consumed = 0;
+    auto post_ahead = [&] {
+      for (; next_post < recvs_.size() && next_post < consumed + kRecvAhead; ++next_post) {
+        const Action& r = actions_[recvs_[next_post]];
+        at::Tensor buf = at::empty(activation_, act_options);  // [B, T, C]
+        comm::WorkPtr w = pp_.recv(buf, pipeline::peer(spec_, stage_.rank, r).rank,
+                                   tag(r.micro, r.chunk, r.op == Op::recv_grad));
+        posted.emplace(next_post, std::make_pair(buf, std::move(w)));
+      }
+    };
+    auto take_recv = [&] {  // the next receive's buffer, once its message is in
+      post_ahead();
+      auto it = posted.find(consumed++);
+      at::Tensor buf = it->second.first;
+      blocked([&] { it->second.second->wait(); });
+      posted.erase(it);
+      post_ahead();
+      return buf;
+    };
+    post_ahead();
     for (const Action& a : actions_) {
       const int64_t action_begin = timeline::recording() ? timeline::now_ns() : 0;
       Micro& m = micro[{a.micro, a.chunk}];
@@ -179,15 +216,11 @@ class Pipeline : public Schedule {
           break;
         }
         case Op::recv_act: {
-          at::Tensor buf = at::empty(activation_, act_options);  // [B, T, C]
-          blocked([&] { pp_.recv(buf, pipeline::peer(spec_, stage_.rank, a).rank, tag(a.micro, a.chunk, false))->wait(); });
-          m.input = buf.requires_grad_(true);
+          m.input = take_recv().requires_grad_(true);  // [B, T, C]
           break;
         }
         case Op::recv_grad: {
-          at::Tensor buf = at::empty(activation_, act_options);  // [B, T, C]
-          blocked([&] { pp_.recv(buf, pipeline::peer(spec_, stage_.rank, a).rank, tag(a.micro, a.chunk, true))->wait(); });
-          m.output_grad = buf;
+          m.output_grad = take_recv();  // [B, T, C]
           break;
         }
         case Op::backward: {
@@ -322,6 +355,7 @@ class Pipeline : public Schedule {
   std::vector<int64_t> activation_;
   bool fault_drop_grad_ = false;
   std::vector<Action> actions_;
+  std::vector<size_t> recvs_;  // indices of the receive actions in actions_, in order
   std::vector<std::pair<int, int>> send_to_;  // per send action, in order: (peer rank, tag)
   at::Tensor inputs_, targets_;
   double simulated_bubble_ = 0;

@@ -1,0 +1,93 @@
+// Each fused CPU kernel of engine/model/fused_ops.h against the ATen
+// composition it replaces, one at a time, forward + backward at the
+// compute-bound size's shapes (B*T = 512 rows of d_model 512; SwiGLU's F =
+// 4 * 512), interleaved rounds, CPU time of this thread (time-slicing by
+// other processes does not count), one intra-op thread as in training.
+// Prints ms per call of each, the ratio fused / ATen and the median ratio.
+// (A lone LayerNorm is not here: fused_norm runs ATen's for it.)
+//   build/bench/fused_ops_engine_bench [rounds=7] [iters=50] [rows=512] [C=512]
+#include <time.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/model/fused_ops.h"
+#include "engine/model/llama.h"
+
+namespace model = dtrain::engine::model;
+
+namespace {
+
+double cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+double time_ms(const std::function<void()>& f, int iters) {
+  f();  // warm: allocator, caches
+  const double t0 = cpu_s();
+  for (int i = 0; i < iters; ++i) f();
+  return 1e3 * (cpu_s() - t0) / iters;
+}
+
+struct Case {
+  std::string name;
+  std::function<void()> fused, aten;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 7, iters = argc > 2 ? std::atoi(argv[2]) : 50;
+  const int64_t N = argc > 3 ? std::atoll(argv[3]) : 512, C = argc > 4 ? std::atoll(argv[4]) : 512;
+  at::set_num_threads(1);
+  auto leaf = [](std::vector<int64_t> s) { return at::randn(s).requires_grad_(true); };
+  at::Tensor x = leaf({N, C}), r = leaf({N, C}), w = leaf({C}), b = leaf({C}), gu = leaf({N, 8 * C});
+  const at::Tensor gy = at::randn({N, C}), gf = at::randn({N, 4 * C});
+  const model::NormParams ln{w, b, 1e-5, false}, rms{w, at::Tensor(), 1e-5, true};
+  auto rms_aten = [&](const at::Tensor& h) {  // RmsNormImpl::forward
+    const at::Tensor x32 = h.to(at::kFloat);
+    return w * (x32 * at::rsqrt(x32.pow(2).mean(-1, true) + 1e-5)).to(h.scalar_type());
+  };
+  // Each: forward, then backward of a loss reading every output.
+  std::vector<Case> cases = {
+      {"residual add + LayerNorm",
+       [&] { auto [h, y] = model::fused_add_norm(x, r, ln); ((y * gy).sum() + (h * gy).sum()).backward(); },
+       [&] { at::Tensor h = x + r; ((at::layer_norm(h, {C}, w, b, 1e-5) * gy).sum() + (h * gy).sum()).backward(); }},
+      {"RMSNorm", [&] { (model::fused_norm(x, rms) * gy).sum().backward(); },
+       [&] { (rms_aten(x) * gy).sum().backward(); }},
+      {"residual add + RMSNorm",
+       [&] { auto [h, y] = model::fused_add_norm(x, r, rms); ((y * gy).sum() + (h * gy).sum()).backward(); },
+       [&] { at::Tensor h = x + r; ((rms_aten(h) * gy).sum() + (h * gy).sum()).backward(); }},
+      {"SwiGLU", [&] { (model::fused_swiglu(gu) * gf).sum().backward(); },
+       [&] { (model::swiglu(gu) * gf).sum().backward(); }},
+  };
+  std::printf("# fused_ops_engine_bench: %d rounds x %d calls, rows %lld, C %lld (SwiGLU F %lld), 1 thread,\n"
+              "# forward + backward (incl. the loss's mul/sum, same on both sides), thread CPU ms per call\n",
+              rounds, iters, (long long)N, (long long)C, (long long)(4 * C));
+  std::printf("%-26s %10s %10s %8s   per-round ratios\n", "kernel", "fused ms", "ATen ms", "ratio");
+  for (const Case& c : cases) {
+    std::vector<double> f, a, ratio;
+    for (int k = 0; k < rounds; ++k) {  // alternate which side runs first
+      const bool fused_first = k % 2 == 0;
+      const double t1 = time_ms(fused_first ? c.fused : c.aten, iters);
+      const double t2 = time_ms(fused_first ? c.aten : c.fused, iters);
+      f.push_back(fused_first ? t1 : t2), a.push_back(fused_first ? t2 : t1);
+      ratio.push_back(f.back() / a.back());
+    }
+    std::vector<double> sf = f, sa = a, sr = ratio;
+    std::sort(sf.begin(), sf.end()), std::sort(sa.begin(), sa.end()), std::sort(sr.begin(), sr.end());
+    std::printf("%-26s %10.3f %10.3f %8.3f  ", c.name.c_str(), sf[sf.size() / 2], sa[sa.size() / 2], sr[sr.size() / 2]);
+    for (double v : ratio) std::printf(" %.3f", v);
+    std::printf("\n");
+  }
+  return 0;
+}

@@ -1,0 +1,35 @@
+// Fused CPU kernels of the model's memory-bound steps, as plain loops over
+// contiguous fp32 rows: residual add + LayerNorm / RMSNorm (forward and
+// backward in one pass over a row each) and SwiGLU's backward. No
+// LibTorch here (fused_ops.cpp wraps them as autograd functions and owns
+// the checks on dtype, device and layout); one thread, the caller's.
+//
+// Shape legend: N = rows (B*T), C = channels, F = the SwiGLU hidden width.
+#pragma once
+
+#include <cstdint>
+
+namespace dtrain::engine::model::kernels {
+
+// Per row: h = x + r (r null: h is x, not written), then
+// LayerNorm (rms false) y = (h - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), or
+// RMSNorm   (rms true)  y = (h * rstd) * w,            rstd = 1/sqrt(mean(h^2) + eps);
+// mean and rstd [N] are kept for the backward (mean unused with rms).
+// Row statistics accumulate in double. h_out may be null when r is null.
+void norm_forward(const float* x, const float* r, const float* w, const float* b, float* h_out, float* y,
+                  float* mean, float* rstd, int64_t N, int64_t C, float eps, bool rms);
+
+// The gradient of the above: dy [N, C] (of y) and dh [N, C] (h's gradient
+// from its other readers; null: none) -> dx [N, C] (also r's gradient);
+// dw, db [C] are accumulated in double (db unused with rms).
+void norm_backward(const float* dy, const float* dh, const float* h, const float* w, const float* mean,
+                   const float* rstd, float* dx, double* dw, double* db, int64_t N, int64_t C, bool rms);
+
+// The gradient of out [N, F] = silu(gate) * up, gate_up [N, 2F] = [gate | up]
+// per row, given sig [N, F] = sigmoid(gate) (ATen's vectorised exp: a loop
+// here over exp would be scalar): dout [N, F] -> dgate_up [N, 2F], both
+// halves written, no zero-fill.
+void swiglu_backward(const float* dout, const float* gate_up, const float* sig, float* dgate_up, int64_t N,
+                     int64_t F);
+
+}  // namespace dtrain::engine::model::kernels

@@ -1,0 +1,41 @@
+// The model's fused CPU operators (fused_kernels.h) as autograd functions:
+// residual add + LayerNorm or RMSNorm, RMSNorm, and SwiGLU's backward, one
+// pass where ATen's composition runs several. They compute the
+// function of the ATen composition named beside each (to ~1e-7); for
+// anything but contiguous-able fp32 CPU tensors they run that composition.
+// Owns neither the modules (gpt.cpp, llama.h) nor when to fuse (GptConfig).
+//
+// Shape legend: C = channels, F = the SwiGLU hidden width.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+namespace dtrain::engine::model {
+
+// A norm's parameters: LayerNorm (rms false; bias defined) or RMSNorm (rms
+// true; no bias), over the last dim.
+struct NormParams {
+  at::Tensor weight;  // [C]
+  at::Tensor bias;    // [C] (LayerNorm) or undefined
+  double eps = 1e-5;
+  bool rms = false;
+};
+
+// norm(x): at::layer_norm(x, {C}, w, b, eps) (ATen's own: it is one pass
+// already), or RMSNorm's w * (x * rsqrt(mean(x^2) + eps))
+// (RmsNormImpl::forward) through the kernel.   x [..., C]
+at::Tensor fused_norm(const at::Tensor& x, const NormParams& p);
+
+// {h, norm(h)} with h = x + r: the residual add and the next norm in one
+// pass over h (forward), and in backward h's two gradients summed inside
+// the norm's.   x, r [..., C]
+std::pair<at::Tensor, at::Tensor> fused_add_norm(const at::Tensor& x, const at::Tensor& r, const NormParams& p);
+
+// silu(gate) * up of [..., 2F] = [gate | up] -> [..., F], as swiglu()
+// (llama.h, which also runs the forward); its backward writes both halves'
+// gradients into one [..., 2F] (the composition zero-fills two and adds them).
+at::Tensor fused_swiglu(const at::Tensor& gate_up);
+
+}  // namespace dtrain::engine::model

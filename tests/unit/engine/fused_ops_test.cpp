@@ -1,0 +1,185 @@
+// Unit tests of engine/model/fused_ops.h: each fused CPU kernel (residual
+// add + LayerNorm / RMSNorm, SwiGLU) against the ATen composition it
+// replaces, forward and every gradient, at 1e-6 of each tensor's largest
+// magnitude (max |diff| / max(1, max |ref|): fp32 holds values near 8 to
+// only ~1e-6 absolute), printed beside the tolerance, each with a negative
+// control (a composition that differs slightly: it must miss by >= 100x); and a GPT and a Llama against their
+// own modules run through ATen's ops, loss and every parameter's gradient.
+// Legend: N = rows, C = channels, F = SwiGLU hidden width.
+#include "engine/model/fused_ops.h"
+
+#include <ATen/ATen.h>
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/model/gpt.h"
+#include "engine/model/llama.h"
+
+namespace model = dtrain::engine::model;
+
+namespace {
+
+constexpr double kTol = 1e-6;
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// max |a - b| relative to the reference's scale: / max(1, max |b|).
+double scaled_diff(const at::Tensor& a, const at::Tensor& b) {
+  return max_abs_diff(a, b) / std::max(1.0, b.abs().max().item<double>());
+}
+
+// Leaves with grad, from one seeded generator.
+at::Tensor leaf(std::vector<int64_t> sizes, uint64_t seed, double scale = 1.0, double shift = 0.0) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  return (at::randn(sizes, gen) * scale + shift).requires_grad_(true);
+}
+
+std::vector<at::Tensor> grads_of(const at::Tensor& loss, const std::vector<at::Tensor>& wrt) {
+  std::vector<at::Tensor> g;
+  for (auto& t : wrt) t.mutable_grad() = at::Tensor();
+  loss.backward();
+  for (const auto& t : wrt) g.push_back(t.grad().clone());
+  return g;
+}
+
+// The ATen composition of a norm, as the model ran it before the kernels.
+at::Tensor composed_norm(const at::Tensor& h, const model::NormParams& p) {
+  if (!p.rms) return at::layer_norm(h, {h.size(-1)}, p.weight, p.bias, p.eps);
+  return p.weight * (h * at::rsqrt(h.pow(2).mean(-1, true) + p.eps));
+}
+
+// x + r and its norm through the fused kernel and the composition; the
+// loss reads both outputs (h also feeds the next residual add), so dx
+// carries h's two gradients. Returns the max diff over outputs and grads;
+// `eps_ref` differs from p.eps for the negative control.
+double add_norm_diff(bool rms, bool residual, double eps_ref) {
+  const int64_t N = 24, C = 96;
+  at::Tensor x = leaf({2, N / 2, C}, 1, 1.5, 0.3), r = leaf({2, N / 2, C}, 2);
+  at::Tensor w = leaf({C}, 3, 0.2, 1.0), b = leaf({C}, 4, 0.1);
+  at::Tensor gy = at::randn({2, N / 2, C}, at::detail::createCPUGenerator(5));
+  at::Tensor gh = at::randn({2, N / 2, C}, at::detail::createCPUGenerator(6));
+  model::NormParams p{w, rms ? at::Tensor() : b, 1e-5, rms};
+  std::vector<at::Tensor> wrt = {x, r, w};
+  if (!rms) wrt.push_back(b);
+  if (!residual) wrt = {x, w}, wrt.push_back(b);
+  if (!residual && rms) wrt.pop_back();
+
+  at::Tensor y_f, h_f;
+  if (residual) std::tie(h_f, y_f) = model::fused_add_norm(x, r, p);
+  else y_f = model::fused_norm(x, p), h_f = x;
+  const at::Tensor loss_f = (y_f * gy).sum() + (residual ? (h_f * gh).sum() : at::zeros({}));
+  std::vector<at::Tensor> g_f = grads_of(loss_f, wrt);
+
+  model::NormParams pr = p;
+  pr.eps = eps_ref;
+  at::Tensor h_c = residual ? x + r : x;
+  at::Tensor y_c = composed_norm(h_c, pr);
+  const at::Tensor loss_c = (y_c * gy).sum() + (residual ? (h_c * gh).sum() : at::zeros({}));
+  std::vector<at::Tensor> g_c = grads_of(loss_c, wrt);
+
+  double d = std::max(scaled_diff(y_f, y_c), scaled_diff(h_f, h_c));
+  for (size_t i = 0; i < g_f.size(); ++i) d = std::max(d, scaled_diff(g_f[i], g_c[i]));
+  return d;
+}
+
+double swiglu_diff(bool control) {
+  const int64_t F = 80;
+  at::Tensor gu = leaf({3, 7, 2 * F}, 7, 2.0);
+  at::Tensor gy = at::randn({3, 7, F}, at::detail::createCPUGenerator(8));
+  const at::Tensor y_f = model::fused_swiglu(gu);
+  const std::vector<at::Tensor> g_f = grads_of((y_f * gy).sum(), {gu});
+  // The negative control: sigmoid (not silu) of the gate.
+  const at::Tensor y_c = control ? at::sigmoid(gu.narrow(-1, 0, F)) * gu.narrow(-1, F, F) : model::swiglu(gu);
+  const std::vector<at::Tensor> g_c = grads_of((y_c * gy).sum(), {gu});
+  return std::max(scaled_diff(y_f, y_c), scaled_diff(g_f[0], g_c[0]));
+}
+
+}  // namespace
+
+TEST_CASE("fused residual add + LayerNorm, RMSNorm and residual add + RMSNorm match ATen at 1e-6") {
+  for (bool rms : {false, true})
+    for (bool residual : {false, true}) {
+      if (!rms && !residual) continue;  // a lone LayerNorm is ATen's own (fused_norm)
+      const double d = add_norm_diff(rms, residual, 1e-5);
+      const double control = add_norm_diff(rms, residual, 1e-2);  // eps 1e-2 in the reference
+      const std::string name = std::string(rms ? "RMSNorm" : "LayerNorm") + (residual ? " + residual add" : "");
+      MESSAGE(name << ": max scaled |diff| " << d << " (tolerance " << kTol << "); control (eps 1e-2) " << control);
+      CHECK(d <= kTol);
+      CHECK(control >= 100 * kTol);
+    }
+}
+
+TEST_CASE("fused SwiGLU (its backward) matches silu(gate) * up at 1e-6") {
+  const double d = swiglu_diff(false), control = swiglu_diff(true);
+  MESSAGE("SwiGLU: max scaled |diff| " << d << " (tolerance " << kTol << "); control (sigmoid for silu) " << control);
+  CHECK(d <= kTol);
+  CHECK(control >= 100 * kTol);
+}
+
+TEST_CASE("fused kernels fall back to ATen outside fp32") {
+  // fp64 RMSNorm: the composition (fp32 inside, as RmsNormImpl), not the fp32 kernel (which would throw
+  // on a double tensor's data).
+  at::Tensor x = at::randn({4, 16}).to(at::kDouble), w = at::ones({16}, at::kDouble);
+  const at::Tensor y = model::fused_norm(x, {w, at::Tensor(), 1e-5, true});
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor ref = w * (x32 * at::rsqrt(x32.pow(2).mean(-1, true) + 1e-5)).to(at::kDouble);
+  CHECK((y.scalar_type() == at::kDouble));
+  CHECK(max_abs_diff(y, ref) == 0.0);
+}
+
+// The model's forward (fused norms and SwiGLU) against the same modules
+// run through ATen's ops by hand: the wiring (which norm, its eps, the
+// residual read by ln2) as well as the kernels. The negative control feeds
+// ln2 the block's input instead of x + attn(ln1(x)).
+namespace {
+
+at::Tensor composed_loss(model::GptImpl& m, const at::Tensor& tokens, const at::Tensor& targets, bool control) {
+  at::Tensor h = m.embed(tokens);  // [B, T, C]
+  for (const auto& mod : *m.blocks) {
+    model::BlockImpl& b = *mod->as<model::Block>();
+    const at::Tensor a = b.attn->forward(b.rms1 ? b.rms1->forward(h) : b.ln1->forward(h));
+    const at::Tensor h2 = h + a, in2 = control ? h : h2;
+    const at::Tensor n2 = b.rms2 ? b.rms2->forward(in2) : b.ln2->forward(in2);
+    const at::Tensor f = b.mlp->gate_up ? at::linear(model::swiglu(at::linear(n2, b.mlp->gate_up->weight)),
+                                                     b.mlp->proj->weight)
+                                        : b.mlp->forward(n2);  // GPT: GELU, nothing fused
+    h = h2 + f;
+  }
+  const at::Tensor logits = m.head->forward(m.rms_f ? m.rms_f->forward(h) : m.ln_f->forward(h));  // [B, T, V]
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+}  // namespace
+
+TEST_CASE("a GPT and a Llama (fused norms, SwiGLU) match their modules run through ATen's ops") {
+  for (const char* kind : {"gpt", "llama"}) {
+    model::GptConfig c;
+    c.kind = kind;
+    c.vocab = 64, c.layers = 2, c.d_model = 32, c.heads = 4, c.seq_len = 16;
+    if (c.llama()) c.kv_heads = 2, c.ffn_hidden = 48;
+    auto gen = at::detail::createCPUGenerator(11);
+    const at::Tensor tokens = at::randint(c.vocab, {2, 16}, gen), targets = at::randint(c.vocab, {2, 16}, gen);
+    model::Gpt m(c, 7);
+    const std::vector<at::Tensor> params = m->parameters();
+    std::vector<double> losses;
+    std::vector<std::vector<at::Tensor>> grads;
+    for (int run = 0; run < 3; ++run) {  // the model, the composition, the control
+      const at::Tensor loss = run == 0 ? m->loss(tokens, targets) : composed_loss(*m, tokens, targets, run == 2);
+      grads.push_back(grads_of(loss, params));
+      losses.push_back(loss.item<double>());
+    }
+    double d = std::abs(losses[0] - losses[1]), control = std::abs(losses[0] - losses[2]);
+    for (size_t i = 0; i < params.size(); ++i) {
+      d = std::max(d, max_abs_diff(grads[0][i], grads[1][i]));
+      control = std::max(control, max_abs_diff(grads[0][i], grads[2][i]));
+    }
+    MESSAGE(std::string(kind) << ": max |diff| over the loss and every gradient " << d << " (tolerance " << kTol
+                 << "); control (ln2 reads the block's input) " << control);
+    CHECK(d <= kTol);
+    CHECK(control >= 100 * kTol);
+  }
+}
