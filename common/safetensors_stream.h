@@ -3,6 +3,10 @@
 // names, dtypes and shapes, and a bound on the metadata), the data streams
 // through append(), and finish() writes the header, padded with spaces to
 // that size, once the metadata is known (e.g. checksums of the data).
+// The file is written with O_DIRECT through an aligned staging buffer where
+// the filesystem allows it: buffered writes of gigabytes cost a page-cache
+// copy and dirty-page throttling (on a shared VM disk ~15x the time of the
+// direct writes); elsewhere (tmpfs) it falls back to buffered writes.
 #pragma once
 
 #include <cstdint>
@@ -38,10 +42,18 @@ class StreamWriter {
 
  private:
   std::string header(const std::map<std::string, std::string>& metadata) const;
+  void put(const void* data, size_t n);  // through the staging buffer
+  void flush_staged(bool last);          // the staged bytes to the file
   std::string path_;
   std::vector<TensorSpec> tensors_;
   int fd_ = -1;
   uint64_t header_size_ = 0, total_ = 0, written_ = 0;
+  // Bytes go to the file at file_off_ from stage_ (aligned, kStageBytes)
+  // once it is full; direct_ = the file is open with O_DIRECT.
+  bool direct_ = false;
+  uint8_t* stage_ = nullptr;
+  size_t staged_ = 0;
+  uint64_t file_off_ = 0;
 };
 
 }  // namespace dtrain::safetensors

@@ -63,15 +63,6 @@ void precision_rules(const JobSpec& spec, Problems& out) {
 void model_rules(const JobSpec& spec, Problems& out) {
   if (spec.model.kind != "gpt" && spec.model.kind != "llama")
     out.push_back("model.kind = " + spec.model.kind + " is unknown; use kind gpt or llama");
-  // A tied head reads wte's weight: under pp > 1 the first and last stages
-  // would each need a copy with summed gradients, under ZeRO-3 the head's
-  // unit would need the embedding's unit gathered; neither is done yet.
-  if (spec.model.tie_embeddings && (spec.parallel.pp > 1 || spec.parallel.zero == 3))
-    out.push_back("model.tie_embeddings = true with " +
-                  std::string(spec.parallel.pp > 1 ? "parallel.pp = " + std::to_string(spec.parallel.pp)
-                                                   : "parallel.zero = 3") +
-                  ": a tied head is not implemented across pipeline stages or ZeRO-3 units yet; set "
-                  "model.tie_embeddings false (the head gets its own weight) or use pp 1 and zero <= 2");
 }
 
 // train.offload.params (ZeRO-3 shards off the device between uses) is

@@ -1,5 +1,5 @@
 // `dtrain eval SPEC [--ckpt DIR] [--batches K] [--set k=v]... [--format
-// text|json]`: the mean next-token cross-entropy and perplexity of a
+// text|json] [--logits-out FILE]`: the mean next-token cross-entropy and perplexity of a
 // checkpoint over the first K windows of data.valid (or data.path), on the
 // spec's mesh. CLI only: it checks the input, then launches the spec's
 // workers in their eval mode (engine/trainer/evaluation.h) through
@@ -37,6 +37,7 @@ struct EvalArgs {
   bool batches_given = false;
   std::string format = "text";
   std::vector<int> ranks;
+  std::string logits_out;  // "" = none
 };
 
 // The model shape of the checkpoint's stored spec against this spec's:
@@ -117,6 +118,11 @@ int run_eval(const EvalArgs& args) {
     throw Error(ErrorCode::config, "--batches = " + std::to_string(args.batches) + ": must be >= 1 (windows of " +
                                        "model.seq_len tokens to evaluate)", "e.g. --batches 16");
   const int windows = args.batches_given ? args.batches : spec.data.valid.batches;
+  if (!args.logits_out.empty() && spec.world() != 1)
+    throw Error(ErrorCode::config,
+                fmt::format("--logits-out needs a one-rank mesh; parallel.dp ({}) x tp ({}) x pp ({}) x cp ({}) = {}",
+                            spec.parallel.dp, spec.parallel.tp, spec.parallel.pp, spec.parallel.cp, spec.world()),
+                "add --set parallel.dp=1 --set cluster.procs_per_node=1 (and tp, pp, cp 1)");
   const std::string dir = checked_checkpoint(args, spec);
   check_node_and_ranks(spec, -1, args.ranks);
   plan::check_combinations(spec);
@@ -137,6 +143,8 @@ int run_eval(const EvalArgs& args) {
   options.console_ranks = args.ranks;
   options.extra_env = {"DTRAIN_EVAL_CKPT=" + dir, "DTRAIN_EVAL_BATCHES=" + std::to_string(windows),
                        "DTRAIN_EVAL_OUT=" + out};
+  if (!args.logits_out.empty())
+    options.extra_env.push_back("DTRAIN_EVAL_LOGITS=" + fs::absolute(args.logits_out).string());
   int code = 0;
   {
     StdoutToStderr quiet(args.format == "json");
@@ -168,6 +176,8 @@ void add_eval(CLI::App& app, int& exit_code) {
                                               "(default: data.valid.batches)");
   cmd->add_option("--set", args->sets, "override a spec field: key.path=value (YAML value)");
   cmd->add_option("--format", args->format, "text (one line) or json (one object on stdout, logs on stderr)");
+  cmd->add_option("--logits-out", args->logits_out, "also write the first window's logits [T, V] as float32 .npy "
+                                                    "(one-rank meshes)");
   cmd->add_option("--ranks", args->ranks, "ranks whose output reaches the console")->delimiter(',');
   cmd->callback([args, &exit_code, cmd] {
     args->batches_given = cmd->count("--batches") > 0;

@@ -311,14 +311,18 @@ int64_t load(const TrainState& s, const std::string& dir, bool weights_only) {
 
 int64_t load_model(const TrainState& s, const std::string& dir) {
   ck::CheckpointReader reader(dir);
+  // A weights-only checkpoint (a Hugging Face import) holds the model's
+  // tensors alone: no MoE balancing state, matched by name and shape.
+  const bool weights_only = reader.index().weights_only;
   std::vector<parallel::StateEntry> entries;
   for (auto& e : s.state->load_entries())
-    if (e.name.rfind("optim/", 0) != 0) entries.push_back(e);
+    if (weights_only ? e.name.rfind("model/", 0) == 0 : e.name.rfind("optim/", 0) != 0) entries.push_back(e);
   std::vector<ck::ExpectedTensor> expected;
   for (const auto& e : entries)
     if (expected.empty() || expected.back().name != e.name)
       expected.push_back({e.name, dtype_name(e.tensor), e.global_shape});
-  ck::check_compatible(reader.index(), dir, model_signature(s.spec->model), expected);
+  ck::check_compatible(reader.index(), dir, weights_only ? reader.index().model : model_signature(s.spec->model),
+                       expected);
   at::NoGradGuard no_grad;
   for (auto& e : entries) read_into(reader, e.name, e.tensor, e.slice);
   return reader.index().step;

@@ -30,12 +30,6 @@ at::Tensor attention_core(AttentionKind kind, const at::Tensor& q, const at::Ten
   return naive_attention(q, k, v, batch, drop, causal_bias);
 }
 
-at::Tensor repeat_kv(const at::Tensor& kv, int64_t batch, int64_t heads) {
-  const int64_t KV = kv.size(0) / batch, T = kv.size(1), D = kv.size(2);
-  if (KV == heads) return kv;
-  return kv.view({batch, KV, 1, T, D}).expand({batch, KV, heads / KV, T, D}).reshape({batch * heads, T, D});
-}
-
 at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t batch,
                            const AttentionDropout& drop, at::Tensor* causal_bias) {
   const int64_t BH = q.size(0), T = q.size(1), D = q.size(2), H = BH / batch;

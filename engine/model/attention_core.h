@@ -34,11 +34,6 @@ AttentionKind attention_kind(const std::string& name);  // "naive" | "tiled"
 at::Tensor attention_core(AttentionKind kind, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           int64_t batch, const AttentionDropout& drop, at::Tensor* causal_bias);
 
-// k or v [B*KV, T, D] -> [B*H, T, D], each kv head repeated for its H / KV
-// query heads (a copy; kv itself when KV = H): for kernels that need one
-// k, v per query head (ring attention).
-at::Tensor repeat_kv(const at::Tensor& kv, int64_t batch, int64_t heads);
-
 // The naive core (grouped-query attention without repeating k and v: the
 // G = H / KV query heads of a kv head as one [G*T, D] batch entry): softmax(q k^T / sqrt(D) + causal) (dropped) v through
 // autograd's own ops (it saves the [B*H, T, T] probabilities and mask).

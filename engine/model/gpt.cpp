@@ -196,8 +196,8 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     drop.row_begin = d.global_rows > 0 ? d.row_begin : 0;
     drop.heads_global = heads;
     drop.head_begin = tp_rank * H;
-    if (seq && seq->attention)  // ring attention: every query head with its own k, v
-      return seq->attention(qkv_in[0], repeat_kv(qkv_in[1], B, H), repeat_kv(qkv_in[2], B, H), B, drop);
+    if (seq && seq->attention)  // ring attention: grouped k, v as the cores take them
+      return seq->attention(qkv_in[0], qkv_in[1], qkv_in[2], B, drop);
     return attention_core(kind, qkv_in[0], qkv_in[1], qkv_in[2], B, drop, &causal_bias_);
   };
   auto y = core_runner ? core_runner(core, {q, k, v}, {}) : core({q, k, v});  // [B*H, T, D]

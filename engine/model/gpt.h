@@ -63,8 +63,8 @@ struct DropoutPosition {
 // A layout that splits the sequence (context parallelism): this rank's
 // tokens are segments of a longer global sequence, given as global [begin,
 // end) positions in local order, and attention over the whole sequence runs
-// through `attention` (q, k, v [B*H, Tl, D], batch rows, dropout -> [B*H,
-// Tl, D]). Position embeddings and dropout masks follow the global
+// through `attention` (q [B*H, Tl, D], k, v [B*KV, Tl, D], batch rows,
+// dropout -> [B*H, Tl, D]). Position embeddings and dropout masks follow the global
 // positions. Inactive (global_len 0) by default: the rank holds the sequence.
 struct SequenceSplit {
   int64_t global_len = 0;

@@ -25,6 +25,8 @@
 #include <limits>
 #include <vector>
 
+#include "engine/model/grouped_rows.h"
+
 namespace dtrain::engine::model {
 
 using torch::autograd::AutogradContext;
@@ -132,20 +134,15 @@ AttentionDropout load_dropout(AutogradContext* ctx) {
   return d;
 }
 
-}  // namespace tile
-
 namespace {
-
 // t [BH, T, ...] viewed per k, v row: [BH/G, G, T, ...].
 at::Tensor per_kv_row(const at::Tensor& t, int64_t G) {
   std::vector<int64_t> shape = {t.size(0) / G, G};
   for (int64_t d = 1; d < t.dim(); ++d) shape.push_back(t.size(d));
   return t.view(shape);
 }
+}  // namespace
 
-// Rows [i0, i0 + ti) of t [BH, T, ...] with the G query heads of each k, v
-// row one after another: [BH/G, G*ti, ...] (t's own narrow view when G = 1,
-// else a copy of the tile).
 at::Tensor group_rows(const at::Tensor& t, int64_t G, int64_t i0, int64_t ti) {
   if (G == 1) return t.narrow(1, i0, ti);
   std::vector<int64_t> shape = {t.size(0) / G, G * ti};
@@ -153,11 +150,17 @@ at::Tensor group_rows(const at::Tensor& t, int64_t G, int64_t i0, int64_t ti) {
   return per_kv_row(t, G).narrow(2, i0, ti).reshape(shape);
 }
 
-// Writes a grouped tile [BH/G, G*ti, ...] back to rows [i0, i0 + ti) of t.
 void ungroup_rows(at::Tensor& t, int64_t G, int64_t i0, int64_t ti, const at::Tensor& tile) {
   at::Tensor dst = per_kv_row(t, G).narrow(2, i0, ti);
   dst.copy_(tile.view(dst.sizes()));
 }
+
+}  // namespace tile
+
+namespace {
+
+using tile::group_rows;
+using tile::ungroup_rows;
 
 struct TiledAttention : public torch::autograd::Function<TiledAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,

@@ -15,6 +15,7 @@
 #include "engine/parallel/ddp/ddp_sync.h"
 #include "engine/parallel/expert/expert_parallel.h"
 #include "engine/parallel/pipeline/pipeline_schedule.h"
+#include "engine/parallel/pipeline/tied_embedding.h"
 #include "engine/parallel/schedule.h"
 #include "engine/parallel/tensor/tensor_parallel.h"
 #include "engine/parallel/zero/zero_sync.h"
@@ -37,10 +38,13 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   // 1. Pipeline split over the pp group: this rank keeps its stage's layers
   //    (pp = 1: the whole model, run by the plain micro-step loop).
   comm::Group& pp = comm.group(mesh::GroupKind::pp);
+  int tied_peer = -1;  // a tied head under pp: the pp index of the other wte copy's stage
   if (pp.size() > 1) {
     const PipelineStage stage =
         pipeline_stage(spec.stage_layers(), pp.rank(), pp.size(), spec.parallel.pipeline_virtual_stages);
     keep_stage_parameters(out.parts, stage);
+    if (spec.model.tie_embeddings && stage.first(0)) tied_peer = pp.size() - 1;
+    if (spec.model.tie_embeddings && stage.last(stage.chunks - 1)) tied_peer = 0;
     const int tp_size = comm.group(mesh::GroupKind::tp).size();
     const int64_t t = (spec.parallel.sequence_parallel ? spec.model.seq_len / tp_size : spec.model.seq_len) /
                       spec.parallel.cp;  // the tokens this rank holds
@@ -58,6 +62,11 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
   } else {
     for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
   }
+  // The last stage's copy of a tied wte: neither counted in the norm nor
+  // written (the first stage's is).
+  if (tied_peer == 0)
+    for (size_t i = 0; i < out.parts.named_params.size(); ++i)
+      if (out.parts.named_params[i].first == "wte.weight") out.parts.layouts[i].tp_owner = false;
   // 2b. Context parallelism over the cp group: this rank's two chunks of
   //     every sequence, attention as a ring over the group.
   comm::Group& cp = comm.group(mesh::GroupKind::cp);
@@ -118,6 +127,8 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
                                   comm.group(mesh::GroupKind::dp), tp, pp, comm.group(mesh::GroupKind::ep),
                                   grad_group(mesh::GroupKind::edp),
                                   {spec.model.moe.balance == MoeBalance::bias, spec.model.moe.bias_rate});
+  if (tied_peer >= 0)
+    out.grad_sync = make_tied_embedding_sync(std::move(out.grad_sync), pp, tied_peer, fault(FaultKind::no_grad_sync));
   return out;
 }
 

@@ -7,6 +7,9 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/tensor.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,6 +23,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/parallel/autocast_scope.h"
 #include "engine/trainer/train_session.h"
 
 namespace dtrain::engine::trainer {
@@ -56,6 +60,38 @@ class WindowBatches : public parallel::BatchSource {
   int64_t windows_;
 };
 
+// The logits [T, V] of window src.first as float32 .npy (version 1.0, C
+// order) at `path`: what a reference implementation's forward is compared
+// with. One-rank meshes only (`dtrain eval` refuses --logits-out otherwise),
+// so the model here is the whole model.
+void write_first_logits(TrainSession& s, const EvalSource& src, const std::string& path) {
+  const std::vector<int64_t> ids(size_t(s.spec.train.micro_batch), src.first);
+  src.data->get_batch(ids, s.inputs, s.targets);
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    const bool was_training = s.par.parts.model->is_training();
+    s.par.parts.model->eval();
+    parallel::AutocastScope autocast(s.device.type(), s.spec.train.precision == Precision::bf16);
+    logits = s.par.parts.model->forward(s.inputs.to(s.device))[0].to(at::kCPU, at::kFloat).contiguous();  // [T, V]
+    if (was_training) s.par.parts.model->train();
+  }
+  std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}",
+                                   logits.size(0), logits.size(1));
+  header.append(63 - (10 + header.size()) % 64, ' ');  // magic + lengths + header + '\n': a multiple of 64
+  header += '\n';
+  const uint16_t len = uint16_t(header.size());
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary);
+  out.write("\x93NUMPY\x01\x00", 8);
+  out.write(reinterpret_cast<const char*>(&len), 2);  // little-endian hosts only, as the rest of dtrain
+  out << header;
+  out.write(static_cast<const char*>(logits.data_ptr()), std::streamsize(logits.numel() * 4));
+  out.close();
+  if (!out) throw Error(ErrorCode::internal, "could not write the logits to " + tmp);
+  std::filesystem::rename(tmp, path);
+}
+
 }  // namespace
 
 int64_t training_windows(const JobSpec& spec, int64_t windows) {
@@ -82,7 +118,9 @@ EvalSource eval_source(const JobSpec& spec, const data::TokenDataset& train, int
     src.what = "data.valid.path = " + v.path;
   } else {
     src.data = &train;
-    src.first = training_windows(spec, train.num_samples());
+    // The held-out tail (data.valid.split), or with no split (`dtrain eval`
+    // of a spec without data.valid) data.path from its first window.
+    src.first = v.split > 0 ? training_windows(spec, train.num_samples()) : 0;
     src.available = train.num_samples() - src.first;
     src.what = v.split > 0 ? fmt::format("data.valid.split = {} of data.path = {}", v.split, spec.data.path)
                            : "data.path = " + spec.data.path;
@@ -144,6 +182,8 @@ int run_evaluation() {
   if (s.is_log_rank()) DTRAIN_INFO("eval: {} at step {}, {} windows of {}", dir, step, windows, src.what);
   const EvalResult r = evaluate(s, src, windows);
   if (!s.is_log_rank()) return 0;
+  // `dtrain eval --logits-out`: the launcher's DTRAIN_EVAL_LOGITS.
+  if (const char* logits = std::getenv("DTRAIN_EVAL_LOGITS"); logits && *logits) write_first_logits(s, src, logits);
   DTRAIN_INFO("eval: loss {:.6f}, ppl {:.4f} over {} tokens in {:.0f} ms", r.loss, r.ppl, r.tokens, r.seconds * 1e3);
   const std::string& out = s.info.eval.out;
   if (out.empty()) return 0;

@@ -53,7 +53,9 @@ EvalResult evaluate(TrainSession& s, const EvalSource& src, int64_t windows);
 // The worker's eval mode (`dtrain eval`, WorldInfo::eval): builds the
 // session, loads the model of eval.ckpt (no optimizer state), evaluates
 // eval.windows windows; rank 0 writes {"loss", "ppl", "tokens", "step"} as
-// JSON to eval.out. Returns the exit code.
+// JSON to eval.out and, when DTRAIN_EVAL_LOGITS names a file (`dtrain eval
+// --logits-out`, one-rank meshes), the first window's logits [T, V] as
+// float32 .npy there. Returns the exit code.
 int run_evaluation();
 
 }  // namespace dtrain::engine::trainer

@@ -10,11 +10,14 @@
       for bit (after an exact upcast to fp32 where the dtypes differ); prints
       "pair i: clean load; N differ, max abs diff X" per pair; exit 1 when any
       pair differs (by more than T, when given) or loads unclean.
-  loss T CORPUS DIR [DIR ...]
-      the mean next-token cross-entropy (fp32) transformers gives for the
-      corpus's first sample as dtrain cuts it (bytes 0..T, input the first T,
-      targets the next T), and for the same bytes rotated by one (the negative
-      control): "loss DIR X rotated Y" per model.
+  windows T K CORPUS DIR [--logits FILE.npy] [DIR [--logits FILE.npy] ...]
+      per model, transformers' mean next-token cross-entropy (fp32) over the
+      corpus's first K windows as `dtrain eval` cuts them (window i = bytes
+      [i*T, i*T+T+1)), and over the same windows one byte later (the negative
+      control): "windows DIR loss X shifted Y"; with --logits after a DIR, the
+      largest |difference| between FILE's [T, V] logits (`dtrain eval
+      --logits-out`) and transformers' for that DIR's window 0, and for its
+      window 1 (the control): "logits DIR max abs diff D window 1 E".
 Never downloads (HF_HUB_OFFLINE=1).
 """
 import os
@@ -27,8 +30,10 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig  # noqa: E402
 
+# initializer_range 0.1 (transformers' default 0.02 gives near-uniform logits,
+# every window's loss within ~1e-3 of ln 256): losses that tell windows apart.
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=96, vocab_size=256, max_position_embeddings=128)
+            intermediate_size=96, vocab_size=256, max_position_embeddings=128, initializer_range=0.1)
 
 
 def make(kind, out, dtype="fp32", tie=False, shard_bytes=None):
@@ -98,21 +103,39 @@ def main(argv):
                     i += 2
             make(kind, out, **opts)
         return 0
-    if argv[0] == "loss":
-        t, data = int(argv[1]), open(argv[2], "rb").read()
-        sample = torch.tensor(list(data[: t + 1]), dtype=torch.long)
-        rotated = torch.roll(sample, 1)
-        for path in argv[3:]:
+    if argv[0] == "windows":
+        t, k, data = int(argv[1]), int(argv[2]), open(argv[3], "rb").read()
+        dirs, logits_of = [], {}  # DIR, and the logits file given after it
+        rest = argv[4:]
+        while rest:
+            if rest[0] == "--logits":
+                logits_of[dirs[-1]], rest = rest[1], rest[2:]
+            else:
+                dirs.append(rest[0])
+                rest = rest[1:]
+        for path in dirs:
             model, bad = load(path)
             if bad:
                 raise SystemExit(f"{path}: load not clean: {bad}")
             model.float().eval()
+            losses, logits = [], None
             with torch.no_grad():
-                out = []
-                for s in (sample, rotated):
-                    logits = model(s[None, :t]).logits[0].float()  # [T, V]
-                    out.append(torch.nn.functional.cross_entropy(logits, s[1:]).item())
-            print(f"loss {path} {out[0]!r} rotated {out[1]!r}")
+                for start in (0, 1):
+                    rows = torch.tensor([list(data[i * t + start: i * t + start + t + 1]) for i in range(k)],
+                                        dtype=torch.long)  # [K, T+1]
+                    out = model(rows[:, :t]).logits.float()  # [K, T, V]
+                    logits = out[:2] if logits is None else logits
+                    losses.append(torch.nn.functional.cross_entropy(out.flatten(0, 1), rows[:, 1:].flatten()).item())
+            print(f"windows {path} loss {losses[0]!r} shifted {losses[1]!r}")
+            if path in logits_of:
+                import numpy as np
+                mine = torch.from_numpy(np.load(logits_of[path]))
+                if tuple(mine.shape) != tuple(logits[0].shape):
+                    raise SystemExit(f"{logits_of[path]}: shape {tuple(mine.shape)}, transformers' "
+                                     f"{tuple(logits[0].shape)}")
+                d0 = (mine - logits[0]).abs().max().item()
+                d1 = (mine - logits[1]).abs().max().item()
+                print(f"logits {path} max abs diff {d0!r} window 1 {d1!r}")
         return 0
     if argv[0] == "compare":
         tol, pairs = None, argv[1:]

@@ -11,7 +11,9 @@
 //   rotary at global positions) and selective recomputation, against the
 //   1-process run with the tiled core,
 //   a Mixtral-style MoE llama at ep 2 x dp 4 (against its own reference);
-// a dp 2 x tp 2 checkpoint resumed at tp 4; a tied head with pp 2 refused.
+// a dp 2 x tp 2 checkpoint resumed at tp 4; a tied head at pp 2 (control:
+// fault.kind no_grad_sync at dp 1, the stages' wte gradients not swapped)
+// and at ZeRO-3 over dp 2.
 // Negative control: dp 2 x tp 2 with fault.kind no_tp_reduce.
 // Like tp_test.cpp, every run uses AdamW eps 1e-6 (a TP layout adds partial
 // products in another order; eps 1e-8 would let rounding-noise gradient
@@ -94,12 +96,18 @@ TEST_CASE("a llama dp 2 x tp 2 checkpoint (kv split) resumes at tp 4 (kv replica
   CHECK(d.param_abs <= kParamAbsTol);
 }
 
-TEST_CASE("a tied llama head with pp 2 is refused before any worker, naming the field and the fix") {
-  auto [code, output] = launch_raw("llama_tied_pp2", with(kLlama, with(layout(1, 1, 2, 1, 2), {"model.tie_embeddings=true"})));
-  INFO(output);
-  CHECK(code == 2);
-  CHECK(output.find("model.tie_embeddings = true with parallel.pp = 2") != std::string::npos);
-  CHECK(output.find("set model.tie_embeddings false") != std::string::npos);
+TEST_CASE("a tied llama head: pp 2 (wte copies on the first and last stage, no-swap control) and ZeRO-3 over dp 2") {
+  const RunResult& ref = cached("llama_tied_ref", {"train.micro_batch=8", "model.tie_embeddings=true"});
+  CHECK(ref.params.count("head.weight") == 0);
+  const std::vector<std::string> pp2 = with(layout(1, 1, 2, 1, 2), {"model.tie_embeddings=true"});
+  const RunResult& run = cached("llama_tied_pp2", pp2);
+  CHECK(run.output.find("tied wte.weight: gradient summed with pp stage") != std::string::npos);
+  // dp 1: no_grad_sync's only reduction to skip is the stages' wte gradient swap
+  const RunResult& control = cached("llama_tied_pp2_no_sync", with(pp2, {"fault.kind=no_grad_sync"}));
+  CHECK(control.output.find("tied wte copies of the first and last stages keep their own gradients") != std::string::npos);
+  compare("llama_tied_pp2 vs 1 process", run, &control, ref, "fault.kind no_grad_sync: no wte gradient swap");
+  const RunResult& zero3 = cached("llama_tied_zero3_dp2", with(layout(2, 1), {"model.tie_embeddings=true", "parallel.zero=3"}));
+  compare("llama_tied_zero3_dp2 vs 1 process", zero3, nullptr, ref);
 }
 
 TEST_CASE("llama MoE parity (Mixtral: SwiGLU experts, gates renormalised): ep 2 at dp 4") {

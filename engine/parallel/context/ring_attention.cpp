@@ -17,8 +17,12 @@
 // at step s waits only for transfers that its peers post at step s (K/V,
 // posted before their compute) or at step s-1 (accumulators).
 //
-// Shape legend: BH = batch rows x local heads, Tl = local length, c = Tl/2
-// (one chunk), D = head dim.
+// Grouped-query attention: k, v have BKV = BH / G rows (G query heads per
+// k, v head) and travel un-repeated; each query tile is grouped as the tiled
+// kernel groups it ([BKV, G*ti, D], tile::group_rows) for the whole ring.
+//
+// Shape legend: BH = batch rows x local heads, BKV = batch rows x local kv
+// heads, G = BH / BKV, Tl = local length, c = Tl/2 (one chunk), D = head dim.
 #include "engine/parallel/context/ring_attention.h"
 
 #include <ATen/TensorOperators.h>
@@ -38,6 +42,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "engine/model/grouped_rows.h"
 #include "engine/parallel/context/cp_layout.h"
 
 namespace dtrain::engine::parallel::context {
@@ -98,7 +103,7 @@ struct Ring {
   int owner(int step) const { return (rank + n - step) % n; }
 };
 
-// The K/V block [2, BH, Tl, D] this rank holds, and the transfer of the
+// The K/V block [2, BKV, Tl, D] this rank holds, and the transfer of the
 // next one into a second buffer (double buffering).
 class KvRing {
  public:
@@ -130,13 +135,15 @@ class KvRing {
 
 // Throws dtrain::Error(internal) naming what does not fit.
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t batch, int64_t tile_len) {
-  const bool ok = q.dim() == 3 && k.sizes() == q.sizes() && v.sizes() == q.sizes() && q.size(1) % 2 == 0 &&
-                  batch > 0 && q.size(0) % batch == 0 && tile_len > 0;
+  const bool ok = q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && k.size(1) == q.size(1) &&
+                  k.size(2) == q.size(2) && q.size(1) % 2 == 0 && batch > 0 && k.size(0) > 0 &&
+                  k.size(0) % batch == 0 && q.size(0) % k.size(0) == 0 && tile_len > 0;
   if (!ok)
     throw Error(ErrorCode::internal,
                 "ring_attention: q " + c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) + ", v " +
                     c10::str(v.sizes()) + ", batch " + std::to_string(batch) + ", tile " + std::to_string(tile_len) +
-                    ": needs q, k, v of one shape [B*H, Tl, D] with Tl even (two chunks), B dividing B*H, tile > 0");
+                    ": needs q [B*H, Tl, D] and k, v [B*KV, Tl, D] with KV dividing H, Tl even (two chunks), "
+                    "tile > 0");
 }
 
 struct RingAttention : public torch::autograd::Function<RingAttention> {
@@ -147,29 +154,42 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
     check_inputs(q_in, k_in, v_in, batch, tile_len);
     const at::Tensor q = q_in.to(at::kFloat);
     const int64_t BH = q.size(0), Tl = q.size(1), D = q.size(2), c = Tl / 2;
+    const int64_t BKV = k_in.size(0), G = BH / BKV;
     const Ring ring{cp, cp->size(), cp->rank(), cp->size() > 1 && !local_only};
     const double scale = 1.0 / std::sqrt(double(D));
-    const tile::TileDropout td{&d, batch, BH / batch, Tl * ring.n};
+    const tile::TileDropout td{&d, batch, BH / batch, Tl * ring.n, G};
     const std::vector<Span> queries = chunk_tiles(c, ring.n, ring.rank, tile_len);
     std::vector<tile::TileState> states;  // one online softmax per query tile, across all steps
-    for (const Span& qs : queries) states.push_back(tile::start(BH, qs.len, D, q.options()));
-    KvRing kv(ring, at::stack({k_in, v_in}).contiguous());  // [2, BH, Tl, D], the inputs' dtype: what travels
+    std::vector<at::Tensor> qt;           // the query tiles, grouped: [BKV, G*ti, D]
+    for (const Span& qs : queries) {
+      states.push_back(tile::start(BKV, G * qs.len, D, q.options()));
+      qt.push_back(tile::group_rows(q, G, qs.local, qs.len));
+    }
+    KvRing kv(ring, at::stack({k_in, v_in}).contiguous());  // [2, BKV, Tl, D], the inputs' dtype: what travels
     for (int s = 0; s < ring.steps(); ++s) {
       kv.post(s);
-      const at::Tensor kvf = kv.current().to(at::kFloat);  // [2, BH, Tl, D]
+      const at::Tensor kvf = kv.current().to(at::kFloat);  // [2, BKV, Tl, D]
       const at::Tensor k = kvf[0], v = kvf[1];
       for_each_pair(queries, chunk_tiles(c, ring.n, ring.owner(s), tile_len),
                     [&](size_t i, const Span& qs, const Span& ks, bool causal) {
-                      tile::forward_step(states[i], q.narrow(1, qs.local, qs.len), k.narrow(1, ks.local, ks.len),
+                      tile::forward_step(states[i], qt[i], k.narrow(1, ks.local, ks.len),
                                          v.narrow(1, ks.local, ks.len), scale, qs.global, ks.global, causal, td);
                     });
       kv.advance();
     }
     at::Tensor out = at::empty({BH, Tl, D}, q.options());  // [BH, Tl, D]
     at::Tensor lse = at::empty({BH, Tl}, q.options());     // [BH, Tl]
-    for (size_t i = 0; i < queries.size(); ++i)
-      tile::finish(states[i], out.narrow(1, queries[i].local, queries[i].len),
-                   lse.narrow(1, queries[i].local, queries[i].len));
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const int64_t at0 = queries[i].local, len = queries[i].len;
+      if (G == 1) {
+        tile::finish(states[i], out.narrow(1, at0, len), lse.narrow(1, at0, len));
+        continue;
+      }
+      at::Tensor out_i = at::empty({BKV, G * len, D}, q.options()), lse_i = at::empty({BKV, G * len}, q.options());
+      tile::finish(states[i], out_i, lse_i);
+      tile::ungroup_rows(out, G, at0, len, out_i);
+      tile::ungroup_rows(lse, G, at0, len, lse_i);
+    }
     ctx->saved_data["batch"] = batch;
     ctx->saved_data["tile"] = tile_len;
     ctx->saved_data["local_only"] = local_only;
@@ -189,28 +209,36 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
     auto* cp = reinterpret_cast<comm::Group*>(static_cast<intptr_t>(ctx->saved_data["cp"].toInt()));
     const model::AttentionDropout d = tile::load_dropout(ctx);
     const int64_t BH = q.size(0), Tl = q.size(1), D = q.size(2), c = Tl / 2;
+    const int64_t BKV = saved[1].size(0), G = BH / BKV;
     const Ring ring{cp, cp->size(), cp->rank(), cp->size() > 1 && !ctx->saved_data["local_only"].toBool()};
     const double scale = 1.0 / std::sqrt(double(D));
-    const tile::TileDropout td{&d, batch, BH / batch, Tl * ring.n};
+    const tile::TileDropout td{&d, batch, BH / batch, Tl * ring.n, G};
     const std::vector<Span> queries = chunk_tiles(c, ring.n, ring.rank, tile_len);
     const at::Tensor delta = (dout * out).sum(-1);  // [BH, Tl]: rowsum(dO * O)
     at::Tensor dq = at::zeros_like(q);              // [BH, Tl, D]
+    // Per query tile, grouped ([BKV, G*ti, ...]): q, dO, lse and delta
+    // ([BKV, G*ti, 1]), and dq's accumulator (a view of dq when G = 1).
+    std::vector<at::Tensor> qt, dot, lset, deltat, dqt;
+    for (const Span& qs : queries) {
+      qt.push_back(tile::group_rows(q, G, qs.local, qs.len));
+      dot.push_back(tile::group_rows(dout, G, qs.local, qs.len));
+      lset.push_back(tile::group_rows(lse, G, qs.local, qs.len).unsqueeze(-1));
+      deltat.push_back(tile::group_rows(delta, G, qs.local, qs.len).unsqueeze(-1));
+      dqt.push_back(G == 1 ? dq.narrow(1, qs.local, qs.len) : at::zeros({BKV, G * qs.len, D}, q.options()));
+    }
     KvRing kv(ring, at::stack({saved[1], saved[2]}).contiguous());
-    at::Tensor grad;     // [2, BH, Tl, D] fp32: dK, dV of the block held at this step
+    at::Tensor grad;     // [2, BKV, Tl, D] fp32: dK, dV of the block held at this step
     at::Tensor grad_in;  // the next block's accumulator, arriving from prev
     comm::WorkPtr grad_send, grad_recv;
     for (int s = 0; s < ring.steps(); ++s) {
       kv.post(s);
       const at::Tensor kvf = kv.current().to(at::kFloat);
       const at::Tensor k = kvf[0], v = kvf[1];
-      at::Tensor part = at::zeros({2, BH, Tl, D}, q.options());  // this rank's share of the block's dK, dV
+      at::Tensor part = at::zeros({2, BKV, Tl, D}, q.options());  // this rank's share of the block's dK, dV
       for_each_pair(queries, chunk_tiles(c, ring.n, ring.owner(s), tile_len),
-                    [&](size_t, const Span& qs, const Span& ks, bool causal) {
-                      tile::backward_step(q.narrow(1, qs.local, qs.len), k.narrow(1, ks.local, ks.len),
-                                          v.narrow(1, ks.local, ks.len), dout.narrow(1, qs.local, qs.len),
-                                          lse.narrow(1, qs.local, qs.len).unsqueeze(-1),
-                                          delta.narrow(1, qs.local, qs.len).unsqueeze(-1),
-                                          dq.narrow(1, qs.local, qs.len), part[0].narrow(1, ks.local, ks.len),
+                    [&](size_t i, const Span& qs, const Span& ks, bool causal) {
+                      tile::backward_step(qt[i], k.narrow(1, ks.local, ks.len), v.narrow(1, ks.local, ks.len), dot[i],
+                                          lset[i], deltat[i], dqt[i], part[0].narrow(1, ks.local, ks.len),
                                           part[1].narrow(1, ks.local, ks.len), scale, qs.global, ks.global, causal,
                                           td);
                     });
@@ -232,6 +260,8 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
       grad_recv->wait();
       grad = grad_in;
     }
+    if (G > 1)
+      for (size_t i = 0; i < queries.size(); ++i) tile::ungroup_rows(dq, G, queries[i].local, queries[i].len, dqt[i]);
     return {dq.to(saved[0].scalar_type()), grad[0].to(saved[1].scalar_type()), grad[1].to(saved[2].scalar_type()),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -244,10 +274,10 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   return RingAttention::apply(q, k, v, batch, drop, &cp, opt.tile, opt.local_only);
 }
 
-RingBytes ring_attention_bytes(int cp, int64_t bh, int64_t local_len, int64_t head_dim, int64_t elem_size,
+RingBytes ring_attention_bytes(int cp, int64_t bkv, int64_t local_len, int64_t head_dim, int64_t elem_size,
                                bool local_only) {
   if (cp <= 1 || local_only) return {};
-  const uint64_t block = static_cast<uint64_t>(2 * bh * local_len * head_dim);  // K and V (or dK and dV)
+  const uint64_t block = static_cast<uint64_t>(2 * bkv * local_len * head_dim);  // K and V (or dK and dV)
   const uint64_t n = static_cast<uint64_t>(cp);
   const uint64_t kv = (n - 1) * block * static_cast<uint64_t>(elem_size);
   return {kv, kv + n * block * 4};

@@ -6,13 +6,16 @@
 // tiled kernel's steps (model/tiled_attention.h). Owns the ring and its
 // autograd function; not the layout (cp_layout.h) nor the model wiring.
 //
+// Grouped-query attention: K and V hold the kv heads only and travel so,
+// never repeated per query head.
+//
 // Bytes a rank sends through the cp group (what Group::bytes_sent counts),
-// with N = cp size, BH = batch rows x local heads, Tl = local length (T/N),
-// D = head dim, e = the element size of k and v (they travel in their own
-// dtype; the gradients travel in fp32):
-//   forward   (N-1) * 2*BH*Tl*D * e              K and V, N-1 hops
-//   backward  (N-1) * 2*BH*Tl*D * e              K and V again
-//           +  N    * 2*BH*Tl*D * 4              dK, dV with their block, and home
+// with N = cp size, BKV = batch rows x local kv heads, Tl = local length
+// (T/N), D = head dim, e = the element size of k and v (they travel in their
+// own dtype; the gradients travel in fp32):
+//   forward   (N-1) * 2*BKV*Tl*D * e             K and V, N-1 hops
+//   backward  (N-1) * 2*BKV*Tl*D * e             K and V again
+//           +  N    * 2*BKV*Tl*D * 4             dK, dV with their block, and home
 // and 0 for both when N = 1 or local_only (ring_attention_bytes).
 #pragma once
 
@@ -38,8 +41,8 @@ struct RingOptions {
 constexpr int kRingKvTag = 0x52494e;     // K, V blocks
 constexpr int kRingGradTag = 0x52494f;   // dK, dV accumulators
 
-// q, k, v: [B*H, Tl, D], this rank's two chunks (cp_local of the full
-// tensors along dim 1); returns [B*H, Tl, D], the rows of causal attention
+// q: [B*H, Tl, D], k, v: [B*KV, Tl, D] (KV dividing H), this rank's two
+// chunks (cp_local of the full tensors along dim 1); returns [B*H, Tl, D], the rows of causal attention
 // over the full sequence (T = Tl * N) that these queries produce, dropout
 // included: the masks are those tiled/naive attention draws for the same
 // global (row, head, query, key) elements. Computed in fp32; the output has
@@ -52,7 +55,8 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 struct RingBytes {
   uint64_t forward = 0, backward = 0;
 };
-RingBytes ring_attention_bytes(int cp, int64_t bh, int64_t local_len, int64_t head_dim, int64_t elem_size,
+// bkv: K/V rows (batch rows x local kv heads).
+RingBytes ring_attention_bytes(int cp, int64_t bkv, int64_t local_len, int64_t head_dim, int64_t elem_size,
                                bool local_only = false);
 
 }  // namespace dtrain::engine::parallel::context

@@ -396,6 +396,8 @@ void keep_stage_parameters(ModelParts& parts, const PipelineStage& stage) {
   for (auto& [name, p] : parts.named_params) {
     bool mine = false;
     if (starts_with(name, "wte.") || starts_with(name, "wpe.")) mine = stage.first(0);
+    // A tied head reads wte: the last stage keeps a copy (tied_embedding.h).
+    if (name == "wte.weight" && parts.model->config().tie_embeddings) mine = mine || stage.last(stage.chunks - 1);
     else if (starts_with(name, "ln_f.") || starts_with(name, "head.")) mine = stage.last(stage.chunks - 1);
     else if (starts_with(name, "blocks.")) mine = stage.holds_block(std::atoi(name.c_str() + 7));
     if (mine) {

@@ -12,6 +12,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
 
@@ -66,6 +67,10 @@ struct ZeroState {
   // Units launch in backward order: the last unit's gradients complete first.
   BucketHooks hooks;
   double exposed_gather_s = 0;  // ZeRO-3: time spent waiting for gathers this step
+  // A tied head (model.tie_embeddings) reads unit 0's wte: ZeRO-3 keeps
+  // unit 0 gathered from the embedding's forward until its gradients are
+  // reduced (FSDP keeps shared parameters in the unit that runs first).
+  bool tied = false;
 
   int stage() const { return options.stage; }
   int64_t shard_begin(const zero::FlatUnit& u) const { return layout.rank * u.shard; }
@@ -144,13 +149,16 @@ class GatherHooks : public model::UnitHooks {
   void before(int unit) override {
     auto s = state_.lock();
     s->ensure_gathered(unit);
+    if (s->tied && unit + 1 == int(s->units.size())) s->ensure_gathered(0);  // the head reads wte
     if (s->options.prefetch && unit + 1 < int(s->units.size())) s->start_gather(unit + 1);
   }
   at::Tensor after(int unit, const at::Tensor& output) override {
     auto s = state_.lock();
     // The last unit's backward comes first: it stays gathered.
     const bool last = unit + 1 == int(s->units.size());
-    if ((s->options.reshard_after_forward || !c10::GradMode::is_enabled()) && !last) s->release(unit);
+    const bool no_grad = !c10::GradMode::is_enabled();
+    if ((s->options.reshard_after_forward || no_grad) && !last && !(s->tied && unit == 0)) s->release(unit);
+    if (s->tied && last && no_grad) s->release(0);  // no backward follows: the head is done with wte
     if (output.requires_grad()) {
       std::weak_ptr<ZeroState> weak = state_;
       output.register_hook([weak, unit](const at::Tensor&) {
@@ -257,6 +265,7 @@ class ZeroSync : public GradSync {
     s.hooks = BucketHooks(s.unit_of, std::move(backward_order), [state](int u) { state->launch(u); });
     s.hooks.install(s.params);
     if (s.stage() == 3) {
+      s.tied = model.config().tie_embeddings;
       hooks_ = std::make_unique<GatherHooks>(s_);
       model_.set_unit_hooks(hooks_.get());
       for (size_t u = 0; u < s.units.size(); ++u) s.release(int(u));
@@ -306,7 +315,8 @@ class ZeroSync : public GradSync {
     ZeroState& s = *s_;
     std::vector<at::Tensor> grads;
     std::vector<bool> counted;
-    if (s.tp->size() == 1) {
+    const bool all_owned = std::all_of(s.layouts.begin(), s.layouts.end(), [](auto& l) { return l.tp_owner; });
+    if (s.tp->size() == 1 && all_owned) {
       for (auto& u : s.units) grads.push_back(u.grad_shard);  // padding: zeros
     } else {
       for (const Piece& pc : s.layout.pieces) {

@@ -2,8 +2,9 @@
 // process (Gloo over a HashStore) against tiled_attention on the full
 // sequence: output and dq, dk, dv, dropout 0 and 0.1, several tiles per
 // chunk with a short last one; the bytes each rank sends against the
-// header's formula; local_only as the control that must miss; the chunk
-// layout and cp_local / cp_full. Legend: BH = batch rows x heads, T = time,
+// header's formula; grouped-query K/V (fewer kv heads) un-repeated;
+// local_only as the control that must miss; the chunk layout and cp_local /
+// cp_full. Legend: BH = batch rows x heads, T = time,
 // Tl = T / cp, D = head dim.
 #include "engine/parallel/context/cp_layout.h"
 #include "engine/parallel/context/ring_attention.h"
@@ -35,17 +36,18 @@ struct Result {
 };
 
 struct Inputs {
-  at::Tensor q, k, v, dout;  // [BH, T, D] each
+  at::Tensor q, k, v, dout;  // q, dout [BH, T, D]; k, v [B*kv, T, D]
 };
 
-Inputs inputs(int64_t T, uint64_t seed, at::ScalarType dtype = at::kFloat) {
+// kv: key/value heads (grouped-query attention when below kH).
+Inputs inputs(int64_t T, uint64_t seed, at::ScalarType dtype = at::kFloat, int64_t kv = kH) {
   auto gen = at::detail::createCPUGenerator(seed);
-  auto r = [&] { return at::randn({kB * kH, T, kD}, gen).to(dtype); };
+  auto r = [&](int64_t heads) { return at::randn({kB * heads, T, kD}, gen).to(dtype); };
   Inputs in;
-  in.q = r();
-  in.k = r();
-  in.v = r();
-  in.dout = r();
+  in.q = r(kH);
+  in.k = r(kv);
+  in.v = r(kv);
+  in.dout = r(kH);
   return in;
 }
 
@@ -108,10 +110,10 @@ Diff worst(const Result& ring, const Result& ref, int n, int r) {
   return d;
 }
 
-// The header's formula, written out again.
-ctx::RingBytes expected_bytes(int n, int64_t Tl, int64_t elem) {
+// The header's formula, written out again (kv: key/value heads).
+ctx::RingBytes expected_bytes(int n, int64_t Tl, int64_t elem, int64_t kv = kH) {
   if (n == 1) return {};
-  const uint64_t block = uint64_t(2 * kB * kH * Tl * kD);
+  const uint64_t block = uint64_t(2 * kB * kv * Tl * kD);
   return {(n - 1) * block * elem, (n - 1) * block * elem + n * block * 4};
 }
 
@@ -166,6 +168,36 @@ TEST_CASE("ring attention: cp 1, 2, 4 match tiled attention on the full sequence
       CHECK(diff.diff.rel <= kTol);
       for (const std::string& e : byte_errors) FAIL_CHECK(e);
     }
+  }
+}
+
+TEST_CASE("ring attention: grouped-query K/V (2 query heads per kv head) at cp 2 and 4 match tiled, un-repeated") {
+  for (int n : {2, 4}) {
+    const int64_t T = 2 * n * kChunk, Tl = T / n;
+    const Inputs in = inputs(T, 41 + n, at::kFloat, /*kv=*/1);
+    const model::AttentionDropout drop = dropout_of(0.1);
+    const Result ref = full_tiled(in, drop);
+    Worst diff;
+    std::mutex mu;
+    std::vector<std::string> errors;
+    dtrain::testing::run_world(world_of(n), [&](comm::Comm& c, int r) {
+      ctx::RingBytes bytes;
+      ctx::RingOptions opt;
+      opt.tile = kTile;
+      const Result got = ring_local(c.group(dtrain::mesh::GroupKind::cp), in, drop, opt, &bytes);
+      diff.add(worst(got, ref, n, r));
+      const ctx::RingBytes want = expected_bytes(n, Tl, 4, 1);  // K/V of one kv head: half of MHA's
+      std::lock_guard<std::mutex> lock(mu);
+      if (got.dk.size(0) != kB || bytes.forward != want.forward || bytes.backward != want.backward)
+        errors.push_back("rank " + std::to_string(r) + ": dk rows " + std::to_string(got.dk.size(0)) + ", sent " +
+                         std::to_string(bytes.forward) + " + " + std::to_string(bytes.backward) + " bytes, formula " +
+                         std::to_string(want.forward) + " + " + std::to_string(want.backward));
+    }, no_shm);
+    MESSAGE("cp " << n << " GQA (" << kH << " heads, 1 kv head) dropout 0.1: max |ring - tiled| / max |tiled| over "
+                  << "out, dq, dk, dv " << diff.diff.rel << " (tol " << kTol << "); K/V bytes per rank forward "
+                  << expected_bytes(n, Tl, 4, 1).forward);
+    CHECK(diff.diff.rel <= kTol);
+    for (const std::string& e : errors) FAIL_CHECK(e);
   }
 }
 
