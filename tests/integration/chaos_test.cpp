@@ -20,19 +20,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using parity::step_losses;
 
-// metrics.jsonl's (step, loss) records in file order.
-std::vector<std::pair<int, double>> step_losses(const std::string& path) {
-  std::vector<std::pair<int, double>> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    const auto s = line.find("\"step\": "), l = line.find("\"loss\": ");
-    if (s != std::string::npos && l != std::string::npos)
-      out.push_back({std::atoi(line.c_str() + s + 8), std::strtod(line.c_str() + l + 8, nullptr)});
-  }
-  return out;
-}
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // Flips the last byte of every rank file of a checkpoint step (tensor data,
 // not the header): its checksum no longer matches the index.

@@ -26,6 +26,8 @@ namespace parity = dtrain::testing::parity;
 
 namespace {
 
+using parity::step_losses;
+
 // Inside host 0's fresh namespace: free. Every run of a case uses it: the
 // connections of a finished run linger in TIME_WAIT there, and node 0 must
 // still serve the next run rather than join a server that is gone.
@@ -82,19 +84,6 @@ size_t count(const std::string& text, const std::string& part) {
   size_t n = 0;
   for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
   return n;
-}
-
-// metrics.jsonl as (step, loss), in file order (a resumed round appends).
-std::vector<std::pair<int, double>> step_losses(const std::string& path) {
-  // Line by line: checkpoint records ({"step", "ckpt_block_ms", ...}) have no loss.
-  std::vector<std::pair<int, double>> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    const auto s = line.find("\"step\": "), l = line.find("\"loss\": ");
-    if (s != std::string::npos && l != std::string::npos)
-      out.push_back({std::atoi(line.c_str() + s + 8), std::strtod(line.c_str() + l + 8, nullptr)});
-  }
-  return out;
 }
 
 // Every "pid N" an agent printed (its workers): none may be alive after it.

@@ -244,17 +244,25 @@ inline std::vector<std::string> ranks(int dp, int mb) {
           "train.micro_batch=" + std::to_string(mb)};
 }
 
+// metrics.jsonl's (step, loss) records in file order (a resumed or restarted
+// run appends; checkpoint records such as {"step", "ckpt_block_ms"} have no
+// loss and are skipped).
+inline std::vector<std::pair<int, double>> step_losses(const std::string& path) {
+  std::vector<std::pair<int, double>> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto s = line.find("\"step\": "), l = line.find("\"loss\": ");
+    if (s != std::string::npos && l != std::string::npos)
+      out.push_back({std::atoi(line.c_str() + s + 8), std::strtod(line.c_str() + l + 8, nullptr)});
+  }
+  return out;
+}
+
 // Every logged step's loss of a metrics.jsonl, by step (a restarted run
 // logs some steps twice: the later value wins).
 inline std::map<int, double> losses_by_step(const std::string& path) {
   std::map<int, double> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto s = line.find("\"step\": "), l = line.find("\"loss\": ");
-    if (s == std::string::npos || l == std::string::npos) continue;
-    out[std::atoi(line.c_str() + s + 8)] = std::strtod(line.c_str() + l + 8, nullptr);
-  }
+  for (auto [step, loss] : step_losses(path)) out[step] = loss;
   return out;
 }
 
