@@ -11,8 +11,8 @@ hosts). Drives the real binaries; Python standard library only.
 
 Faults: kill_worker (SIGKILL a worker), kill_agent (SIGKILL an agent; it is
 started again once the survivors re-formed), hang (SIGSTOP a worker: the
-rendezvous' hang detection names it), slow_rank (SIGSTOP 1 s, then SIGCONT:
-named in metrics.jsonl as slowest_rank; nothing is redone), link_cut (host's
+rendezvous' hang detection names it), slow_rank (stopped 40 ms of every
+60 ms for 2 s: named in metrics.jsonl as slowest_rank; nothing is redone), link_cut (host's
 link down, up again a few seconds later: the agent re-joins), full_disk
 (checkpoint.dir is a small tmpfs; it is filled until a save fails on it, then
 freed), corrupt_ckpt (a worker SIGKILLed, then the newest checkpoint's files
@@ -275,6 +275,21 @@ class Campaign:
         pids = [p for p in netns_pids(i) if is_worker(p)]
         return pids[0] if pids else None
 
+    def throttle(self, pid):
+        """A slow rank: stopped 40 ms of every 60 ms for slow_s seconds (below
+        hang_timeout_s). The engine measures a rank's compute as its step time
+        minus its time blocked in collectives, so one long stop that lands
+        inside a collective is invisible; many short ones land in compute."""
+        end = time.time() + self.a.slow_s
+        try:
+            while time.time() < end:
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(0.04)
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(0.02)
+        except ProcessLookupError:
+            pass
+
     def inject(self, kind, host):
         f = {"kind": kind, "host": host, "at": time.time(), "step_at": self.metrics.max_step(),
              "mark": self.marks(), "round": self.last_round()[0]}
@@ -283,10 +298,10 @@ class Campaign:
             if pid is None:
                 return None
             f["pid"] = pid
-            os.kill(pid, signal.SIGKILL if kind == "kill_worker" else signal.SIGSTOP)
             if kind == "slow_rank":
-                time.sleep(self.a.slow_s)  # the stall itself: below hang_timeout_s
-                os.kill(pid, signal.SIGCONT)
+                self.throttle(pid)
+            else:
+                os.kill(pid, signal.SIGKILL if kind == "kill_worker" else signal.SIGSTOP)
         elif kind == "kill_agent":
             ag = self.agents[host]
             f["pid"] = ag.proc.pid
@@ -555,7 +570,7 @@ def main():
     p.add_argument("--ckpt-every", type=int, default=5)
     p.add_argument("--hang-timeout-s", type=float, default=3)
     p.add_argument("--ckpt-fs-mb", type=int, default=48, help="size of the tmpfs under checkpoint.dir")
-    p.add_argument("--slow-s", type=float, default=1.0)
+    p.add_argument("--slow-s", type=float, default=2.0)
     p.add_argument("--straggler-ratio", type=float, default=3.0, help="a slow_rank is named at this ratio")
     p.add_argument("--cut-s", type=float, default=3.0)
     p.add_argument("--recover-timeout-s", type=float, default=90)
