@@ -17,7 +17,10 @@ ProcessGroup::ProcessGroup(int wake_fd, WorkerWatch* watch) : wake_fd_(wake_fd),
 ProcessGroup::~ProcessGroup() {
   for (auto& e : entries_) e.process->signal_group(SIGKILL);
   kill_sessions();
+  std::vector<pid_t> pids;
+  for (const auto& e : entries_) pids.push_back(e.process->pid());
   entries_.clear();  // ~Process reaps
+  for (pid_t pid : pids) remove_shm_segments_of(pid);
 }
 
 std::vector<pid_t> ProcessGroup::sessions() const {
@@ -59,6 +62,7 @@ void ProcessGroup::reap(std::vector<ExitEvent>* events) {
   for (size_t i = 0; i < entries_.size(); ++i) {
     auto status = entries_[i].process->try_reap();
     if (!status) continue;
+    remove_shm_segments_of(entries_[i].process->pid());
     pump(i);  // what it wrote before exiting (children holding the pipe may add more later)
     entries_[i].output->flush();
     events->push_back({i, *status, std::chrono::system_clock::now()});

@@ -98,4 +98,18 @@ int signal_sessions(const std::vector<pid_t>& sids, int sig) {
   return n;
 }
 
+int remove_shm_segments_of(pid_t pid) {
+  if (pid <= 0) return 0;
+  const std::string prefix = "dtrain-" + std::to_string(pid) + "-";
+  DIR* dir = ::opendir("/dev/shm");
+  if (!dir) return 0;
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(dir))
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.emplace_back(e->d_name);
+  ::closedir(dir);
+  int removed = 0;
+  for (const auto& name : names) removed += ::unlink(("/dev/shm/" + name).c_str()) == 0 ? 1 : 0;
+  return removed;
+}
+
 }  // namespace dtrain::launcher

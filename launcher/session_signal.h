@@ -24,4 +24,10 @@ std::vector<pid_t> session_members(const std::vector<pid_t>& sids);
 // ("K=V", e.g. "DTRAIN_AGENT_PID=123"), this process's excepted.
 std::vector<pid_t> sessions_with_env(const std::string& entry);
 
+// Unlinks the shared-memory segments a dead worker created and could not
+// remove (/dev/shm/dtrain-<pid>-<nonce>, engine/comm/shm_segment.cpp: rank 0
+// of a node's group unlinks it once every member has mapped it, so a worker
+// killed during that set-up leaves it). Returns how many were removed.
+int remove_shm_segments_of(pid_t pid);
+
 }  // namespace dtrain::launcher

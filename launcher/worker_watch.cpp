@@ -158,6 +158,7 @@ int run_worker_watch(int fd, double grace_s, pid_t agent) {
     DTRAIN_WARN("the agent (pid {}) is gone with {} worker session(s) it had not registered yet",
                 agent, unregistered);
   if (!sids.empty()) stop_sessions(std::vector<pid_t>(sids.begin(), sids.end()), grace_s, agent);
+  for (pid_t sid : sids) remove_shm_segments_of(sid);  // workers are session leaders: sid = pid
   return 0;
 }
 
