@@ -132,6 +132,17 @@ void remove_quietly(const std::string& path) {
   fs::remove_all(path, ec);
 }
 
+// Drops the steps of `root` newer than `step`: after a restore they belong to
+// a timeline that was abandoned, and a later copy of the same step number
+// must not find another world's files beside its own.
+void drop_newer(const std::string& root, int64_t step) {
+  std::error_code ec;
+  std::vector<std::string> stale;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (step_of(e.path().filename().string()) > step) stale.push_back(e.path().string());
+  for (const auto& d : stale) remove_quietly(d);
+}
+
 }  // namespace
 
 bool memory_copies_on(const TrainState& s) {
@@ -245,6 +256,7 @@ int64_t restore_from_memory(const TrainState& s, int64_t disk_step) {
         missing = "step " + std::to_string(it->first) + " of rank " + std::to_string(r);
   }
   if (step < 0) {
+    drop_newer(s.info->memory_dir, disk_step);  // every rank has read its node's holdings (the all-gather)
     if (s.info->rank == 0 && !missing.empty())
       DTRAIN_WARN("no node holds {} in memory (both copies are gone): resuming from {}", missing,
                   disk_step < 0 ? "the start (no checkpoint on disk)" : "disk, step " + std::to_string(disk_step));
@@ -271,6 +283,8 @@ int64_t restore_from_memory(const TrainState& s, int64_t disk_step) {
                                            held + "/header.json"));
   const int64_t got = load(s, dir);
   remove_quietly(dir);
+  s.control->barrier();  // every holder has sent its shards
+  drop_newer(s.info->memory_dir, step);
   if (s.info->rank == 0) {
     for (const auto& [r, h] : shards)
       DTRAIN_INFO("restored step {} of rank {} from {} memory on node {}", step, r, h.peer ? "peer" : "its own node's",

@@ -61,7 +61,8 @@ std::vector<std::string> memory_sets(const std::string& run_dir) {
           "cluster.nodes=\"2:3\"", "cluster.procs_per_node=1", "parallel.dp=auto", "train.micro_batch=2",
           "train.global_batch=12", "train.grad_accum=auto", "cluster.grace_s=1",
           "cluster.rendezvous.join_timeout_s=30", "cluster.rendezvous.last_call_s=2",
-          "cluster.rendezvous.heartbeat_s=0.5"};
+          "cluster.rendezvous.heartbeat_s=0.5",
+          "cluster.rendezvous.rejoin_timeout_s=1"};  // the cut host's agent gives up soon
 }
 
 // The directory an agent said it keeps its copies in.
