@@ -62,17 +62,14 @@ struct Checker {
   void one_of(const std::string& path) const { check_enum_name(origin, problems, path); }
 };
 
-// checkpoint.memory: an `every` that is written must be a step count (leaving
-// the section out turns copies off); copies need a second node.
+// checkpoint.memory: `every` is a step count, 0 = no copies (the default, and
+// what a printed spec of a run without copies holds); copies need a second node.
 void check_memory_copies(const Checker& c) {
   const CheckpointSpec& k = c.spec.checkpoint;
-  const YAML::Node& root = c.origin.root;
-  const bool every_given = root.IsMap() && root["checkpoint"].IsMap() && root["checkpoint"]["memory"].IsMap() &&
-                           root["checkpoint"]["memory"]["every"].IsDefined();
-  if (!c.bad({"checkpoint.memory.every"}) && (k.memory_every < 0 || (every_given && k.memory_every == 0)))
+  if (!c.bad({"checkpoint.memory.every"}) && k.memory_every < 0)
     c.error("checkpoint.memory.every", "checkpoint.memory.every = " + str(k.memory_every) +
-                                           ": must be >= 1 (steps between in-memory copies); leave "
-                                           "checkpoint.memory out to keep no copies in memory");
+                                           ": must be >= 1 (steps between in-memory copies), or 0 to keep "
+                                           "no copies in memory");
   c.at_least("checkpoint.memory.replicas", k.memory_replicas, 0, "use 1 for one copy on another node, 0 for none");
   if (k.memory_every > 0 && k.memory_replicas > 0 && c.spec.cluster.nodes_max == 1)
     c.problems.warn("checkpoint.memory.replicas = " + str(k.memory_replicas) +
