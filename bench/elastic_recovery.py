@@ -17,11 +17,14 @@ start to its first step (what a restart from scratch pays for worker start-up,
 Gloo set-up and one step); a round's "formed -> training" is the same work
 plus the checkpoint load. Prints every run, the medians and the ratios.
 
+With --memory the spec adds checkpoint.memory {every: 1, replicas: 1}: the
+survivors restore round 2 from the copies in the nodes' memory (node 0's log:
+"restored step N of rank 2 from peer memory"), not from the disk checkpoint.
 With --defaults grace_s and last_call_s keep their defaults (5 s each)
 instead of 1 s. "Today" vs "now": the same command with DTRAIN_BUILD_DIR of
 the two builds.
 
-Usage: sudo bench/elastic_recovery.py [RUNS] [--defaults]
+Usage: sudo bench/elastic_recovery.py [RUNS] [--memory] [--defaults]
 (DTRAIN_BUILD_DIR, default build/; DTRAIN_BENCH_KEEP=1 keeps the agents' logs)
 """
 import fcntl
@@ -41,6 +44,7 @@ HEARTBEAT_S, LAST_CALL_S, GRACE_S = 0.5, 1.0, 1.0
 DEFAULTS = "--defaults" in sys.argv
 if DEFAULTS:
     LAST_CALL_S, GRACE_S = 5.0, 5.0
+MEMORY = ", memory: {every: 1, replicas: 1}" if "--memory" in sys.argv else ""
 POLL_S = 0.01
 
 
@@ -81,7 +85,7 @@ model: {{kind: gpt, vocab: 256, layers: 2, d_model: 32, heads: 2, seq_len: 32, d
 fault: {{kind: slow, rank: 0, step: 1, ms: 40}}
 train: {{steps: 60, micro_batch: 2, global_batch: 12, grad_accum: auto, lr: 3.0e-3, warmup_steps: 3}}
 data: {{path: {work}/text.txt, format: bytes}}
-checkpoint: {{dir: {run}/ckpt, every: 4, keep: 20}}
+checkpoint: {{dir: {run}/ckpt, every: 4, keep: 20{MEMORY}}}
 log: {{dir: {run}, every: 1}}
 """)
     return path
@@ -185,6 +189,8 @@ def one_cut(work, k):
         if "round 1 closed (restart 0): 3 nodes" not in read(logs[0]):
             raise RuntimeError("round 1 did not start on 3 nodes; see " + logs[0])
         resumed = [int(x.split()[0]) for x in read(logs[0]).split("resuming from step ")[1:]]
+        if MEMORY and "of rank 2 from peer memory" not in read(logs[0]):
+            raise RuntimeError("round 2 did not restore rank 2 from peer memory; see " + logs[0])
         return ({key: cut[key] - t_cut for key in ("named", "formed", "training")},
                 {key: back[key] - t_back for key in ("formed", "training")}, resumed)
     finally:
@@ -236,7 +242,8 @@ def main():
         f_med = statistics.median(fresh)
         restart = statistics.median(r["training"] - r["formed"] for r in rows)
         print("\n3 test hosts x 1 worker, elastic 2:3, heartbeat %.1f s (dead after 3 missed), "
-              "grace %.1f s, last call %.1f s; %d runs, medians:" % (HEARTBEAT_S, GRACE_S, LAST_CALL_S, runs))
+              "grace %.1f s, last call %.1f s%s; %d runs, medians:"
+              % (HEARTBEAT_S, GRACE_S, LAST_CALL_S, ", checkpoint.memory every 1" if MEMORY else "", runs))
         print("  partition -> named            %.2f s  (%.1f heartbeats)" % (med["named"], med["named"] / HEARTBEAT_S))
         print("  partition -> round 2 formed   %.2f s  (named -> formed %.2f s: stop, re-join, last call)"
               % (med["formed"], med["formed"] - med["named"]))

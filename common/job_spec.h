@@ -231,6 +231,15 @@ struct CheckpointSpec {
   // rename, latest) follows at the first step boundary after every rank's
   // write has finished. Same files as a synchronous save.
   bool async = false;
+  // In-memory copies (checkpoint.memory): every memory_every steps each rank
+  // keeps its state (the entries a checkpoint holds) in its node's RAM
+  // (/dev/shm, owned by its agent) and sends a copy to a rank on each of the
+  // next memory_replicas nodes; a re-formed round restores the newest step
+  // every shard of which survived, before disk. 0 = off.
+  int memory_every = 0;
+  int memory_replicas = 1;
+  // Copies are kept only where another node can hold them.
+  bool memory_on(int nodes) const { return memory_every > 0 && memory_replicas > 0 && nodes > 1; }
 };
 
 // Chaos testing: one fault injected on purpose, on the first launch only

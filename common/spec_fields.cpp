@@ -120,6 +120,8 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("checkpoint.every", checkpoint.every),
       DTRAIN_FIELD("checkpoint.keep", checkpoint.keep),
       DTRAIN_FIELD("checkpoint.async", checkpoint.async),
+      DTRAIN_FIELD("checkpoint.memory.every", checkpoint.memory_every),
+      DTRAIN_FIELD("checkpoint.memory.replicas", checkpoint.memory_replicas),
       DTRAIN_FIELD("log.dir", log.dir),
       DTRAIN_FIELD("log.every", log.every),
       DTRAIN_FIELD("log.tensorboard", log.tensorboard),

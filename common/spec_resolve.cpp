@@ -60,6 +60,9 @@ JobSpec spec_for_round(const JobSpec& spec, int nodes, int dp) {
                     str(spec.train.global_batch) + ")",
                 "set train.grad_accum: auto so that the global batch stays the same");
   }
+  // A fault aimed at a rank this smaller round lacks (its node is gone)
+  // injects nothing in it; the spec stays valid for the round's world.
+  if (r.fault.active() && !r.fault.every_rank() && r.fault.rank >= r.world()) r.fault = FaultSpec{};
   return r;
 }
 

@@ -62,6 +62,21 @@ struct Checker {
   void one_of(const std::string& path) const { check_enum_name(origin, problems, path); }
 };
 
+// checkpoint.memory: `every` is a step count, 0 = no copies (the default, and
+// what a printed spec of a run without copies holds); copies need a second node.
+void check_memory_copies(const Checker& c) {
+  const CheckpointSpec& k = c.spec.checkpoint;
+  if (!c.bad({"checkpoint.memory.every"}) && k.memory_every < 0)
+    c.error("checkpoint.memory.every", "checkpoint.memory.every = " + str(k.memory_every) +
+                                           ": must be >= 1 (steps between in-memory copies), or 0 to keep "
+                                           "no copies in memory");
+  c.at_least("checkpoint.memory.replicas", k.memory_replicas, 0, "use 1 for one copy on another node, 0 for none");
+  if (k.memory_every > 0 && k.memory_replicas > 0 && c.spec.cluster.nodes_max == 1)
+    c.problems.warn("checkpoint.memory.replicas = " + str(k.memory_replicas) +
+                    " is ignored on a single node (cluster.nodes = 1): no other node can hold a copy, so "
+                    "restarts read checkpoint.dir only");
+}
+
 void check_ranges(const Checker& c) {
   const JobSpec& s = c.spec;
   const char* size_fix = "sizes are counts, use a positive number";
@@ -112,6 +127,7 @@ void check_ranges(const Checker& c) {
   c.at_least("train.weight_decay", s.train.weight_decay, 0.0, "e.g. 0.1, or 0 for none");
   c.at_least("train.grad_clip", s.train.grad_clip, 0.0, "use 0 to turn clipping off");
   c.at_least("checkpoint.every", s.checkpoint.every, 0, "use 0 to save only at the end");
+  check_memory_copies(c);
   c.at_least("fault.rank", s.fault.rank, 0, "the global rank that fails");
   c.at_least("fault.step", s.fault.step, 0, "the step after (or during whose save) it fails");
   c.at_least("fault.ms", s.fault.ms, 0, "milliseconds the slow rank adds to each step, e.g. 200");

@@ -79,6 +79,7 @@ Agent::Agent(const JobSpec& spec, AgentConfig config, rendezvous::RendezvousClie
 Agent::~Agent() {
   heartbeat_.reset();
   procs_.reset();  // SIGKILLs and reaps anything left (only on an exception path)
+  memory_.reset();  // the in-memory copies go with the job
   watch_.reset();  // after procs_: tells the watcher to quit
   relay_.reset();
 }
@@ -229,6 +230,12 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   in.extra_env = config_.extra_env;
   in.gloo_ifname = config_.ifname;
   in.agent_pid = ::getpid();  // the worker watch's fallback (worker_watch.h)
+  if (!memory_ && spec_.checkpoint.memory_on(spec_.cluster.nodes_max)) {
+    memory_ = MemoryCopies::create(config_.job, config_.node_id);
+    if (memory_ && watch_) watch_->remove_on_death(memory_->dir());
+    if (memory_) DTRAIN_INFO("checkpoint.memory: this node keeps its in-memory copies in {}", memory_->dir());
+  }
+  if (memory_) in.extra_env.push_back("DTRAIN_MEMORY_DIR=" + memory_->dir());
   const auto& show = config_.console_ranks;
   for (const auto& placement : a.local_ranks) {
     Worker w;

@@ -13,6 +13,7 @@
 #include "common/job_spec.h"
 #include "launcher/goodput.h"
 #include "launcher/heartbeat.h"
+#include "launcher/memory_copies.h"
 #include "launcher/process_group.h"
 #include "launcher/signal_relay.h"
 #include "launcher/worker.h"
@@ -95,6 +96,7 @@ class Agent {
   std::unique_ptr<SignalRelay> relay_;
   std::unique_ptr<WorkerWatch> watch_;  // stops the workers if this agent dies; outlives procs_
   std::unique_ptr<ProcessGroup> procs_;
+  std::unique_ptr<MemoryCopies> memory_;  // checkpoint.memory: from the first start to the end
   std::unique_ptr<Heartbeat> heartbeat_;
   WorkerGroup group_;
   std::optional<Worker> first_failure_;  // of the current round

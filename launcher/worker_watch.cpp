@@ -122,6 +122,7 @@ void WorkerWatch::send(const std::string& line) {
 
 void WorkerWatch::watch(pid_t sid) { send("+" + std::to_string(sid) + "\n"); }
 void WorkerWatch::forget(pid_t sid) { send("-" + std::to_string(sid) + "\n"); }
+void WorkerWatch::remove_on_death(const std::string& dir) { send("m" + dir + "\n"); }
 
 int run_worker_watch(int fd, double grace_s, pid_t agent) {
   // Own session: no terminal signals. SIGINT and SIGHUP reach it only when
@@ -129,6 +130,7 @@ int run_worker_watch(int fd, double grace_s, pid_t agent) {
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGHUP, SIG_IGN);
   std::set<pid_t> sids;
+  std::string shm_dir;  // removed after the sessions are stopped
   std::string pending;
   char buf[4096];
   for (;;) {
@@ -142,6 +144,10 @@ int run_worker_watch(int fd, double grace_s, pid_t agent) {
       pending.erase(0, nl + 1);
       if (line == "q") return 0;
       if (line.size() < 2) continue;
+      if (line[0] == 'm') {
+        shm_dir = line.substr(1);
+        continue;
+      }
       const pid_t sid = static_cast<pid_t>(std::atol(line.c_str() + 1));
       if (sid <= 1) continue;
       if (line[0] == '+') sids.insert(sid);
@@ -159,6 +165,10 @@ int run_worker_watch(int fd, double grace_s, pid_t agent) {
                 agent, unregistered);
   if (!sids.empty()) stop_sessions(std::vector<pid_t>(sids.begin(), sids.end()), grace_s, agent);
   for (pid_t sid : sids) remove_shm_segments_of(sid);  // workers are session leaders: sid = pid
+  if (!shm_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(shm_dir, ec);
+  }
   return 0;
 }
 

@@ -31,6 +31,7 @@ class WorkerWatch {
 
   void watch(pid_t sid);   // a worker session started
   void forget(pid_t sid);  // ... and is gone (the agent killed and reaped it)
+  void remove_on_death(const std::string& dir);  // the agent's RAM directory (memory_copies.h)
   pid_t pid() const { return pid_; }
 
  private:
@@ -42,7 +43,8 @@ class WorkerWatch {
 };
 
 // The watcher's main: reads the agent's lines from fd until "q" (returns 0)
-// or EOF (stops the sessions it holds, returns 0).
+// or EOF (stops the sessions it holds, removes the directory it was given,
+// returns 0).
 int run_worker_watch(int fd, double grace_s, pid_t agent);
 
 }  // namespace dtrain::launcher

@@ -250,6 +250,12 @@ uint64_t write_prepared(PreparedSave& p) {
   return bytes;
 }
 
+std::vector<ck::ShardData> rank_shards(const TrainState& s, std::vector<at::Tensor>& keep) {
+  return collect_shards(s, s.state->save_entries(), keep);
+}
+
+ck::Index index_of(const TrainState& s, int64_t step) { return index_header(s, step); }
+
 void commit_prepared(const TrainState& s, PreparedSave& p) {
   s.control->barrier();  // every rank file is written and fsynced
   if (s.info->rank == 0) {

@@ -104,7 +104,8 @@ int64_t resume(const TrainState& s);
 // commit is reported is rank 0's.
 struct StepSave {
   bool stop = false;      // the loop must stop now (preempted)
-  double block_ms = -1;   // the step loop was stopped this long for checkpoints (-1: no save work)
+  double block_ms = -1;   // the step loop was stopped this long for checkpoints, in-memory copies
+                          // (memory_snapshot.h) included (-1: no save work)
   double write_ms = -1;   // a rank file was written in this long: this step's save when
                           // synchronous, the one committed at this step when async (the longer
                           // when the last step commits two) (-1: none)
@@ -133,6 +134,11 @@ std::string first_nonfinite_copy(const PreparedSave& p);
 uint64_t write_prepared(PreparedSave& p);
 // Collective: barrier, rank 0's index.json and commit, barrier.
 void commit_prepared(const TrainState& s, PreparedSave& p);
+// What a save of `step` holds, without the save protocol (the in-memory
+// copies of memory_snapshot.h): this rank's shards (host copies in `keep`,
+// aliasing live CPU tensors) and the index header (no tensors yet).
+std::vector<dtrain::checkpoint::ShardData> rank_shards(const TrainState& s, std::vector<at::Tensor>& keep);
+dtrain::checkpoint::Index index_of(const TrainState& s, int64_t step);
 }  // namespace detail
 
 // Asynchronous saves (async_save.cpp; at most one in flight per process).

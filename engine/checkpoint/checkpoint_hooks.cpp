@@ -3,14 +3,24 @@
 // which is the save and load mechanics.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "common/checkpoint_dir.h"
 #include "common/log.h"
 #include "common/timeline.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/checkpoint/resume_fallback.h"
+#include "engine/checkpoint/memory_snapshot.h"
 
 namespace dtrain::engine::checkpoint {
+
+namespace {
+// <root>/step_<N> -> N
+int64_t disk_step(const std::string& dir) {
+  const auto at = dir.rfind("step_");
+  return at == std::string::npos ? -1 : std::atoll(dir.c_str() + at + 5);
+}
+}  // namespace
 
 int64_t resume(const TrainState& s) {
   install_preemption_handler();
@@ -19,6 +29,12 @@ int64_t resume(const TrainState& s) {
     dir = dtrain::checkpoint::resolve(s.info->resume_from);  // explicit: a corrupt one is refused by load
   else if (!dir.empty())  // automatic: past a corrupt `latest` to the newest that verifies,
     dir = newest_verified(s, dir, /*fall_back=*/s.info->resume_from.empty());  // unless begun explicitly
+  // A re-formed round: the newest state the nodes hold in memory, unless
+  // disk has a newer one (an explicit `dtrain resume` reads its checkpoint).
+  if (memory_copies_on(s) && (s.info->resume_from.empty() || s.info->restart > 0)) {
+    const int64_t step = restore_from_memory(s, dir.empty() ? -1 : disk_step(dir));
+    if (step >= 0) return step;
+  }
   if (dir.empty() && !s.info->init_from.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     load(s, s.info->init_from, /*weights_only=*/true);
@@ -69,6 +85,10 @@ StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
   out.stop = preemption_requested(*s.control, steps_done >= s.spec->train.steps);
   const bool preempted = out.stop;
   const auto& c = s.spec->checkpoint;
+  double memory_ms = -1;  // the in-memory copy's share of block_ms
+  if (step_finite && memory_copies_on(s) && steps_done % c.memory_every == 0)
+    memory_ms = memory_snapshot(s, steps_done);  // before the fault hooks below: a hang after step N leaves N in memory
+  out.block_ms = memory_ms;
   const bool due = (c.every > 0 && steps_done % c.every == 0) || steps_done == s.spec->train.steps;
   if (c.dir.empty()) {
     if (preempted && s.info->rank == 0)
@@ -101,7 +121,7 @@ StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
     out.write_ms = std::max(out.write_ms, finish_async_save(s));
     worked = true;
   }
-  if (worked) out.block_ms = ms_since(t0);
+  if (worked) out.block_ms = ms_since(t0) + std::max(memory_ms, 0.0);
   fault_after_step(s.spec->fault, *s.info, steps_done);  // after the step's checkpoint, if one was due
   if (preempted && s.info->rank == 0)
     DTRAIN_INFO("preempted: stopping after step {}; `dtrain resume --ckpt {}` continues", steps_done, c.dir);

@@ -28,7 +28,8 @@ namespace dtrain::engine::comm {
 
 // Who this worker is: read from RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, DTRAIN_MESH, DTRAIN_COORD, DTRAIN_RESTART,
-// DTRAIN_SPEC, DTRAIN_RUN_DIR, DTRAIN_RESUME_FROM, DTRAIN_INIT_FROM and GLOO_SOCKET_IFNAME.
+// DTRAIN_SPEC, DTRAIN_RUN_DIR, DTRAIN_RESUME_FROM, DTRAIN_INIT_FROM, DTRAIN_MEMORY_DIR and
+// GLOO_SOCKET_IFNAME.
 // Missing DTRAIN_MESH = pure data parallel.
 // from_env is the engine's only reader of the environment: code below it
 // takes these fields.
@@ -53,6 +54,9 @@ struct WorldInfo {
   // Network interface for Gloo, as in PyTorch; "" = loopback when
   // MASTER_ADDR is 127.x or localhost, else the host's default.
   std::string gloo_socket_ifname;
+  // DTRAIN_MEMORY_DIR: this node's directory in RAM (/dev/shm) for the
+  // in-memory checkpoint copies, owned by the agent; "" = none.
+  std::string memory_dir;
   // `dtrain eval`: evaluate this checkpoint instead of training
   // (DTRAIN_EVAL_CKPT, DTRAIN_EVAL_BATCHES windows, rank 0's JSON to
   // DTRAIN_EVAL_OUT); ckpt "" = train.

@@ -84,6 +84,7 @@ WorldInfo WorldInfo::from_env() {
   if (const char* v = std::getenv("DTRAIN_RESUME_FROM")) w.resume_from = v;
   if (const char* v = std::getenv("DTRAIN_INIT_FROM")) w.init_from = v;
   if (const char* v = std::getenv("GLOO_SOCKET_IFNAME")) w.gloo_socket_ifname = v;
+  if (const char* v = std::getenv("DTRAIN_MEMORY_DIR")) w.memory_dir = v;
   if (const char* v = std::getenv("DTRAIN_EVAL_CKPT")) w.eval.ckpt = v;
   if (!w.eval.ckpt.empty()) read_int("DTRAIN_EVAL_BATCHES", true, 1, &w.eval.windows, errors);
   if (const char* v = std::getenv("DTRAIN_EVAL_OUT")) w.eval.out = v;

@@ -78,6 +78,15 @@ TEST_CASE("spec auto: an elastic range resolves at its largest size; a smaller r
   CHECK(worker.parallel.dp == 2);
   CHECK(worker.train.grad_accum == 3);
   CHECK(worker.world() == 2);
+  // A fault aimed at rank 2 (on the lost third node) injects nothing in a round
+  // of 2; one aimed at a rank the round has is kept.
+  JobSpec faulty = parse_job_spec(kElastic, "t.yaml", {"fault.kind=hang", "fault.rank=2", "fault.step=3"});
+  const JobSpec lost = dtrain::spec_for_round(faulty, 2, 2);
+  CHECK_FALSE(lost.fault.active());
+  CHECK_NOTHROW(parse_job_spec(dtrain::job_spec_to_yaml(lost), "round.yaml"));
+  CHECK(dtrain::spec_for_round(faulty, 3, 3).fault.rank == 2);
+  faulty.fault.rank = 1;
+  CHECK(dtrain::spec_for_round(faulty, 2, 2).fault.rank == 1);
 }
 
 TEST_CASE("spec auto: refusals name the values and the fix") {

@@ -132,6 +132,8 @@ const std::vector<Example> kExamples = {
     {"checkpoint.every", "3"},
     {"checkpoint.keep", "1"},
     {"checkpoint.async", "true"},
+    {"checkpoint.memory.every", "2", {"cluster.nodes=2", "parallel.dp=2"}},
+    {"checkpoint.memory.replicas", "2", {"cluster.nodes=3", "parallel.dp=3"}},
     {"log.dir", "logs"},
     {"log.every", "2"},
     {"log.trace.steps", "[1, 2]"},

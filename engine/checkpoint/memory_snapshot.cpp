@@ -1,0 +1,299 @@
+// The in-memory copies of memory_snapshot.h. A node's directory holds
+// step_<N>/rank_<r>.safetensors (a checkpoint rank file, the same bytes a
+// disk save writes), rank_<r>.peer (present when that file is a copy sent by
+// another node) and header.json (the index without its tensor table). Files
+// appear by rename, so a reader never sees half of one. Peers are reached
+// over the world's Gloo control group, which every round already has.
+#include "engine/checkpoint/memory_snapshot.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <system_error>
+
+#include "common/checkpoint_index.h"
+#include "common/checkpoint_writer.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace dtrain::engine::checkpoint {
+namespace ck = dtrain::checkpoint;
+namespace fs = std::filesystem;
+namespace {
+
+constexpr int kMaxHeld = 64;  // (step, rank) entries one rank reports at a restore
+constexpr int kFields = 4;    // of each: step, old rank, old world, 1 = a copy from a peer
+
+std::string step_path(const std::string& root, int64_t step) { return root + "/step_" + std::to_string(step); }
+std::string rank_name(int64_t r) { return "rank_" + std::to_string(r) + ".safetensors"; }
+std::string peer_mark(int64_t r) { return "rank_" + std::to_string(r) + ".peer"; }
+
+// step_<N> -> N; -1 for anything else.
+int64_t step_of(const std::string& name) {
+  if (name.rfind("step_", 0) != 0 || name.size() == 5) return -1;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  return std::stoll(name.substr(5));
+}
+
+at::Tensor read_bytes(const std::string& path) {  // [n] uint8
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw Error(ErrorCode::checkpoint, "cannot read the in-memory copy " + path);
+  const auto n = static_cast<int64_t>(in.tellg());
+  at::Tensor t = at::empty({n}, at::kByte);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(t.data_ptr()), n);
+  if (!in) throw Error(ErrorCode::checkpoint, "cannot read the in-memory copy " + path);
+  return t;
+}
+
+// <dir>/<name> appears whole: written under a name of this rank's, then renamed.
+void write_atomic(const std::string& dir, const std::string& name, const void* data, size_t n, int rank) {
+  const std::string tmp = dir + "/." + name + ".tmp" + std::to_string(rank);
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+    if (!out) throw Error(ErrorCode::checkpoint, "cannot write the in-memory copy " + tmp,
+                          "is /dev/shm full? free memory or lower checkpoint.memory.replicas");
+  }
+  fs::rename(tmp, dir + "/" + name);
+}
+
+// Which node (GROUP_RANK) and local index every rank of this process's
+// world has: gathered once, the world does not change under a process.
+struct Layout {
+  std::vector<int> node, local;  // by global rank
+  std::vector<int> nodes;        // distinct, ascending
+};
+
+const Layout& layout(const TrainState& s) {
+  static Layout l;
+  if (!l.node.empty()) return l;
+  const int world = s.info->world;
+  at::Tensor mine = at::empty({2}, at::kLong);  // [node, local]
+  mine.data_ptr<int64_t>()[0] = s.info->node_rank;
+  mine.data_ptr<int64_t>()[1] = s.info->local_rank;
+  at::Tensor all = at::empty({2 * world}, at::kLong);
+  s.control->all_gather(mine, all);
+  for (int r = 0; r < world; ++r) {
+    l.node.push_back(int(all.data_ptr<int64_t>()[2 * r]));
+    l.local.push_back(int(all.data_ptr<int64_t>()[2 * r + 1]));
+  }
+  l.nodes = l.node;
+  std::sort(l.nodes.begin(), l.nodes.end());
+  l.nodes.erase(std::unique(l.nodes.begin(), l.nodes.end()), l.nodes.end());
+  return l;
+}
+
+// The rank with `rank`'s local index on the node `d` places after its own
+// (d < 0: before), among the world's nodes in order; -1 when there is none.
+int peer_rank(const Layout& l, int rank, int d) {
+  const int n = int(l.nodes.size());
+  const int i = int(std::find(l.nodes.begin(), l.nodes.end(), l.node[size_t(rank)]) - l.nodes.begin());
+  const int target = l.nodes[size_t(((i + d) % n + n) % n)];
+  for (size_t r = 0; r < l.node.size(); ++r)
+    if (l.node[r] == target && l.local[r] == l.local[size_t(rank)]) return int(r);
+  return -1;
+}
+
+// Sends `data` to `to` while receiving `from`'s bytes (two tags: size, bytes).
+at::Tensor exchange(comm::Group& g, const at::Tensor& data, int to, int from, int tag) {
+  at::Tensor size_out = at::full({1}, data.numel(), at::kLong), size_in = at::empty({1}, at::kLong);
+  auto a = g.send(size_out, to, tag);
+  auto b = g.recv(size_in, from, tag);
+  a->wait();
+  b->wait();
+  at::Tensor in = at::empty({size_in.item<int64_t>()}, at::kByte);
+  a = g.send(data, to, tag + 1);
+  b = g.recv(in, from, tag + 1);
+  a->wait();
+  b->wait();
+  return in;
+}
+
+// `root`'s bytes on every rank.
+at::Tensor broadcast_bytes(comm::Group& g, at::Tensor data, int root) {
+  at::Tensor size = at::full({1}, g.rank() == root ? data.numel() : 0, at::kLong);
+  g.broadcast(size, root);
+  if (g.rank() != root) data = at::empty({size.item<int64_t>()}, at::kByte);
+  g.broadcast(data, root);
+  return data;
+}
+
+void remove_quietly(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+// Drops the steps of `root` newer than `step`: after a restore they belong to
+// a timeline that was abandoned, and a later copy of the same step number
+// must not find another world's files beside its own.
+void drop_newer(const std::string& root, int64_t step) {
+  std::error_code ec;
+  std::vector<std::string> stale;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (step_of(e.path().filename().string()) > step) stale.push_back(e.path().string());
+  for (const auto& d : stale) remove_quietly(d);
+}
+
+}  // namespace
+
+bool memory_copies_on(const TrainState& s) {
+  const int nodes = s.info->world / std::max(1, s.info->local_world);
+  return !s.info->memory_dir.empty() && s.spec->checkpoint.memory_on(nodes);
+}
+
+double memory_snapshot(const TrainState& s, int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string dir = step_path(s.info->memory_dir, step);
+  const int rank = s.info->rank;
+  fs::create_directories(dir);
+  {
+    const std::string tmp = dir + "/.tmp_rank_" + std::to_string(rank);
+    fs::create_directories(tmp);
+    std::vector<at::Tensor> keep;  // host copies the shards point into
+    ck::write_rank_file(tmp, rank_name(rank), detail::rank_shards(s, keep));
+    fs::remove(dir + "/" + peer_mark(rank));  // this node's own copy now
+    fs::rename(tmp + "/" + rank_name(rank), dir + "/" + rank_name(rank));
+    remove_quietly(tmp);
+  }
+  const std::string header = ck::index_to_json(detail::index_of(s, step));
+  write_atomic(dir, "header.json", header.data(), header.size(), rank);
+  const at::Tensor data = read_bytes(dir + "/" + rank_name(rank));
+  const Layout& l = layout(s);
+  const int replicas = std::min(s.spec->checkpoint.memory_replicas, int(l.nodes.size()) - 1);
+  for (int d = 1; d <= replicas; ++d) {
+    const int from = peer_rank(l, rank, -d);
+    const at::Tensor in = exchange(*s.control, data, peer_rank(l, rank, d), from, 2 * d);
+    write_atomic(dir, peer_mark(from), "", 0, rank);  // before the file: a copy is never taken for its own
+    write_atomic(dir, rank_name(from), in.data_ptr(), size_t(in.numel()), rank);
+  }
+  s.control->barrier();  // step `step` is complete on every node: the older ones can go
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(s.info->memory_dir, ec)) {
+    const int64_t n = step_of(e.path().filename().string());
+    if (n >= 0 && n < step) remove_quietly(e.path().string());
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  DTRAIN_DEBUG("in-memory copy of step {}: {} bytes here and on {} other node(s) in {:.1f} ms", step,
+               data.numel(), replicas, ms);
+  return ms;
+}
+
+namespace {
+
+using Held = std::array<int64_t, kFields>;  // step, old rank, old world, peer copy
+
+// What this node's directory holds, newest steps first.
+std::vector<Held> held_here(const std::string& root) {
+  std::vector<Held> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const int64_t step = step_of(e.path().filename().string());
+    const std::string dir = e.path().string();
+    if (step < 0 || !fs::exists(dir + "/header.json")) continue;
+    std::ifstream in(dir + "/header.json");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const int64_t world = ck::index_from_json(text, dir + "/header.json").world;
+    for (int64_t r = 0; r < world; ++r)
+      if (fs::exists(dir + "/" + rank_name(r)))
+        out.push_back({step, r, world, fs::exists(dir + "/" + peer_mark(r)) ? 1 : 0});
+  }
+  std::sort(out.begin(), out.end(), [](const Held& a, const Held& b) { return a[0] > b[0]; });
+  if (out.size() > size_t(kMaxHeld)) out.resize(size_t(kMaxHeld));
+  return out;
+}
+
+struct Holder {
+  int rank = -1;  // new rank whose node holds the shard
+  bool peer = false;
+};
+
+// Every rank's holdings -> step -> old rank -> holder (an own copy before a
+// peer's, then the lowest rank), and each step's old world.
+std::map<int64_t, std::map<int64_t, Holder>> gather_holdings(const TrainState& s, std::map<int64_t, int64_t>* worlds) {
+  const std::vector<Held> mine = held_here(s.info->memory_dir);
+  at::Tensor t = at::full({kMaxHeld * kFields}, -1, at::kLong);
+  for (size_t i = 0; i < mine.size(); ++i)
+    for (int f = 0; f < kFields; ++f) t.data_ptr<int64_t>()[i * kFields + size_t(f)] = mine[i][size_t(f)];
+  at::Tensor all = at::empty({s.info->world * kMaxHeld * kFields}, at::kLong);
+  s.control->all_gather(t, all);
+  std::map<int64_t, std::map<int64_t, Holder>> out;
+  const int64_t* p = all.data_ptr<int64_t>();
+  for (int q = 0; q < s.info->world; ++q)
+    for (int i = 0; i < kMaxHeld; ++i) {
+      const int64_t* h = p + (int64_t(q) * kMaxHeld + i) * kFields;
+      if (h[0] < 0) continue;
+      (*worlds)[h[0]] = h[2];
+      Holder& got = out[h[0]][h[1]];
+      if (got.rank < 0 || (got.peer && h[3] == 0)) got = {q, h[3] != 0};
+    }
+  return out;
+}
+
+}  // namespace
+
+int64_t restore_from_memory(const TrainState& s, int64_t disk_step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::map<int64_t, int64_t> worlds;
+  const auto holdings = gather_holdings(s, &worlds);
+  int64_t step = -1;
+  std::string missing;  // of the newest step that memory holds only in part
+  for (auto it = holdings.rbegin(); it != holdings.rend() && it->first >= disk_step; ++it) {
+    if (int64_t(it->second.size()) == worlds[it->first]) {
+      step = it->first;
+      break;
+    }
+    for (int64_t r = 0; r < worlds[it->first] && missing.empty(); ++r)
+      if (!it->second.count(r))
+        missing = "step " + std::to_string(it->first) + " of rank " + std::to_string(r);
+  }
+  if (step < 0) {
+    drop_newer(s.info->memory_dir, disk_step);  // every rank has read its node's holdings (the all-gather)
+    if (s.info->rank == 0 && !missing.empty())
+      DTRAIN_WARN("no node holds {} in memory (both copies are gone): resuming from {}", missing,
+                  disk_step < 0 ? "the start (no checkpoint on disk)" : "disk, step " + std::to_string(disk_step));
+    return -1;
+  }
+  const Layout& l = layout(s);  // collective: every rank here, before rank 0 names the nodes
+  // The shards presented as a checkpoint directory in this node's memory,
+  // so that the loader reshards them exactly as it does a disk checkpoint.
+  const std::string dir = s.info->memory_dir + "/restore_rank_" + std::to_string(s.info->rank);
+  remove_quietly(dir);
+  fs::create_directories(dir);
+  const std::string held = step_path(s.info->memory_dir, step);
+  const auto& shards = holdings.at(step);
+  for (const auto& [r, h] : shards) {
+    at::Tensor data = h.rank == s.info->rank ? read_bytes(held + "/" + rank_name(r)) : at::Tensor();
+    data = broadcast_bytes(*s.control, data, h.rank);
+    write_atomic(dir, rank_name(r), data.data_ptr(), size_t(data.numel()), s.info->rank);
+  }
+  const int header_from = shards.begin()->second.rank;
+  at::Tensor header = header_from == s.info->rank ? read_bytes(held + "/header.json") : at::Tensor();
+  header = broadcast_bytes(*s.control, header, header_from);
+  ck::write_index(dir, ck::index_from_json(std::string(static_cast<const char*>(header.data_ptr()),
+                                                       size_t(header.numel())),
+                                           held + "/header.json"));
+  const int64_t got = load(s, dir);
+  remove_quietly(dir);
+  s.control->barrier();  // every holder has sent its shards
+  drop_newer(s.info->memory_dir, step);
+  if (s.info->rank == 0) {
+    for (const auto& [r, h] : shards)
+      DTRAIN_INFO("restored step {} of rank {} from {} memory on node {}", step, r, h.peer ? "peer" : "its own node's",
+                  l.node[size_t(h.rank)]);
+    DTRAIN_INFO("resuming from step {} (in-memory copies; disk has {}) in {:.3f} s", got,
+                disk_step < 0 ? "none" : "step " + std::to_string(disk_step),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return got;
+}
+
+}  // namespace dtrain::engine::checkpoint
