@@ -414,7 +414,7 @@ class Campaign:
     def schedule(self):
         kinds = []
         while len(kinds) < 10000:
-            batch = list(KINDS)
+            batch = list(self.a.kinds)
             self.rng.shuffle(batch)
             kinds += batch
         for kind in kinds:
@@ -571,6 +571,8 @@ def main():
     p.add_argument("--hang-timeout-s", type=float, default=3)
     p.add_argument("--ckpt-fs-mb", type=int, default=48, help="size of the tmpfs under checkpoint.dir")
     p.add_argument("--slow-s", type=float, default=2.0)
+    p.add_argument("--kinds", default=",".join(KINDS), type=lambda v: v.split(","),
+                   help="the fault kinds drawn, comma-separated (default: all)")
     p.add_argument("--straggler-ratio", type=float, default=3.0, help="a slow_rank is named at this ratio")
     p.add_argument("--cut-s", type=float, default=3.0)
     p.add_argument("--recover-timeout-s", type=float, default=90)
@@ -580,6 +582,8 @@ def main():
     a = p.parse_args()
     if not a.faults and not a.duration_s:
         p.error("give --faults or --duration-s")
+    if not a.kinds or any(k not in KINDS for k in a.kinds):
+        p.error("--kinds: each of %s" % ", ".join(KINDS))
     lock = None
     if not a.hosts_ready:
         lock = open("/run/dtrain-testhosts-test.lock", "w")
