@@ -87,7 +87,7 @@ TEST_CASE("hierarchical all_reduce across 2 nodes: the per-node sums added, exac
     each_layout(hier, [&](comm::Comm& c, int r, const Layout& l) {
       {
         std::lock_guard<std::mutex> lock(mu);
-        paths[hier] += c.axis("dp").path() + " " + c.world().path() + " ";
+        paths[hier] += " " + c.axis("dp").path() + " " + c.world().path();
       }
       for (auto dt : {at::kFloat, at::kDouble, at::kInt, at::kLong})
         for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{1023}, int64_t{1025}, int64_t{10007}}) {
@@ -101,7 +101,7 @@ TEST_CASE("hierarchical all_reduce across 2 nodes: the per-node sums added, exac
     });
   std::printf("hierarchical all_reduce vs node-order sums: max diff %.3g (tolerance 0, exact); "
               "flat Gloo fp32 vs the same: %.3g (must differ)\n", worst, flat_vs_order);
-  CHECK(paths[1].find("gloo ") == std::string::npos);  // every group took the hierarchical path...
+  CHECK(paths[1].find(" gloo") == std::string::npos);  // every group took the hierarchical path...
   CHECK(paths[1].find("shm+gloo") != std::string::npos);
   CHECK(paths[0].find("shm+gloo") == std::string::npos);  // ...and none with it off
   CHECK(worst == 0);
