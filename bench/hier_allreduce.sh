@@ -60,6 +60,7 @@ grep -q WRONG "$tmp/rows" && { cat "$tmp/rows" >&2; echo "hier_allreduce: a resu
 
 {
   echo "# bench/hier_allreduce.sh: all_reduce fp32 on 2 test hosts x 2 ranks, $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "# command: ROUNDS=$ROUNDS ITERS=$ITERS MIN=$MIN MAX=$MAX bench/hier_allreduce.sh (commit $(git -C "$ROOT" rev-parse --short HEAD))"
   echo "# hier = shared memory inside a host + Gloo between the 2 host leaders; flat = Gloo over all 4 ranks"
   echo "# $(nproc --all) cores shared by both hosts (network namespaces of one kernel, veth + bridge)"
   echo "# median of $ITERS iters per size, $ROUNDS interleaved rounds; busbw = algbw x 2(n-1)/n (n = 4)"
