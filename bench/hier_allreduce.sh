@@ -18,6 +18,10 @@ DTRAIN="$BUILD/apps/dtrain/dtrain" WORKER="$BUILD/apps/dtrain/dtrain-worker"
 "$ROOT/scripts/testhosts" check >/dev/null || { "$ROOT/scripts/testhosts" check >&2; exit 2; }
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 DTRAIN_TOKEN=hier-bench
 
+# The test hosts are one machine-wide set: wait for any test's or bench's
+# hosts to go down first (the lock TestHosts holds, tests/support/test_hosts.h).
+exec 9>/run/dtrain-testhosts-test.lock
+flock 9
 tmp="$(mktemp -d /tmp/dtrain-hier-XXXXXX)"
 cleanup() { "$ROOT/scripts/testhosts" down >/dev/null 2>&1 || true; rm -rf "$tmp"; }
 trap cleanup EXIT
