@@ -45,6 +45,9 @@ struct ClusterSpec {
   // Gloo groups whose ranks share a machine all-reduce through shared
   // memory (false: over Gloo's TCP, as PyTorch does).
   bool shm = true;
+  // Gloo groups that span nodes with several ranks on a node sum in shared
+  // memory per node and over Gloo between node leaders (needs shm).
+  bool hier_allreduce = true;
   // Gloo's reduce-scatter (ZeRO, sequence parallelism): ring = dtrain's
   // ring over Gloo send/recv; native = Gloo's own (PyTorch's).
   GlooReduceScatter gloo_reduce_scatter = GlooReduceScatter::ring;

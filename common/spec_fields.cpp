@@ -24,6 +24,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("cluster.device", cluster.device),
       DTRAIN_FIELD("cluster.backend", cluster.backend),
       DTRAIN_FIELD("cluster.shm", cluster.shm),
+      DTRAIN_FIELD("cluster.hier_allreduce", cluster.hier_allreduce),
       DTRAIN_FIELD("cluster.gloo_reduce_scatter", cluster.gloo_reduce_scatter),
       DTRAIN_FIELD("cluster.max_restarts", cluster.max_restarts),
       DTRAIN_FIELD("cluster.grace_s", cluster.grace_s),

@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
   bench->add_option("--iters", bopt.iters, "timed repeats per size");
   bench->add_option("--dtype", bopt.dtype, "fp32|fp16|bf16");
   bench->add_option("--reduce-scatter", bopt.reduce_scatter, "ring|native");
+  bench->add_option("--hier", bopt.hierarchical, "hierarchical all-reduce across nodes (true|false)");
   auto* doctor = app.add_subcommand("doctor", "BLAS, kernels, versions, GPUs and matmul rates as JSON");
   double doctor_seconds = 0.4;
   doctor->add_option("--seconds", doctor_seconds, "budget of each matmul rate measurement");

@@ -8,8 +8,10 @@
 // connections, and one equal to the world on the world's backend shares the
 // world's pg. NCCL groups live under "pg/nccl/..." (communicators are made at
 // the first op). Control is the world group when the world is Gloo, else a
-// Gloo world group of its own. make_side_group (side_group.h) adds a Gloo
-// world group on a pg of its own, after build, for another thread's use.
+// Gloo world group of its own. Gloo groups on one node go through shared
+// memory (shm_group.h); ones that span nodes sum hierarchically (hier_group.h).
+// make_side_group (side_group.h) adds a Gloo world group on a pg of its own,
+// after build, for another thread's use.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -22,6 +24,7 @@
 #include "common/error.h"
 #include "engine/comm/gloo_group.h"
 #include "engine/comm/group_factory.h"
+#include "engine/comm/hier_group.h"
 #include "engine/comm/shm_group.h"
 #include "engine/comm/side_group.h"
 #include "engine/comm/traced_group.h"
@@ -92,6 +95,11 @@ class CommImpl : public Comm {
   // Every Gloo group (world, axes) all-reduces through shared memory where
   // its members share a machine; set up collectively, in build's order.
   void add_shm_collectives(int64_t slot_bytes);
+  // Then every Gloo group left on Gloo (it spans nodes) that has several
+  // members on a node all-reduces hierarchically; groups with the same
+  // members share the node and leader groups.
+  void add_hier_all_reduce(int64_t slot_bytes);
+  detail::ShmOptions shm_options(int64_t slot_bytes) const;
 
   WorldInfo info_;
   c10::intrusive_ptr<c10d::Store> store_;  // outlives the groups below
@@ -111,13 +119,36 @@ const c10::intrusive_ptr<c10d::Backend>& CommImpl::world_pg(const std::string& b
   return it->second;
 }
 
-void CommImpl::add_shm_collectives(int64_t slot_bytes) {
+detail::ShmOptions CommImpl::shm_options(int64_t slot_bytes) const {
   detail::ShmOptions so;
   so.slot_bytes = slot_bytes;
   so.node = info_.node_rank;
   so.timeout_s = ctx_.timeout_s;
   // More ranks here than cores: never spin, the core is a peer's.
   if (info_.local_world > static_cast<int>(std::thread::hardware_concurrency())) so.spin_us = 0;
+  return so;
+}
+
+void CommImpl::add_hier_all_reduce(int64_t slot_bytes) {
+  const detail::ShmOptions so = shm_options(slot_bytes);
+  std::map<std::vector<int>, std::shared_ptr<detail::HierLinks>> links;  // by members
+  auto wrap = [&](std::unique_ptr<Group>& g) {
+    if (!g || g->backend() != "gloo" || g->path() != "gloo") return;  // shm: one node already
+    auto [it, fresh] = links.try_emplace(g->global_ranks());
+    if (fresh) {
+      std::string key = "hier/";
+      for (int r : g->global_ranks()) key += std::to_string(r) + ",";
+      it->second = detail::make_hier_links(*g, ctx_, key + "/", so);
+    }
+    g = detail::with_hier_all_reduce(std::move(g), it->second);
+  };
+  wrap(world_);
+  wrap(control_);
+  for (auto& entry : axes_) wrap(entry.second);
+}
+
+void CommImpl::add_shm_collectives(int64_t slot_bytes) {
+  const detail::ShmOptions so = shm_options(slot_bytes);
   auto wrap = [&](std::unique_ptr<Group>& g) {
     if (!g || g->backend() != "gloo") return;
     std::string key = "shm/" + g->name() + "/";  // one key per group: its name and members
@@ -186,6 +217,7 @@ void CommImpl::build(const CommOptions& options) {
     axes_[axis] = detail::make_group(backend, axis, g, rank, it->second.pg, group_slot, ctx_);
   });
   if (options.shm) add_shm_collectives(options.shm_slot_bytes);
+  if (options.shm && options.hierarchical) add_hier_all_reduce(options.shm_slot_bytes);
   // Under a launcher (a run dir): every op of every group goes into this
   // rank's collective trace, which the agent reads to attribute hangs.
   if (!info_.run_dir.empty()) {

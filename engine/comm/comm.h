@@ -173,6 +173,9 @@ struct CommOptions {
   // false: Gloo's TCP for everything.
   bool shm = true;
   int64_t shm_slot_bytes = int64_t{512} << 10;  // staged per rank per chunk (ShmOptions)
+  // With shm: Gloo groups that span nodes with more than one member on some
+  // node sum all-reduces hierarchically (hier_group.h); false: flat Gloo.
+  bool hierarchical = true;
   // Gloo groups' reduce-scatter: false = dtrain's ring over send/recv,
   // true = Gloo's own (cluster.gloo_reduce_scatter native).
   bool gloo_native_reduce_scatter = false;

@@ -116,13 +116,14 @@ int run_comm_bench(const CommBenchOptions& options) {
                 "use ring (dtrain's, the default) or native (Gloo's own)");
   CommOptions copt;
   copt.gloo_native_reduce_scatter = options.reduce_scatter == "native";
+  copt.hierarchical = options.hierarchical;
   auto comm = init_comm(WorldInfo::from_env(), copt);
   Group& g = comm->world();
   const int n = g.size(), r = g.rank();
   const int64_t esize = at::elementSize(dt);
   if (r == 0) {
-    std::printf("# dtrain bench comm: %s, %d ranks (gloo), %s, median of %d iters, %d warmup\n",
-                options.op.c_str(), n, options.dtype.c_str(), options.iters, options.warmup);
+    std::printf("# dtrain bench comm: %s, %d ranks (gloo, path %s), %s, median of %d iters, %d warmup\n",
+                options.op.c_str(), n, g.path().c_str(), options.dtype.c_str(), options.iters, options.warmup);
     if (options.op == "reduce_scatter")
       std::printf("# reduce_scatter path: %s (--reduce-scatter ring | native)\n",
                   copt.gloo_native_reduce_scatter ? "native, Gloo's own" : "ring, ours over Gloo send/recv");

@@ -15,6 +15,7 @@ struct CommBenchOptions {
   int warmup = 1;
   std::string dtype = "fp32";
   std::string reduce_scatter = "ring";  // ring (dtrain's) | native (Gloo's own)
+  bool hierarchical = true;  // CommOptions::hierarchical (groups that span nodes)
 };
 
 // Rank 0 prints the table; every rank checks its results. Returns the exit

@@ -4,7 +4,8 @@
 // set c % kSets:
 //   1. every rank copies its part of the chunk into its slot and arrives
 //      (all_reduce, all_gather: its piece; reduce_scatter: its n pieces,
-//      one for each rank's block);
+//      one for each rank's block; broadcast: the root its piece, the others
+//      nothing);
 //   2. the last to arrive (already running: no one waits to be scheduled)
 //      marks the set done; for all_reduce it first reduces slots 0..n-1 in
 //      rank order into the result slot (the same addition order whatever the
@@ -12,7 +13,8 @@
 //   3. each rank takes its result when it waits for the op (or needs the set
 //      again) and counts itself consumed: all_reduce copies the result slot
 //      out, all_gather copies every rank's slot to its place, reduce_scatter
-//      reduces its own block from every slot, in rank order, into its output.
+//      reduces its own block from every slot, in rank order, into its output,
+//      broadcast copies the root's slot out.
 // A set is staged again (chunk c + kSets) only once every rank consumed it.
 // Waits spin briefly, then sleep on a futex in the segment, so a machine
 // with more ranks than cores gives its cores to the ranks that compute.
@@ -56,10 +58,16 @@ bool shm_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kInt || t == at::kLong;
 }
 
-enum class ShmOp { all_reduce, all_gather, reduce_scatter };
+enum class ShmOp { all_reduce, all_gather, reduce_scatter, broadcast };
 
 const char* op_name(ShmOp op) {
-  return op == ShmOp::all_reduce ? "all_reduce" : op == ShmOp::all_gather ? "all_gather" : "reduce_scatter";
+  switch (op) {
+    case ShmOp::all_reduce: return "all_reduce";
+    case ShmOp::all_gather: return "all_gather";
+    case ShmOp::reduce_scatter: return "reduce_scatter";
+    case ShmOp::broadcast: return "broadcast";
+  }
+  return "?";
 }
 
 // The group's side of the segment: stages chunks, reduces as the last
@@ -74,7 +82,7 @@ class ShmChannel {
     ShmOp op;
     char* dst;       // the result's place in the caller's output (all_gather: rank 0's piece)
     int64_t elems;   // per rank piece
-    int64_t stride;  // all_gather: bytes between two ranks' pieces in the output
+    int64_t stride;  // all_gather: bytes between two ranks' pieces in the output; broadcast: the root
     at::ScalarType dtype;
     ReduceOp reduce;
     bool consumed = false;
@@ -109,6 +117,23 @@ class ShmChannel {
       chunks.push_back(
           stage_chunk({0, ShmOp::all_gather, dst + off * es, elems, m * es, in.scalar_type(), ReduceOp::sum},
                       [&](char* slot) { std::memcpy(slot, src + off * es, size_t(elems * es)); }));
+    }
+    return chunks;
+  }
+
+  // broadcast: t [m] of rank `root` to every rank's t; only the root stages.
+  std::vector<ChunkPtr> stage_broadcast(const at::Tensor& t, int root) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t es = static_cast<int64_t>(t.element_size());
+    const int64_t per_chunk = slot_bytes() / es;
+    char* data = static_cast<char*>(t.data_ptr());
+    std::vector<ChunkPtr> chunks;
+    for (int64_t off = 0; off < t.numel(); off += per_chunk) {
+      const int64_t elems = std::min(per_chunk, t.numel() - off);
+      chunks.push_back(stage_chunk({0, ShmOp::broadcast, data + off * es, elems, root, t.scalar_type(), ReduceOp::sum},
+                                   [&](char* slot) {
+                                     if (me_ == root) std::memcpy(slot, data + off * es, size_t(elems * es));
+                                   }));
     }
     return chunks;
   }
@@ -234,6 +259,8 @@ void ShmChannel::consume(Chunk& c) {
   const size_t bytes = static_cast<size_t>(c.elems * es);
   if (c.op == ShmOp::all_reduce) {
     std::memcpy(c.dst, seg_->slot(set, n_), bytes);
+  } else if (c.op == ShmOp::broadcast) {
+    if (me_ != c.stride) std::memcpy(c.dst, seg_->slot(set, static_cast<int>(c.stride)), bytes);
   } else if (c.op == ShmOp::all_gather) {
     for (int j = 0; j < n_; ++j) std::memcpy(c.dst + j * c.stride, seg_->slot(set, j), bytes);
   } else {
@@ -282,6 +309,16 @@ class ShmGroup : public ForwardingGroup {
     if (!eligible(in, out) || out.numel() != size() * in.numel()) return inner_->all_gather(in, out, async);
     bytes_ += static_cast<uint64_t>((size() - 1) * static_cast<int64_t>(in.nbytes()));
     auto work = std::make_shared<ShmWork>(channel_, out, channel_->stage_all_gather(in, out));
+    if (!async) work->wait();
+    return work;
+  }
+  WorkPtr broadcast(at::Tensor& t, int root, bool async) override {
+    // (any dtype: nothing is added)
+    if (!t.device().is_cpu() || !t.is_contiguous() || t.numel() == 0 || root < 0 || root >= size() ||
+        channel_->slot_bytes() < static_cast<int64_t>(t.element_size()))
+      return inner_->broadcast(t, root, async);
+    bytes_ += static_cast<uint64_t>((size() - 1) * static_cast<int64_t>(t.nbytes()) / size());
+    auto work = std::make_shared<ShmWork>(channel_, t, channel_->stage_broadcast(t, root));
     if (!async) work->wait();
     return work;
   }

@@ -134,6 +134,7 @@ std::unique_ptr<TrainSession> make_train_session() {
                                                                 : "nccl";
   copt.device = s->device;
   copt.shm = spec.cluster.shm;
+  copt.hierarchical = spec.cluster.hier_allreduce;
   copt.gloo_native_reduce_scatter = spec.cluster.gloo_reduce_scatter == GlooReduceScatter::native;
   s->comm = comm::init_comm(s->info, copt);
   s->dp = &s->comm->group(mesh::gradient_group(s->info.mesh.cp()));  // every replica of this shard: dp x cp

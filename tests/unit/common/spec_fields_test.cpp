@@ -41,6 +41,7 @@ const std::vector<Example> kExamples = {
     {"cluster.device", "cuda"},
     {"cluster.backend", "gloo"},
     {"cluster.gloo_reduce_scatter", "native"},
+    {"cluster.hier_allreduce", "false"},
     {"cluster.max_restarts", "3"},
     {"cluster.grace_s", "7.5"},
     {"cluster.hang_timeout_s", "90.5"},
