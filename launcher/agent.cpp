@@ -79,6 +79,7 @@ Agent::Agent(const JobSpec& spec, AgentConfig config, rendezvous::RendezvousClie
 Agent::~Agent() {
   heartbeat_.reset();
   procs_.reset();  // SIGKILLs and reaps anything left (only on an exception path)
+  spares_.reset();  // before watch_, which forgets them
   memory_.reset();  // the in-memory copies go with the job
   watch_.reset();  // after procs_: tells the watcher to quit
   relay_.reset();
@@ -250,13 +251,20 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
     std::remove(trace::trace_path(config_.run_dir, w.rank).c_str());  // nor a stale trace
     // Logs are appended to, never truncated: an earlier run's or restart's
     // output stays above this separator.
-    w.pid = procs_->spawn(w.rank, w.spec,
-                          "===== dtrain: " + config_.log_header + ", round " +
-                              std::to_string(a.round) + ", restart " + std::to_string(restart) +
-                              ", rank " + std::to_string(w.rank) + " =====");
+    const std::string header = "===== dtrain: " + config_.log_header + ", round " + std::to_string(a.round) +
+                               ", restart " + std::to_string(restart) + ", rank " + std::to_string(w.rank) +
+                               " =====";
+    auto spare = spares_ ? spares_->take(group_.workers.size(), w.spec) : nullptr;
+    if (spare) {
+      w.pid = procs_->adopt(w.rank, w.spec, header, std::move(spare));
+      DTRAIN_INFO("rank {} starts in warm spare pid {} (LibTorch already loaded)", w.rank, w.pid);
+    } else {
+      w.pid = procs_->spawn(w.rank, w.spec, header);
+    }
     w.state = WorkerState::HEALTHY;
     group_.workers.push_back(std::move(w));
   }
+  fill_spares();
   group_.state = WorkerState::HEALTHY;
   SignalRelay* relay = relay_.get();
   std::vector<std::string> traces;  // the builtin engine's collective traces of this node's ranks
@@ -276,6 +284,20 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   DTRAIN_INFO("round {}: node {} of {}, ranks {} of {} (restart {}), master {}:{}", a.round,
               a.node_rank, a.num_nodes, rank_list(a), a.world, restart, a.master_addr,
               a.master_port);
+}
+
+// After the workers started: the next restart's processes start now, so
+// that they load LibTorch while this round trains (warm_spares.h). Only a
+// job that can restart, with the builtin engine (the one that reads its
+// environment from a spare's pipe).
+void Agent::fill_spares() {
+  const auto& c = spec_.cluster;
+  if (!c.warm_spares || !spec_.builtin_entrypoint() || (c.max_restarts == 0 && c.nodes_min == c.nodes_max))
+    return;
+  if (!spares_) spares_ = std::make_unique<WarmSpares>(watch_.get());
+  std::vector<WorkerSpec> like;
+  for (const auto& w : group_.workers) like.push_back(w.spec);
+  spares_->fill(like);
 }
 
 Agent::Outcome Agent::monitor_step() {
