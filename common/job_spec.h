@@ -53,10 +53,6 @@ struct ClusterSpec {
   GlooReduceScatter gloo_reduce_scatter = GlooReduceScatter::ring;
   int max_restarts = 0;
   double grace_s = 5.0;          // SIGTERM -> SIGKILL grace period when stopping workers
-  // A job that can restart (max_restarts > 0 or elastic nodes) keeps one idle
-  // dtrain-worker per local rank with LibTorch loaded, which a restart hands
-  // its rank (no process start and library load); false: none.
-  bool warm_spares = true;
   double hang_timeout_s = 0;     // no rank completes a collective this long: a hang (0 = off)
   // Memory one rank may use ("80GiB", "512MiB", bytes); empty = unchecked.
   // A spec whose predicted peak (`dtrain plan`) exceeds it is refused.

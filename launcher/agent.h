@@ -58,7 +58,7 @@ class Agent {
   rendezvous::Assignment rendezvous_step();
   void start_step(const rendezvous::Assignment& assignment, int restart);
   Outcome monitor_step();
-  void fill_spares();  // warm spares for the next restart (cluster.warm_spares)
+  void fill_spares();  // warm spares for the next restart (warm_spares.h)
   void stop_step(int first_signal);
   // SIGTERM (the workers save on it), or SIGKILL at once when the round
   // ended because a node was declared dead: the workers wait in a collective

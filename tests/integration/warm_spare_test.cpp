@@ -2,7 +2,7 @@
 // fixture, one worker): a worker killed after step 3 is restarted in the
 // spare the agent started with the round (the agent names its pid, and that
 // process says it was a spare given rank 0), the job finishes, and no spare
-// outlives dtrain; with cluster.warm_spares false the restart starts a process.
+// outlives dtrain.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -59,14 +59,4 @@ TEST_CASE("a restart runs the killed rank in the warm spare started with the rou
   CHECK(read_file(Parity::get().dir / "spare/rank_0.log").find(worker_said) != std::string::npos);
   CHECK(last_step("spare") == 6);
   CHECK_MESSAGE(l.left.empty(), l.left.size() << " process(es) of the job outlived dtrain (an idle spare?)");
-}
-
-TEST_CASE("cluster.warm_spares false: the restart starts a new process") {
-  Launched l = launch("no_spare", {"cluster.warm_spares=false"});
-  INFO(l.out);
-  REQUIRE(l.code == 0);
-  CHECK(l.out.find("restarting the workers: restart 1 of 1") != std::string::npos);
-  CHECK(l.out.find("warm spare") == std::string::npos);
-  CHECK(last_step("no_spare") == 6);
-  CHECK(l.left.empty());
 }
