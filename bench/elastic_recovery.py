@@ -208,13 +208,12 @@ def timeline(run, logs, cut_wall, training):
     cut = day_seconds(cut_wall)
     agents = [read(logs[0]), read(logs[1])]
     workers = [round2_section(os.path.join(run, "rank_%d.log" % r)) for r in (0, 1)]
-    out, after = {}, cut
-    for name, needle in TIMELINE:
+    out = {}
+    for name, needle in TIMELINE:  # each mark's first line after the cut (a warm spare may log before "spawned")
         texts = ([agents[0]] if name in ("named", "formed") else agents if name in ("stopping", "spawned")
                  else workers[:1] if name == "restored" else workers)  # rank 0 logs the resume
-        t = last_stamp(texts, needle, after)
+        t = last_stamp(texts, needle, cut)
         out[name] = None if t is None else t - cut
-        after = t if t is not None else after
     out["first step"] = training
     return out
 
