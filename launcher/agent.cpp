@@ -264,12 +264,16 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
     w.state = WorkerState::HEALTHY;
     group_.workers.push_back(std::move(w));
   }
-  fill_spares();
+  // The job's first spares start with its first workers; later ones wait
+  // until this round trains (monitor_step), so that their library load does
+  // not compete with a restart's workers (or a joining node's) for the CPUs.
+  refill_spares_ = spares_ != nullptr;
+  if (!spares_) fill_spares();
   group_.state = WorkerState::HEALTHY;
   SignalRelay* relay = relay_.get();
   std::vector<std::string> traces;  // the builtin engine's collective traces of this node's ranks
   for (const auto& w : group_.workers) traces.push_back(trace::trace_path(config_.run_dir, w.rank));
-  auto progress = [traces] {
+  progress_ = [traces] {
     std::vector<trace::RankProgress> out;
     for (const auto& path : traces) {
       trace::RankProgress p;
@@ -280,16 +284,16 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   if (goodput_) goodput_->started(wall_now());
   heartbeat_ = std::make_unique<Heartbeat>(client_, config_.node_id, a.round,
                                            spec_.cluster.rendezvous.heartbeat_s,
-                                           [relay] { relay->wake(); }, progress);
+                                           [relay] { relay->wake(); }, progress_);
   DTRAIN_INFO("round {}: node {} of {}, ranks {} of {} (restart {}), master {}:{}", a.round,
               a.node_rank, a.num_nodes, rank_list(a), a.world, restart, a.master_addr,
               a.master_port);
 }
 
-// After the workers started: the next restart's processes start now, so
-// that they load LibTorch while this round trains (warm_spares.h). Only a
-// job that can restart, with the builtin engine (the one that reads its
-// environment from a spare's pipe).
+// The next restart's processes start now, so that they load LibTorch
+// while this round trains (warm_spares.h). Only a job that can restart,
+// with the builtin engine (the one that reads its environment from a
+// spare's pipe).
 void Agent::fill_spares() {
   const auto& c = spec_.cluster;
   if (!spec_.builtin_entrypoint() || (c.max_restarts == 0 && c.nodes_min == c.nodes_max)) return;
@@ -297,6 +301,14 @@ void Agent::fill_spares() {
   std::vector<WorkerSpec> like;
   for (const auto& w : group_.workers) like.push_back(w.spec);
   spares_->fill(like);
+}
+
+// Every local rank finished a step of this round (its collective trace).
+bool Agent::round_trains() const {
+  const auto progress = progress_();
+  if (progress.size() < group_.workers.size()) return false;
+  return std::all_of(progress.begin(), progress.end(),
+                     [](const trace::RankProgress& p) { return p.done_step > p.start_step; });
 }
 
 Agent::Outcome Agent::monitor_step() {
@@ -316,6 +328,10 @@ Agent::Outcome Agent::monitor_step() {
       return Outcome::signaled;
     }
     if (auto outcome = group_outcome()) return *outcome;
+    if (refill_spares_ && round_trains()) {
+      refill_spares_ = false;
+      fill_spares();
+    }
     switch (heartbeat_->verdict()) {
       case Heartbeat::Verdict::ok: break;
       case Heartbeat::Verdict::round_changed: return Outcome::round_changed;
