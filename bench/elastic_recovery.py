@@ -15,7 +15,10 @@ Then host 2 comes back (link up, a new agent there); from its start:
 The peer, in the same run: a fresh 2-host launch of the same spec, from its
 start to its first step (what a restart from scratch pays for worker start-up,
 Gloo set-up and one step); a round's "formed -> training" is the same work
-plus the checkpoint load. Prints every run, the medians and the ratios.
+plus the checkpoint load. Prints every run, the medians and the ratios,
+and the recovery's timeline from the logs' stamps (detection, the survivors'
+stop, the round's close, worker start and library load, Gloo set-up, the
+restore, the first step: see TIMELINE).
 
 With --memory the spec adds checkpoint.memory {every: 1, replicas: 1}: the
 survivors restore round 2 from the copies in the nodes' memory (node 0's log:
