@@ -15,7 +15,10 @@ Then host 2 comes back (link up, a new agent there); from its start:
 The peer, in the same run: a fresh 2-host launch of the same spec, from its
 start to its first step (what a restart from scratch pays for worker start-up,
 Gloo set-up and one step); a round's "formed -> training" is the same work
-plus the checkpoint load. Prints every run, the medians and the ratios.
+plus the checkpoint load. Prints every run, the medians and the ratios,
+and the recovery's timeline from the logs' stamps (detection, the survivors'
+stop, the round's close, worker start and library load, Gloo set-up, the
+restore, the first step: see TIMELINE).
 
 With --memory the spec adds checkpoint.memory {every: 1, replicas: 1}: the
 survivors restore round 2 from the copies in the nodes' memory (node 0's log:
@@ -162,6 +165,62 @@ def round_times(log0, metrics, t0, named=None):
     return t, progress
 
 
+# The phases of one recovery, from the logs' [HH:MM:SS.mmm] stamps (agents
+# and workers on this machine's clock), as seconds after the cut: when node 0
+# named the lost node, the last survivor began stopping its workers, round 2
+# closed, the last survivor had started its workers, the last worker was in
+# main with its spec read (its fault warning: process start, library load),
+# had its Gloo groups ("coordinates"), and rank 0 had restored its state
+# ("resuming from step"). The first step comes from metrics.jsonl.
+TIMELINE = [("named", "declared dead"), ("stopping", "stopping "), ("formed", "rendezvous round 2 closed"),
+            ("spawned", "round 2: node "), ("worker main", "FAULT INJECTION ON"),
+            ("gloo ready", " coordinates "), ("restored", "resuming from step ")]
+
+
+def stamp(line):
+    if not line.startswith("[") or len(line) < 14 or line[3] != ":" or line[9] != ".":
+        return None
+    h, m, sec = line[1:13].split(":")
+    return int(h) * 3600 + int(m) * 60 + float(sec)
+
+
+def day_seconds(t):
+    lt = time.localtime(t)
+    return lt.tm_hour * 3600 + lt.tm_min * 60 + lt.tm_sec + (t % 1)
+
+
+def round2_section(path):
+    text = read(path)
+    at = text.find(", round 2, ")
+    return text[at:] if at >= 0 else ""
+
+
+def last_stamp(texts, needle, after):
+    """The latest text's first stamped line holding needle at or after `after` (None: some text has none)."""
+    found = []
+    for text in texts:
+        times = [stamp(l) for l in text.splitlines() if needle in l and stamp(l) is not None]
+        times = [x for x in times if x >= after - 0.001]
+        if not times:
+            return None
+        found.append(min(times))
+    return max(found)
+
+
+def timeline(run, logs, cut_wall, training):
+    cut = day_seconds(cut_wall)
+    agents = [read(logs[0]), read(logs[1])]
+    workers = [round2_section(os.path.join(run, "rank_%d.log" % r)) for r in (0, 1)]
+    out = {}
+    for name, needle in TIMELINE:  # each mark's first line after the cut (a warm spare may log before "spawned")
+        texts = ([agents[0]] if name in ("named", "formed") else agents if name in ("stopping", "spawned")
+                 else workers[:1] if name == "restored" else workers)  # rank 0 logs the resume
+        t = last_stamp(texts, needle, cut)
+        out[name] = None if t is None else t - cut
+    out["first step"] = training
+    return out
+
+
 def one_cut(work, k):
     run = os.path.join(work, "cut%d" % k)
     logs = [os.path.join(work, "cut%d_node%d.log" % (k, i)) for i in range(3)]
@@ -170,11 +229,12 @@ def one_cut(work, k):
     agents = Agents(write_spec(work, run, "2:3"), 3, logs)
     try:
         wait_for(lambda: len(steps_of(metrics)) >= 8, 180, "step 8")
-        t_cut = time.monotonic()
+        t_cut, cut_wall = time.monotonic(), time.time()
         testhosts("cut", "2")
         cut, progress = round_times(logs[0], metrics, t_cut, named="declared dead")
         cut["closed_marker"] = "rendezvous round 2 closed"
         wait_for(progress, 120, "round 2's first step")
+        phases = timeline(run, logs, cut_wall, cut["training"] - t_cut)
         if len(steps_of(metrics)) >= 50:
             raise RuntimeError("round 2 ended too soon to add host 2 back; see " + logs[0])
         testhosts("heal", "2")
@@ -192,7 +252,7 @@ def one_cut(work, k):
         if MEMORY and "of rank 2 from peer memory" not in read(logs[0]):
             raise RuntimeError("round 2 did not restore rank 2 from peer memory; see " + logs[0])
         return ({key: cut[key] - t_cut for key in ("named", "formed", "training")},
-                {key: back[key] - t_back for key in ("formed", "training")}, resumed)
+                {key: back[key] - t_back for key in ("formed", "training")}, resumed, phases)
     finally:
         agents.kill()
 
@@ -212,6 +272,23 @@ def one_fresh(work, k):
         agents.kill()
 
 
+# Each phase's median duration (from the previous mark), over the runs that have both marks.
+def print_timeline(phases):
+    what = {"named": "detection (missed heartbeats)", "stopping": "survivors see round 2, stop workers",
+            "formed": "re-join, round 2 closes", "spawned": "agents get round 2, start workers",
+            "worker main": "process start, LibTorch load, spec read", "gloo ready": "Gloo rendezvous and connect",
+            "restored": "peak probe, model build, state restore", "first step": "first step (40 ms paced)"}
+    print("  timeline of partition -> training again (median of each phase):")
+    names = list(phases[0].keys())
+    for i, name in enumerate(names):
+        prev = names[i - 1] if i else None
+        d = [p[name] - (p[prev] if prev else 0) for p in phases
+             if p[name] is not None and (prev is None or p[prev] is not None)]
+        at = [p[name] for p in phases if p[name] is not None]
+        print("    %-12s at %5s s  +%5s s  %s" % (name, "%.2f" % statistics.median(at) if at else "?",
+                                                 "%.2f" % statistics.median(d) if d else "?", what[name]))
+
+
 def main():
     numbers = [a for a in sys.argv[1:] if not a.startswith("--")]
     runs = int(numbers[0]) if numbers else 3
@@ -226,10 +303,13 @@ def main():
     try:
         with open(os.path.join(work, "text.txt"), "w") as f:
             f.write(word_salad(64 * 1024))
-        rows, grows, fresh = [], [], []
+        rows, grows, fresh, phases = [], [], [], []
         for k in range(runs):  # interleaved: cut, then fresh
-            times, grow, resumed = one_cut(work, k)
+            times, grow, resumed, phase = one_cut(work, k)
             rows.append(times)
+            phases.append(phase)
+            print("run %d timeline (s after the cut): %s" % (k + 1, ", ".join(
+                "%s %s" % (name, "?" if t is None else "%.2f" % t) for name, t in phase.items())), flush=True)
             grows.append(grow)
             fresh.append(one_fresh(work, k))
             print("run %d: cut at step >= 8 -> named %.2f s, round 2 formed %.2f s, training again "
@@ -252,6 +332,7 @@ def main():
               % g_med["formed"])
         print("  node back -> training on 3    %.2f s" % g_med["training"])
         print("  peer: fresh 2-host launch -> first step %.2f s" % f_med)
+        print_timeline(phases)
         print("  ratios: recovery (partition -> training) / fresh start = %.2fx; "
               "formed -> first step / fresh start = %.2fx" % (med["training"] / f_med, restart / f_med))
     finally:

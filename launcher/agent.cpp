@@ -79,6 +79,7 @@ Agent::Agent(const JobSpec& spec, AgentConfig config, rendezvous::RendezvousClie
 Agent::~Agent() {
   heartbeat_.reset();
   procs_.reset();  // SIGKILLs and reaps anything left (only on an exception path)
+  spares_.reset();  // before watch_, which forgets them
   memory_.reset();  // the in-memory copies go with the job
   watch_.reset();  // after procs_: tells the watcher to quit
   relay_.reset();
@@ -250,18 +251,29 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
     std::remove(trace::trace_path(config_.run_dir, w.rank).c_str());  // nor a stale trace
     // Logs are appended to, never truncated: an earlier run's or restart's
     // output stays above this separator.
-    w.pid = procs_->spawn(w.rank, w.spec,
-                          "===== dtrain: " + config_.log_header + ", round " +
-                              std::to_string(a.round) + ", restart " + std::to_string(restart) +
-                              ", rank " + std::to_string(w.rank) + " =====");
+    const std::string header = "===== dtrain: " + config_.log_header + ", round " + std::to_string(a.round) +
+                               ", restart " + std::to_string(restart) + ", rank " + std::to_string(w.rank) +
+                               " =====";
+    auto spare = spares_ ? spares_->take(group_.workers.size(), w.spec) : nullptr;
+    if (spare) {
+      w.pid = procs_->adopt(w.rank, w.spec, header, std::move(spare));
+      DTRAIN_INFO("rank {} starts in warm spare pid {} (LibTorch already loaded)", w.rank, w.pid);
+    } else {
+      w.pid = procs_->spawn(w.rank, w.spec, header);
+    }
     w.state = WorkerState::HEALTHY;
     group_.workers.push_back(std::move(w));
   }
+  // The job's first spares start with its first workers; later ones wait
+  // until this round trains (monitor_step), so that their library load does
+  // not compete with a restart's workers (or a joining node's) for the CPUs.
+  refill_spares_ = spares_ != nullptr;
+  if (!spares_) fill_spares();
   group_.state = WorkerState::HEALTHY;
   SignalRelay* relay = relay_.get();
   std::vector<std::string> traces;  // the builtin engine's collective traces of this node's ranks
   for (const auto& w : group_.workers) traces.push_back(trace::trace_path(config_.run_dir, w.rank));
-  auto progress = [traces] {
+  progress_ = [traces] {
     std::vector<trace::RankProgress> out;
     for (const auto& path : traces) {
       trace::RankProgress p;
@@ -272,10 +284,31 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   if (goodput_) goodput_->started(wall_now());
   heartbeat_ = std::make_unique<Heartbeat>(client_, config_.node_id, a.round,
                                            spec_.cluster.rendezvous.heartbeat_s,
-                                           [relay] { relay->wake(); }, progress);
+                                           [relay] { relay->wake(); }, progress_);
   DTRAIN_INFO("round {}: node {} of {}, ranks {} of {} (restart {}), master {}:{}", a.round,
               a.node_rank, a.num_nodes, rank_list(a), a.world, restart, a.master_addr,
               a.master_port);
+}
+
+// The next restart's processes start now, so that they load LibTorch
+// while this round trains (warm_spares.h). Only a job that can restart,
+// with the builtin engine (the one that reads its environment from a
+// spare's pipe).
+void Agent::fill_spares() {
+  const auto& c = spec_.cluster;
+  if (!spec_.builtin_entrypoint() || (c.max_restarts == 0 && c.nodes_min == c.nodes_max)) return;
+  if (!spares_) spares_ = std::make_unique<WarmSpares>(watch_.get());
+  std::vector<WorkerSpec> like;
+  for (const auto& w : group_.workers) like.push_back(w.spec);
+  spares_->fill(like);
+}
+
+// Every local rank finished a step of this round (its collective trace).
+bool Agent::round_trains() const {
+  const auto progress = progress_();
+  if (progress.size() < group_.workers.size()) return false;
+  return std::all_of(progress.begin(), progress.end(),
+                     [](const trace::RankProgress& p) { return p.done_step > p.start_step; });
 }
 
 Agent::Outcome Agent::monitor_step() {
@@ -295,6 +328,10 @@ Agent::Outcome Agent::monitor_step() {
       return Outcome::signaled;
     }
     if (auto outcome = group_outcome()) return *outcome;
+    if (refill_spares_ && round_trains()) {
+      refill_spares_ = false;
+      fill_spares();
+    }
     switch (heartbeat_->verdict()) {
       case Heartbeat::Verdict::ok: break;
       case Heartbeat::Verdict::round_changed: return Outcome::round_changed;

@@ -16,6 +16,7 @@
 #include "launcher/memory_copies.h"
 #include "launcher/process_group.h"
 #include "launcher/signal_relay.h"
+#include "launcher/warm_spares.h"
 #include "launcher/worker.h"
 #include "rendezvous/rendezvous_client.h"
 
@@ -57,6 +58,8 @@ class Agent {
   rendezvous::Assignment rendezvous_step();
   void start_step(const rendezvous::Assignment& assignment, int restart);
   Outcome monitor_step();
+  void fill_spares();  // warm spares for the next restart (warm_spares.h)
+  bool round_trains() const;  // every local rank finished a step of this round
   void stop_step(int first_signal);
   // SIGTERM (the workers save on it), or SIGKILL at once when the round
   // ended because a node was declared dead: the workers wait in a collective
@@ -96,6 +99,9 @@ class Agent {
   std::unique_ptr<SignalRelay> relay_;
   std::unique_ptr<WorkerWatch> watch_;  // stops the workers if this agent dies; outlives procs_
   std::unique_ptr<ProcessGroup> procs_;
+  std::unique_ptr<WarmSpares> spares_;  // idle workers a restart takes (warm_spares.h)
+  bool refill_spares_ = false;          // refill them once this round trains
+  Heartbeat::Progress progress_;        // this node's ranks' collective traces
   std::unique_ptr<MemoryCopies> memory_;  // checkpoint.memory: from the first start to the end
   std::unique_ptr<Heartbeat> heartbeat_;
   WorkerGroup group_;

@@ -47,14 +47,17 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 
 }  // namespace
 
-Process::Process(const WorkerSpec& spec) {
+Process::Process(const WorkerSpec& spec, int stdin_fd) {
   if (spec.argv.empty()) throw Error(ErrorCode::config, "entrypoint is empty", "give a command");
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
     throw Error(ErrorCode::internal, std::string("pipe2: ") + std::strerror(errno));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  if (stdin_fd >= 0)
+    posix_spawn_file_actions_adddup2(&actions, stdin_fd, STDIN_FILENO);
+  else
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);  // dup2 clears CLOEXEC
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
   posix_spawnattr_t attr;

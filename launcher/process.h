@@ -16,8 +16,9 @@ namespace dtrain::launcher {
 class Process {
  public:
   // Spawns spec.argv with spec.env. Throws dtrain::Error(config) when the
-  // program cannot be started (not found, not executable).
-  explicit Process(const WorkerSpec& spec);
+  // program cannot be started (not found, not executable). stdin_fd >= 0
+  // becomes its stdin (a warm spare's pipe, warm_spares.h); else /dev/null.
+  explicit Process(const WorkerSpec& spec, int stdin_fd = -1);
   // A process still running is SIGKILLed (its whole group) and reaped.
   ~Process();
   Process(const Process&) = delete;

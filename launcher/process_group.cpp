@@ -37,11 +37,23 @@ void ProcessGroup::kill_sessions() {
 }
 
 pid_t ProcessGroup::spawn(int rank, const WorkerSpec& spec, const std::string& log_header) {
+  auto output = std::make_unique<RankOutput>(rank, spec.log_path, spec.console, log_header);
+  auto process = std::make_unique<Process>(spec);
+  if (watch_) watch_->watch(process->pid());  // its session id: it is the session's leader
+  return add(std::move(output), std::move(process));
+}
+
+pid_t ProcessGroup::adopt(int rank, const WorkerSpec& spec, const std::string& log_header,
+                          std::unique_ptr<Process> process) {
+  // The warm spares told the watch of it when they started it.
+  return add(std::make_unique<RankOutput>(rank, spec.log_path, spec.console, log_header), std::move(process));
+}
+
+pid_t ProcessGroup::add(std::unique_ptr<RankOutput> output, std::unique_ptr<Process> process) {
   Entry entry;
-  entry.output = std::make_unique<RankOutput>(rank, spec.log_path, spec.console, log_header);
-  entry.process = std::make_unique<Process>(spec);
+  entry.output = std::move(output);
+  entry.process = std::move(process);
   pid_t pid = entry.process->pid();
-  if (watch_) watch_->watch(pid);  // its session id: it is the session's leader
   entries_.push_back(std::move(entry));
   return pid;
 }

@@ -36,6 +36,9 @@ class ProcessGroup {
   // Spawn one more worker; its log is appended to, after the line
   // log_header. Throws like Process.
   pid_t spawn(int rank, const WorkerSpec& spec, const std::string& log_header);
+  // The same for a process already started (a warm spare given its rank).
+  pid_t adopt(int rank, const WorkerSpec& spec, const std::string& log_header,
+              std::unique_ptr<Process> process);
 
   // Wait up to timeout_s for output, exits or a wake-up; pump output; reap.
   std::vector<ExitEvent> poll(double timeout_s);
@@ -54,6 +57,7 @@ class ProcessGroup {
     std::unique_ptr<Process> process;
     std::unique_ptr<RankOutput> output;
   };
+  pid_t add(std::unique_ptr<RankOutput> output, std::unique_ptr<Process> process);
   void pump(size_t index);
   void reap(std::vector<ExitEvent>* events);
 

@@ -49,6 +49,7 @@ std::vector<std::string> worker_env(const WorkerEnvInputs& in,
   // it stays out of every worker's environment (and /proc/PID/environ);
   // only a caller's extra_env (below) could put it back, on purpose.
   env.erase("DTRAIN_TOKEN");
+  env.erase("DTRAIN_WARM_SPARE");  // only a warm spare waits for its environment (warm_spares.h)
   set("TORCHELASTIC_ERROR_FILE", error_file_path(in.run_dir, local.rank));
 
   set("DTRAIN_MESH", mesh::format_mesh(a.mesh));

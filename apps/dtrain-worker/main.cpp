@@ -18,6 +18,7 @@
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 
+#include "apps/dtrain-worker/warm_spare.h"
 #include "common/error.h"
 #include "common/error_file.h"
 #include "common/log.h"
@@ -100,6 +101,8 @@ void write_error_file(const std::string& message, const std::string& code = "") 
 int main(int argc, char** argv) {
   // If the agent dies (even by SIGKILL), take the worker down with it.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // A warm spare waits here, libraries loaded, for the rank a restart gives it.
+  if (!dtrain::worker::wait_for_rank_if_spare()) return 0;
   keep_freed_memory_in_heap();
   std::set_terminate(terminate_with_error_file);
   const char* rank = std::getenv("RANK");
