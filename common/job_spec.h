@@ -52,6 +52,9 @@ struct ClusterSpec {
   // ring over Gloo send/recv; native = Gloo's own (PyTorch's).
   GlooReduceScatter gloo_reduce_scatter = GlooReduceScatter::ring;
   int max_restarts = 0;
+  // A job that can restart keeps an idle LibTorch-loaded worker per local
+  // rank for the next restart (~190 MB each on CPU; false: none).
+  bool warm_spares = true;
   double grace_s = 5.0;          // SIGTERM -> SIGKILL grace period when stopping workers
   double hang_timeout_s = 0;     // no rank completes a collective this long: a hang (0 = off)
   // Memory one rank may use ("80GiB", "512MiB", bytes); empty = unchecked.

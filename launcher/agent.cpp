@@ -296,7 +296,8 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
 // spare's pipe).
 void Agent::fill_spares() {
   const auto& c = spec_.cluster;
-  if (!spec_.builtin_entrypoint() || (c.max_restarts == 0 && c.nodes_min == c.nodes_max)) return;
+  if (!c.warm_spares || !spec_.builtin_entrypoint() || (c.max_restarts == 0 && c.nodes_min == c.nodes_max))
+    return;
   if (!spares_) spares_ = std::make_unique<WarmSpares>(watch_.get());
   std::vector<WorkerSpec> like;
   for (const auto& w : group_.workers) like.push_back(w.spec);

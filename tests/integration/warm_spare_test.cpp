@@ -60,3 +60,15 @@ TEST_CASE("a restart runs the killed rank in the warm spare started with the rou
   CHECK(last_step("spare") == 6);
   CHECK_MESSAGE(l.left.empty(), l.left.size() << " process(es) of the job outlived dtrain (an idle spare?)");
 }
+
+TEST_CASE("cluster.warm_spares: false starts the restart as a new process and keeps no spare") {
+  Launched l = launch("no_spare", {"cluster.warm_spares=false"});
+  INFO(l.out);
+  REQUIRE(l.code == 0);
+  CHECK(l.out.find("restarting the workers: restart 1 of 1") != std::string::npos);
+  CHECK(l.out.find("starts in warm spare pid") == std::string::npos);
+  CHECK(read_file(Parity::get().dir / "no_spare/rank_0.log").find("dtrain-worker: warm spare pid") ==
+        std::string::npos);
+  CHECK(last_step("no_spare") == 6);
+  CHECK_MESSAGE(l.left.empty(), l.left.size() << " process(es) of the job outlived dtrain");
+}
