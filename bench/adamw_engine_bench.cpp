@@ -1,9 +1,14 @@
-// AdamW's step on the quickstart GPT's parameters (4 x 128, 0.87M, 50
-// tensors): the fused pass against the five ATen ops per tensor, interleaved
-// rounds, CPU time of this thread (time-slicing by other processes does not
-// count), one intra-op thread as in training. Prints ms per step of each and
-// the ratio, and the largest difference between the two paths' parameters.
-//   build/bench/adamw_engine_bench [rounds=5] [steps=50]
+// AdamW's step on a GPT's parameters, four ways, interleaved rounds (the
+// order rotates each round), CPU time of this thread (time-slicing by other
+// processes does not count), one intra-op thread as in training:
+//   flat     params, grads and moments each one flat buffer (a ZeRO shard):
+//            one vectorised loop per decay run (flat_runs, the default)
+//   tensors  separate tensors (DDP's params): the same loop once per tensor
+//   scalar   separate tensors, flat_runs false: the per-tensor scalar pass
+//   aten     the five ATen ops per tensor (fused false)
+// Prints ms per step of each, ratios to `scalar`, and the largest parameter
+// difference of each against `scalar` (same bits expected but for aten).
+//   build/bench/adamw_engine_bench [rounds=5] [steps=50] [d_model=128] [layers=4] [seq=64] [vocab=256]
 #include <time.h>
 
 #include <ATen/ATen.h>
@@ -38,46 +43,64 @@ std::vector<std::vector<int64_t>> gpt_shapes(int64_t V, int64_t L, int64_t C, in
   return s;
 }
 
+struct Variant {
+  const char* name;
+  std::vector<at::Tensor> p, g;
+  std::unique_ptr<dtrain::engine::optim::AdamW> opt;
+  std::vector<double> ms;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::atoi(argv[1]) : 5;
-  const int steps = argc > 2 ? std::atoi(argv[2]) : 50;
+  auto arg = [&](int i, int def) { return argc > i ? std::atoi(argv[i]) : def; };
+  const int rounds = arg(1, 5), steps = arg(2, 50);
   at::set_num_threads(1);
-  auto shapes = gpt_shapes(256, 4, 128, 64);
-  std::vector<at::Tensor> pf, pa, gf, ga;
+  auto shapes = gpt_shapes(arg(6, 256), arg(4, 4), arg(3, 128), arg(5, 64));
   std::vector<bool> decay;
   int64_t n = 0;
   for (auto& s : shapes) {
-    pf.push_back(at::randn(s));
-    pa.push_back(pf.back().clone());
-    gf.push_back(at::randn(s));
-    ga.push_back(gf.back().clone());
     decay.push_back(s.size() >= 2);
-    n += pf.back().numel();
+    n += c10::multiply_integers(s);
   }
-  dtrain::engine::optim::AdamWOptions fo, ao;
-  ao.fused = false;
-  dtrain::engine::optim::AdamW fused(pf, decay, fo, gf), aten(pa, decay, ao, ga);
-  std::vector<double> tf, ta;
+  at::Tensor p0 = at::randn({n}), g0 = at::randn({n});
+  std::vector<Variant> vs(4);
+  vs[0].name = "flat", vs[1].name = "tensors", vs[2].name = "scalar", vs[3].name = "aten";
+  for (size_t k = 0; k < vs.size(); ++k) {
+    at::Tensor pf = p0.clone(), gf = g0.clone();  // one buffer; split below unless flat
+    int64_t offset = 0;
+    for (auto& s : shapes) {
+      const int64_t len = c10::multiply_integers(s);
+      at::Tensor pv = pf.narrow(0, offset, len).view(s), gv = gf.narrow(0, offset, len).view(s);
+      vs[k].p.push_back(k == 0 ? pv : pv.clone());
+      vs[k].g.push_back(k == 0 ? gv : gv.clone());
+      offset += len;
+    }
+    dtrain::engine::optim::AdamWOptions o;
+    o.flat_runs = k < 2;
+    o.fused = k < 3;
+    vs[k].opt = std::make_unique<dtrain::engine::optim::AdamW>(vs[k].p, decay, o, vs[k].g);
+  }
   for (int r = 0; r < rounds; ++r) {
-    double t0 = cpu_s();
-    for (int i = 0; i < steps; ++i) fused.step(1e-3);
-    double t1 = cpu_s();
-    for (int i = 0; i < steps; ++i) aten.step(1e-3);
-    double t2 = cpu_s();
-    tf.push_back((t1 - t0) / steps * 1e3);
-    ta.push_back((t2 - t1) / steps * 1e3);
-    std::printf("round %d: fused %.3f ms/step, ATen ops %.3f ms/step, ratio %.2f\n", r + 1, tf.back(),
-                ta.back(), ta.back() / tf.back());
+    std::printf("round %d:", r + 1);
+    for (size_t j = 0; j < vs.size(); ++j) {
+      Variant& v = vs[(j + size_t(r)) % vs.size()];
+      const double t0 = cpu_s();
+      for (int i = 0; i < steps; ++i) v.opt->step(1e-3);
+      v.ms.push_back((cpu_s() - t0) / steps * 1e3);
+      std::printf(" %s %.3f", v.name, v.ms.back());
+    }
+    std::printf(" ms/step\n");
   }
-  std::sort(tf.begin(), tf.end());
-  std::sort(ta.begin(), ta.end());
-  double diff = 0;
-  for (size_t i = 0; i < pf.size(); ++i) diff = std::max(diff, (pf[i] - pa[i]).abs().max().item<double>());
-  std::printf("AdamW step over %zu tensors, %lld parameters: median fused %.3f ms, ATen ops %.3f ms "
-              "(%.2fx); max |param diff| after %d steps %.3g\n",
-              pf.size(), static_cast<long long>(n), tf[tf.size() / 2], ta[ta.size() / 2],
-              ta[ta.size() / 2] / tf[tf.size() / 2], rounds * steps, diff);
+  auto median = [](std::vector<double> x) { std::sort(x.begin(), x.end()); return x[x.size() / 2]; };
+  const double scalar = median(vs[2].ms);
+  std::printf("AdamW step over %zu tensors, %lld parameters, median of %d rounds x %d steps:\n", shapes.size(),
+              static_cast<long long>(n), rounds, steps);
+  for (auto& v : vs) {
+    double diff = 0;
+    for (size_t i = 0; i < v.p.size(); ++i) diff = std::max(diff, (v.p[i] - vs[2].p[i]).abs().max().item<double>());
+    std::printf("  %-8s %8.3f ms/step  scalar/this %.2fx  loops/step %3d  max |param - scalar's| %.3g\n", v.name,
+                median(v.ms), scalar / median(v.ms), v.opt->last_step_loops(), diff);
+  }
   return 0;
 }

@@ -6,14 +6,17 @@
 # interleaved rounds (before first in odd rounds, after first in even ones).
 # Per run: tokens/s and rank 0's process CPU ms per step from metrics.jsonl
 # (steps EVERY..STEPS); per round the ratios after / before; the medians.
-# CPU per step moves far less than wall time on a shared machine.
-#   BEFORE=DIR [KINDS="gpt llama"] [ROUNDS=3] [STEPS=40] [RANKS=2] bench/fused_ab.sh -> bench/results/fused_ab.txt
+# CPU per step moves far less than wall time on a shared machine. EXTRA
+# adds --set overrides to both sides (e.g. "--set parallel.zero=3").
+#   BEFORE=DIR [KINDS="gpt llama"] [ROUNDS=3] [STEPS=40] [RANKS=2] [EXTRA=...] [OUT=...] bench/fused_ab.sh
+#   -> bench/results/fused_ab.txt
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
 KINDS="${KINDS:-gpt llama}" ROUNDS="${ROUNDS:-3}" STEPS="${STEPS:-40}" RANKS="${RANKS:-2}" EVERY=10
 LAYERS="${LAYERS:-4}" D_MODEL="${D_MODEL:-512}" HEADS="${HEADS:-8}" SEQ="${SEQ:-128}" MB="${MB:-4}"
 OUT="${OUT:-$ROOT/bench/results/fused_ab.txt}"
+EXTRA="${EXTRA:-}"
 BEFORE="${BEFORE:?set BEFORE to the build dir to compare against}"
 PY="${DTRAIN_VENV:-$HOME/.cache/dtrain/torch-2.15.0}/bin/python"
 cd "$ROOT"
@@ -33,7 +36,7 @@ run() {  # $1 = name, $2 = kind, $3 = build dir; prints "tokens/s cpu_ms_per_ste
     --set model.layers="$LAYERS" --set model.d_model="$D_MODEL" --set model.heads="$HEADS" \
     --set model.seq_len="$SEQ" --set train.micro_batch="$MB" --set parallel.dp="$RANKS" \
     --set cluster.procs_per_node="$RANKS" --set train.lr=1e-3 --set train.warmup_steps=20 \
-    --set parallel.ddp.bucket_mb=1 >"$dir.log" 2>&1 || { cat "$dir.log" >&2; echo "fused_ab: $1 failed" >&2; exit 1; }
+    --set parallel.ddp.bucket_mb=1 $EXTRA >"$dir.log" 2>&1 || { cat "$dir.log" >&2; echo "fused_ab: $1 failed" >&2; exit 1; }
   "$PY" - "$dir/metrics.jsonl" "$((MB * RANKS * SEQ))" "$EVERY" <<'PYEOF'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip() and '"step"' in l]
@@ -50,7 +53,7 @@ LOAD0="$(cut -d' ' -f1-3 /proc/loadavg)"
 {
   echo "# bench/fused_ab.sh: $BUILD (after, commit $(git rev-parse --short HEAD)) vs $BEFORE (before), $(date -u +%Y-%m-%dT%H:%MZ)"
   echo "# DDP $RANKS ranks x 1 thread on $(nproc --all) cores; $LAYERS x $D_MODEL, heads $HEADS, seq $SEQ, micro_batch $MB;"
-  echo "# $STEPS steps, figures over steps $EVERY..$STEPS; load before: $LOAD0"
+  echo "# $STEPS steps, figures over steps $EVERY..$STEPS; extra overrides: ${EXTRA:-none}; load before: $LOAD0"
   echo "| kind | round | before tok/s | after tok/s | before CPU ms/step | after CPU ms/step | tok/s after/before | CPU after/before |"
   echo "|---|---|---|---|---|---|---|---|"
 } | tee "$OUT"
@@ -67,4 +70,4 @@ for kind in $KINDS; do
   tl="$(IFS=,; echo "${tr[*]}")" cl="$(IFS=,; echo "${cr[*]}")"
   "$PY" -c "import statistics as s; print(f'# $kind: median tok/s after/before {s.median([$tl]):.3f}, CPU ms/step after/before {s.median([$cl]):.3f}')" | tee -a "$OUT"
 done
-echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg); reproduce: BEFORE=$BEFORE KINDS=\"$KINDS\" ROUNDS=$ROUNDS STEPS=$STEPS RANKS=$RANKS bench/fused_ab.sh" | tee -a "$OUT"
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg); reproduce: BEFORE=$BEFORE KINDS=\"$KINDS\" ROUNDS=$ROUNDS STEPS=$STEPS RANKS=$RANKS EXTRA=\"$EXTRA\" bench/fused_ab.sh" | tee -a "$OUT"

@@ -7,10 +7,12 @@
 #include "engine/optim/adamw.h"
 
 #include "common/error.h"
+#include "engine/optim/adamw_kernel.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <cmath>
@@ -78,6 +80,39 @@ void offloaded_piece(at::Tensor& p, const at::Tensor& g, int64_t begin, int64_t 
   pv.copy_(ph);
 }
 
+kernel::AdamWScalars to_kernel(const FusedStep& f) {
+  return {f.decay, f.b1, f.one_minus_b1, f.b2, f.one_minus_b2, f.bc2_sqrt, f.eps, f.neg_step};
+}
+
+// Whether b's element 0 sits right after a's last element.
+bool follows(const at::Tensor& a, const at::Tensor& b) {
+  return b.data_ptr<float>() == a.data_ptr<float>() + a.numel();
+}
+
+// Zeroed moments shaped like params: views into one flat buffer when the
+// params share dtype and device, so params that lie end to end (a ZeRO
+// shard) have moments that do too and step() updates them in one run.
+std::vector<at::Tensor> zero_moments(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  int64_t total = 0;
+  bool flat = !params.empty();
+  for (const auto& p : params) {
+    total += p.numel();
+    flat = flat && p.scalar_type() == params[0].scalar_type() && p.device() == params[0].device();
+  }
+  if (!flat) {
+    for (const auto& p : params) out.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    return out;
+  }
+  at::Tensor all = at::zeros({total}, params[0].options());  // [sum of numel]
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    out.push_back(all.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
+  }
+  return out;
+}
+
 }  // namespace
 
 AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptions options,
@@ -94,10 +129,8 @@ AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptio
   v_.reserve(params_.size());
   at::NoGradGuard no_grad;
   if (!opt_.allocate_state) return;
-  for (const auto& p : params_) {
-    m_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
-    v_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
-  }
+  m_ = zero_moments(params_);
+  v_ = zero_moments(params_);
 }
 
 AdamW::~AdamW() = default;
@@ -108,28 +141,71 @@ void AdamW::step(double lr) {
     throw Error(ErrorCode::internal, "AdamW: allocate_state false but the moments were never offloaded");
   at::NoGradGuard no_grad;
   ++step_;
-  const double b1 = opt_.beta1, b2 = opt_.beta2;
-  const double bias_correction1 = 1.0 - std::pow(b1, double(step_));
-  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(b2, double(step_)));
-  const double step_size = lr / bias_correction1;
+  loops_ = 0;
+  if (opt_.fused && opt_.flat_runs) return step_runs(lr);
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     const at::Tensor& g = grads_.empty() ? p.grad() : grads_[i];
     if (!g.defined()) continue;
     if (opt_.fused && fusable(p, g, m_[i], v_[i])) {
-      const bool wd = decay_[i] && opt_.weight_decay != 0.0;
-      const FusedStep fs{wd ? float(1.0 - lr * opt_.weight_decay) : 1.0f, float(b1), float(1.0 - b1),
-                         float(b2), float(1.0 - b2), float(bias_correction2_sqrt), float(opt_.eps),
-                         float(-step_size)};
+      ++loops_;
       fused_adamw(p.data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(),
-                  v_[i].data_ptr<float>(), p.numel(), fs);
+                  v_[i].data_ptr<float>(), p.numel(), make_fused_step(decay_[i], lr, opt_, step_));
       continue;
     }
-    if (decay_[i] && opt_.weight_decay != 0.0) p.mul_(1.0 - lr * opt_.weight_decay);  // decoupled decay
-    m_[i].mul_(b1).add_(g, 1.0 - b1);                  // m = b1 m + (1 - b1) g
-    v_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);           // v = b2 v + (1 - b2) g^2
-    auto denom = v_[i].sqrt().div_(bias_correction2_sqrt).add_(opt_.eps);  // sqrt(vhat) + eps
-    p.addcdiv_(m_[i], denom, -step_size);              // p -= lr * mhat / denom
+    step_one_unfused(i, lr);
+  }
+}
+
+// The five in-place ATen ops on params_[i] (its gradient defined), at the
+// step count step() has already advanced.
+void AdamW::step_one_unfused(size_t i, double lr) {
+  at::Tensor& p = params_[i];
+  const at::Tensor& g = grads_.empty() ? p.grad() : grads_[i];
+  const double b1 = opt_.beta1, b2 = opt_.beta2;
+  const double bias_correction1 = 1.0 - std::pow(b1, double(step_));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(b2, double(step_)));
+  const double step_size = lr / bias_correction1;
+  if (decay_[i] && opt_.weight_decay != 0.0) p.mul_(1.0 - lr * opt_.weight_decay);  // decoupled decay
+  m_[i].mul_(b1).add_(g, 1.0 - b1);                                     // m = b1 m + (1 - b1) g
+  v_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);                              // v = b2 v + (1 - b2) g^2
+  auto denom = v_[i].sqrt().div_(bias_correction2_sqrt).add_(opt_.eps);  // sqrt(vhat) + eps
+  p.addcdiv_(m_[i], denom, -step_size);                                 // p -= lr * mhat / denom
+}
+
+// flat_runs: params i..j-1 whose p, g, m and v each continue where the
+// previous one's end, with one decay flag, are one kernel::adamw_run. A
+// param the kernel cannot take (not fp32 CPU contiguous) goes through the
+// per-tensor path alone, with the same step count.
+void AdamW::step_runs(double lr) {
+  const size_t n = params_.size();
+  auto grad = [&](size_t i) -> const at::Tensor& { return grads_.empty() ? params_[i].grad() : grads_[i]; };
+  for (size_t i = 0; i < n;) {
+    const at::Tensor& g = grad(i);
+    if (!g.defined()) {
+      ++i;
+      continue;
+    }
+    if (!fusable(params_[i], g, m_[i], v_[i])) {
+      step_one_unfused(i, lr);
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    int64_t len = params_[i].numel();
+    for (; j < n; ++j) {
+      const at::Tensor& gj = grad(j);
+      if (decay_[j] != decay_[i] || !gj.defined() || !fusable(params_[j], gj, m_[j], v_[j]) ||
+          !follows(params_[j - 1], params_[j]) || !follows(grad(j - 1), gj) || !follows(m_[j - 1], m_[j]) ||
+          !follows(v_[j - 1], v_[j]))
+        break;
+      len += params_[j].numel();
+    }
+    const kernel::AdamWScalars ks = to_kernel(make_fused_step(decay_[i], lr, opt_, step_));
+    kernel::adamw_run(params_[i].data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(),
+                      v_[i].data_ptr<float>(), len, ks);
+    ++loops_;
+    i = j;
   }
 }
 

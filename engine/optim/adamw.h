@@ -24,6 +24,11 @@ struct AdamWOptions {
   // One fused pass per contiguous fp32 CPU tensor (as torch.optim.AdamW's
   // fused=True); false = the five in-place ATen ops per tensor. Same formula.
   bool fused = true;
+  // With fused: params whose parameters, gradients and moments each lie end
+  // to end (a ZeRO shard; the moments are allocated flat) and share a decay
+  // flag are updated by one loop (optim/adamw_kernel.h), vectorised for AVX2
+  // where the CPU has it. false = one scalar pass per tensor. Same bits.
+  bool flat_runs = true;
   // false: no moment tensors at construction, for a caller that calls
   // offload() next (the whole state allocated first would set the peak).
   bool allocate_state = true;
@@ -48,6 +53,8 @@ class AdamW {
   void zero_grad();  // sets grads to zero (keeps storage)
 
   int64_t step_count() const { return step_; }
+  // Fused loops the last step() ran (flat_runs: one per run; else per tensor).
+  int last_step_loops() const { return loops_; }
   // State for checkpoints: exp_avg and exp_avg_sq per param, same order.
   // Offloaded: read into tensors of their own on first use (a save reads
   // them, a load writes them), written back and dropped by the next step.
@@ -71,11 +78,14 @@ class AdamW {
   void materialize();        // offloaded: m_ and v_ from the store
   void flush_materialized();  // offloaded: m_ and v_ back to the store, dropped
   void step_offloaded(double lr);
+  void step_runs(double lr);                    // fused + flat_runs
+  void step_one_unfused(size_t i, double lr);  // the ATen ops on params_[i]
   std::vector<at::Tensor> m_, v_;  // offloaded: empty unless materialized
   int64_t step_ = 0;
   std::unique_ptr<OffloadStore> store_;
   bool prefetch_ = true;  // read the next step's first buckets ahead
   bool materialized_ = false;
+  int loops_ = 0;
 };
 
 struct LrSchedule {

@@ -6,6 +6,10 @@
 
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,11 +35,54 @@ struct DdpState {
   std::vector<std::string> names;
   std::vector<at::Tensor> params;  // registration order
   std::vector<int> bucket_of;      // param index -> bucket index
+  std::vector<int64_t> offset_of;  // param index -> element offset in its bucket
   std::vector<Bucket> buckets;     // bucket 0 holds the LAST registered params
   comm::Group* dp = nullptr;
   DdpOptions options;
   bool sync = true;
   BucketHooks hooks;  // launches bucket b from backward, buckets in index order
+
+  // After zero_grad() the grads are unset, so the step's first backward
+  // hands each its gradient tensor as it is (AccumulateGrad steals it: no
+  // zero fill, no add); a post-hook, ahead of the bucket hooks, copies it
+  // into the slot and makes the grad the slot view again. Params that got
+  // no gradient get a zeroed slot at the end of that backward.
+  std::vector<bool> unset;
+  bool settle_queued = false;
+  std::weak_ptr<DdpState> self;
+  using AccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<AccumulatorPtr> accumulators;  // the settle hooks hang off these
+
+  at::Tensor slot(size_t i) const {  // [numel] param i's place in its bucket
+    return buckets[size_t(bucket_of[i])].flat.narrow(0, offset_of[i], params[i].numel());
+  }
+  void settle(size_t i) {
+    at::NoGradGuard no_grad;
+    at::Tensor& p = params[i];
+    at::Tensor sl = slot(i);
+    if (p.grad().defined())
+      sl.copy_(p.grad().reshape({-1}));
+    else
+      sl.zero_();
+    p.mutable_grad() = sl.view(p.sizes());
+    unset[i] = false;
+  }
+  void settle_all() {
+    settle_queued = false;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (unset[i]) settle(i);
+  }
+  void on_accumulated(size_t i) {
+    if (!unset[i]) return;
+    settle(i);
+    if (!settle_queued) {  // queued before the bucket hooks' own callback
+      settle_queued = true;
+      std::weak_ptr<DdpState> weak = self;
+      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+        if (auto st = weak.lock()) st->settle_all();
+      });
+    }
+  }
 
   void launch(size_t b) {
     Bucket& bucket = buckets[b];
@@ -52,6 +99,24 @@ struct DdpState {
   }
 };
 
+namespace {
+
+// After AccumulateGrad, before the bucket hooks' countdown (registered first).
+class SettleHook : public torch::autograd::FunctionPostHook {
+ public:
+  SettleHook(std::weak_ptr<DdpState> state, size_t param) : state_(std::move(state)), param_(param) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (auto s = state_.lock()) s->on_accumulated(param_);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<DdpState> state_;
+  size_t param_;
+};
+
+}  // namespace
 }  // namespace detail
 
 namespace {
@@ -80,6 +145,9 @@ Ddp::Ddp(std::vector<std::pair<std::string, at::Tensor>> named_params, comm::Gro
   }
   const int n = static_cast<int>(s.params.size());
   s.bucket_of.assign(n, -1);
+  s.offset_of.assign(n, 0);
+  s.unset.assign(n, false);
+  s.self = state_;
 
   // Reverse registration order approximates the order backward produces
   // grads (the head's first, the embeddings' last).
@@ -115,6 +183,7 @@ Ddp::Ddp(std::vector<std::pair<std::string, at::Tensor>> named_params, comm::Gro
       at::Tensor& p = s.params[i];
       at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[k], p.numel());
       s.bucket_of[i] = static_cast<int>(b);
+      s.offset_of[i] = bucket.offsets[k];
       // Initial parameters from dp rank 0: pack into the (still unused)
       // bucket, broadcast, unpack.
       slot.copy_(p.reshape({-1}));
@@ -133,6 +202,11 @@ Ddp::Ddp(std::vector<std::pair<std::string, at::Tensor>> named_params, comm::Gro
   for (int b = 0; b < int(s.buckets.size()); ++b) order.push_back(b);
   detail::DdpState* state = state_.get();  // owns the hooks, so outlives every launch
   s.hooks = BucketHooks(s.bucket_of, std::move(order), [state](int b) { state->launch(size_t(b)); });
+  for (int i = 0; i < n; ++i) {  // before the bucket hooks: they must see the slot filled
+    auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
+    acc->add_post_hook(std::make_unique<detail::SettleHook>(state_, size_t(i)));
+    s.accumulators.push_back(std::move(acc));
+  }
   if (dp.size() > 1) s.hooks.install(s.params);
   s.hooks.set_enabled(options.overlap);  // overlap off: every bucket after backward
   DTRAIN_DEBUG("ddp: {} params in {} buckets of up to {} MB, overlap {}", n, s.buckets.size(),
@@ -152,6 +226,7 @@ DdpSyncStats Ddp::finish_gradient_sync() {
   auto& s = *state_;
   DdpSyncStats stats;
   stats.buckets = static_cast<int>(s.buckets.size());
+  s.settle_all();  // a backward that reached no parameter queued no settling
   if (s.dp->size() == 1) return stats;
   auto t0 = std::chrono::steady_clock::now();
   s.hooks.launch_rest();  // with overlap on: only buckets no hook completed
@@ -184,7 +259,11 @@ DdpSyncStats Ddp::finish_gradient_sync() {
 }
 
 void Ddp::zero_grad() {
-  for (auto& b : state_->buckets) b.flat.zero_();
+  auto& s = *state_;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    s.params[i].mutable_grad().reset();
+    s.unset[i] = true;
+  }
 }
 
 std::vector<at::Tensor> Ddp::flat_grads() const {

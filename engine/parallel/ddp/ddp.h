@@ -33,9 +33,12 @@ struct DdpState;
 }
 
 // Gradients are views into the flat buckets (PyTorch's gradient_as_bucket_view):
-// every param.grad() is set once, at construction, to a slice of its bucket,
-// and autograd accumulates into it in place, so there is no copy in or out.
-// Whoever zeroes the grads must keep their storage (zero_grad() does).
+// every param.grad() is a slice of its bucket, and autograd accumulates into
+// it in place, so there is no copy out. zero_grad() unsets the grads instead
+// of filling zeros: the step's first backward hands each gradient over as
+// it is, copied once into its slot (no zero fill and add), and the grad is
+// the slot view again by the end of that backward. Zero them only with
+// zero_grad(); never reassign them.
 //
 // Loss normalisation (docs/ARCHITECTURE.md, 'The parity recipe'): the caller scales
 // each local micro-batch loss by 1 / (grad_accum * dp) before backward, so the SUM
@@ -62,7 +65,7 @@ class Ddp {
   // grads hold the dp-wide sum and are identical on every dp rank.
   DdpSyncStats finish_gradient_sync();
 
-  void zero_grad();  // zero the flat buckets (grads stay views into them)
+  void zero_grad();  // the next backward overwrites the buckets (see above)
 
   // The flat buckets: together exactly the grads of every param, so a norm or
   // a scale over them is one op per bucket instead of one per param.

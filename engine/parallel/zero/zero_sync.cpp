@@ -49,6 +49,10 @@ struct Unit {
   comm::WorkPtr gather;    // ZeRO-3: all-gather into `full` in flight
   comm::WorkPtr reduce;    // gradient all-reduce / reduce-scatter in flight
   at::Tensor reduce_in, reduce_out;  // ZeRO-2/3: its buffers ([padded], [S])
+  // ZeRO-2/3 after zero(): grad_shard still holds the last step's sum, and
+  // the step's first reduce-scatter writes straight into it (no zero fill,
+  // no separate output, no add); later ones (ZeRO-3 micro-steps) add.
+  bool shard_stale = false;
 };
 
 struct ZeroState {
@@ -123,7 +127,7 @@ struct ZeroState {
       p.mutable_grad().reset();
     }
     if (fu.padded > fu.numel) x.reduce_in.narrow(0, fu.numel, fu.padded - fu.numel).zero_();
-    x.reduce_out = at::empty({fu.shard}, x.param_shard.options());  // [S]
+    x.reduce_out = x.shard_stale ? x.grad_shard : at::empty({fu.shard}, x.param_shard.options());  // [S]
     x.reduce = dp->reduce_scatter(x.reduce_in, x.reduce_out, /*async=*/true);
     if (stage() == 3) release(u);  // its backward is done
   }
@@ -134,7 +138,10 @@ struct ZeroState {
     x.reduce.reset();
     if (stage() == 1) return;
     at::NoGradGuard no_grad;
-    x.grad_shard.add_(x.reduce_out);
+    if (x.shard_stale)
+      x.shard_stale = false;  // reduced into grad_shard itself
+    else
+      x.grad_shard.add_(x.reduce_out);
     x.reduce_in = at::Tensor();
     x.reduce_out = at::Tensor();
   }
@@ -361,10 +368,13 @@ class ZeroSync : public GradSync {
 
   void zero() override {
     ZeroState& s = *s_;
-    if (s.stage() == 1)
+    if (s.stage() == 1) {
       s.grad_all.zero_();
-    else
-      s.grad_shards_all.zero_();
+      return;
+    }
+    // Every unit is reduce-scattered before finish() returns (launch_rest),
+    // so the step's first reduce overwrites each whole shard, padding too.
+    for (auto& u : s.units) u.shard_stale = true;
   }
 
   ModelBytes memory() const override {

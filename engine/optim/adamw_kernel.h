@@ -1,0 +1,26 @@
+// AdamW's fused update as one loop over a flat run of fp32 elements (a
+// whole tensor, or several whose parameters, gradients and moments each lie
+// end to end: a ZeRO shard with flat moments). No LibTorch here: adamw.cpp
+// decides what forms a run; this file only owns the loop.
+#pragma once
+
+#include <cstdint>
+
+namespace dtrain::engine::optim::kernel {
+
+// Per-step constants, rounded to fp32 once (as the ATen path's scalars are).
+struct AdamWScalars {
+  float decay;  // 1 - lr * weight_decay (1 = none)
+  float b1, one_minus_b1, b2, one_minus_b2;
+  float bc2_sqrt;  // sqrt(1 - b2^t)
+  float eps;
+  float neg_step;  // -lr / (1 - b1^t)
+};
+
+// p, m, v updated in place over n elements from g. Compiled for AVX2 and
+// for baseline x86-64, picked at load time; neither contracts to fused
+// multiply-adds, so both round exactly as the per-tensor scalar pass does.
+void adamw_run(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+               int64_t n, const AdamWScalars& s);
+
+}  // namespace dtrain::engine::optim::kernel
