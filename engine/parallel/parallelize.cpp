@@ -42,7 +42,7 @@ model::BuildScope build_scope(const JobSpec& spec, const mesh::Coord& coord) {
     scope.slice = tp_slicer(spec.model.effective_kv_heads(), mesh::index_in_group(m, mesh::GroupKind::tp, coord), tp,
                             spec.model.tp_vocab == TpVocab::parallel);
   if (spec.model.moe.experts > 0 && spec.parallel.ep > 1 && spec.model.moe.experts % spec.parallel.ep == 0) {
-    scope.ep_rank = mesh::index_in_group(m, mesh::GroupKind::ep, coord);
+    scope.ep_rank = coord.ep;  // the index in its ep group (index_in_group has no axis for ep)
     scope.ep_size = spec.parallel.ep;
   }
   return scope;

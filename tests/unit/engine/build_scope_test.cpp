@@ -96,7 +96,10 @@ TEST_CASE("a pp-2 / tp-2 / ep-2 rank builds its share only, with the 1-process m
       const dtrain::mesh::Coord c = dtrain::mesh::coord_of(m, rank);
       const int pp_rank = dtrain::mesh::index_in_group(m, dtrain::mesh::GroupKind::pp, c);
       const int tp_rank = dtrain::mesh::index_in_group(m, dtrain::mesh::GroupKind::tp, c);
-      const int ep_rank = dtrain::mesh::index_in_group(m, dtrain::mesh::GroupKind::ep, c);
+      int ep_rank = -1;  // its place in its ep group, as the communicator numbers it
+      for (const auto& g : dtrain::mesh::groups(m, dtrain::mesh::GroupKind::ep))
+        for (size_t i = 0; i < g.size(); ++i)
+          if (g[i] == rank) ep_rank = int(i);
       const parallel::PipelineStage stage = parallel::pipeline_stage(spec.stage_layers(), pp_rank, 2);
       CAPTURE(spec.model.kind);
       CAPTURE(rank);
