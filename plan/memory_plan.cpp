@@ -100,12 +100,17 @@ std::vector<int64_t> blocks_of_stage(const JobSpec& spec, const Dims& d, int pp_
   return blocks;
 }
 
-// The units (numel each) a pipeline rank holds, in order.
+// The units (numel each) a pipeline rank holds, in order. A tied head
+// under pp: the last stage keeps its own copy of wte
+// (engine/parallel/pipeline/tied_embedding.h), in its embedding unit.
 std::vector<int64_t> units_of_stage(const JobSpec& spec, const Dims& d, int pp_rank) {
   std::vector<int64_t> units;
+  const int last = spec.parallel.pp - 1;
   if (pp_rank == 0) units.push_back(embedding_numel(d));
+  else if (pp_rank == last && spec.model.tie_embeddings)
+    units.push_back(rank_numel({embedding_tensors(*d.model).front()}, d.view));  // wte's copy
   for (int64_t b : blocks_of_stage(spec, d, pp_rank)) units.push_back(block_numel(d, b));
-  if (pp_rank == spec.parallel.pp - 1) units.push_back(head_numel(d));
+  if (pp_rank == last) units.push_back(head_numel(d));
   return units;
 }
 
@@ -274,15 +279,12 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
     const auto bucket = int64_t(spec.train.offload.bucket_mb * 1024 * 1024);
     r.optimizer_bytes = spec.train.offload.optimizer == OffloadTarget::nvme ? 2 * std::min(bucket, r.offload_bytes) : 0;
   }
-  // The engine builds the whole model (every stage's blocks, every expert,
-  // nothing sharded yet) before the pipeline split, expert parallelism and
-  // ZeRO cut it down.
-  int64_t built = 0;
-  for (int s = 0; s < spec.parallel.pp; ++s) {
-    for (int64_t u : units_of_stage(spec, d, s)) built += u;
-    for (int64_t l : blocks_of_stage(spec, d, s))
-      if (d.moe_block(l)) built += d.ep * expert_numel(d);
-  }
+  // The engine builds this rank's share only (engine/model/gpt.h's
+  // BuildScope): its stage's units as tp slices and its E / ep experts,
+  // whole before ZeRO shards them (each parameter is drawn whole in host
+  // memory first, one at a time: not device memory).
+  int64_t built = experts;
+  for (int64_t u : units) built += u;
   r.build_bytes = kFloat * built;
   r.data_bytes = data_buffer_bytes(spec);
 

@@ -31,7 +31,7 @@ struct RankMemory {
   int64_t transient_bytes = 0;  // the largest temporaries on top (backward's, ZeRO-3's gathered units)
   int64_t peak_bytes = 0;       // static + cache + activation + transient (a steady step's peak)
   int in_flight = 1;            // micro-batches (x chunks) whose activations are alive at once
-  int64_t build_bytes = 0;      // the model's parameters as built, before pp, ep and ZeRO cut them
+  int64_t build_bytes = 0;      // the parameters this rank builds (its stage, tp slices, experts) before ZeRO shards them
   int64_t data_bytes = 0;       // the dataset's host copy (format bytes: about twice the file)
   int64_t static_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
   // What the rank's process needs at least: its tensor peak (or the build,

@@ -119,7 +119,7 @@ std::string largest_part(const JobSpec& spec, const pl::MemoryPlan& plan) {
       {"cache", r.cache_bytes},  // the naive attention's causal masks
       {"activations", r.activation_bytes},
       {"transient", r.transient_bytes},
-      {"the build", r.build_bytes > r.peak_bytes ? r.build_bytes : 0},  // every expert, before sharding
+      {"the build", r.build_bytes > r.peak_bytes ? r.build_bytes : 0},  // the rank's share, before ZeRO shards it
       {"data", r.data_bytes}};                                          // the bytes file's copy
   const auto it = std::max_element(parts.begin(), parts.end(),
                                    [](const auto& a, const auto& b) { return a.second < b.second; });

@@ -162,7 +162,7 @@ void print_suggestions(const JobSpec& base, const SuggestOptions& o, std::ostrea
                             "({}: peak {}, the model as built {}{})",
                             o.world, base.source, budget, pl::format_bytes(double(smallest.need)), smallest.what,
                             pl::format_bytes(double(smallest.peak)), pl::format_bytes(double(smallest.build)),
-                            smallest.build > smallest.peak ? ", every expert before ep cuts them" : ""),
+                            smallest.build > smallest.peak ? ", before ZeRO shards it" : ""),
                 "raise --memory-per-rank (or cluster.memory_per_rank), lay out more ranks (--world), or shrink "
                 "train.micro_batch, model.seq_len or the model");
   }

@@ -13,7 +13,6 @@
 #include "engine/random/philox.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 
 #include <cmath>
@@ -27,12 +26,6 @@ using detail::linear_nd;
 using detail::tp_input;
 
 namespace {
-
-constexpr double kInitStd = 0.02;  // GPT-2's weight init
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 void check_config(const GptConfig& cfg) {
   if (cfg.vocab < 1 || cfg.layers < 1 || cfg.d_model < 1 || cfg.heads < 1 || cfg.seq_len < 1) {
@@ -268,58 +261,87 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
 // ---------------------------------------------------------------------------
 // GPT
 
-GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed) : cfg_(cfg) {
+// Deterministic init (param_init.h): one generator seeded with `seed`
+// draws every parameter as soon as it is built, in registration order (the
+// order named_parameters() lists them), so every process and every layout
+// gets the same numbers, whichever parameters it keeps. The global
+// generator is never used.
+GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed, const BuildScope& scope) : cfg_(cfg) {
   check_config(cfg);
+  ParamInit init(seed, cfg.llama(), cfg.layers);
+  at::NoGradGuard no_grad;
+  const auto place = [&](const std::string& prefix, torch::nn::Module& m) {
+    for (auto& item : m.named_parameters(/*recurse=*/true)) build_param(prefix + item.key(), item.value(), init, scope);
+  };
   wte = register_module("wte", torch::nn::Embedding(cfg.vocab, cfg.d_model));
-  if (!cfg.llama()) wpe = register_module("wpe", torch::nn::Embedding(cfg.seq_len, cfg.d_model));
+  place("wte.", *wte);
+  if (!cfg.llama()) {
+    wpe = register_module("wpe", torch::nn::Embedding(cfg.seq_len, cfg.d_model));
+    place("wpe.", *wpe);
+  }
   rotary_.cfg = cfg.rope;
   rotary_.head_dim = cfg.d_model / cfg.heads;
   drop = register_module("drop", torch::nn::Dropout(cfg.dropout));
   blocks = register_module("blocks", torch::nn::ModuleList());
+  GptConfig block_cfg = cfg;  // the experts this rank builds: E / ep of them
+  if (scope.ep_size > 1) block_cfg.moe.local_experts = cfg.moe.experts / scope.ep_size;
   for (int i = 0; i < cfg.layers; ++i) {
-    Block block(cfg, i);
+    Block block(block_cfg, i);
     block->attn->layer = i;
     block->attn->position = &position_;
     block->attn->seq = &seq_;
     block->attn->rotary = &rotary_;
     if (block->mlp) block->mlp->layer = i, block->mlp->position = &position_, block->mlp->seq = &seq_;
+    place("blocks." + std::to_string(i) + ".", *block);  // one block at a time: cut before the next is built
     blocks->push_back(block);
   }
-  if (cfg.llama()) rms_f = register_module("ln_f", RmsNorm(cfg.d_model, cfg.norm_eps));
-  else ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
+  if (cfg.llama()) {
+    rms_f = register_module("ln_f", RmsNorm(cfg.d_model, cfg.norm_eps));
+    place("ln_f.", *rms_f);
+  } else {
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
+    place("ln_f.", *ln_f);
+  }
   // Untied from wte (GPT-2 ties them): keeps TP/PP sharding of the head
   // independent of the embedding's placement, at the cost of V*C parameters.
   // A llama may tie them (tie_embeddings): the head then reads wte.weight.
-  if (!cfg.tie_embeddings)
+  if (!cfg.tie_embeddings) {
     head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, cfg.vocab).bias(false)));
-  if (cfg.llama()) {
-    init_llama(seed);
+    place("head.", *head);
+  }
+}
+
+// One parameter, just built: drawn (or skipped) and cut as `scope` says.
+// Experts under expert parallelism were built as this rank's rows only.
+void GptImpl::build_param(const std::string& name, at::Tensor& p, ParamInit& init, const BuildScope& scope) {
+  const bool expert = scope.ep_size > 1 &&
+                      (name.find(".moe.fc.") != std::string::npos || name.find(".moe.proj.") != std::string::npos);
+  std::vector<int64_t> shape = p.sizes().vec();
+  if (expert) shape[0] *= scope.ep_size;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  whole_params_ += n;
+  if (scope.keeps && !scope.keeps(name)) {  // another stage's: only the generator moves
+    init.skip(name, n);
+    p.set_data(at::empty({0}, p.options()));
     return;
   }
-
-  // Deterministic init: one local generator seeded with `seed`, every
-  // parameter drawn in registration order, so every process (and every
-  // layout) gets the same numbers. The global generator is never used.
-  // GPT-2 style: N(0, 0.02) weights; residual projections (attn.proj and
-  // mlp.proj) scaled by 1/sqrt(2 * layers); zero biases; LayerNorm 1 / 0.
-  auto gen = at::detail::createCPUGenerator(seed);
-  const double proj_std = kInitStd / std::sqrt(2.0 * cfg.layers);
-  at::NoGradGuard no_grad;
-  for (auto& item : named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
-    at::Tensor& p = item.value();
-    const bool is_ln = name.rfind("ln_f.", 0) == 0 || name.find(".ln1.") != std::string::npos ||
-                       name.find(".ln2.") != std::string::npos;
-    if (ends_with(name, ".bias")) {
-      p.zero_();
-    } else if (is_ln) {
-      p.fill_(1.0);
-    } else if (ends_with(name, "proj.weight")) {
-      p.normal_(0.0, proj_std, gen);
-    } else {
-      p.normal_(0.0, kInitStd, gen);
-    }
+  if (expert) {
+    init.rows(name, p, n, int64_t(scope.ep_rank) * p.size(0));
+    cut_shapes_[name] = shape;
+    return;
   }
+  init.whole(name, p);
+  if (!scope.slice) return;
+  at::Tensor local = scope.slice(name, p);
+  if (local.is_same(p)) return;
+  cut_shapes_[name] = shape;
+  p.set_data(local);
+}
+
+std::vector<int64_t> GptImpl::whole_shape(const std::string& name, const at::Tensor& local) const {
+  auto it = cut_shapes_.find(name);
+  return it == cut_shapes_.end() ? local.sizes().vec() : it->second;
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& tokens) {

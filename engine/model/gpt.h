@@ -12,6 +12,7 @@
 #include "engine/model/moe.h"
 #include "engine/model/attention_core.h"
 #include "engine/model/llama.h"
+#include "engine/model/param_init.h"
 #include "engine/model/recompute.h"
 #include "engine/model/tp_ops.h"
 #include <torch/nn/modules/container/modulelist.h>
@@ -22,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -152,11 +154,28 @@ class UnitHooks {
   virtual at::Tensor after(int unit, const at::Tensor& output) = 0;
 };
 
+// What one rank builds of the model: parallelize.h's cuts (its pipeline
+// stage, its experts, its tensor-parallel slices) made while the model is
+// built, one parameter at a time, so that no process ever holds more than
+// its share plus one parameter. The default builds the whole model.
+struct BuildScope {
+  // Whether this rank keeps parameter `name` (one of its stage's); unset:
+  // every one. The others end up empty ([0]), as a pipeline split leaves them.
+  std::function<bool(const std::string& name)> keeps;
+  // This rank's part of a kept parameter, given it whole and initialised
+  // (its tensor-parallel slice); unset, or returning `whole`: kept whole.
+  std::function<at::Tensor(const std::string& name, const at::Tensor& whole)> slice;
+  // Experts [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size) of every
+  // MoE block, built and drawn alone (never the whole [E, ...]).
+  int ep_rank = 0, ep_size = 1;
+};
+
 class GptImpl : public torch::nn::Module {
  public:
   // Parameters are initialised deterministically from `seed` (same numbers
-  // whatever the process, so every rank starts from the 1-process model).
-  GptImpl(const GptConfig& cfg, uint64_t seed);
+  // whatever the process, so every rank starts from the 1-process model);
+  // `scope` says which of them (and which parts) this rank builds.
+  GptImpl(const GptConfig& cfg, uint64_t seed, const BuildScope& scope = {});
 
   // tokens [B, T] int64 -> logits [B, T, V]
   at::Tensor forward(const at::Tensor& tokens);
@@ -170,7 +189,11 @@ class GptImpl : public torch::nn::Module {
   at::Tensor head_logits(const at::Tensor& x);                       // [B, T, C] -> [B, T, V / tp]
   at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets);
 
-  int64_t num_params() const;
+  int64_t num_params() const;  // the parameters this rank built
+  int64_t whole_num_params() const { return whole_params_; }  // the 1-process model's
+  // A parameter's shape in the 1-process model (its local shape unless
+  // the BuildScope cut it).
+  std::vector<int64_t> whole_shape(const std::string& name, const at::Tensor& local) const;
   const GptConfig& config() const { return cfg_; }
 
   int num_units() const { return cfg_.layers + 2; }
@@ -219,7 +242,9 @@ class GptImpl : public torch::nn::Module {
   at::Tensor run_unit(int unit, const std::function<at::Tensor()>& body);
   at::Tensor run_block(int i, const at::Tensor& x);
   at::Tensor final_norm(const at::Tensor& x);
-  void init_llama(uint64_t seed);
+  void build_param(const std::string& name, at::Tensor& p, ParamInit& init, const BuildScope& scope);
+  std::map<std::string, std::vector<int64_t>> cut_shapes_;  // whole shapes of the parameters built cut
+  int64_t whole_params_ = 0;
   SegmentRunner block_runner_;
   Rotary rotary_;  // llama: the blocks' shared cos/sin cache
   GptConfig cfg_;

@@ -1,12 +1,12 @@
 // The Llama parts of gpt.h's modules (model.kind llama): the attention's
-// q, k, v (this rank's heads, rotated at global positions) and the seeded
-// initialisation. The numerics of RMSNorm, rotary and SwiGLU are llama.cpp's;
-// the rest of the forward is shared with the GPT in gpt.cpp.
+// q, k, v (this rank's heads, rotated at global positions). The numerics of
+// RMSNorm, rotary and SwiGLU are llama.cpp's; the rest of the forward is
+// shared with the GPT in gpt.cpp, the initialisation's rules live in
+// param_init.cpp.
 //
 // Shape legend: B = batch, T = time, C = channels, H = local query heads,
 // KVl = local kv heads, D = head dim.
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <string>
 #include <vector>
@@ -43,23 +43,6 @@ std::vector<at::Tensor> CausalSelfAttentionImpl::llama_qkv(const at::Tensor& x, 
   return {heads_major(apply_rotary(qo.view({B, T, H, D}), cs[0], cs[1]), H),
           heads_major(apply_rotary(kvo.narrow(2, 0, KVl * D).view({B, T, KVl, D}), cs[0], cs[1]), KVl),
           heads_major(kvo.narrow(2, KVl * D, KVl * D).view({B, T, KVl, D}), KVl)};
-}
-
-constexpr double kLlamaInitStd = 0.02;  // transformers' initializer_range
-
-// transformers' LlamaPreTrainedModel: every weight N(0, 0.02) (no scaled
-// residual projections), RMSNorm weights 1; drawn in registration order
-// from one generator seeded with `seed`, like the GPT.
-void GptImpl::init_llama(uint64_t seed) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  at::NoGradGuard no_grad;
-  for (auto& item : named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
-    const bool is_norm = name.rfind("ln_f.", 0) == 0 || name.find(".ln1.") != std::string::npos ||
-                         name.find(".ln2.") != std::string::npos;
-    if (is_norm) item.value().fill_(1.0);
-    else item.value().normal_(0.0, kLlamaInitStd, gen);
-  }
 }
 
 }  // namespace dtrain::engine::model

@@ -180,8 +180,9 @@ MoeImpl::MoeImpl(const MoeConfig& cfg, int d_model) : cfg_(cfg) {
                                        std::to_string(cfg.top_k) + ": need 1 <= top_k <= experts and capacity_factor > 0");
   router = register_module("router", torch::nn::Linear(torch::nn::LinearOptions(d_model, cfg.experts).bias(false)));
   const int d_ff = cfg.d_ff > 0 ? cfg.d_ff : 4 * d_model;
-  fc = register_module("fc", ExpertLinear(cfg.experts, d_model, cfg.llama ? 2 * d_ff : d_ff, !cfg.llama));
-  proj = register_module("proj", ExpertLinear(cfg.experts, d_ff, d_model, !cfg.llama));
+  const int built = cfg.local_experts > 0 ? cfg.local_experts : cfg.experts;
+  fc = register_module("fc", ExpertLinear(built, d_model, cfg.llama ? 2 * d_ff : d_ff, !cfg.llama));
+  proj = register_module("proj", ExpertLinear(built, d_ff, d_model, !cfg.llama));
   selection_bias = at::zeros({cfg.experts});
   counters.reset(cfg.experts);
 }

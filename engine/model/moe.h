@@ -30,6 +30,9 @@ struct MoeConfig {
   // = [gate; up], proj [E, C, F]) and the k gates always renormalised to
   // sum to 1 (top-1 included).
   bool llama = false;
+  // Experts this rank builds (expert parallelism cuts at construction: its
+  // E / ep); 0: all E.
+  int local_experts = 0;
   bool is_moe_block(int layer) const { return experts > 0 && layer % every == 0; }
 };
 

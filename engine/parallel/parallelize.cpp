@@ -27,6 +27,27 @@ Parallelized::~Parallelized() = default;
 Parallelized::Parallelized(Parallelized&&) noexcept = default;
 Parallelized& Parallelized::operator=(Parallelized&&) noexcept = default;
 
+model::BuildScope build_scope(const JobSpec& spec, const mesh::Coord& coord) {
+  const mesh::Mesh m = spec.mesh();
+  model::BuildScope scope;
+  const int pp = spec.parallel.pp, tp = spec.parallel.tp;
+  if (pp > 1) {
+    const PipelineStage stage = pipeline_stage(spec.stage_layers(), mesh::index_in_group(m, mesh::GroupKind::pp, coord),
+                                               pp, spec.parallel.pipeline_virtual_stages);
+    scope.keeps = [stage, tie = spec.model.tie_embeddings](const std::string& name) {
+      return stage_keeps(name, stage, tie);
+    };
+  }
+  if (tp > 1)
+    scope.slice = tp_slicer(spec.model.effective_kv_heads(), mesh::index_in_group(m, mesh::GroupKind::tp, coord), tp,
+                            spec.model.tp_vocab == TpVocab::parallel);
+  if (spec.model.moe.experts > 0 && spec.parallel.ep > 1 && spec.model.moe.experts % spec.parallel.ep == 0) {
+    scope.ep_rank = coord.ep;  // the index in its ep group (index_in_group has no axis for ep)
+    scope.ep_size = spec.parallel.ep;
+  }
+  return scope;
+}
+
 Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model) {
   Parallelized out;
   // The layout faults of the spec's fault section: first launch only.
@@ -60,7 +81,11 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
                                               spec.parallel.sequence_parallel, spec.model.tp_vocab == TpVocab::parallel,
                                               fault(FaultKind::no_tp_reduce));
   } else {
-    for (auto& [name, p] : out.parts.named_params) out.parts.layouts.push_back(ParamLayout::whole(p));
+    for (auto& [name, p] : out.parts.named_params) {
+      ParamLayout l;
+      l.global_shape = out.parts.model->whole_shape(name, p);  // experts built cut: [E, ...]
+      out.parts.layouts.push_back(std::move(l));
+    }
   }
   // The last stage's copy of a tied wte: neither counted in the norm nor
   // written (the first stage's is).

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "common/mesh.h"
 #include "engine/comm/comm.h"
 #include "engine/model/gpt.h"
 #include "engine/parallel/grad_sync.h"
@@ -47,8 +48,15 @@ struct Parallelized {
   Parallelized& operator=(Parallelized&&) noexcept;
 };
 
-// `model` is the full model, initialised identically on every rank and
-// already on this rank's device. Collective over the groups it uses.
+// What the rank at `coord` of the spec's mesh builds of the model (gpt.h's
+// BuildScope): its pipeline stage's parameters (with a tied wte's copy on
+// the last stage), its tensor-parallel slices, its E / ep experts of every
+// MoE block; exactly what parallelize() keeps.
+model::BuildScope build_scope(const JobSpec& spec, const mesh::Coord& coord);
+
+// `model` is the full model, initialised identically on every rank, or
+// built by build_scope() for this rank; already on this rank's device.
+// Collective over the groups it uses.
 Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model);
 
 }  // namespace dtrain::engine::parallel

@@ -156,11 +156,12 @@ std::unique_ptr<TrainSession> make_train_session() {
       training_windows(spec, s->data->num_samples()), spec.job.seed, s->info.mesh.dp(), s->info.coord[mesh::Axis::dp],
       spec.train.micro_batch, spec.train.grad_accum, /*shuffle=*/!s->data->orders_itself());
   // Initialised on the CPU from job.seed (the same numbers on every device
-  // and every rank), moved, then laid out by parallelize.
-  model::Gpt model(gpt_config(spec.model), spec.job.seed);
+  // and every rank), built as this rank's share only (its stage, its tp
+  // slices, its experts), moved, then laid out by parallelize.
+  model::Gpt model(gpt_config(spec.model), spec.job.seed, parallel::build_scope(spec, s->info.coord));
   model->to(s->device);
   model->train();
-  const int64_t model_params = model->num_params();  // the whole model, before any split
+  const int64_t model_params = model->whole_num_params();  // the whole model, before any split
   s->flops_per_step = model_flops_per_step(double(model_params), spec.model,
                                            double(spec.global_batch()) * double(spec.model.seq_len));
   s->par = parallel::parallelize(spec, *s->comm, std::move(model));

@@ -38,6 +38,8 @@ void apply_expert_parallel(model::GptImpl& model, const std::vector<std::pair<st
     const int64_t mine = experts / n;
     l.dim = 0;
     l.segments = {{0, mine, r * mine}};
+    l.global_shape[0] = experts;
+    if (p.size(0) == mine) continue;  // built as this rank's experts (gpt.h's BuildScope)
     at::Tensor param = p;
     param.set_data(p.narrow(0, r * mine, mine).contiguous());  // [E / ep, ...]
   }

@@ -390,17 +390,21 @@ PipelineStage pipeline_stage(const std::vector<int>& stage_layers, int rank, int
   return st;
 }
 
+bool stage_keeps(const std::string& name, const PipelineStage& stage, bool tie_embeddings) {
+  bool mine = false;
+  if (starts_with(name, "wte.") || starts_with(name, "wpe.")) mine = stage.first(0);
+  // A tied head reads wte: the last stage keeps a copy (tied_embedding.h).
+  if (name == "wte.weight" && tie_embeddings) mine = mine || stage.last(stage.chunks - 1);
+  else if (starts_with(name, "ln_f.") || starts_with(name, "head.")) mine = stage.last(stage.chunks - 1);
+  else if (starts_with(name, "blocks.")) mine = stage.holds_block(std::atoi(name.c_str() + 7));
+  return mine;
+}
+
 void keep_stage_parameters(ModelParts& parts, const PipelineStage& stage) {
   std::vector<std::pair<std::string, at::Tensor>> kept;
   at::NoGradGuard no_grad;
   for (auto& [name, p] : parts.named_params) {
-    bool mine = false;
-    if (starts_with(name, "wte.") || starts_with(name, "wpe.")) mine = stage.first(0);
-    // A tied head reads wte: the last stage keeps a copy (tied_embedding.h).
-    if (name == "wte.weight" && parts.model->config().tie_embeddings) mine = mine || stage.last(stage.chunks - 1);
-    else if (starts_with(name, "ln_f.") || starts_with(name, "head.")) mine = stage.last(stage.chunks - 1);
-    else if (starts_with(name, "blocks.")) mine = stage.holds_block(std::atoi(name.c_str() + 7));
-    if (mine) {
+    if (stage_keeps(name, stage, parts.model->config().tie_embeddings)) {
       kept.emplace_back(name, p);
     } else {
       at::Tensor other = p;

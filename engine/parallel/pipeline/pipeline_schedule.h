@@ -41,6 +41,11 @@ struct PipelineStage {
 // stage_layers(), which the spec checks).
 PipelineStage pipeline_stage(const std::vector<int>& stage_layers, int rank, int size, int chunks = 1);
 
+// Whether `stage` keeps parameter `name`: wte and wpe on the first stage
+// (a tied wte also on the last: tied_embedding.h), ln_f and the head on the
+// last, each block on the stage that runs it.
+bool stage_keeps(const std::string& name, const PipelineStage& stage, bool tie_embeddings);
+
 // Keeps only this stage's parameters in parts.named_params (the others'
 // storage is released): run before tensor and data parallelism, which then
 // see this stage's parameters only.

@@ -15,13 +15,14 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// This rank's part along `dim` of global parameter `p`: `parts` equal
-// blocks of the dim (1 for most, 3 for qkv = [q; k; v]), of each the
+// This rank's part along `dim` of a global parameter of `shape`: `parts`
+// equal blocks of the dim (1 for most, 3 for qkv = [q; k; v]), of each the
 // rank's 1/n.
-ParamLayout split(const at::Tensor& p, int dim, int parts, int rank, int n) {
-  ParamLayout l = ParamLayout::whole(p);
+ParamLayout split(const std::vector<int64_t>& shape, int dim, int parts, int rank, int n) {
+  ParamLayout l;
+  l.global_shape = shape;
   l.dim = dim;
-  const int64_t block = p.size(dim) / parts, mine = block / n;
+  const int64_t block = shape[size_t(dim)] / parts, mine = block / n;
   int64_t local = 0;
   for (int j = 0; j < parts; ++j) {
     l.segments.push_back({local, local + mine, j * block + rank * mine});
@@ -31,6 +32,45 @@ ParamLayout split(const at::Tensor& p, int dim, int parts, int rank, int n) {
 }
 
 }  // namespace
+
+ParamLayout tp_layout(const std::string& name, const std::vector<int64_t>& shape, int kv_heads, int r, int n,
+                      bool sequence_parallel, bool vocab_parallel) {
+  ParamLayout l;
+  l.global_shape = shape;
+  const bool kv_replicated = ends_with(name, "attn.kv.weight") && kv_heads % n != 0;
+  if (ends_with(name, "attn.qkv.weight") || ends_with(name, "attn.qkv.bias"))
+    l = split(shape, 0, 3, r, n);  // column-parallel by heads, q, k and v alike
+  else if ((ends_with(name, "attn.kv.weight") && !kv_replicated) || ends_with(name, "mlp.gate_up.weight"))
+    l = split(shape, 0, 2, r, n);  // column-parallel: [k; v] by kv heads, [gate; up] by hidden rows
+  else if (ends_with(name, "attn.q.weight"))
+    l = split(shape, 0, 1, r, n);  // column-parallel by query heads
+  else if (ends_with(name, "mlp.fc.weight") || ends_with(name, "mlp.fc.bias") ||
+           (vocab_parallel && (name == "wte.weight" || name == "head.weight")))
+    l = split(shape, 0, 1, r, n);  // column-parallel rows / vocab-parallel rows
+  else if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight"))
+    l = split(shape, 1, 1, r, n);  // row-parallel: input columns
+  if (!l.sharded()) {
+    l.tp_owner = r == 0;  // replicated over TP: rank 0 counts and writes it
+    // Every replicated one lives in the SP region; a replicated kv's
+    // gradient covers this rank's query heads only.
+    l.sum_grad_over_tp = sequence_parallel || kv_replicated;
+  }
+  return l;
+}
+
+at::Tensor tp_slice(const at::Tensor& whole, const ParamLayout& l) {
+  std::vector<at::Tensor> pieces;
+  for (const auto& s : l.segments) pieces.push_back(whole.narrow(l.dim, s.global_begin, s.local_end - s.local_begin));
+  return at::cat(pieces, l.dim).contiguous();  // this rank's slice, [local shape]
+}
+
+std::function<at::Tensor(const std::string&, const at::Tensor&)> tp_slicer(int kv_heads, int r, int n,
+                                                                            bool vocab_parallel) {
+  return [=](const std::string& name, const at::Tensor& whole) {
+    const ParamLayout l = tp_layout(name, whole.sizes().vec(), kv_heads, r, n, false, vocab_parallel);
+    return l.sharded() ? tp_slice(whole, l) : whole;
+  };
+}
 
 std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
                                                const std::vector<std::pair<std::string, at::Tensor>>& named_params,
@@ -54,30 +94,12 @@ std::vector<ParamLayout> apply_tensor_parallel(model::GptImpl& model,
   std::vector<ParamLayout> layouts;
   at::NoGradGuard no_grad;
   for (const auto& [name, p] : named_params) {
-    ParamLayout l = ParamLayout::whole(p);
-    const bool kv_replicated = ends_with(name, "attn.kv.weight") && kv % n != 0;
-    if (ends_with(name, "attn.qkv.weight") || ends_with(name, "attn.qkv.bias"))
-      l = split(p, 0, 3, r, n);  // column-parallel by heads, q, k and v alike
-    else if ((ends_with(name, "attn.kv.weight") && !kv_replicated) || ends_with(name, "mlp.gate_up.weight"))
-      l = split(p, 0, 2, r, n);  // column-parallel: [k; v] by kv heads, [gate; up] by hidden rows
-    else if (ends_with(name, "attn.q.weight"))
-      l = split(p, 0, 1, r, n);  // column-parallel by query heads
-    else if (ends_with(name, "mlp.fc.weight") || ends_with(name, "mlp.fc.bias") ||
-             (vocab_parallel && (name == "wte.weight" || name == "head.weight")))
-      l = split(p, 0, 1, r, n);  // column-parallel rows / vocab-parallel rows
-    else if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight"))
-      l = split(p, 1, 1, r, n);  // row-parallel: input columns
-    if (l.sharded()) {
-      std::vector<at::Tensor> pieces;
-      for (const auto& s : l.segments) pieces.push_back(p.narrow(l.dim, s.global_begin, s.local_end - s.local_begin));
-      at::Tensor local = at::cat(pieces, l.dim).contiguous();  // this rank's slice, [local shape]
+    // A parameter the model was built cut (gpt.h's BuildScope, with
+    // tp_slicer's cut) is already this rank's slice.
+    ParamLayout l = tp_layout(name, model.whole_shape(name, p), kv, r, n, sequence_parallel, vocab_parallel);
+    if (l.sharded() && p.sizes().vec() == l.global_shape) {
       at::Tensor param = p;
-      param.set_data(local);
-    } else {
-      l.tp_owner = r == 0;  // replicated over TP: rank 0 counts and writes it
-      // Every replicated one lives in the SP region; a replicated kv's
-      // gradient covers this rank's query heads only.
-      l.sum_grad_over_tp = sequence_parallel || kv_replicated;
+      param.set_data(tp_slice(p, l));
     }
     layouts.push_back(std::move(l));
   }
