@@ -112,10 +112,12 @@ void AdamW::step(double lr) {
   const double bias_correction1 = 1.0 - std::pow(b1, double(step_));
   const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(b2, double(step_)));
   const double step_size = lr / bias_correction1;
+  int open = -1;
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     const at::Tensor& g = grads_.empty() ? p.grad() : grads_[i];
     if (!g.defined()) continue;
+    page_to(int64_t(i), open);
     if (opt_.fused && fusable(p, g, m_[i], v_[i])) {
       const bool wd = decay_[i] && opt_.weight_decay != 0.0;
       const FusedStep fs{wd ? float(1.0 - lr * opt_.weight_decay) : 1.0f, float(b1), float(1.0 - b1),
@@ -131,6 +133,16 @@ void AdamW::step(double lr) {
     auto denom = v_[i].sqrt().div_(bias_correction2_sqrt).add_(opt_.eps);  // sqrt(vhat) + eps
     p.addcdiv_(m_[i], denom, -step_size);              // p -= lr * mhat / denom
   }
+  page_to(-1, open);
+}
+
+void AdamW::page_to(int64_t i, int& open) const {
+  if (!pager_.page) return;
+  const int g = i < 0 ? -1 : pager_.group_of[size_t(i)];
+  if (g == open) return;
+  if (open >= 0) pager_.page(open, false);
+  if (g >= 0) pager_.page(g, true);
+  open = g;
 }
 
 void AdamW::offload(OffloadOptions options, bool prefetch) {
@@ -208,6 +220,7 @@ void AdamW::step_offloaded(double lr) {
   ++step_;
   const int nb = store_->buckets();
   for (int b = 0; b < std::min(nb, 2); ++b) store_->prefetch(b);
+  int open = -1;
   for (int b = 0; b < nb; ++b) {
     float* m = store_->acquire(b);
     float* v = m + store_->bucket_len(b);
@@ -215,11 +228,13 @@ void AdamW::step_offloaded(double lr) {
       at::Tensor& p = params_[pc.param];
       const at::Tensor& g = grads_.empty() ? p.grad() : grads_[pc.param];
       if (!g.defined()) continue;
+      page_to(int64_t(pc.param), open);
       offloaded_piece(p, g, pc.begin, pc.end, m + pc.at, v + pc.at, make_fused_step(decay_[pc.param], lr, opt_, step_));
     }
     store_->release(b);
     if (b + 2 < nb) store_->prefetch(b + 2);
   }
+  page_to(-1, open);
   if (prefetch_)
     for (int b = 0; b < std::min(nb, 2); ++b) store_->prefetch(b);
   else
