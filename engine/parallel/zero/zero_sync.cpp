@@ -355,6 +355,9 @@ class ZeroSync : public GradSync {
   OptimizerParams optimizer_params() override {
     ZeroState& s = *s_;
     OptimizerParams o;
+    // A view is cut of a shard in memory (narrow checks the storage's
+    // size); it stays valid while the shard is away and sees it once back.
+    if (s.offload) s.offload->page_in_all(/*dirty=*/false);
     for (const Piece& pc : s.layout.pieces) {
       const int64_t len = pc.end - pc.begin;
       o.names.push_back(fmt::format("{}[{}:{}]", s.names[size_t(pc.param)], pc.begin, pc.end));
@@ -377,6 +380,8 @@ class ZeroSync : public GradSync {
           st->offload->page_out(u);
         }
       };
+    if (s.offload)
+      for (int u = 0; u < s.offload->units(); ++u) s.offload->page_out(u);
     return o;
   }
 
