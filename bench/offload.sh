@@ -60,6 +60,7 @@ params="$(grep -o 'model gpt: [0-9]*' "$tmp/none.log" | grep -o '[0-9]*$')"
 {
   echo "# bench/offload.sh $(date -u +%Y-%m-%dT%H:%M:%SZ): 1 rank, GPT layers $LAYERS d_model $D_MODEL seq $SEQ mb $MB,"
   echo "# $params parameters (AdamW state $(python3 -c "print(f'{8 * $params / 2**30:.2f}')") GiB), $STEPS steps,"
+  echo "# command: STEPS=$STEPS LAYERS=$LAYERS D_MODEL=$D_MODEL HEADS=$HEADS SEQ=$SEQ MB=$MB bench/offload.sh"
   echo "# $(nproc --all) CPUs at load $(cut -d' ' -f1 /proc/loadavg), offload files on $(df --output=source "$tmp" | tail -1)"
   printf '%-16s %12s %14s %12s %16s %16s %12s %12s %10s\n' run step_s peak_rss_MiB param_MiB optimizer_MiB offload_MiB io_ms wait_ms hidden
   for r in none nvme nvme_noprefetch zero3 zero3_params zero3_both; do
