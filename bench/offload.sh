@@ -7,6 +7,10 @@
 # (metrics.jsonl), and the share of the file I/O hidden behind compute:
 # 1 - (time the step waited for I/O) / (time the I/O thread spent), summed
 # over the steps after the first. bucket_mb and prefetch as in the spec.
+# The zero3 rows run ZeRO-3 (at dp 1 each unit's shard is the whole unit),
+# without offload, with the parameter shards in nvme files
+# (train.offload.params: nvme), and with both: param_MiB is the most shard
+# bytes in memory during a step.
 #   [STEPS=6] [LAYERS=11 D_MODEL=1024 HEADS=8 SEQ=32 MB=1] [OFFLOAD_DIR=/tmp] bench/offload.sh
 #     -> bench/results/offload.txt
 set -euo pipefail
@@ -48,26 +52,32 @@ run none
 run nvme --set train.offload.optimizer=nvme --set train.offload.path="$tmp/files"
 run nvme_noprefetch --set train.offload.optimizer=nvme --set train.offload.path="$tmp/files" \
   --set train.offload.prefetch=false
+run zero3 --set parallel.zero=3
+run zero3_params --set parallel.zero=3 --set train.offload.params=nvme --set train.offload.path="$tmp/files"
+run zero3_both --set parallel.zero=3 --set train.offload.params=nvme --set train.offload.optimizer=nvme \
+  --set train.offload.path="$tmp/files"
 params="$(grep -o 'model gpt: [0-9]*' "$tmp/none.log" | grep -o '[0-9]*$')"
 {
   echo "# bench/offload.sh $(date -u +%Y-%m-%dT%H:%M:%SZ): 1 rank, GPT layers $LAYERS d_model $D_MODEL seq $SEQ mb $MB,"
   echo "# $params parameters (AdamW state $(python3 -c "print(f'{8 * $params / 2**30:.2f}')") GiB), $STEPS steps,"
+  echo "# command: STEPS=$STEPS LAYERS=$LAYERS D_MODEL=$D_MODEL HEADS=$HEADS SEQ=$SEQ MB=$MB bench/offload.sh"
   echo "# $(nproc --all) CPUs at load $(cut -d' ' -f1 /proc/loadavg), offload files on $(df --output=source "$tmp" | tail -1)"
-  printf '%-16s %12s %14s %16s %16s %12s %12s %10s\n' run step_s peak_rss_MiB optimizer_MiB offload_MiB io_ms wait_ms hidden
-  for r in none nvme nvme_noprefetch; do
+  printf '%-16s %12s %14s %12s %16s %16s %12s %12s %10s\n' run step_s peak_rss_MiB param_MiB optimizer_MiB offload_MiB io_ms wait_ms hidden
+  for r in none nvme nvme_noprefetch zero3 zero3_params zero3_both; do
     step="$(metric "$r" step_time_s median)"
     rss="$(($(cat "$tmp/$r.maxrss") / 1024))"
+    par="$(metric "$r" param_bytes last)"
     opt="$(metric "$r" optimizer_bytes last)"
     off="$(metric "$r" offload_bytes last)"
     io="$(metric "$r" offload_io_ms sum)"
     wait="$(metric "$r" offload_wait_ms sum)"
-    python3 - "$r" "$step" "$rss" "$opt" "$off" "$io" "$wait" <<'PY'
+    python3 - "$r" "$step" "$rss" "$par" "$opt" "$off" "$io" "$wait" <<'PY'
 import sys
-r, step, rss, opt, off, io, wait = sys.argv[1:]
+r, step, rss, par, opt, off, io, wait = sys.argv[1:]
 mib = lambda v: "-" if v == "-" else f"{float(v) / 2**20:.1f}"
 hidden = "-" if io in ("-", "0") else f"{100 * (1 - float(wait) / float(io)):.0f}%"
 fmt = lambda v, p: "-" if v == "-" else f"{float(v):.{p}f}"
-print(f"{r:<16} {fmt(step, 3):>12} {rss:>14} {mib(opt):>16} {mib(off):>16} {fmt(io, 0):>12} {fmt(wait, 0):>12} {hidden:>10}")
+print(f"{r:<16} {fmt(step, 3):>12} {rss:>14} {mib(par):>12} {mib(opt):>16} {mib(off):>16} {fmt(io, 0):>12} {fmt(wait, 0):>12} {hidden:>10}")
 PY
   done
   echo "# io_ms: the I/O thread's pread/pwrite time, wait_ms: the step blocked on it (steps 2..$STEPS summed);"

@@ -150,8 +150,8 @@ struct ModelSpec {
 // live between uses: none = on the device; host = pinned host memory, the
 // update on the CPU (needs a GPU); nvme = one file per rank under `path`
 // (created and removed by the job), read and written in buckets by an I/O
-// thread, `prefetch` reading the next step's first buckets during its
-// forward and backward. Checkpoints are the same with or without.
+// thread, `prefetch` reading ahead (params: nvme only, ZeRO-3 on the CPU,
+// shards read back before each all-gather). Checkpoints are the same with or without.
 struct OffloadSpec {
   OffloadTarget optimizer = OffloadTarget::none;
   OffloadTarget params = OffloadTarget::none;
@@ -276,10 +276,10 @@ struct CheckpointSpec {
 //                      layout) sets AdamW's moments to zero
 //   cp_local_attention (every rank) under context parallelism each rank
 //                      attends only to its own chunks: no ring
-//   offload_no_writeback (every rank) train.offload.optimizer nvme never
-//                      writes the moments back: each step starts from zeros
+//   offload_no_writeback (every rank) train.offload's nvme files are never
+//                      written back: moments from zeros, parameters unchanged
 //   offload_truncate, offload_delete  rank `rank` truncates (to half) or
-//                      deletes its train.offload file after step `step`
+//                      deletes its train.offload files after step `step`
 struct FaultSpec {
   FaultKind kind = FaultKind::none;
   int rank = 0;

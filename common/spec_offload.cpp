@@ -32,9 +32,11 @@ void validate_offload(const JobSpec& s, const SpecOrigin& origin, Problems& prob
   const FaultKind f = s.fault.kind;
   const bool offload_fault =
       f == FaultKind::offload_no_writeback || f == FaultKind::offload_truncate || f == FaultKind::offload_delete;
-  if (offload_fault && o.optimizer != OffloadTarget::nvme && !origin.any_bad({"fault.kind", "train.offload.optimizer"}))
+  const bool nvme = o.optimizer == OffloadTarget::nvme || o.params == OffloadTarget::nvme;
+  if (offload_fault && !nvme && !origin.any_bad({"fault.kind", "train.offload.optimizer", "train.offload.params"}))
     error("fault.kind", "fault.kind = " + to_string(f) + " acts on train.offload's files, but "
-                        "train.offload.optimizer = " + to_string(o.optimizer) + "; set train.offload.optimizer: nvme");
+                        "train.offload.optimizer = " + to_string(o.optimizer) + " and train.offload.params = " +
+                        to_string(o.params) + "; set train.offload.optimizer (or .params): nvme");
   if ((f == FaultKind::offload_truncate || f == FaultKind::offload_delete) && s.fault.step < 1 &&
       !origin.any_bad({"fault.kind", "fault.step"}))
     error("fault.step", "fault.step = " + std::to_string(s.fault.step) + ": fault.kind = " + to_string(f) +

@@ -350,7 +350,8 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
   // Every worker of this machine has exited: what a SIGKILLed one left of
   // train.offload's files goes (one machine only: another machine's ranks
   // may still use a shared path).
-  if (spec.train.offload.optimizer == OffloadTarget::nvme && agent.num_nodes() <= 1)
+  const bool nvme = spec.train.offload.optimizer == OffloadTarget::nvme || spec.train.offload.params == OffloadTarget::nvme;
+  if (nvme && agent.num_nodes() <= 1)
     if (const int n = remove_offload_files(spec.train.offload.path, spec.job.name, 0); n > 0)
       DTRAIN_INFO("removed {} offload file(s) of stopped workers from {}", n, spec.train.offload.path);
   if (server && code == 0 && agent.num_nodes() > 1) wait_for_other_nodes(client, config.node_id);

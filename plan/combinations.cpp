@@ -65,13 +65,18 @@ void model_rules(const JobSpec& spec, Problems& out) {
     out.push_back("model.kind = " + spec.model.kind + " is unknown; use kind gpt or llama");
 }
 
-// train.offload.params (ZeRO-3 shards off the device between uses) is
-// specified but not run by this engine yet; the optimizer's offload is.
+// train.offload.params: ZeRO-3's shards in nvme files between uses, read
+// and written on the CPU (a GPU's shards would need a staging copy this
+// engine does not make yet); host is not run yet.
 void offload_rules(const JobSpec& spec, Problems& out) {
-  if (spec.train.offload.params != OffloadTarget::none)
-    out.push_back("train.offload.params = " + to_string(spec.train.offload.params) +
-                  " is not implemented yet; set train.offload.params: none (train.offload.optimizer: nvme "
-                  "takes AdamW's state, half of the fp32 training state, off the device and out of memory)");
+  const OffloadTarget t = spec.train.offload.params;
+  if (t == OffloadTarget::host)
+    out.push_back("train.offload.params = host is not implemented yet; use train.offload.params: nvme (with "
+                  "parallel.zero: 3 on cluster.device cpu) or none");
+  if (t == OffloadTarget::nvme && spec.cluster.device != DeviceKind::cpu)
+    out.push_back("train.offload.params = nvme with cluster.device = " + to_string(spec.cluster.device) +
+                  " is not implemented yet; use cluster.device: cpu, or train.offload.params: none with "
+                  "train.offload.optimizer: nvme");
 }
 
 // In the order the engine reported them. A new parallelism adds one row

@@ -118,10 +118,11 @@ std::vector<int64_t> units_of_stage(const JobSpec& spec, const Dims& d, int pp_r
 // rank's index among them).
 void model_states(const JobSpec& spec, const std::vector<int64_t>& units, int dp_rank, RankMemory& r) {
   const int n = spec.parallel.dp * std::max(1, spec.parallel.cp), z = spec.parallel.zero;
-  int64_t numel = 0, padded = 0, shard = 0, owned = 0;
+  int64_t numel = 0, padded = 0, shard = 0, owned = 0, largest = 0;
   for (int64_t u : units) {
     const int64_t pad = std::max<int64_t>((u + n - 1) / n * n, n);
     const int64_t sh = pad / n;
+    largest = std::max(largest, sh);
     numel += u;
     padded += pad;
     shard += sh;
@@ -135,6 +136,12 @@ void model_states(const JobSpec& spec, const std::vector<int64_t>& units, int dp
   r.param_bytes = kFloat * (z == 3 ? shard : padded);
   r.grad_bytes = kFloat * (z == 1 ? padded : shard);
   r.optimizer_bytes = 2 * kFloat * owned;
+  // train.offload.params (ZeRO-3): the shards live in a file; in memory at
+  // most three at once (one in use, one read ahead, one being written back).
+  if (z == 3 && spec.train.offload.params == OffloadTarget::nvme) {
+    r.offload_bytes += kFloat * shard;
+    r.param_bytes = kFloat * std::min(shard, 3 * largest);
+  }
 }
 
 // What the MLP saves: the GPT's fc and GELU outputs (8sbh/t); the llama's
@@ -275,9 +282,10 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   // train.offload.optimizer: the moments live in host memory (host) or in a
   // file (nvme), whose two I/O buckets stay in memory.
   if (spec.train.offload.optimizer != OffloadTarget::none) {
-    r.offload_bytes = r.optimizer_bytes;
+    const int64_t moments = r.optimizer_bytes;
+    r.offload_bytes += moments;
     const auto bucket = int64_t(spec.train.offload.bucket_mb * 1024 * 1024);
-    r.optimizer_bytes = spec.train.offload.optimizer == OffloadTarget::nvme ? 2 * std::min(bucket, r.offload_bytes) : 0;
+    r.optimizer_bytes = spec.train.offload.optimizer == OffloadTarget::nvme ? 2 * std::min(bucket, moments) : 0;
   }
   // The engine builds this rank's share only (engine/model/gpt.h's
   // BuildScope): its stage's units as tp slices and its E / ep experts,
@@ -370,6 +378,9 @@ std::string plan_to_text(const JobSpec& spec, const MemoryPlan& plan) {
                   format_bytes(double(r.need_bytes())).c_str());
     out += line;
   }
+  if (spec.train.offload.params == OffloadTarget::nvme && spec.parallel.zero == 3 && !plan.ranks.empty())
+    out += "params offload: rank 0's ZeRO-3 parameter shards live in nvme files under " + spec.train.offload.path +
+           " between uses; the params column is the most of them in memory at once (three shards)\n";
   if (spec.train.offload.optimizer != OffloadTarget::none && !plan.ranks.empty())
     out += "optimizer offload: AdamW's moments of rank 0, " + format_bytes(double(plan.ranks[0].offload_bytes)) +
            (spec.train.offload.optimizer == OffloadTarget::nvme

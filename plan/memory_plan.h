@@ -25,7 +25,7 @@ struct RankMemory {
   int64_t param_bytes = 0;      // as GradSync::memory() reports them
   int64_t grad_bytes = 0;
   int64_t optimizer_bytes = 0;  // AdamW's two moments (allocated in step 1); offloaded: the staging buckets
-  int64_t offload_bytes = 0;    // AdamW's moments in host memory or nvme files (train.offload.optimizer)
+  int64_t offload_bytes = 0;    // state in host memory or nvme files: AdamW's moments, ZeRO-3's parameter shards (train.offload)
   int64_t cache_bytes = 0;      // other tensors kept across steps (the naive attention's causal masks)
   int64_t activation_bytes = 0; // saved for backward, all micro-batches in flight at once
   int64_t transient_bytes = 0;  // the largest temporaries on top (backward's, ZeRO-3's gathered units)

@@ -32,6 +32,8 @@ ModelSize model_size(const JobSpec& spec) {
   const OffloadTarget where = spec.train.offload.optimizer;
   s.host_rank_bytes = where == OffloadTarget::host ? s.optim_rank_bytes : 0;
   s.nvme_rank_bytes = where == OffloadTarget::nvme ? s.optim_rank_bytes : 0;
+  if (spec.train.offload.params == OffloadTarget::nvme && p.zero >= 3)  // the weights' ZeRO-3 shards
+    s.nvme_rank_bytes += count.dense / split * weights;
   s.device_rank_bytes = s.rank_bytes - s.host_rank_bytes - s.nvme_rank_bytes;
   return s;
 }

@@ -142,11 +142,15 @@ void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++step_;
   loops_ = 0;
-  if (opt_.fused && opt_.flat_runs) return step_runs(lr);
+  // Paged parameters (offloaded ZeRO-3 shards) have no data while on file,
+  // so runs cannot be found from their pointers: they go tensor by tensor.
+  if (opt_.fused && opt_.flat_runs && !pager_.page) return step_runs(lr);
+  int open = -1;
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     const at::Tensor& g = grads_.empty() ? p.grad() : grads_[i];
     if (!g.defined()) continue;
+    page_to(int64_t(i), open);
     if (opt_.fused && fusable(p, g, m_[i], v_[i])) {
       ++loops_;
       fused_adamw(p.data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(),
@@ -155,6 +159,7 @@ void AdamW::step(double lr) {
     }
     step_one_unfused(i, lr);
   }
+  page_to(-1, open);
 }
 
 // The five in-place ATen ops on params_[i] (its gradient defined), at the
@@ -207,6 +212,15 @@ void AdamW::step_runs(double lr) {
     ++loops_;
     i = j;
   }
+}
+
+void AdamW::page_to(int64_t i, int& open) const {
+  if (!pager_.page) return;
+  const int g = i < 0 ? -1 : pager_.group_of[size_t(i)];
+  if (g == open) return;
+  if (open >= 0) pager_.page(open, false);
+  if (g >= 0) pager_.page(g, true);
+  open = g;
 }
 
 void AdamW::offload(OffloadOptions options, bool prefetch) {
@@ -284,6 +298,7 @@ void AdamW::step_offloaded(double lr) {
   ++step_;
   const int nb = store_->buckets();
   for (int b = 0; b < std::min(nb, 2); ++b) store_->prefetch(b);
+  int open = -1;
   for (int b = 0; b < nb; ++b) {
     float* m = store_->acquire(b);
     float* v = m + store_->bucket_len(b);
@@ -291,11 +306,13 @@ void AdamW::step_offloaded(double lr) {
       at::Tensor& p = params_[pc.param];
       const at::Tensor& g = grads_.empty() ? p.grad() : grads_[pc.param];
       if (!g.defined()) continue;
+      page_to(int64_t(pc.param), open);
       offloaded_piece(p, g, pc.begin, pc.end, m + pc.at, v + pc.at, make_fused_step(decay_[pc.param], lr, opt_, step_));
     }
     store_->release(b);
     if (b + 2 < nb) store_->prefetch(b + 2);
   }
+  page_to(-1, open);
   if (prefetch_)
     for (int b = 0; b < std::min(nb, 2); ++b) store_->prefetch(b);
   else

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -34,6 +35,15 @@ struct AdamWOptions {
   bool allocate_state = true;
 };
 
+// Parameters whose storage is away between uses (ZeRO-3's parameter
+// offload): step() calls page(g, true) before it updates the first
+// parameter of group g = group_of[i] and page(g, false) after the last one;
+// groups come in increasing order, each once per step.
+struct ParamPager {
+  std::vector<int> group_of;  // per parameter
+  std::function<void(int group, bool in)> page;
+};
+
 class AdamW {
  public:
   // decay[i]: whether params[i] gets weight decay (matrices yes; biases,
@@ -48,6 +58,7 @@ class AdamW {
   // first step; the moments start at zero as without. prefetch: the next
   // step's first buckets are read while its forward and backward run.
   void offload(OffloadOptions options, bool prefetch);
+  void set_pager(ParamPager pager) { pager_ = std::move(pager); }
   // One step with learning rate lr. Skips params without a gradient.
   void step(double lr);
   void zero_grad();  // sets grads to zero (keeps storage)
@@ -86,6 +97,9 @@ class AdamW {
   bool prefetch_ = true;  // read the next step's first buckets ahead
   bool materialized_ = false;
   int loops_ = 0;
+  ParamPager pager_;
+  // Pages in parameter i's group (and out the previous one); -1 ends the step.
+  void page_to(int64_t i, int& open) const;
 };
 
 struct LrSchedule {

@@ -87,26 +87,26 @@ int64_t OffloadStore::staging_bytes() const {
   return n;
 }
 
-void OffloadStore::check_file() const {
-  if (fd_ < 0) return;
+void check_offload_file(int fd, const std::string& file, int64_t bytes) {
+  if (fd < 0) return;
   struct stat st {};
   const std::string fix = "leave train.offload.path alone while the job runs; resume from the last checkpoint";
-  if (::fstat(fd_, &st) != 0 || st.st_nlink == 0)
-    throw Error(ErrorCode::config, "offload file " + opt_.file + " was deleted while the job ran", fix);
-  if (st.st_size < 8 * total_)
-    throw Error(ErrorCode::config, "offload file " + opt_.file + " was truncated while the job ran: " +
-                                       std::to_string(st.st_size) + " bytes, " + std::to_string(8 * total_) +
+  if (::fstat(fd, &st) != 0 || st.st_nlink == 0)
+    throw Error(ErrorCode::config, "offload file " + file + " was deleted while the job ran", fix);
+  if (st.st_size < bytes)
+    throw Error(ErrorCode::config, "offload file " + file + " was truncated while the job ran: " +
+                                       std::to_string(st.st_size) + " bytes, " + std::to_string(bytes) +
                                        " expected",
                 fix);
 }
 
-void OffloadStore::io_bytes(bool write, int64_t offset, char* p, int64_t n) const {
+void offload_file_io(int fd, const std::string& file, bool write, int64_t offset, char* p, int64_t n) {
   while (n > 0) {
-    const ssize_t got = write ? ::pwrite(fd_, p, size_t(n), off_t(offset)) : ::pread(fd_, p, size_t(n), off_t(offset));
+    const ssize_t got = write ? ::pwrite(fd, p, size_t(n), off_t(offset)) : ::pread(fd, p, size_t(n), off_t(offset));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0)
       throw Error(ErrorCode::config,
-                  "offload file " + opt_.file + ": " + (write ? "write" : "read") + " at byte " +
+                  "offload file " + file + ": " + (write ? "write" : "read") + " at byte " +
                       std::to_string(offset) + " failed: " +
                       (got == 0 ? std::string("end of file (was it truncated?)") : std::strerror(errno)),
                   "leave train.offload.path alone while the job runs, with room for its files; resume from the "
@@ -117,12 +117,14 @@ void OffloadStore::io_bytes(bool write, int64_t offset, char* p, int64_t n) cons
   }
 }
 
+void OffloadStore::check_file() const { check_offload_file(fd_, opt_.file, 8 * total_); }
+
 void OffloadStore::do_io(const Op& op) {
   // Before every read and write: a write past a truncated end would grow the
   // file again, and the rest would read back as zeros.
   check_file();
   const Bucket& b = buckets_[op.bucket];
-  io_bytes(op.write, 8 * b.first, reinterpret_cast<char*>(slots_[op.slot].buffer.data_ptr<float>()), 8 * b.len);
+  offload_file_io(fd_, opt_.file, op.write, 8 * b.first, reinterpret_cast<char*>(slots_[op.slot].buffer.data_ptr<float>()), 8 * b.len);
 }
 
 void OffloadStore::run_io() {
@@ -199,7 +201,7 @@ void OffloadStore::read_bucket(int b, float* mv) {
     return;
   }
   check_file();
-  io_bytes(false, 8 * k.first, reinterpret_cast<char*>(mv), 8 * k.len);
+  offload_file_io(fd_, opt_.file, false, 8 * k.first, reinterpret_cast<char*>(mv), 8 * k.len);
 }
 
 void OffloadStore::write_bucket(int b, const float* mv) {
@@ -209,7 +211,7 @@ void OffloadStore::write_bucket(int b, const float* mv) {
     return;
   }
   check_file();
-  io_bytes(true, 8 * k.first, reinterpret_cast<char*>(const_cast<float*>(mv)), 8 * k.len);
+  offload_file_io(fd_, opt_.file, true, 8 * k.first, reinterpret_cast<char*>(const_cast<float*>(mv)), 8 * k.len);
   std::lock_guard<std::mutex> lock(mu_);
   for (Slot& s : slots_) s.bucket = -1, s.ready = false;  // what they held may be stale now
 }

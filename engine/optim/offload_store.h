@@ -34,6 +34,12 @@ struct OffloadIo {
   double wait_s = 0;
 };
 
+// The pread/pwrite of n bytes at `offset` of `file` (open as fd), retried
+// until done; a short read or a failed call throws, naming the file.
+void offload_file_io(int fd, const std::string& file, bool write, int64_t offset, char* p, int64_t n);
+// Throws when `file` (open as fd) was deleted, or truncated below `bytes`.
+void check_offload_file(int fd, const std::string& file, int64_t bytes);
+
 class OffloadStore {
  public:
   // sizes: the element count of each parameter, in the optimizer's order.
@@ -89,7 +95,6 @@ class OffloadStore {
   };
   void run_io();
   void do_io(const Op& op);
-  void io_bytes(bool write, int64_t offset, char* p, int64_t n) const;
 
   OffloadOptions opt_;
   int64_t total_ = 0;

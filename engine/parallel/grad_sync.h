@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -15,6 +16,10 @@
 
 namespace dtrain::engine::optim {
 class AdamW;
+}
+
+namespace dtrain::engine::parallel::zero {
+class ParamOffload;
 }
 
 namespace dtrain::engine::parallel {
@@ -33,12 +38,18 @@ struct OptimizerParams {
   std::vector<at::Tensor> params;
   std::vector<bool> decay;  // weight decay on matrices only (nanoGPT's choice)
   std::vector<at::Tensor> grads;  // each param's gradient; empty = params[i].grad()
+  // Parameters whose storage is away between uses (train.offload.params):
+  // the optimizer calls page(page_group[i], true) before updating params[i]
+  // and page(.., false) after the group's last (optim::ParamPager). Empty: none.
+  std::vector<int> page_group;
+  std::function<void(int group, bool in)> page;
 };
 
 // Persistent bytes this rank holds for the model (metrics.jsonl).
 struct ModelBytes {
-  int64_t params = 0;
+  int64_t params = 0;  // train.offload.params: the most in memory this step
   int64_t grads = 0;
+  int64_t offloaded = 0;  // train.offload.params: the parameter bytes in a file
 };
 
 // One tensor of a checkpoint: its stable name, the global shape, the slice
@@ -87,6 +98,9 @@ class GradSync {
   // Figures of the last step for metrics.jsonl beyond the loss (name, value),
   // the same on every rank: e.g. the experts' load under MoE. Default: none.
   virtual std::vector<std::pair<std::string, double>> step_metrics() const { return {}; }
+  // train.offload.params: where the parameter shards live between uses
+  // (zero/param_offload.h); null without.
+  virtual zero::ParamOffload* param_offload() { return nullptr; }
 };
 
 }  // namespace dtrain::engine::parallel

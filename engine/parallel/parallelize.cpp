@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/offload_files.h"
 #include "engine/comm/no_sync_group.h"
 #include "engine/parallel/activation_checkpoint.h"
 #include "engine/parallel/context/context_parallel.h"
@@ -130,6 +131,13 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     z.stage = spec.parallel.zero;
     z.reshard_after_forward = spec.parallel.fsdp_reshard_after_forward;
     z.prefetch = spec.parallel.fsdp_prefetch;
+    // train.offload.params nvme: the shards in a file per rank between uses.
+    const OffloadSpec& off = spec.train.offload;
+    if (off.params == OffloadTarget::nvme) {
+      z.offload_file = offload_params_file(off.path, spec.job.name, comm.info().rank);
+      z.offload_prefetch = off.prefetch;
+      z.offload_drop_writes = spec.fault.kind == FaultKind::offload_no_writeback;
+    }
     // The units this rank holds, numbered densely (a pipeline stage holds
     // some of the model's units only).
     std::vector<int> unit_of;

@@ -19,6 +19,7 @@
 #include "engine/doctor/blas_check.h"
 #include "engine/data/indexed_blend.h"
 #include "engine/doctor/engine_facts.h"
+#include "engine/parallel/zero/param_offload.h"
 #include "engine/trainer/evaluation.h"
 #include "plan/combinations.h"
 
@@ -77,7 +78,9 @@ std::unique_ptr<optim::AdamW> make_optimizer(const JobSpec& spec, parallel::Opti
   o.eps = spec.train.adam_eps;
   o.weight_decay = spec.train.weight_decay;
   o.allocate_state = spec.train.offload.optimizer == OffloadTarget::none;  // else offload_optimizer, next
-  return std::make_unique<optim::AdamW>(std::move(p.params), std::move(p.decay), o, std::move(p.grads));
+  auto adamw = std::make_unique<optim::AdamW>(std::move(p.params), std::move(p.decay), o, std::move(p.grads));
+  if (p.page) adamw->set_pager({std::move(p.page_group), std::move(p.page)});  // train.offload.params
+  return adamw;
 }
 
 // train.offload.optimizer: AdamW's moments in a file per rank under
@@ -92,10 +95,7 @@ void offload_optimizer(const JobSpec& spec, const comm::WorldInfo& info, const c
   opt.nvme = o.optimizer == OffloadTarget::nvme;
   opt.pinned = !opt.nvme && !device.is_cpu();
   opt.bucket_floats = std::max<int64_t>(1, int64_t(o.bucket_mb * 1024 * 1024 / 8));
-  if (opt.nvme) {
-    opt.file = offload_file(o.path, spec.job.name, info.rank);
-    if (info.rank == 0) remove_offload_files(o.path, spec.job.name, info.world);
-  }
+  if (opt.nvme) opt.file = offload_file(o.path, spec.job.name, info.rank);
   opt.drop_writes = spec.fault.kind == FaultKind::offload_no_writeback;
   optimizer.offload(opt, o.prefetch);
 }
@@ -164,6 +164,11 @@ std::unique_ptr<TrainSession> make_train_session() {
   const int64_t model_params = model->whole_num_params();  // the whole model, before any split
   s->flops_per_step = model_flops_per_step(double(model_params), spec.model,
                                            double(spec.global_batch()) * double(spec.model.seq_len));
+  // train.offload's files of ranks beyond this world (an earlier, larger
+  // launch killed before it could remove them) go; each rank replaces its own.
+  const OffloadSpec& off = spec.train.offload;
+  if (s->info.rank == 0 && (off.optimizer == OffloadTarget::nvme || off.params == OffloadTarget::nvme))
+    remove_offload_files(off.path, spec.job.name, s->info.world);
   s->par = parallel::parallelize(spec, *s->comm, std::move(model));
   s->optimizer = make_optimizer(spec, s->par.grad_sync->optimizer_params());
   offload_optimizer(spec, s->info, s->device, *s->optimizer);
@@ -198,17 +203,25 @@ std::unique_ptr<TrainSession> make_train_session() {
 void offload_fault_after_step(TrainSession& s, int64_t steps_done) {
   const FaultSpec& f = s.spec.fault;
   if (f.kind != FaultKind::offload_truncate && f.kind != FaultKind::offload_delete) return;
-  optim::OffloadStore* store = s.optimizer->offload_store();
-  if (s.info.restart != 0 || s.info.rank != f.rank || steps_done != f.step || !store || !store->nvme()) return;
-  store->drain();  // the step's writes land first, so the damage is what the next step meets
-  const std::string& file = store->file();
-  DTRAIN_WARN("fault.kind = {}: {} {} after step {}", to_string(f.kind),
-              f.kind == FaultKind::offload_truncate ? "truncating" : "deleting", file, steps_done);
-  if (f.kind == FaultKind::offload_delete) {
-    std::filesystem::remove(file);
-  } else {
+  if (s.info.restart != 0 || s.info.rank != f.rank || steps_done != f.step) return;
+  // Every nvme file of the rank: AdamW's moments, the parameter shards.
+  std::vector<std::pair<std::string, int64_t>> files;  // path, size
+  if (optim::OffloadStore* store = s.optimizer->offload_store(); store && store->nvme()) {
+    store->drain();  // the step's writes land first, so the damage is what the next step meets
+    files.emplace_back(store->file(), store->bytes());
+  }
+  if (parallel::zero::ParamOffload* params = s.par.grad_sync->param_offload()) {
+    params->drain();
+    files.emplace_back(params->file(), params->bytes());
+  }
+  for (const auto& [file, bytes] : files) {
+    DTRAIN_WARN("fault.kind = {}: {} {} after step {}", to_string(f.kind),
+                f.kind == FaultKind::offload_truncate ? "truncating" : "deleting", file, steps_done);
     std::error_code ec;
-    std::filesystem::resize_file(file, store->bytes() / 2, ec);
+    if (f.kind == FaultKind::offload_delete)
+      std::filesystem::remove(file, ec);
+    else
+      std::filesystem::resize_file(file, bytes / 2, ec);
   }
 }
 

@@ -21,6 +21,7 @@
 #include "engine/comm/traced_group.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
+#include "engine/parallel/zero/param_offload.h"
 #include "engine/trainer/current_step.h"
 #include "engine/trainer/evaluation.h"
 #include "engine/trainer/memory_check.h"
@@ -231,9 +232,14 @@ int run_training() {
     // After advance(): the tokens of steps 1..step+1, a function of the position alone.
     report.data_tokens = s.data->source_tokens(s.sampler->state().consumed);
     report.extra.emplace_back("data_fetch_s", r.data_s);
-    if (s.optimizer->offload_store()) {  // where AdamW's state lives, and this step's I/O on it
-      const optim::OffloadIo io = s.optimizer->take_offload_io();
-      report.extra.emplace_back("offload_bytes", double(s.optimizer->offloaded_bytes()));
+    parallel::zero::ParamOffload* params_off = s.par.grad_sync->param_offload();
+    if (s.optimizer->offload_store() || params_off) {  // where the offloaded state lives, and this step's I/O on it
+      optim::OffloadIo io = s.optimizer->take_offload_io();
+      const optim::OffloadIo pio = params_off ? params_off->take_stats() : optim::OffloadIo{};
+      io.io_s += pio.io_s;
+      io.wait_s += pio.wait_s;
+      const int64_t bytes = s.optimizer->offloaded_bytes() + (params_off ? params_off->bytes() : 0);
+      report.extra.emplace_back("offload_bytes", double(bytes));
       report.extra.emplace_back("offload_io_ms", io.io_s * 1e3);
       report.extra.emplace_back("offload_wait_ms", io.wait_s * 1e3);
     }  // rank 0's; bench/data_prepare.sh compares it to step_time_s

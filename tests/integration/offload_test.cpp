@@ -1,15 +1,21 @@
 // train.offload.optimizer: nvme (AdamW's moments in one file per rank,
 // bucketed pread/pwrite) against the same layout without it, through the
-// parity harness (tests/support/parity.h): DDP and ZeRO-3 at dp 2 within
-// 1e-5 with max differences printed, negative control fault.kind
+// parity harness (tests/support/parity.h): DDP and ZeRO-3 at dp 2, TP 2 and
+// PP 2 within 1e-5 with max differences printed, negative control fault.kind
 // offload_no_writeback; the moments' resident bytes near 0 and offload_bytes
 // = 8 B per local parameter; nothing left under the path after a job, also
 // after a SIGKILL and restart, and after a failed job; checkpoints with and without offload resume
 // each other; a file truncated or deleted mid-run stops the job naming it
 // with the previous checkpoint intact; bad input refused before any worker.
+// train.offload.params: nvme (ZeRO-3's parameter shards in a file per rank
+// between uses): parity at dp 2 with the same control, the shards' bytes in
+// memory below two gathered units, checkpoints both ways, truncation and
+// deletion named.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -54,6 +60,37 @@ double last_metric(const std::string& name, const std::string& key) {
 
 const RunResult& plain_run(int zero) {
   return Parity::get().cached("plain_z" + std::to_string(zero), layout(zero));
+}
+
+// train.offload.params: nvme, ZeRO-3 at dp 2, 4 layers: six units, so the
+// shards of all of them (what a rank keeps without offload) outweigh two
+// gathered ones (what a step needs at once).
+std::vector<std::string> params_layout() { return with(layout(3), {"model.layers=4"}); }
+
+std::vector<std::string> params_nvme(const std::string& dir) {
+  return {"train.offload.params=nvme", "train.offload.path=" + dir};
+}
+
+const RunResult& params_plain_run() { return Parity::get().cached("params_plain", params_layout()); }
+
+const RunResult& params_run() {
+  return Parity::get().cached("params_nvme", with(params_layout(), params_nvme(offload_dir("params_nvme"))));
+}
+
+// The elements of the largest ZeRO unit (the embeddings, one block, the
+// head: model/gpt.cpp's unit_of), from a run's final parameters.
+int64_t largest_unit(const std::map<std::string, std::vector<float>>& params) {
+  std::map<std::string, int64_t> units;
+  for (const auto& [full, values] : params) {
+    const std::string name = full.rfind("model/", 0) == 0 ? full.substr(6) : full;
+    std::string unit = "head";
+    if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) unit = "embeddings";
+    if (name.rfind("blocks.", 0) == 0) unit = name.substr(0, name.find('.', 7));
+    units[unit] += int64_t(values.size());
+  }
+  int64_t most = 0;
+  for (const auto& [unit, n] : units) most = std::max(most, n);
+  return most;
 }
 
 const RunResult& nvme_run(int zero) {
@@ -213,6 +250,12 @@ TEST_CASE("bad input: train.offload refused before any worker, naming the field 
        {"train.offload.optimizer=host", "cluster.device=cuda"},
        "train.offload.optimizer = host on a machine without a GPU",
        {"CUDA_VISIBLE_DEVICES="}},
+      {"params_host_no_gpu",
+       {"train.offload.params=host", "parallel.zero=3", "cluster.device=cuda"},
+       "train.offload.params = host",
+       {"CUDA_VISIBLE_DEVICES="}},
+      {"params_cuda", {"train.offload.params=nvme", "train.offload.path=" + p.dir.path(), "parallel.zero=3",
+                       "cluster.device=cuda"}, "train.offload.params = nvme with cluster.device = cuda"},
       {"bucket", {"train.offload.optimizer=nvme", "train.offload.path=" + p.dir.path(), "train.offload.bucket_mb=0"},
        "train.offload.bucket_mb = 0"},
   };
@@ -229,5 +272,120 @@ TEST_CASE("bad input: train.offload refused before any worker, naming the field 
     CHECK(code == 2);
     CHECK(output.find(c.said) != std::string::npos);
     CHECK(output.find("rank 0") == std::string::npos);  // no worker started
+  }
+}
+
+TEST_CASE("params nvme vs none, ZeRO-3 dp 2: parity, shards out of memory, nothing left behind") {
+  auto& p = Parity::get();
+  const RunResult& plain = params_plain_run();
+  const RunResult& run = params_run();
+  CHECK(run.output.find("parameter shards") != std::string::npos);
+  CHECK(left_in(p.dir / "offload_params_nvme").empty());  // each rank removed its file
+  // The control: updated shards never written back (the parameters never change).
+  const std::string cname = "params_nowb";
+  const RunResult control = launch(p.dir, cname, with(with(params_layout(), params_nvme(offload_dir(cname))),
+                                                      {"fault.kind=offload_no_writeback"}));
+  compare("ZeRO-3 dp2 params nvme vs none", run, &control, plain, "shards never written back");
+  CHECK(left_in(p.dir / ("offload_" + cname)).empty());
+  // Shard bytes in memory: all of them without offload; with it the most
+  // at once during the step (in use, read ahead, being written back).
+  const double shards_plain = last_metric("params_plain", "param_bytes");
+  const double resident = last_metric("params_nvme", "param_bytes");
+  const double offloaded = last_metric("params_nvme", "offload_bytes");
+  const double gathered = 4.0 * double(largest_unit(plain.params) + 1);  // + 1: the padding to dp 2
+  const double peak_plain = last_metric("params_plain", "peak_bytes"), peak = last_metric("params_nvme", "peak_bytes");
+  MESSAGE("params nvme: shard bytes in memory " << shards_plain << " without offload, at most " << resident
+                                                << " with; bound: two gathered units of " << gathered
+                                                << " B = " << 2 * gathered << "; offload_bytes " << offloaded
+                                                << "; the step's measured CPU peak " << peak_plain << " -> " << peak);
+  CHECK(offloaded == shards_plain);  // the file holds every shard
+  CHECK(resident > 0);
+  CHECK(resident < 2 * gathered);
+  CHECK(shards_plain >= 2 * gathered);  // the bound means something at this size
+  CHECK(peak < peak_plain);             // the counting allocator sees the shards gone
+  CHECK(last_metric("params_nvme", "offload_io_ms") > 0);
+}
+
+TEST_CASE("checkpoints: written with params nvme resume without it, and the reverse (1e-5)") {
+  auto& p = Parity::get();
+  const RunResult& plain = params_plain_run();
+  const RunResult& offloaded = params_run();
+  const auto want = losses_by_step(p.dir / "params_plain/metrics.jsonl");
+  const std::vector<std::string> resumed = with(ranks(2, 4), {"parallel.zero=3", "model.layers=4", "checkpoint.every=0"});
+  auto [c1, o1] = launch_raw("plain_from_params", resumed, {"--resume-from", p.dir / "params_nvme/ckpt/step_10"});
+  INFO(o1);
+  REQUIRE(c1 == 0);
+  const ResumeDiffs d1 = resume_diffs("plain_from_params", 10, want, plain.params);
+  const std::string dir = offload_dir("params_from_plain");
+  auto [c2, o2] = launch_raw("params_from_plain", with(resumed, params_nvme(dir)),
+                             {"--resume-from", p.dir / "params_plain/ckpt/step_10"});
+  INFO(o2);
+  REQUIRE(c2 == 0);
+  const ResumeDiffs d2 = resume_diffs("params_from_plain", 10, want, offloaded.params);
+  MESSAGE("params nvme step_10 -> none: max loss rel diff " << d1.loss_rel << ", max param abs diff " << d1.param_abs
+                                                            << "; none step_10 -> params nvme: " << d2.loss_rel << ", "
+                                                            << d2.param_abs << " (tol " << kLossRelTol << ", "
+                                                            << kParamAbsTol << ")");
+  CHECK(d1.loss_rel <= kLossRelTol);
+  CHECK(d1.param_abs <= kParamAbsTol);
+  CHECK(d2.loss_rel <= kLossRelTol);
+  CHECK(d2.param_abs <= kParamAbsTol);
+  CHECK(left_in(dir).empty());
+  // Control: the resume into params offload with the loaded shards never
+  // written to the file (so the run trains nothing it loaded).
+  auto [c3, o3] = launch_raw("params_from_plain_nowb",
+                             with(with(resumed, params_nvme(offload_dir("params_nowb_resume"))),
+                                  {"fault.kind=offload_no_writeback"}),
+                             {"--resume-from", p.dir / "params_plain/ckpt/step_10"});
+  INFO(o3);
+  REQUIRE(c3 == 0);
+  const ResumeDiffs d3 = resume_diffs("params_from_plain_nowb", 10, want, offloaded.params);
+  MESSAGE("none step_10 -> params nvme with fault.kind offload_no_writeback (negative control): max loss rel diff "
+          << d3.loss_rel << " (miss factor " << d3.loss_rel / kLossRelTol << "), max param abs diff " << d3.param_abs
+          << " (miss factor " << d3.param_abs / kParamAbsTol << "); each must be >= " << kControlFactor);
+  CHECK(d3.loss_rel >= kControlFactor * kLossRelTol);
+  CHECK(d3.param_abs >= kControlFactor * kParamAbsTol);
+}
+
+TEST_CASE("a params offload file truncated or deleted mid-run stops the job naming it; the previous checkpoint stays") {
+  auto& p = Parity::get();
+  for (const std::string kind : {"offload_truncate", "offload_delete"}) {
+    const std::string name = "params_" + kind;
+    const std::string dir = offload_dir(name);
+    auto [code, output] = launch_raw(name, with(with(params_layout(), params_nvme(dir)),
+                                                {"checkpoint.every=5", "cluster.max_restarts=0", "cluster.grace_s=1",
+                                                 "fault.kind=" + kind, "fault.rank=1", "fault.step=7"}));
+    INFO(output);
+    const std::string said = kind == "offload_truncate" ? "was truncated while the job ran" : "was deleted while the job ran";
+    MESSAGE(kind << " (params): exit " << code << ", latest " << read_latest(p.dir / name + "/ckpt"));
+    CHECK(code != 0);
+    CHECK(output.find(said) != std::string::npos);
+    CHECK(output.find("dtrain-offload-parity-rank1.params.bin") != std::string::npos);
+    CHECK(output.find("SIGBUS") == std::string::npos);
+    CHECK(read_latest(p.dir / name + "/ckpt") == "step_5");
+    CHECK(fs::exists(p.dir / name + "/ckpt/step_5/index.json"));
+    CHECK(left_in(dir).empty());
+  }
+}
+
+TEST_CASE("optimizer nvme vs none under TP 2 and PP 2: parity, control offload_no_writeback") {
+  struct Layout {
+    std::string name;
+    std::vector<std::string> sets;
+  };
+  const std::vector<Layout> layouts = {
+      {"tp2", {"cluster.procs_per_node=2", "parallel.tp=2", "train.micro_batch=8"}},
+      {"pp2", {"cluster.procs_per_node=2", "parallel.pp=2", "train.micro_batch=4", "train.grad_accum=2",
+               "parallel.pipeline.schedule=1f1b"}},
+  };
+  auto& p = Parity::get();
+  for (const Layout& l : layouts) {
+    const RunResult& plain = p.cached("plain_" + l.name, l.sets);
+    const RunResult& run = p.cached("nvme_" + l.name, with(l.sets, nvme(offload_dir("nvme_" + l.name))));
+    const std::string cname = "nvme_nowb_" + l.name;
+    const RunResult control =
+        launch(p.dir, cname, with(with(l.sets, nvme(offload_dir(cname))), {"fault.kind=offload_no_writeback"}));
+    compare(l.name + " optimizer nvme vs none", run, &control, plain, "moments never written back");
+    CHECK(left_in(p.dir / ("offload_nvme_" + l.name)).empty());
   }
 }

@@ -143,11 +143,13 @@ class MoeSync : public GradSync {
       o.params.push_back(p);
       o.decay.push_back(ends_with(name, ".weight"));  // the expert matrices, not their biases
       if (explicit_grads) o.grads.push_back(p.grad());
+      if (o.page) o.page_group.push_back(-1);  // always in memory
     }
     return o;
   }
 
   void after_optimizer_step() override { dense_->after_optimizer_step(); }
+  zero::ParamOffload* param_offload() override { return dense_->param_offload(); }
 
   void zero() override {
     dense_->zero();

@@ -21,6 +21,7 @@
 #include "engine/parallel/bucket_hooks.h"
 #include "engine/parallel/grad_norm.h"
 #include "engine/parallel/zero/flat_layout.h"
+#include "engine/parallel/zero/param_offload.h"
 
 namespace dtrain::engine::parallel {
 namespace {
@@ -75,26 +76,36 @@ struct ZeroState {
   // unit 0 gathered from the embedding's forward until its gradients are
   // reduced (FSDP keeps shared parameters in the unit that runs first).
   bool tied = false;
+  // train.offload.params: a unit's shard is read back before its gather
+  // (the unit after it queued behind) and leaves memory once gathered.
+  std::unique_ptr<zero::ParamOffload> offload;
 
   int stage() const { return options.stage; }
   int64_t shard_begin(const zero::FlatUnit& u) const { return layout.rank * u.shard; }
 
   // ---- ZeRO-3 gathers ----
-  void start_gather(int u) {
+  // `next`: the unit expected after u (forward: u + 1, backward: u - 1),
+  // whose shard an offload reads meanwhile.
+  void start_gather(int u, int next = -1) {
     Unit& x = units[size_t(u)];
     if (x.gathered || x.gather) return;
+    if (offload) {
+      offload->page_in(u);
+      if (options.offload_prefetch) offload->prefetch(next);
+    }
     alloc_storage(x.full, size_t(x.full.numel()) * x.full.element_size());
     x.gather = dp->all_gather(x.param_shard, x.full, /*async=*/true);
   }
-  void ensure_gathered(int u) {
+  void ensure_gathered(int u, int next = -1) {
     Unit& x = units[size_t(u)];
     if (x.gathered) return;
-    start_gather(u);
+    start_gather(u, next);
     const auto t0 = std::chrono::steady_clock::now();
     x.gather->wait();
     exposed_gather_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     x.gather.reset();
     x.gathered = true;
+    if (offload) offload->page_out(u);  // unchanged since read: nothing to write
   }
   void release(int u) {
     Unit& x = units[size_t(u)];
@@ -155,9 +166,9 @@ class GatherHooks : public model::UnitHooks {
   explicit GatherHooks(std::weak_ptr<ZeroState> state) : state_(std::move(state)) {}
   void before(int unit) override {
     auto s = state_.lock();
-    s->ensure_gathered(unit);
+    s->ensure_gathered(unit, unit + 1);
     if (s->tied && unit + 1 == int(s->units.size())) s->ensure_gathered(0);  // the head reads wte
-    if (s->options.prefetch && unit + 1 < int(s->units.size())) s->start_gather(unit + 1);
+    if (s->options.prefetch && unit + 1 < int(s->units.size())) s->start_gather(unit + 1, unit + 2);
   }
   at::Tensor after(int unit, const at::Tensor& output) override {
     auto s = state_.lock();
@@ -171,8 +182,8 @@ class GatherHooks : public model::UnitHooks {
       output.register_hook([weak, unit](const at::Tensor&) {
         auto st = weak.lock();
         if (!st) return;
-        st->ensure_gathered(unit);
-        if (st->options.prefetch && unit > 0) st->start_gather(unit - 1);
+        st->ensure_gathered(unit, unit - 1);
+        if (st->options.prefetch && unit > 0) st->start_gather(unit - 1, unit - 2);
       });
     }
     return output;
@@ -189,8 +200,14 @@ class ShardedState : public StateProvider {
  public:
   ShardedState(std::shared_ptr<ZeroState> s, optim::AdamW& opt) : s_(std::move(s)), opt_(opt) {}
 
-  std::vector<StateEntry> save_entries() override { return pieces(/*with_model=*/true, /*owned_only=*/true); }
+  // Offloaded shards come into memory for the checkpoint (a load marks
+  // them changed) and leave again after their next gather.
+  std::vector<StateEntry> save_entries() override {
+    if (s_->offload) s_->offload->page_in_all(/*dirty=*/false);
+    return pieces(/*with_model=*/true, /*owned_only=*/true);
+  }
   std::vector<StateEntry> load_entries() override {
+    if (s_->offload) s_->offload->page_in_all(/*dirty=*/true);
     if (s_->stage() == 3) return pieces(true, false);
     // ZeRO-1/2 hold every parameter whole: read them whole (no gather
     // after loading), and the moments of this rank's shard.
@@ -276,6 +293,12 @@ class ZeroSync : public GradSync {
       hooks_ = std::make_unique<GatherHooks>(s_);
       model_.set_unit_hooks(hooks_.get());
       for (size_t u = 0; u < s.units.size(); ++u) s.release(int(u));
+      if (!options.offload_file.empty()) {
+        std::vector<at::Tensor> shards;
+        for (auto& u : s.units) shards.push_back(u.param_shard);
+        s.offload = std::make_unique<zero::ParamOffload>(
+            std::move(shards), zero::ParamOffloadOptions{options.offload_file, options.offload_drop_writes});
+      }
     }
   }
 
@@ -288,6 +311,7 @@ class ZeroSync : public GradSync {
     // ZeRO-1/2 before the last micro-step: grads accumulate locally.
     // ZeRO-3 reduce-scatters every micro-step.
     s.hooks.set_enabled(last || s.stage() == 3);
+    if (s.offload && micro == 0) s.offload->reset_peak();  // memory() reports this step's most
     if (s.stage() == 3 && micro > 0) {
       s.hooks.launch_rest();
       for (size_t u = 0; u < s.units.size(); ++u) s.wait_reduce(int(u));
@@ -338,13 +362,33 @@ class ZeroSync : public GradSync {
   OptimizerParams optimizer_params() override {
     ZeroState& s = *s_;
     OptimizerParams o;
+    // A view is cut of a shard in memory (narrow checks the storage's
+    // size); it stays valid while the shard is away and sees it once back.
+    if (s.offload) s.offload->page_in_all(/*dirty=*/false);
     for (const Piece& pc : s.layout.pieces) {
       const int64_t len = pc.end - pc.begin;
       o.names.push_back(fmt::format("{}[{}:{}]", s.names[size_t(pc.param)], pc.begin, pc.end));
       o.params.push_back(s.units[size_t(pc.unit)].param_shard.narrow(0, pc.shard_offset, len));
       o.grads.push_back(s.units[size_t(pc.unit)].grad_shard.narrow(0, pc.shard_offset, len));
       o.decay.push_back(s.params[size_t(pc.param)].dim() >= 2);
+      if (s.offload) o.page_group.push_back(pc.unit);
     }
+    // Offloaded: the optimizer updates a unit's shard in memory, reading the
+    // next one meanwhile, and writes it back.
+    if (s.offload)
+      o.page = [weak = std::weak_ptr<ZeroState>(s_)](int u, bool in) {
+        auto st = weak.lock();
+        if (!st) return;
+        if (in) {
+          st->offload->page_in(u);
+          if (st->options.offload_prefetch) st->offload->prefetch(u + 1);
+        } else {
+          st->offload->mark_dirty(u);
+          st->offload->page_out(u);
+        }
+      };
+    if (s.offload)
+      for (int u = 0; u < s.offload->units(); ++u) s.offload->page_out(u);
     return o;
   }
 
@@ -353,7 +397,7 @@ class ZeroSync : public GradSync {
   void after_optimizer_step() override {
     ZeroState& s = *s_;
     if (s.stage() == 3) {
-      if (s.options.prefetch) s.start_gather(0);
+      if (s.options.prefetch) s.start_gather(0, 1);
       return;
     }
     if (s.dp->size() == 1) return;
@@ -380,7 +424,12 @@ class ZeroSync : public GradSync {
   ModelBytes memory() const override {
     const ZeroState& s = *s_;
     ModelBytes b;
-    b.params = int64_t((s.stage() == 3 ? s.param_shards_all : s.full_all).nbytes());
+    if (s.offload) {
+      b.params = s.offload->peak_bytes();
+      b.offloaded = s.offload->bytes();
+    } else {
+      b.params = int64_t((s.stage() == 3 ? s.param_shards_all : s.full_all).nbytes());
+    }
     b.grads = int64_t((s.stage() == 1 ? s.grad_all : s.grad_shards_all).nbytes());
     return b;
   }
@@ -399,9 +448,12 @@ class ZeroSync : public GradSync {
     if (s.stage() == 3)
       d += fmt::format(", reshard_after_forward {}, prefetch {}",
                        s.options.reshard_after_forward ? "on" : "off", s.options.prefetch ? "on" : "off");
+    if (s.offload) d += fmt::format("; parameter shards ({} bytes) in {} between uses", s.offload->bytes(), s.offload->file());
     if (s.dp->size() == 1) d += "; dp = 1: nothing to shard, this rank holds everything";
     return d;
   }
+
+  zero::ParamOffload* param_offload() override { return s_->offload.get(); }
 
  private:
   // Lays out every unit's flat buffers (one allocation per kind) and makes
@@ -414,7 +466,9 @@ class ZeroSync : public GradSync {
     const auto opts = s.params.front().options().requires_grad(false);
     if (s.stage() < 3) s.full_all = at::zeros({padded}, opts);                 // [sum padded]
     if (s.stage() == 1) s.grad_all = at::zeros({padded}, opts);                // [sum padded]
-    if (s.stage() == 3) s.param_shards_all = at::zeros({shards}, opts);        // [sum S]
+    // Offloaded shards each own their storage: one leaves memory alone.
+    const bool own_shards = !s.options.offload_file.empty();
+    if (s.stage() == 3 && !own_shards) s.param_shards_all = at::zeros({shards}, opts);  // [sum S]
     if (s.stage() > 1) s.grad_shards_all = at::zeros({shards}, opts);          // [sum S]
     s.units.resize(lu.size());
     at::NoGradGuard no_grad;
@@ -433,7 +487,7 @@ class ZeroSync : public GradSync {
       if (s.stage() < 3) {
         u.param_shard = u.full.narrow(0, begin, fu.shard);
       } else {
-        u.param_shard = s.param_shards_all.narrow(0, shard_off, fu.shard);
+        u.param_shard = own_shards ? at::empty({fu.shard}, opts) : s.param_shards_all.narrow(0, shard_off, fu.shard);
         u.param_shard.copy_(u.full.narrow(0, begin, fu.shard));
       }
       if (s.stage() == 1) {
@@ -465,6 +519,10 @@ std::unique_ptr<GradSync> make_zero_sync(std::vector<std::pair<std::string, at::
   if (options.stage < 1 || options.stage > 3)
     throw Error(ErrorCode::config, "parallel.zero = " + std::to_string(options.stage) + " is not a ZeRO stage",
                 "use 0 (DDP), 1, 2 or 3");
+  if (!options.offload_file.empty() && (options.stage != 3 || !dp.device().is_cpu()))
+    throw Error(ErrorCode::config, "train.offload.params needs parallel.zero = 3 on cluster.device cpu (here ZeRO-" +
+                                       std::to_string(options.stage) + " on " + dp.device().str() + ")",
+                "set parallel.zero: 3 and cluster.device: cpu, or train.offload.params: none");
   return std::make_unique<ZeroSync>(std::move(named_params), std::move(layouts), std::move(unit_of), model,
                                     dp, tp, pp, options);
 }

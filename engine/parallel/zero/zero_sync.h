@@ -29,6 +29,11 @@ struct ZeroOptions {
   int stage = 1;                      // 1, 2 or 3
   bool reshard_after_forward = true;  // ZeRO-3: free a unit after its forward (false: keep until backward)
   bool prefetch = true;               // ZeRO-3: gather the next unit while this one computes
+  // ZeRO-3, train.offload.params nvme: every unit's shard lives in this file
+  // between uses (zero/param_offload.h), on a CPU device; "" = in memory.
+  std::string offload_file;
+  bool offload_prefetch = true;      // read the next unit's shard while this one is used
+  bool offload_drop_writes = false;  // fault.kind offload_no_writeback: updates never written back
 };
 
 // named_params: the model's parameters in registration order (fp32,
