@@ -181,3 +181,25 @@ TEST_CASE("an agent started while the job runs leaves the running round's spec a
     CHECK(spec_value(seen2, "train", "grad_accum") == "1");
   }
 }
+
+TEST_CASE("a worker whose DTRAIN_SPEC holds another round's dp stops before any collective") {
+  // What the workers of a re-formed round would do with a spec rewritten
+  // under them (the case above): train another global batch, silently.
+  dtrain::testing::TempDir dir;
+  dtrain::testing::write_file(dir / "spec.yaml",
+                              "job: {name: other_round, seed: 1}\n"
+                              "cluster: {nodes: 3, procs_per_node: 1, device: cpu, backend: gloo}\n"
+                              "parallel: {dp: 3}\n"
+                              "model: {kind: gpt, vocab: 256, layers: 1, d_model: 32, heads: 2, seq_len: 16}\n"
+                              "train: {steps: 1, micro_batch: 1}\n"
+                              "data: {format: synthetic}\n"
+                              "log: {dir: " + dir / "run" + "}\n");
+  const std::string worker = fs::path(dtrain::testing::dtrain_bin()).parent_path() / "dtrain-worker";
+  auto [code, out] = dtrain::testing::run_command(
+      {worker}, dir / "worker.log", 60,
+      {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1", "DTRAIN_SPEC=" + dir / "spec.yaml",
+       "DTRAIN_MESH=tp=1,cp=1,dp=2,pp=1,ep=1"});
+  INFO(out);
+  CHECK(code == 1);
+  CHECK(has(out, "DTRAIN_SPEC = " + dir / "spec.yaml" + " has parallel.dp = 3 but this worker's round has dp 2"));
+}
