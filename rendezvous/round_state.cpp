@@ -303,7 +303,8 @@ void RoundState::leave(const std::string& node_id, bool success) {
 // completed one for hang_timeout_s: named, then handled as a worker failure
 // (a restart while max_restarts allow, else every agent gives up).
 void RoundState::check_hang(TimePoint now) {
-  if (options_.hang_timeout_s <= 0 || !last_closed_ || !all_started_) return;
+  if (options_.hang_timeout_s <= 0 || !last_closed_) return;
+  if (!all_started_) return check_startup(now);
   const double stalled = seconds_between(last_progress_, now);
   if (stalled < options_.hang_timeout_s) return;
   bool waiting = std::any_of(progress_.begin(), progress_.end(),
@@ -315,10 +316,57 @@ void RoundState::check_hang(TimePoint now) {
   for (const RankPlacement& r : last_closed_->placement.ranks)
     if (auto it = by_node.find(r.node); it != by_node.end())
       where[r.rank] = {r.node, it->second->info.host, it->second->info.hostname};
-  HangReport h = attribute_hang(last_closed_->placement.mesh, progress_, where, stalled,
-                                options_.hang_timeout_s);
-  DTRAIN_ERROR("rendezvous: {}", h.text);
-  failure_ = h.text;
+  declare_hang(attribute_hang(last_closed_->placement.mesh, progress_, where, stalled,
+                              options_.hang_timeout_s).text);
+}
+
+// A rank stopped (or stuck) before its first collective never reports
+// progress, so the stall above cannot see it: past startup_timeout_s since
+// the round closed, the ranks that completed no collective are named. Only
+// once some rank reported progress: an entrypoint other than the builtin
+// engine writes no collective trace, and must not be taken for a hang.
+void RoundState::check_startup(TimePoint now) {
+  const double since = seconds_between(closed_at_, now);
+  if (options_.startup_timeout_s <= 0 || since < options_.startup_timeout_s || progress_.empty()) return;
+  std::map<int, const Member*> by_node;
+  for (const Member& m : active_) by_node[m.info.node_rank] = &m;
+  // Named: the ranks that never reported (a worker's trace exists from
+  // before its groups connect; the others wait for these); when every rank
+  // reported, those that completed no collective.
+  std::vector<int> absent, waiting;
+  for (const RankPlacement& r : last_closed_->placement.ranks) {
+    auto p = progress_.find(r.rank);
+    if (p == progress_.end()) absent.push_back(r.rank);
+    else if (p->second.completed == 0) waiting.push_back(r.rank);
+  }
+  if (absent.empty()) absent.swap(waiting);
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (int r : v) out += (out.empty() ? "" : ",") + std::to_string(r);
+    return out;
+  };
+  std::string lines;
+  for (const RankPlacement& r : last_closed_->placement.ranks) {
+    if (std::find(absent.begin(), absent.end(), r.rank) == absent.end()) continue;
+    auto p = progress_.find(r.rank);
+    auto m = by_node.find(r.node);
+    lines += "\n  rank " + std::to_string(r.rank) + " on node " + std::to_string(r.node) +
+             (m == by_node.end() ? "" : " (" + m->second->info.host +
+                                            (m->second->info.hostname.empty() ? "" : ", " + m->second->info.hostname) + ")") +
+             (p == progress_.end() ? ": no progress reported (stopped or stuck before connecting)"
+                                   : ": entered " + std::to_string(p->second.entered) + " collective(s), phase " +
+                                         (p->second.phase.empty() ? "start-up" : p->second.phase));
+  }
+  if (!waiting.empty()) lines += "\n  rank(s) " + list(waiting) + " completed no collective either (they wait for it)";
+  const std::string named = "rank(s) " + list(absent) + " completed no collective";
+  declare_hang("hang: " + named + " in the " + seconds_text(since) + " s since round " + std::to_string(round_) +
+               " closed (start-up is bounded by " + seconds_text(options_.startup_timeout_s) +
+               " s: cluster.rendezvous.join_timeout_s, at least cluster.hang_timeout_s)" + lines);
+}
+
+void RoundState::declare_hang(const std::string& text) {
+  DTRAIN_ERROR("rendezvous: {}", text);
+  failure_ = text;
   ++restart_;
   open_next_round("hang in round " + std::to_string(round_));
 }

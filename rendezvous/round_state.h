@@ -105,6 +105,8 @@ class RoundState {
   Cluster cluster_of(const std::vector<Member>& members) const;
   void log_summary(const ClosedRound& closed, const std::vector<Member>& members);
   void check_hang(TimePoint now);  // poll(): a stalled closed round is a failure
+  void check_startup(TimePoint now);  // ... and so is a rank that never started
+  void declare_hang(const std::string& text);  // names it, counts a restart, opens the next round
   // The waiting list and its indexes change only through these.
   void add_waiting(Member m);
   void erase_waiting(std::list<Member>::iterator it);
@@ -118,8 +120,10 @@ class RoundState {
   std::map<int, std::string> progress_node_;  // the node id whose heartbeat carried each rank
   TimePoint last_progress_{};
   // Every rank has completed a collective: start-up (loading LibTorch, a
-  // slow rank's set-up) is never taken for a hang.
+  // slow rank's set-up) is never taken for a hang; it has a bound of its
+  // own (startup_timeout_s from when the round closed).
   bool all_started_ = false;
+  TimePoint closed_at_{};
   std::string failure_;  // why the last failed round ended
   // The worker failure failure_ reports: its round and time. A later report
   // of the same round with an earlier time replaces it (a peer that broke on

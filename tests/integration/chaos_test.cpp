@@ -203,3 +203,51 @@ TEST_CASE("a worker whose DTRAIN_SPEC holds another round's dp stops before any 
   CHECK(code == 1);
   CHECK(has(out, "DTRAIN_SPEC = " + dir / "spec.yaml" + " has parallel.dp = 3 but this worker's round has dp 2"));
 }
+
+TEST_CASE("a worker stopped before its first collective is named as a hang once start-up runs past its bound") {
+  // Rank 1's first start stops itself (SIGSTOP) before the engine starts,
+  // as a hang injected while the job restarts does: it never reports, and
+  // the stall check (every rank started) cannot see it. Start-up is bounded
+  // by join_timeout_s (5 s here): the rendezvous names it, the job restarts
+  // and finishes.
+  dtrain::testing::TempDir dir;
+  const std::string worker = fs::path(dtrain::testing::dtrain_bin()).parent_path() / "dtrain-worker";
+  dtrain::testing::write_file(dir / "worker.sh", "if [ \"$RANK\" = 1 ] && [ ! -e " + dir / "stopped" + " ]; then\n"
+                                                 "  touch " + dir / "stopped" + "; kill -STOP $$\n"
+                                                 "fi\n"
+                                                 "exec " + worker + "\n");
+  dtrain::testing::write_file(
+      dir / "spec.yaml",
+      "job: {name: stopped_start, seed: 1}\n"
+      "cluster: {nodes: 2, procs_per_node: 1, device: cpu, backend: gloo, grace_s: 1, hang_timeout_s: 2,\n"
+      "          max_restarts: 1, rendezvous: {join_timeout_s: 5, heartbeat_s: 0.3}}\n"
+      "parallel: {dp: 2}\n"
+      "model: {kind: gpt, vocab: 256, layers: 1, d_model: 32, heads: 2, seq_len: 16}\n"
+      "train: {steps: 2, micro_batch: 1}\n"
+      "data: {format: synthetic}\n"
+      "log: {dir: " + dir / "run" + "}\n"
+      "entrypoint: [sh, " + dir / "worker.sh" + "]\n");
+  const std::string rdzv = "127.0.0.1:" + std::to_string(dtrain::testing::free_port());
+  auto agent = [&](int node) {
+    return std::make_unique<dtrain::testing::Child>(
+        std::vector<std::string>{dtrain::testing::dtrain_bin(), "launch", dir / "spec.yaml", "--node-rank",
+                                 std::to_string(node), "--rdzv", rdzv},
+        dir / ("agent" + std::to_string(node) + ".log"),
+        std::vector<std::string>{"DTRAIN_TOKEN=stopped-start", "DTRAIN_NO_REBUILD=1"});
+  };
+  auto a0 = agent(0);
+  REQUIRE_MESSAGE(wait_until(60, [&] { return has(a0->output(), "listening on port") || !a0->running(); }),
+                  a0->output());
+  auto a1 = agent(1);
+  // The hang bound is 5 s; 90 s only guard the test itself.
+  const bool ended = a0->wait(90) && a1->wait(30);
+  INFO(a0->output() << a1->output());
+  CHECK(ended);
+  CHECK(fs::exists(dir / "stopped"));
+  CHECK(has(a0->output(), "hang: rank(s) 1 completed no collective in the "));
+  CHECK(has(a0->output(), "rank 1 on node 1 (127.0.0.1"));
+  CHECK(has(a0->output(), "no progress reported (stopped or stuck before connecting)"));
+  CHECK(has(a0->output(), "training done: 2 steps"));
+  CHECK(a0->exit_code() == 0);
+  CHECK(a1->exit_code() == 0);
+}
