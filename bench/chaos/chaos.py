@@ -333,11 +333,19 @@ class Campaign:
             fill(os.path.join(self.ckpt_dir, "filler"))
         elif kind == "corrupt_ckpt":
             pid = self.worker_of(host)
-            if pid is None:
+            # Only with an older step to fall back to: with `latest` alone,
+            # no checkpoint verifies and every restart fails the same way.
+            if pid is None or len(self.ckpt_steps()) < 2:
                 return None
             f["pid"] = pid
             os.kill(pid, signal.SIGKILL)
         return f
+
+    def ckpt_steps(self):
+        try:
+            return [n for n in os.listdir(self.ckpt_dir) if re.fullmatch(r"step_\d+", n)]
+        except OSError:
+            return []
 
     def detect_pattern(self, f):
         h = f["host"]

@@ -16,7 +16,10 @@
 
 #include "tests/support/child.h"
 #include "tests/support/parity.h"
+#include "tests/support/skip.h"
+#include "tests/support/test_hosts.h"
 
+using dtrain::testing::TestHosts;
 namespace parity = dtrain::testing::parity;
 namespace fs = std::filesystem;
 
@@ -250,4 +253,35 @@ TEST_CASE("a worker stopped before its first collective is named as a hang once 
   CHECK(has(a0->output(), "training done: 2 steps"));
   CHECK(a0->exit_code() == 0);
   CHECK(a1->exit_code() == 0);
+}
+
+TEST_CASE("chaos: a seeded campaign of 8 faults of every kind on 3 test hosts; every fault named, nothing lost") {
+  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
+    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
+    return;
+  }
+  auto& p = parity::Parity::get();
+  TestHosts hosts(3);
+  dtrain::testing::TagGuard tag;
+  const std::string out_dir = p.dir / "chaos";
+  // The schedule draws each of the 7 kinds once per 7 faults, in a seeded
+  // order, then an eighth. The script's own checks (each fault named and
+  // recovered from, every redone step's loss equal to its first run, every
+  // step run, no process or /dev/shm segment left) decide its exit code.
+  // The job is long (5000 steps) and ends by SIGTERM 5 steps after the last
+  // fault's recovery: no idle tail.
+  auto [code, out] = dtrain::testing::run_command(
+      {dtrain::testing::python(), dtrain::testing::source_dir() + "/bench/chaos/chaos.py", "--dtrain",
+       dtrain::testing::dtrain_bin(), "--out", out_dir, "--hosts", "3", "--seed", "3", "--faults", "8",
+       "--every-s", "0.5", "--steps", "5000", "--end", "signal", "--hosts-ready"},
+      p.dir / "chaos.log", 400, {tag.env()});
+  INFO(out);
+  CHECK(code == 0);
+  const std::string md = dtrain::testing::read_file(out_dir + "/chaos.md");
+  CHECK(has(md, "- problems: none"));
+  CHECK(has(md, "over redone steps "));
+  for (const char* kind : {"kill_worker", "kill_agent", "hang", "slow_rank", "link_cut", "full_disk", "corrupt_ckpt"})
+    CHECK_MESSAGE(has(md, std::string("| ") + kind + " |"), kind);
+  CHECK(has(out, "goodput"));
+  CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
 }
