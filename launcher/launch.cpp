@@ -25,7 +25,6 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "plan/model_size.h"
-#include "common/safe_output.h"
 #include "launcher/advertise.h"
 #include "launcher/agent.h"
 #include "launcher/checkpoint_start.h"
@@ -181,14 +180,14 @@ void keep_earlier_metrics(const std::string& run_dir, const LockOwner& me) {
   keep_earlier(run_dir, me, "trace", "");  // timeline rank files (log.trace.steps)
 }
 
-// Write the resolved spec (DTRAIN_SPEC) into the locked log.dir: a new file
-// renamed into place, never through a link.
-std::pair<std::string, std::string> prepare_run_dir(const JobSpec& spec) {
+// The run directory and its spec.resolved.yaml (DTRAIN_SPEC). Nothing is
+// written here: each agent writes the round's spec when its round closes
+// (round_spec.h). An agent launched while the job runs (a replacement for a
+// lost node) would otherwise replace the running round's file with the job's
+// own numbers (dp at the largest size) just as that round's workers read it.
+std::pair<std::string, std::string> run_dir_paths(const JobSpec& spec) {
   std::string run_dir = absolute_dir(spec.log.dir);
-  std::string spec_path = run_dir + "/spec.resolved.yaml";
-  write_file_safely(spec_path, job_spec_to_yaml(spec), "log.dir's spec.resolved.yaml",
-                    Clobber::replace);
-  return {run_dir, spec_path};
+  return {run_dir, run_dir + "/spec.resolved.yaml"};
 }
 
 // <log.dir>/.dtrain.token: a one-machine job's generated token, for `dtrain
@@ -291,7 +290,7 @@ int launch(const JobSpec& spec, const LaunchOptions& options) {
                                fs::absolute(checkpoint::resolve(options.resume_from)).string());
   config.log_header = "job '" + spec.job.name + "' run of " + me.started + " (agent pid " +
                       std::to_string(me.pid) + " on " + me.host + ")";
-  std::tie(config.run_dir, config.spec_path) = prepare_run_dir(spec);
+  std::tie(config.run_dir, config.spec_path) = run_dir_paths(spec);
   if (!spec.train.init_from.empty() && from.empty() && options.resume_from.empty())
     config.extra_env.push_back("DTRAIN_INIT_FROM=" + prepare_init_from(spec, config.run_dir));
 

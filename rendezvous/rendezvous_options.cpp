@@ -1,5 +1,7 @@
 // server_options_from_spec (rendezvous_server.h): the one mapping from a job
 // spec to the rendezvous server's options. No gRPC here.
+#include <algorithm>
+
 #include "common/job_spec.h"
 #include "rendezvous/rendezvous_server.h"
 
@@ -15,6 +17,9 @@ ServerOptions server_options_from_spec(const JobSpec& spec, std::string token, b
   o.last_call_s = spec.cluster.rendezvous.last_call_s;
   o.heartbeat_s = spec.cluster.rendezvous.heartbeat_s;
   o.hang_timeout_s = spec.cluster.hang_timeout_s;
+  // Start-up (process, LibTorch, connecting the groups) is bounded as an
+  // agent's wait for a round is: as long, and never below the hang timeout.
+  o.startup_timeout_s = std::max(double(spec.cluster.rendezvous.join_timeout_s), spec.cluster.hang_timeout_s);
   o.mesh = spec.mesh();
   o.traffic = traffic_model_from_spec(spec);
   o.nvlink_domain = spec.cluster.topology.nvlink_domain;

@@ -20,6 +20,9 @@ struct ServerOptions {
   double last_call_s = 5.0;       // elastic: close at min after this long
   double heartbeat_s = 2.0;       // agents beat this often; 3 misses = dead
   double hang_timeout_s = 0;      // no rank completes a collective this long = hang (0 = off)
+  // With hang_timeout_s on: a rank that has completed no collective this long
+  // after its round closed hangs in start-up (0 = no bound).
+  double startup_timeout_s = 0;
   mesh::Mesh mesh;
   TrafficModel traffic;
   int nvlink_domain = 0;          // for islands when agents report none

@@ -151,6 +151,7 @@ std::vector<JoinOutcome> RoundState::close_round(TimePoint now) {
   progress_.clear();  // the new round's workers start their traces afresh
   progress_node_.clear();
   all_started_ = false;
+  closed_at_ = now;
   failure_.clear();   // told to every member of the failed round before it re-joined
   last_progress_ = now;
   log_summary(*closed, active_);

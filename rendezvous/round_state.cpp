@@ -12,22 +12,8 @@
 #include "rendezvous/token.h"
 
 namespace dtrain::rendezvous {
-namespace {
-
-std::string seconds_text(double s) {
-  char buf[32];
-  if (std::fabs(s - std::round(s)) < 1e-6)
-    std::snprintf(buf, sizeof buf, "%.0f", s);
-  else
-    std::snprintf(buf, sizeof buf, "%.1f", s);
-  return buf;
-}
-
-double seconds_between(TimePoint a, TimePoint b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-}  // namespace
+using detail::seconds_between;
+using detail::seconds_text;
 
 RoundState::RoundState(ServerOptions options) : options_(std::move(options)) {
   if (options_.min_nodes < 1) options_.min_nodes = 1;
@@ -181,39 +167,54 @@ std::vector<JoinOutcome> RoundState::expire_joins(TimePoint now) {
 
 std::vector<JoinOutcome> RoundState::poll(TimePoint now) {
   std::vector<JoinOutcome> out = expire_joins(now);
+  // While a round re-forms after a failure, a member that neither re-joined
+  // nor beats is lost: most often the failure's cause (its workers' peers
+  // failed on the broken connections first), so it is named as the cause.
+  if (open_) {
+    if (const std::string dead = take_dead(now); !dead.empty()) {
+      failure_ = dead + (failure_.empty() ? "" : "\n  the failure it caused: " + failure_.substr(0, failure_.find('\n')));
+      DTRAIN_ERROR("rendezvous: {}", failure_);
+    }
+  }
   if (open_ && ready_to_close(now)) {
     auto closed = close_round(now);
     out.insert(out.end(), closed.begin(), closed.end());
   }
   if (!open_) check_hang(now);
   if (!open_) {
-    auto limit = std::chrono::duration<double>(3 * options_.heartbeat_s);
-    std::vector<std::string> dead;
-    std::string lost;  // each lost node: rank, id, address, hostname, last heartbeat
-    scanned_ += active_.size();
-    for (const Member& m : active_)
-      if (now - m.last_beat > limit) {
-        dead.push_back(m.info.node_id);
-        lost += "\n  lost node " + std::to_string(m.info.node_rank) + ": id '" + m.info.node_id +
-                "', address " + m.info.host +
-                (m.info.hostname.empty() ? "" : ", hostname " + m.info.hostname) +
-                ", last heartbeat " + seconds_text(seconds_between(m.last_beat, now)) + " s ago";
-      }
-    if (!dead.empty()) {
-      std::string names;
-      for (const auto& d : dead) names += (names.empty() ? "'" : ", '") + d + "'";
-      failure_ = "node " + names + " missed 3 heartbeats (" + seconds_text(3 * options_.heartbeat_s) +
-                 " s) and is declared dead" + lost;
+    if (const std::string dead = take_dead(now); !dead.empty()) {
+      failure_ = dead;
       DTRAIN_ERROR("rendezvous: {}", failure_);
-      std::vector<Member> alive;
-      for (Member& m : active_)
-        if (now - m.last_beat <= limit) alive.push_back(std::move(m));
-      set_active(std::move(alive));
-      open_next_round("node " + names + " missed 3 heartbeats (" +
-                      seconds_text(3 * options_.heartbeat_s) + " s) and is declared dead");
+      open_next_round(dead.substr(0, dead.find('\n')));
     }
   }
   return out;
+}
+
+// Members of active_ that missed 3 heartbeats (while a round re-forms: and
+// have not re-joined) leave it; returns what is said of them ("": none).
+std::string RoundState::take_dead(TimePoint now) {
+  auto limit = std::chrono::duration<double>(3 * options_.heartbeat_s);
+  auto dead = [&](const Member& m) {
+    return now - m.last_beat > limit && !(open_ && waiting_by_id_.count(m.info.node_id));
+  };
+  scanned_ += active_.size();
+  if (std::none_of(active_.begin(), active_.end(), dead)) return "";
+  std::string names, lost;  // each lost node: rank, id, address, hostname, last heartbeat
+  std::vector<Member> alive;
+  for (Member& m : active_) {
+    if (!dead(m)) {
+      alive.push_back(std::move(m));
+      continue;
+    }
+    names += (names.empty() ? "'" : ", '") + m.info.node_id + "'";
+    lost += "\n  lost node " + std::to_string(m.info.node_rank) + ": id '" + m.info.node_id + "', address " +
+            m.info.host + (m.info.hostname.empty() ? "" : ", hostname " + m.info.hostname) + ", last heartbeat " +
+            seconds_text(seconds_between(m.last_beat, now)) + " s ago";
+  }
+  set_active(std::move(alive));
+  return "node " + names + " missed 3 heartbeats (" + seconds_text(3 * options_.heartbeat_s) +
+         " s) and is declared dead" + lost;
 }
 
 bool RoundState::ready_to_close(TimePoint now) const {
@@ -297,30 +298,6 @@ void RoundState::leave(const std::string& node_id, bool success) {
               success ? "finished" : "failed");
   // A clean finish is not a membership change; a failed node is.
   if (!success && !open_) open_next_round("node '" + node_id + "' left after a failure");
-}
-
-// The closed round hangs when some rank waits in a collective and no rank
-// completed one for hang_timeout_s: named, then handled as a worker failure
-// (a restart while max_restarts allow, else every agent gives up).
-void RoundState::check_hang(TimePoint now) {
-  if (options_.hang_timeout_s <= 0 || !last_closed_ || !all_started_) return;
-  const double stalled = seconds_between(last_progress_, now);
-  if (stalled < options_.hang_timeout_s) return;
-  bool waiting = std::any_of(progress_.begin(), progress_.end(),
-                             [](const auto& kv) { return kv.second.waiting; });
-  if (!waiting) return;
-  std::map<int, const Member*> by_node;
-  for (const Member& m : active_) by_node[m.info.node_rank] = &m;
-  std::map<int, RankWhere> where;
-  for (const RankPlacement& r : last_closed_->placement.ranks)
-    if (auto it = by_node.find(r.node); it != by_node.end())
-      where[r.rank] = {r.node, it->second->info.host, it->second->info.hostname};
-  HangReport h = attribute_hang(last_closed_->placement.mesh, progress_, where, stalled,
-                                options_.hang_timeout_s);
-  DTRAIN_ERROR("rendezvous: {}", h.text);
-  failure_ = h.text;
-  ++restart_;
-  open_next_round("hang in round " + std::to_string(round_));
 }
 
 ServerStatus RoundState::status(TimePoint now) const {

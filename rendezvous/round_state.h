@@ -5,6 +5,8 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -22,6 +24,19 @@ namespace dtrain::rendezvous {
 
 using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
+
+namespace detail {
+// "5" or "1.5": seconds as messages print them.
+inline std::string seconds_text(double s) {
+  char buf[32];
+  if (std::fabs(s - std::round(s)) < 1e-6)
+    std::snprintf(buf, sizeof buf, "%.0f", s);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f", s);
+  return buf;
+}
+inline double seconds_between(TimePoint a, TimePoint b) { return std::chrono::duration<double>(b - a).count(); }
+}  // namespace detail
 
 // Why a call was refused; maps 1:1 onto a gRPC status code in the server.
 enum class RefusalKind { none, permission, invalid, exists, exhausted, precondition, deadline };
@@ -104,7 +119,10 @@ class RoundState {
   mesh::Mesh checked_global_batch(const mesh::Mesh& mesh) const;
   Cluster cluster_of(const std::vector<Member>& members) const;
   void log_summary(const ClosedRound& closed, const std::vector<Member>& members);
-  void check_hang(TimePoint now);  // poll(): a stalled closed round is a failure
+  std::string take_dead(TimePoint now);  // poll(): members that stopped beating leave active_
+  void check_hang(TimePoint now);  // poll(): a stalled closed round is a failure (round_hang.cpp)
+  void check_startup(TimePoint now);  // ... and so is a rank that never started
+  void declare_hang(const std::string& text);  // names it, counts a restart, opens the next round
   // The waiting list and its indexes change only through these.
   void add_waiting(Member m);
   void erase_waiting(std::list<Member>::iterator it);
@@ -118,8 +136,10 @@ class RoundState {
   std::map<int, std::string> progress_node_;  // the node id whose heartbeat carried each rank
   TimePoint last_progress_{};
   // Every rank has completed a collective: start-up (loading LibTorch, a
-  // slow rank's set-up) is never taken for a hang.
+  // slow rank's set-up) is never taken for a hang; it has a bound of its
+  // own (startup_timeout_s from when the round closed).
   bool all_started_ = false;
+  TimePoint closed_at_{};
   std::string failure_;  // why the last failed round ended
   // The worker failure failure_ reports: its round and time. A later report
   // of the same round with an earlier time replaces it (a peer that broke on

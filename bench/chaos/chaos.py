@@ -41,7 +41,7 @@ KINDS = ["kill_worker", "kill_agent", "hang", "slow_rank", "link_cut", "full_dis
 RDZV_PORT = 29400
 # The agents' first word on any fault: a worker's failure, a round change's
 # reason, a lost node, a hang, a skipped checkpoint, a full disk.
-ANY_CAUSE = (r"because: [^\n]*|failed: [^\n]*|lost node [^\n]*|hang: no rank[^\n]*|checkpoint: skipped[^\n]*|"
+ANY_CAUSE = (r"because: [^\n]*|failed: [^\n]*|lost node [^\n]*|hang: [^\n]*|checkpoint: skipped[^\n]*|"
              r"No space left on device")
 
 
@@ -93,11 +93,13 @@ def word_salad(size, seed=1):
 
 
 class Metrics:
-    """Follows <run>/metrics.jsonl: every step record with the wall time it was seen."""
+    """Follows <run>/metrics.jsonl: every step record with the wall time it was
+    seen and the byte offset its line starts at (records past the file's size
+    at some moment were written after it, whenever the reader saw them)."""
 
     def __init__(self, path):
         self.path = path
-        self.records = []  # (seen_at, step, loss, slowest_rank, step_time_s)
+        self.records = []  # (seen_at, step, loss, slowest_rank, step_time_s, straggler_ratio, offset)
         self.lock = threading.Lock()
         self.offset = 0
         self.stop = False
@@ -105,29 +107,38 @@ class Metrics:
         self.thread.start()
 
     def run(self):
-        pending = ""
+        pending = b""
+        line_at = 0  # the file offset of pending's first byte
         while not self.stop:
             try:
-                with open(self.path) as f:
+                with open(self.path, "rb") as f:
                     f.seek(self.offset)
                     chunk = f.read()
                     self.offset = f.tell()
             except OSError:
-                chunk = ""
+                chunk = b""
             pending += chunk
             now = time.time()
-            while "\n" in pending:
-                line, pending = pending.split("\n", 1)
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                start, line_at = line_at, line_at + len(line) + 1
                 try:
-                    r = json.loads(line)
+                    r = json.loads(line.decode(errors="replace"))
                 except ValueError:
                     continue
                 if "loss" not in r or "step" not in r:
                     continue
                 with self.lock:
                     self.records.append((now, int(r["step"]), float(r["loss"]), r.get("slowest_rank"),
-                                         float(r.get("step_time_s", 0.0)), float(r.get("straggler_ratio") or 0)))
+                                         float(r.get("step_time_s", 0.0)), float(r.get("straggler_ratio") or 0),
+                                         start))
             time.sleep(0.05)
+
+    def size(self):
+        try:
+            return os.path.getsize(self.path)
+        except OSError:
+            return 0
 
     def snapshot(self):
         with self.lock:
@@ -254,21 +265,30 @@ class Campaign:
             time.sleep(0.2)
 
     def healthy(self):
-        """All hosts in the last round and a step recorded after it closed."""
+        """All hosts in the last round and two steps recorded after it closed."""
+        self.track_rounds()
         rnd, nodes = self.last_round()
-        if nodes != self.a.hosts:
-            return False
-        text = self.node0_text()
-        at = text.rfind("rendezvous round %d closed" % rnd)
-        return at >= 0 and self.metrics.max_step() > 0 and self.steps_since(self.round_seen.get(rnd, time.time())) >= 2
+        return nodes == self.a.hosts and rnd in self.round_at and len(self.records_after(self.round_at[rnd])) >= 2
 
-    def steps_since(self, t):
-        return sum(1 for r in self.metrics.snapshot() if r[0] > t)
+    def records_after(self, offset):
+        """Step records written after metrics.jsonl had `offset` bytes."""
+        return [r for r in self.metrics.snapshot() if r[6] >= offset]
 
     def track_rounds(self):
+        """Notes metrics.jsonl's size when a round's close is first seen: the
+        round's workers have not started then (the old round's rank 0 was
+        reaped before the round could close), so a record past it is theirs."""
         rnd, _ = self.last_round()
-        if rnd and rnd not in self.round_seen:
+        if rnd and rnd not in self.round_at:
+            self.round_at[rnd] = self.metrics.size()
             self.round_seen[rnd] = time.time()
+
+    def trained_after_round(self, rnd):
+        """The first step record of a round after `rnd` (None: none yet)."""
+        self.track_rounds()
+        later = [at for r, at in self.round_at.items() if r > rnd]
+        recs = self.records_after(min(later)) if later else []
+        return recs[0] if recs else None
 
     # ---- faults -------------------------------------------------------------
     def worker_of(self, i):
@@ -292,7 +312,8 @@ class Campaign:
 
     def inject(self, kind, host):
         f = {"kind": kind, "host": host, "at": time.time(), "step_at": self.metrics.max_step(),
-             "mark": self.marks(), "round": self.last_round()[0]}
+             "mark": self.marks(), "round": self.last_round()[0],
+             "metrics_at": self.metrics.size()}
         if kind in ("kill_worker", "hang", "slow_rank"):
             pid = self.worker_of(host)
             if pid is None:
@@ -312,11 +333,19 @@ class Campaign:
             fill(os.path.join(self.ckpt_dir, "filler"))
         elif kind == "corrupt_ckpt":
             pid = self.worker_of(host)
-            if pid is None:
+            # Only with an older step to fall back to: with `latest` alone,
+            # no checkpoint verifies and every restart fails the same way.
+            if pid is None or len(self.ckpt_steps()) < 2:
                 return None
             f["pid"] = pid
             os.kill(pid, signal.SIGKILL)
         return f
+
+    def ckpt_steps(self):
+        try:
+            return [n for n in os.listdir(self.ckpt_dir) if re.fullmatch(r"step_\d+", n)]
+        except OSError:
+            return []
 
     def detect_pattern(self, f):
         h = f["host"]
@@ -325,8 +354,9 @@ class Campaign:
         if f["kind"] == "hang":
             # The rendezvous' hang report: it names the rank that never
             # entered the collective, or says every rank is inside it (the
-            # stopped worker had entered it before it stopped).
-            return r"hang: no rank completed a collective for [^\n]*(\n  [^\n]*)*", "hang"
+            # stopped worker had entered it before it stopped); a worker
+            # stopped in start-up is named for never entering a first one.
+            return r"hang: [^\n]*(\n  [^\n]*)*", "hang"
         if f["kind"] == "full_disk":
             return r"[^\n]*No space left on device", "full disk"
         if f["kind"] == "corrupt_ckpt":
@@ -359,8 +389,8 @@ class Campaign:
         pattern, _ = self.detect_pattern(f)
         limit = self.a.recover_timeout_s
         if pattern is None:  # slow_rank: named by metrics.jsonl's slowest_rank and straggler_ratio
-            rank_recs = self.wait(lambda: [r for r in self.metrics.snapshot()
-                                           if r[0] > f["at"] and r[5] >= self.a.straggler_ratio], limit,
+            rank_recs = self.wait(lambda: [r for r in self.records_after(f["metrics_at"])
+                                           if r[5] >= self.a.straggler_ratio], limit,
                                   "a straggler step")
             f["detected"] = rank_recs[0][0] if rank_recs else None
             f["named"] = ("slowest_rank %s, straggler_ratio %.1f" % (rank_recs[0][3], rank_recs[0][5])
@@ -386,13 +416,13 @@ class Campaign:
             # Start it again once the survivors have re-formed without it.
             self.wait(lambda: self.last_round()[1] == self.a.hosts - 1, limit, "the survivors to re-form")
             self.start_agent(f["host"])
-        def resumed():
-            recs = [r for r in self.metrics.snapshot() if f["detected"] and r[0] > f["detected"]]
-            return recs[0] if recs else None
-        first = self.wait(resumed, limit, "training after %s on host %d" % (f["kind"], f["host"]))
+        # Training again: a step of a round after the fault's (a record seen
+        # after the detection may have been written before the failure).
+        first = self.wait(lambda: self.trained_after_round(f["round"]), limit,
+                          "training after %s on host %d" % (f["kind"], f["host"]))
         f["trained"] = first[0] if first else None
         if first:
-            before = [r[1] for r in self.metrics.snapshot() if r[0] <= f["detected"]]
+            before = [r[1] for r in self.metrics.snapshot() if r[6] < first[6]]  # the failed round's
             top = max(before, default=0)
             f["redone"] = max(0, top - (first[1] - 1))
         # Named correctly: the fault's own explanation appeared (by the time
@@ -425,7 +455,8 @@ class Campaign:
     def run(self):
         self.write_spec()
         self.metrics = Metrics(os.path.join(self.run_dir, "metrics.jsonl"))
-        self.round_seen = {}
+        self.round_seen = {}  # round -> when its close was first seen
+        self.round_at = {}  # round -> metrics.jsonl's size then
         threading.Thread(target=self.collect_pids, daemon=True).start()
         self.start_agent(0)
         self.wait(lambda: "listening on port" in self.node0_text(), 60, "node 0's rendezvous")
@@ -436,7 +467,7 @@ class Campaign:
                 break
             if self.a.duration_s and self.elapsed() >= self.a.duration_s:
                 break
-            ready = self.wait(lambda: (self.track_rounds(), self.healthy())[1], 120, "all hosts training")
+            ready = self.wait(self.healthy, 120, "all hosts training")
             if not ready:
                 if self.agents[0].proc.poll() is not None:
                     self.problems.append("the job ended (step %d) before fault %d: raise --steps"
@@ -510,7 +541,8 @@ def checks(c, shm_before):
     first = {}
     worst = 0.0
     worst_step = None
-    for _, step, loss, _, _, _ in recs:
+    for r in recs:
+        step, loss = r[1], r[2]
         if step not in first:
             first[step] = loss
             continue

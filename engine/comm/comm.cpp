@@ -178,6 +178,15 @@ void for_each_own_group(const WorldInfo& info, Visit visit) {
 // world on the data backend, then control (Gloo, unless the world is Gloo
 // and serves), then the groups in group_defs order.
 void CommImpl::build(const CommOptions& options) {
+  // Under a launcher (a run dir): every op of every group goes into this
+  // rank's collective trace, which the agent reads to attribute hangs. Made
+  // before any group connects: a rank waiting here for a peer that never
+  // started is seen alive (the rendezvous bounds start-up by it).
+  std::shared_ptr<CollectiveTrace> trace;
+  if (!info_.run_dir.empty()) {
+    trace = CollectiveTrace::create(info_.run_dir, info_.rank);
+    set_process_trace(trace);
+  }
   ctx_.store = store_;
   ctx_.device = options.device;
   ctx_.timeout_s = options.timeout_s;
@@ -218,11 +227,7 @@ void CommImpl::build(const CommOptions& options) {
   });
   if (options.shm) add_shm_collectives(options.shm_slot_bytes);
   if (options.shm && options.hierarchical) add_hier_all_reduce(options.shm_slot_bytes);
-  // Under a launcher (a run dir): every op of every group goes into this
-  // rank's collective trace, which the agent reads to attribute hangs.
   if (!info_.run_dir.empty()) {
-    auto trace = CollectiveTrace::create(info_.run_dir, info_.rank);
-    set_process_trace(trace);
     world_ = traced(std::move(world_), trace);
     control_ = traced(std::move(control_), trace);
     for (auto& [axis, group] : axes_) group = traced(std::move(group), trace);

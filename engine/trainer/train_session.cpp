@@ -9,6 +9,7 @@
 #include <ATen/ops/empty_like.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "common/error.h"
@@ -112,6 +113,15 @@ std::unique_ptr<TrainSession> make_train_session() {
   device::install_counting_cpu_allocator();
   s->spec = load_job_spec(s->info.spec_path);
   const JobSpec& spec = s->spec;
+  // The agent writes DTRAIN_SPEC for this round: its dp (and grad_accum) are
+  // the round's. Another dp means the file was rewritten under this worker,
+  // and training on would draw another global batch: stop, loudly.
+  if (std::getenv("DTRAIN_MESH") && spec.parallel.dp != s->info.mesh.dp())
+    throw Error(ErrorCode::internal,
+                "DTRAIN_SPEC = " + s->info.spec_path + " has parallel.dp = " + std::to_string(spec.parallel.dp) +
+                    " but this worker's round has dp " + std::to_string(s->info.mesh.dp()) + " (DTRAIN_MESH=" +
+                    std::getenv("DTRAIN_MESH") + "): the file holds another round's spec",
+                "each agent writes the round's spec before its workers start; a restart writes it again");
   plan::check_combinations(spec);  // the CLI checked it too; a worker may be given a spec some other way
   if (spec.fault.active())
     DTRAIN_WARN("FAULT INJECTION ON: fault.kind = {} (rank {}, step {}); this run fails on purpose",

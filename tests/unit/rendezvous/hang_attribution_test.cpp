@@ -131,3 +131,69 @@ TEST_CASE("round: no hang when ranks stall outside collectives, or when detectio
     CHECK_FALSE(s.open());
   }
 }
+
+TEST_CASE("round: a rank that completes no collective within startup_timeout_s of the close hangs in start-up") {
+  // Ranks 0 and 1 wait in their first collective; rank 2 was stopped while
+  // starting and never reports. The stall check needs every rank started,
+  // so without the start-up bound (0) nothing ever ends the round.
+  for (double startup : {30.0, 0.0}) {
+    ServerOptions o;
+    o.token = "t";
+    o.min_nodes = o.max_nodes = 3;
+    o.mesh.size(dtrain::mesh::Axis::dp) = 3;
+    o.heartbeat_s = 1;
+    o.hang_timeout_s = 5;
+    o.startup_timeout_s = startup;
+    RoundState s(o);
+    TimePoint t0{};
+    for (int i = 0; i < 3; ++i) {
+      JoinInfo j;
+      j.node_id = "n" + std::to_string(i);
+      j.host = "10.0.0." + std::to_string(i);
+      j.node_rank = i;
+      CHECK_FALSE(s.join(j, uint64_t(i + 1), t0, TimePoint::max()));
+    }
+    REQUIRE(s.poll(t0).size() == 3);
+    const uint64_t round = s.round();
+    auto beat = [&](int sec) {
+      TimePoint t = t0 + std::chrono::seconds(sec);
+      s.heartbeat("n0", round, t, {rank_at(0, 1, 0, 0, "setup")});
+      s.heartbeat("n1", round, t, {rank_at(1, 1, 0, 0, "setup")});
+      s.heartbeat("n2", round, t, {});
+      s.poll(t);
+    };
+    for (int sec = 1; sec < 30; ++sec) beat(sec);
+    CHECK_FALSE(s.open());  // 29 s: still starting
+    beat(30);
+    beat(100);
+    CAPTURE(startup);
+    CHECK(s.open() == (startup > 0));
+    if (startup == 0) continue;
+    ServerStatus st = s.status(t0 + std::chrono::seconds(30));
+    CHECK(st.restart == 1);
+    INFO(st.failure);
+    CHECK(st.failure.find("hang: rank(s) 2 completed no collective in the 30 s since round 1 closed") == 0);
+    CHECK(st.failure.find("rank(s) 0,1 completed no collective either (they wait for it)") != std::string::npos);
+    CHECK(st.failure.find("rank 2 on node 2 (10.0.0.2): no progress reported") != std::string::npos);
+    CHECK(st.failure.find("rank 0 on") == std::string::npos);
+  }
+}
+
+TEST_CASE("round: no start-up bound while no rank reports progress (an entrypoint without collective traces)") {
+  ServerOptions o;
+  o.token = "t";
+  o.mesh.size(dtrain::mesh::Axis::dp) = 1;
+  o.hang_timeout_s = 5;
+  o.startup_timeout_s = 30;
+  o.heartbeat_s = 1000;
+  RoundState s(o);
+  TimePoint t0{};
+  JoinInfo j;
+  j.node_id = "n0";
+  j.host = "h";
+  CHECK_FALSE(s.join(j, 1, t0, TimePoint::max()));
+  REQUIRE(s.poll(t0).size() == 1);
+  s.heartbeat("n0", s.round(), t0 + std::chrono::seconds(1), {});
+  s.poll(t0 + std::chrono::seconds(600));
+  CHECK_FALSE(s.open());
+}

@@ -148,3 +148,41 @@ TEST_CASE("round: a permanent failure (a worker's config error) marks the job st
     if (permanent) CHECK(rejoin.message.find("the job stopped without a restart: rank 0") == 0);
   }
 }
+
+TEST_CASE("round: a node that stops beating while the round re-forms after its peers' failure is named as lost, "
+          "and as that failure's cause") {
+  // A node agent is killed: its workers die with it, their peers fail on
+  // the broken connections ("Connection reset by peer") and report first.
+  // The killed node never re-joins and never beats again.
+  ServerOptions o = round_options(2, 3);
+  o.heartbeat_s = 0.5;
+  o.last_call_s = 5;
+  RoundState s(o);
+  TimePoint t0{};
+  for (int i = 0; i < 3; ++i) CHECK_FALSE(s.join(node(i, i), uint64_t(i + 1), t0, TimePoint::max()));
+  REQUIRE(s.poll(t0).size() == 3);
+  const uint64_t round = s.round();
+  auto at = [&](int ms) { return t0 + milliseconds(ms); };
+  for (int i = 0; i < 3; ++i) s.heartbeat("n" + std::to_string(i), round, at(400));
+  FailureReport f = failure("n0", 0, "in step 9: all_reduce on group dp failed: Connection reset by peer", 1000.6);
+  f.exit_code = 1;
+  s.report_failure(f);
+  REQUIRE(s.open());
+  for (int i = 0; i < 2; ++i) s.heartbeat("n" + std::to_string(i), round, at(1000));  // stopping their workers
+  s.heartbeat("n1", round, at(1900));  // n1's workers take longer to stop
+  CHECK_FALSE(s.join(node(0, 0), 4, at(1100), TimePoint::max()));
+  CHECK(s.poll(at(1800)).empty());  // n2 silent 1.4 s < 3 beats
+  CHECK(s.status(at(1800)).failure.find("Connection reset by peer") != std::string::npos);
+  CHECK(s.poll(at(2000)).empty());  // 1.6 s: n2 is lost (n1 beats, n0 re-joined)
+  const std::string why = s.status(at(2000)).failure;
+  INFO(why);
+  CHECK(why.find("node 'n2' missed 3 heartbeats (1.5 s) and is declared dead") == 0);
+  CHECK(why.find("\n  lost node 2: id 'n2', address h2, last heartbeat 1.6 s ago") != std::string::npos);
+  CHECK(why.find("\n  the failure it caused: rank 0 (local rank 0) on node 0 (h0, id 'n0') failed: exit code 1") !=
+        std::string::npos);
+  CHECK_FALSE(s.join(node(1, 1), 5, at(2100), TimePoint::max()));
+  auto out = s.poll(at(2100));  // every survivor is back: no last call (5 s) to wait for n2
+  REQUIRE(out.size() == 2);
+  CHECK(out.front().closed->node_ids == std::vector<std::string>{"n0", "n1"});
+  CHECK(s.status(at(2100)).restart == 1);  // one failure, one restart
+}

@@ -1,0 +1,91 @@
+// RoundState's checks of a closed round's progress (round_state.h): a
+// stalled collective, and a start-up that never reaches a first collective.
+// Both are handled as a worker failure: named, a restart counted, the next
+// round opened. Progress comes with the agents' heartbeats.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+#include "rendezvous/hang_attribution.h"
+#include "rendezvous/round_state.h"
+
+namespace dtrain::rendezvous {
+
+using detail::seconds_between;
+using detail::seconds_text;
+
+// The closed round hangs when some rank waits in a collective and no rank
+// completed one for hang_timeout_s: named, then handled as a worker failure
+// (a restart while max_restarts allow, else every agent gives up).
+void RoundState::check_hang(TimePoint now) {
+  if (options_.hang_timeout_s <= 0 || !last_closed_) return;
+  if (!all_started_) return check_startup(now);
+  const double stalled = seconds_between(last_progress_, now);
+  if (stalled < options_.hang_timeout_s) return;
+  bool waiting = std::any_of(progress_.begin(), progress_.end(),
+                             [](const auto& kv) { return kv.second.waiting; });
+  if (!waiting) return;
+  std::map<int, const Member*> by_node;
+  for (const Member& m : active_) by_node[m.info.node_rank] = &m;
+  std::map<int, RankWhere> where;
+  for (const RankPlacement& r : last_closed_->placement.ranks)
+    if (auto it = by_node.find(r.node); it != by_node.end())
+      where[r.rank] = {r.node, it->second->info.host, it->second->info.hostname};
+  declare_hang(attribute_hang(last_closed_->placement.mesh, progress_, where, stalled,
+                              options_.hang_timeout_s).text);
+}
+
+// A rank stopped (or stuck) before its first collective never reports
+// progress, so the stall above cannot see it: past startup_timeout_s since
+// the round closed, the ranks that completed no collective are named. Only
+// once some rank reported progress: an entrypoint other than the builtin
+// engine writes no collective trace, and must not be taken for a hang.
+void RoundState::check_startup(TimePoint now) {
+  const double since = seconds_between(closed_at_, now);
+  if (options_.startup_timeout_s <= 0 || since < options_.startup_timeout_s || progress_.empty()) return;
+  std::map<int, const Member*> by_node;
+  for (const Member& m : active_) by_node[m.info.node_rank] = &m;
+  // Named: the ranks that never reported (a worker's trace exists from
+  // before its groups connect; the others wait for these); when every rank
+  // reported, those that completed no collective.
+  std::vector<int> absent, waiting;
+  for (const RankPlacement& r : last_closed_->placement.ranks) {
+    auto p = progress_.find(r.rank);
+    if (p == progress_.end()) absent.push_back(r.rank);
+    else if (p->second.completed == 0) waiting.push_back(r.rank);
+  }
+  if (absent.empty()) absent.swap(waiting);
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (int r : v) out += (out.empty() ? "" : ",") + std::to_string(r);
+    return out;
+  };
+  std::string lines;
+  for (const RankPlacement& r : last_closed_->placement.ranks) {
+    if (std::find(absent.begin(), absent.end(), r.rank) == absent.end()) continue;
+    auto p = progress_.find(r.rank);
+    auto m = by_node.find(r.node);
+    lines += "\n  rank " + std::to_string(r.rank) + " on node " + std::to_string(r.node) +
+             (m == by_node.end() ? "" : " (" + m->second->info.host +
+                                            (m->second->info.hostname.empty() ? "" : ", " + m->second->info.hostname) + ")") +
+             (p == progress_.end() ? ": no progress reported (stopped or stuck before connecting)"
+                                   : ": entered " + std::to_string(p->second.entered) + " collective(s), phase " +
+                                         (p->second.phase.empty() ? "start-up" : p->second.phase));
+  }
+  if (!waiting.empty()) lines += "\n  rank(s) " + list(waiting) + " completed no collective either (they wait for it)";
+  const std::string named = "rank(s) " + list(absent) + " completed no collective";
+  declare_hang("hang: " + named + " in the " + seconds_text(since) + " s since round " + std::to_string(round_) +
+               " closed (start-up is bounded by " + seconds_text(options_.startup_timeout_s) +
+               " s: cluster.rendezvous.join_timeout_s, at least cluster.hang_timeout_s)" + lines);
+}
+
+void RoundState::declare_hang(const std::string& text) {
+  DTRAIN_ERROR("rendezvous: {}", text);
+  failure_ = text;
+  ++restart_;
+  open_next_round("hang in round " + std::to_string(round_));
+}
+
+}  // namespace dtrain::rendezvous
