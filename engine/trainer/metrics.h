@@ -27,6 +27,10 @@ struct MemoryStats {
 };
 int64_t process_rss_bytes();
 
+// `name` as the inside of a JSON string (quotes, backslashes and control
+// characters escaped): file base names as keys.
+std::string json_escaped(const std::string& name);
+
 // What one step reports to the logger.
 struct StepReport {
   int64_t step = 0;       // 1-based: steps done
@@ -49,6 +53,9 @@ struct StepReport {
   // with val_loss, val_ppl and eval_ms (its wall time, outside step_s).
   bool evaluated = false;
   double val_loss = 0, val_ppl = 0, eval_ms = 0;
+  // data.valid.blend: each file's own val_loss, "val_loss_by_source":
+  // {"<base name>": x, ...} (TensorBoard: val_loss_by_source/<base name>).
+  std::vector<std::pair<std::string, double>> val_loss_by_source = {};
 };
 
 struct MetricsOptions {
