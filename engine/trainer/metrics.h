@@ -49,13 +49,14 @@ struct StepReport {
   // Tokens drawn per data source since the start of training (indexed data):
   // "data_tokens": {"<base name>": n, ...} in metrics.jsonl.
   std::vector<std::pair<std::string, int64_t>> data_tokens;
+  // data.valid.blend, on an evaluated step: each file's own val_loss,
+  // "val_loss_by_source": {"<base name>": x, ...} (TensorBoard:
+  // val_loss_by_source/<base name>).
+  std::vector<std::pair<std::string, double>> val_loss_by_source;
   // data.valid evaluated after this step (evaluation.h): the step is logged
   // with val_loss, val_ppl and eval_ms (its wall time, outside step_s).
   bool evaluated = false;
   double val_loss = 0, val_ppl = 0, eval_ms = 0;
-  // data.valid.blend: each file's own val_loss, "val_loss_by_source":
-  // {"<base name>": x, ...} (TensorBoard: val_loss_by_source/<base name>).
-  std::vector<std::pair<std::string, double>> val_loss_by_source = {};
 };
 
 struct MetricsOptions {

@@ -262,7 +262,7 @@ TEST_CASE("data.valid.blend: val_loss and val_loss_by_source the same on every l
     // The blend's loss is the mean over all 10 windows: 7 of va.txt, 3 of vb.txt.
     const double mean = (7 * losses.at("va.txt") + 3 * losses.at("vb.txt")) / 10;
     MESSAGE("step " << step << ": val_loss " << val.at(step) << ", va.txt " << losses.at("va.txt") << ", vb.txt "
-                    << losses.at("vb.txt") << ", 0.7 va + 0.3 vb differs by " << std::abs(mean - val.at(step)));
+                    << losses.at("vb.txt") << ", (7 va + 3 vb) / 10 differs by " << std::abs(mean - val.at(step)));
     CHECK(std::abs(mean - val.at(step)) <= 1e-12);
   }
   // Another layout: the same windows, the same figures.
