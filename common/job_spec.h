@@ -202,16 +202,20 @@ struct DataSource {
 
 // Validation data (data.valid): windows of seq_len + 1 tokens, read in order
 // (window i = tokens [i*T, i*T+T+1)), from `path` (same data.format as
-// data.path) or, with `split`, from the last fraction of data.path's windows,
-// which the training sampler then never draws. One source at a time (a blend
-// would be a third). Evaluated every `every` steps and after the last
-// (val_loss, val_ppl, eval_ms in metrics.jsonl); `dtrain eval` reads the same.
+// data.path), with `split` from the last fraction of data.path's windows
+// (which the training sampler then never draws), or from `blend`: files in
+// data.format drawn by share with data.blend's rule, position p of the first
+// `batches` going to window n of source j when it is source j's n-th draw.
+// One of the three. Evaluated every `every` steps and after the last
+// (val_loss, val_ppl, eval_ms, and with a blend val_loss_by_source in
+// metrics.jsonl); `dtrain eval` reads the same.
 struct ValidSpec {
   std::string path;   // "" = none
   double split = 0;   // (0, 0.5]: held out of data.path; 0 = none
+  std::vector<DataSource> blend;  // [] = none; weights normalised like data.blend's
   int every = 100;    // steps between evaluations
-  int batches = 16;   // windows evaluated (the first ones of the source)
-  bool active() const { return !path.empty() || split > 0; }
+  int batches = 16;   // windows evaluated (the first ones of the source, or of the blend)
+  bool active() const { return !path.empty() || split > 0 || !blend.empty(); }
 };
 
 struct DataSpec {

@@ -26,9 +26,10 @@ std::string value_of(const JobSpec& s, const std::string& field) {
   }
   if (field == "log.dir") return shown(s.log.dir);
   if (field == "data.path") return shown(s.data.path);
-  if (field == "data.blend") {  // file prefixes, like data.path
+  if (field == "data.blend" || field == "data.valid.blend") {  // files (prefixes), like data.path
+    const std::vector<DataSource>& b = field == "data.blend" ? s.data.blend : s.data.valid.blend;
     std::string out = "[";
-    for (size_t i = 0; i < s.data.blend.size(); ++i) out += (i ? ", " : "") + shown(s.data.blend[i].path);
+    for (size_t i = 0; i < b.size(); ++i) out += (i ? ", " : "") + shown(b[i].path);
     return out + "]";
   }
   if (field == "data.valid.path") return shown(s.data.valid.path);
@@ -52,6 +53,7 @@ std::vector<std::string> resume_trusted_fields(const JobSpec& spec, bool rdzv_gi
   if (spec.data.format != DataFormat::synthetic) f.push_back("data.path");
   if (!spec.data.blend.empty()) f.push_back("data.blend");
   f.push_back("data.valid.path");  // a file like data.path
+  if (!spec.data.valid.blend.empty()) f.push_back("data.valid.blend");
   f.push_back("cluster.rendezvous.token_file");
   if (spec.cluster.nodes_max > 1 && !rdzv_given) f.push_back("cluster.rendezvous.endpoint");
   return f;

@@ -23,8 +23,9 @@ struct ResumeSpecInput {
 
 // Fields of a stored spec that name a command, a file or a host the token
 // goes to: "entrypoint", "log.dir", "data.path" (unless data.format is
-// synthetic), "data.valid.path", "cluster.rendezvous.token_file", and for a multi-node job
-// without --rdzv "cluster.rendezvous.endpoint".
+// synthetic), "data.valid.path", "data.valid.blend" (when given),
+// "cluster.rendezvous.token_file", and for a multi-node job without --rdzv
+// "cluster.rendezvous.endpoint".
 std::vector<std::string> resume_trusted_fields(const JobSpec& spec, bool rdzv_given);
 
 // The spec to resume with. Without spec_file: the stored spec with

@@ -116,6 +116,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("data.blend", data.blend),
       DTRAIN_FIELD("data.valid.path", data.valid.path),
       DTRAIN_FIELD("data.valid.split", data.valid.split),
+      DTRAIN_FIELD("data.valid.blend", data.valid.blend),
       DTRAIN_FIELD("data.valid.every", data.valid.every),
       DTRAIN_FIELD("data.valid.batches", data.valid.batches),
       DTRAIN_FIELD("checkpoint.dir", checkpoint.dir),

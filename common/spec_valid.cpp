@@ -1,13 +1,40 @@
-// The job spec's validation-data rules (data.valid): one source (path or
-// split), split in (0, 0.5], every and batches >= 1, no file for synthetic
-// data. Problems are collected like the rest of validate_spec; nothing
-// throws. Whether data.valid.path exists is checked at launch
-// (launcher/input_checks.h), where the files are.
+// The job spec's validation-data rules (data.valid): one source (path,
+// split or blend), split in (0, 0.5], blend weights > 0, every and batches
+// >= 1, no file for synthetic data. Problems are collected like the rest of
+// validate_spec; nothing throws. Whether data.valid.path's (or the blend's)
+// files exist is checked at launch (launcher/input_checks.h), where they are.
 #include <string>
+#include <vector>
 
 #include "common/spec_detail.h"
 
 namespace dtrain::detail {
+
+namespace {
+
+// data.valid.blend: data.blend's rules (a path and a weight > 0 each), for
+// files in data.format; synthetic data has none.
+void validate_valid_blend(const JobSpec& s, const SpecOrigin& origin, Problems& problems) {
+  const std::vector<DataSource>& blend = s.data.valid.blend;
+  if (blend.empty() || origin.any_bad({"data.valid.blend", "data.format"})) return;
+  const std::string where = origin.where("data.valid.blend");
+  if (s.data.format == DataFormat::synthetic)
+    problems.error(where, "data.valid.blend with data.format = synthetic: synthetic data has no file format to "
+                          "read it in; hold out part of the synthetic stream with data.valid.split (e.g. 0.01) "
+                          "instead");
+  for (size_t i = 0; i < blend.size(); ++i) {
+    const DataSource& src = blend[i];
+    const std::string at = "data.valid.blend[" + std::to_string(i) + "]";
+    if (src.path.empty())
+      problems.error(where, at + ".path is empty; give a file in data.format (for indexed: the PREFIX of "
+                                 "PREFIX.idx + PREFIX.bin)");
+    if (!(src.weight > 0))
+      problems.error(where, at + ".weight = " + format_double(src.weight) + " (" + src.path +
+                                "): must be > 0; drop the source instead of weighting it 0");
+  }
+}
+
+}  // namespace
 
 void validate_valid(const JobSpec& s, const SpecOrigin& origin, Problems& problems) {
   const ValidSpec& v = s.data.valid;
@@ -27,6 +54,11 @@ void validate_valid(const JobSpec& s, const SpecOrigin& origin, Problems& proble
   if (!bad({"data.valid.path", "data.valid.split"}) && !v.path.empty() && v.split > 0)
     error("data.valid.split", "data.valid.path = " + v.path + " and data.valid.split = " + format_double(v.split) +
                                   ": validation reads one source; keep the path or the split");
+  if (!bad({"data.valid.path", "data.valid.split", "data.valid.blend"}) && !v.blend.empty() &&
+      (!v.path.empty() || v.split > 0))
+    error("data.valid.blend", std::string("data.valid.blend and data.valid.") + (v.path.empty() ? "split" : "path") +
+                                  " are both given: validation reads the blend, a path or a split; keep one");
+  validate_valid_blend(s, origin, problems);
   // Indexed training data draws windows over its documents shuffled per
   // epoch, so a tail of window numbers is no held-out set there.
   if (!bad({"data.valid.split", "data.format"}) && v.split > 0 && s.data.format == DataFormat::indexed)

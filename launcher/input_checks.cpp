@@ -1,4 +1,5 @@
-// check_data_file (input_checks.h): data.path and data.valid.path, stat(2) only; the tokens are counted
+// check_data_file (input_checks.h): data.path, data.valid.path and
+// data.valid.blend's files, stat(2) only; the tokens are counted
 // from the file size (1 byte per token for bytes, 2 for tokens-u16, 4 for
 // tokens-u32). An indexed dataset's header and sizes are checked by
 // check_indexed_dataset (every blend source); all its tokens are checked by
@@ -51,7 +52,31 @@ void check_token_file(const JobSpec& spec, const std::string& path, const std::s
 
 }  // namespace
 
+void check_valid_blend_files(const JobSpec& spec) {
+  if (!spec.builtin_entrypoint() || spec.data.format == DataFormat::synthetic) return;
+  const auto& blend = spec.data.valid.blend;
+  for (size_t i = 0; i < blend.size(); ++i) {
+    const std::string field = "data.valid.blend[" + std::to_string(i) + "].path";
+    const std::string hint = "give " + field + " a file of tokens in data.format = " + to_string(spec.data.format) +
+                             " (for indexed: a PREFIX of PREFIX.idx + PREFIX.bin), or drop the source";
+    if (spec.data.format != DataFormat::indexed) {
+      check_token_file(spec, blend[i].path, field, hint);
+      continue;
+    }
+    try {
+      check_indexed_dataset(blend[i].path, spec.model.vocab);
+    } catch (const Error& e) {
+      // Its messages name data.path, the field it usually checks.
+      std::string what = e.message();
+      const std::string usual = "data.path (format indexed): ";
+      if (what.rfind(usual, 0) == 0) what = what.substr(usual.size());
+      throw Error(ErrorCode::config, field + " = " + blend[i].path + ": " + what, e.hint().empty() ? hint : e.hint());
+    }
+  }
+}
+
 void check_data_file(const JobSpec& spec) {
+  check_valid_blend_files(spec);
   if (!spec.builtin_entrypoint() || spec.data.format == DataFormat::synthetic) return;
   check_token_file(spec, spec.data.path, "data.path",
                    "give data.path a file of tokens (scripts/make-corpus writes one), or "

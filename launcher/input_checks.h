@@ -13,6 +13,12 @@ namespace dtrain::launcher {
 // model.seq_len + 1 tokens of data.format (nothing for synthetic data or a
 // custom entrypoint); for indexed, the PREFIX.idx/.bin pair's header and
 // sizes (common/indexed_format.h). Throws dtrain::Error(config) naming the file.
+// Checks data.valid.blend's files first (check_valid_blend_files).
 void check_data_file(const JobSpec& spec);
+
+// data.valid.blend's files alone, as check_data_file checks data.valid.path
+// (`dtrain validate` runs it for every data.format). Throws
+// dtrain::Error(config) naming data.valid.blend[i].path.
+void check_valid_blend_files(const JobSpec& spec);
 
 }  // namespace dtrain::launcher

@@ -162,6 +162,9 @@ int run_eval(const EvalArgs& args) {
     std::cout << fmt::format("eval {} (step {}): loss {:.6f}, ppl {:.4f} over {} tokens ({} windows)\n", dir,
                              j["step"].get<long long>(), j["loss"].get<double>(), j["ppl"].get<double>(),
                              j["tokens"].get<long long>(), windows);
+    if (j.contains("loss_by_source"))  // data.valid.blend: each file's windows
+      for (const auto& [name, loss] : j["loss_by_source"].items())
+        std::cout << fmt::format("  {}: loss {:.6f}\n", name, loss.get<double>());
   }
   return 0;
 }

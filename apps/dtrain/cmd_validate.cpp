@@ -79,6 +79,7 @@ void run_validate(const ValidateOptions& o) {
   check_memory_budget(spec, {0, !o.allow_large});
   // Indexed datasets are opened here as launch opens them (header, ends, vocabulary).
   if (spec.data.format == DataFormat::indexed && spec.builtin_entrypoint()) launcher::check_data_file(spec);
+  else launcher::check_valid_blend_files(spec);  // any format: data.valid.blend's files, as launch checks them
   if (o.format == "json")
     print_json(spec, warnings);
   else

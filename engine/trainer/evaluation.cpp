@@ -1,7 +1,8 @@
-// evaluate and run_evaluation (evaluation.h): the validation windows of
-// each dp rank, the forward through the Schedule with autograd and dropout
-// off, the world sum of per-token losses and tokens; and the worker's
-// `dtrain eval` mode around it.
+// evaluate and run_evaluation (evaluation.h): the validation sources (one,
+// or data.valid.blend's files and their shares of the windows), the windows
+// of each dp rank, the forward through the Schedule with autograd and
+// dropout off, the world sum of per-token losses and tokens; and the
+// worker's `dtrain eval` mode around it.
 #include "engine/trainer/evaluation.h"
 
 #include <ATen/core/grad_mode.h>
@@ -23,7 +24,9 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/data/indexed_blend.h"
 #include "engine/parallel/autocast_scope.h"
+#include "engine/trainer/metrics.h"
 #include "engine/trainer/train_session.h"
 
 namespace dtrain::engine::trainer {
@@ -134,8 +137,52 @@ EvalSource eval_source(const JobSpec& spec, const data::TokenDataset& train, int
   return src;
 }
 
-EvalResult evaluate(TrainSession& s, const EvalSource& src, int64_t windows) {
-  const auto t0 = std::chrono::steady_clock::now();
+std::vector<EvalSource> eval_sources(const JobSpec& spec, const data::TokenDataset& train, int64_t windows) {
+  std::vector<EvalSource> out;
+  const std::vector<DataSource>& blend = spec.data.valid.blend;
+  if (blend.empty()) {
+    out.push_back(eval_source(spec, train, windows));
+    out.back().windows = windows;
+    return out;
+  }
+  std::vector<double> weights;
+  for (const DataSource& b : blend) weights.push_back(b.weight);
+  const std::vector<int64_t> drawn = data::BlendSchedule(weights).drawn_before(windows);  // n_j
+  for (size_t j = 0; j < blend.size(); ++j) {
+    EvalSource src;
+    const std::string field = "data.valid.blend[" + std::to_string(j) + "]";
+    src.what = field + " = " + blend[j].path;
+    try {
+      src.owned = data::open_dataset(to_string(spec.data.format), blend[j].path, spec.model.seq_len,
+                                     spec.model.vocab, spec.job.seed);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::config) throw;
+      throw Error(ErrorCode::config, field + ".path = " + blend[j].path + ": " + e.message(), e.hint());
+    }
+    src.data = src.owned.get();
+    src.available = src.data->num_samples();
+    src.windows = drawn[j];
+    // The base name, as data_tokens names data.blend's sources (a repeat gets #j).
+    src.name = std::filesystem::path(blend[j].path).filename().string();
+    for (const EvalSource& other : out)
+      if (other.name == src.name) src.name += "#" + std::to_string(j);
+    if (src.windows > src.available)
+      throw Error(ErrorCode::config,
+                  "data.valid.batches = " + std::to_string(windows) + " draws " + std::to_string(src.windows) +
+                      " windows from " + src.what + " (weight " + fmt::format("{:g}", blend[j].weight) +
+                      "), but it holds " + std::to_string(src.available) + " windows of model.seq_len + 1 = " +
+                      std::to_string(spec.model.seq_len + 1) + " tokens",
+                  "lower data.valid.batches (or --batches), lower its weight, or give it a longer file");
+    out.push_back(std::move(src));
+  }
+  return out;
+}
+
+namespace {
+
+// The world sums of per-token losses and of tokens over src's windows (see
+// evaluate); checks that every window's tokens were counted once.
+std::pair<double, int64_t> world_sums(TrainSession& s, const EvalSource& src, int64_t windows) {
   WindowBatches batches(s, src, windows);
   parallel::EvalOptions opt;
   opt.bf16 = s.spec.train.precision == Precision::bf16;
@@ -158,16 +205,57 @@ EvalResult evaluate(TrainSession& s, const EvalSource& src, int64_t windows) {
   }
   at::Tensor t = at::tensor({sums.loss_sum, sums.tokens}, at::TensorOptions().dtype(at::kDouble));  // [2]
   s.comm->control().all_reduce(t);
-  EvalResult r;
-  r.tokens = int64_t(std::llround(t[1].item<double>()));
-  if (r.tokens != windows * s.spec.model.seq_len)
-    throw Error(ErrorCode::internal, "evaluation counted " + std::to_string(r.tokens) + " tokens, expected " +
+  const auto tokens = int64_t(std::llround(t[1].item<double>()));
+  if (tokens != windows * s.spec.model.seq_len)
+    throw Error(ErrorCode::internal, "evaluation counted " + std::to_string(tokens) + " tokens, expected " +
                                          std::to_string(windows) + " windows x " +
                                          std::to_string(s.spec.model.seq_len));
-  r.loss = t[0].item<double>() / double(r.tokens);
+  return {t[0].item<double>(), tokens};
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+EvalResult evaluate(TrainSession& s, const EvalSource& src, int64_t windows) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto [loss_sum, tokens] = world_sums(s, src, windows);
+  EvalResult r;
+  r.tokens = tokens;
+  r.loss = loss_sum / double(r.tokens);
   r.ppl = std::exp(r.loss);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.seconds = seconds_since(t0);
   return r;
+}
+
+EvalResult evaluate(TrainSession& s, const std::vector<EvalSource>& sources) {
+  const auto t0 = std::chrono::steady_clock::now();
+  double loss_sum = 0;
+  EvalResult r;
+  for (const EvalSource& src : sources) {
+    if (src.windows < 1) continue;  // a blend file none of the windows came from
+    const auto [sum, tokens] = world_sums(s, src, src.windows);
+    loss_sum += sum;
+    r.tokens += tokens;
+    if (!src.name.empty()) r.by_source.emplace_back(src.name, sum / double(tokens));
+  }
+  r.loss = loss_sum / double(r.tokens);
+  r.ppl = std::exp(r.loss);
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+std::vector<EvalSource> open_validation(const TrainSession& s, int64_t windows) {
+  std::vector<EvalSource> sources = eval_sources(s.spec, *s.data, windows);
+  if (s.is_log_rank())
+    for (const EvalSource& src : sources)
+      if (src.windows < 1)
+        DTRAIN_WARN("{} gets none of the {} validation windows (data.valid.batches) by its weight, so it has no "
+                    "val_loss_by_source; raise data.valid.batches or its weight",
+                    src.what, windows);
+  return sources;
 }
 
 int run_evaluation() {
@@ -178,18 +266,29 @@ int run_evaluation() {
   checkpoint::TrainState state{&s.spec,           &s.info,        &s.comm->control(), s.state.get(),
                                s.optimizer.get(), s.sampler.get(), &s.schedule,       s.device};
   const int64_t step = checkpoint::load_model(state, dir);
-  const EvalSource src = eval_source(s.spec, *s.data, windows);
-  if (s.is_log_rank()) DTRAIN_INFO("eval: {} at step {}, {} windows of {}", dir, step, windows, src.what);
-  const EvalResult r = evaluate(s, src, windows);
+  const std::vector<EvalSource> sources = open_validation(s, windows);
+  const std::string what = s.spec.data.valid.blend.empty() ? sources[0].what : "data.valid.blend";
+  if (s.is_log_rank()) DTRAIN_INFO("eval: {} at step {}, {} windows of {}", dir, step, windows, what);
+  const EvalResult r = evaluate(s, sources);
   if (!s.is_log_rank()) return 0;
   // `dtrain eval --logits-out`: the launcher's DTRAIN_EVAL_LOGITS.
-  if (const char* logits = std::getenv("DTRAIN_EVAL_LOGITS"); logits && *logits) write_first_logits(s, src, logits);
+  if (const char* logits = std::getenv("DTRAIN_EVAL_LOGITS"); logits && *logits)
+    write_first_logits(s, sources[0], logits);
   DTRAIN_INFO("eval: loss {:.6f}, ppl {:.4f} over {} tokens in {:.0f} ms", r.loss, r.ppl, r.tokens, r.seconds * 1e3);
+  for (const auto& [name, loss] : r.by_source) DTRAIN_INFO("eval: {}: loss {:.6f}", name, loss);
   const std::string& out = s.info.eval.out;
   if (out.empty()) return 0;
-  char json[256];
-  std::snprintf(json, sizeof json, "{\"loss\": %.17g, \"ppl\": %.17g, \"tokens\": %lld, \"step\": %lld}\n", r.loss,
-                r.ppl, static_cast<long long>(r.tokens), static_cast<long long>(step));
+  std::string json = fmt::format("{{\"loss\": {:.17g}, \"ppl\": {:.17g}, \"tokens\": {}, \"step\": {}", r.loss,
+                                 r.ppl, r.tokens, step);
+  if (!r.by_source.empty()) {
+    json += ", \"loss_by_source\": {";
+    for (size_t i = 0; i < r.by_source.size(); ++i) {
+      const auto& [name, loss] = r.by_source[i];
+      json += fmt::format("{}\"{}\": {:.17g}", i ? ", " : "", json_escaped(name), loss);
+    }
+    json += "}";
+  }
+  json += "}\n";
   const std::string tmp = out + ".tmp";
   std::ofstream(tmp) << json;
   std::filesystem::rename(tmp, out);

@@ -50,6 +50,15 @@ std::string num(double v, int digits) {
 
 }  // namespace
 
+std::string json_escaped(const std::string& name) {
+  std::string key;
+  for (unsigned char c : name)
+    key += c == '"' || c == '\\' ? std::string("\\") + char(c)
+           : c < 0x20            ? fmt::format("\\u{:04x}", c)
+                                 : std::string(1, char(c));
+  return key;
+}
+
 std::string MetricsLogger::jsonl_line(const StepReport& r, const MemoryStats& mem, const Timing& t) const {
   std::string line = fmt::format(
       "{{\"step\": {}, \"loss\": {}, \"lr\": {}, \"tokens_per_s\": {}, \"elapsed_s\": {}, \"cpu_s\": {}, "
@@ -65,17 +74,19 @@ std::string MetricsLogger::jsonl_line(const StepReport& r, const MemoryStats& me
   if (r.evaluated)
     line += ", \"val_loss\": " + num(r.val_loss, 17) + ", \"val_ppl\": " + num(r.val_ppl, 17) +
             ", \"eval_ms\": " + num(r.eval_ms, 6);
+  if (r.evaluated && !r.val_loss_by_source.empty()) {
+    line += ", \"val_loss_by_source\": {";
+    for (size_t i = 0; i < r.val_loss_by_source.size(); ++i)
+      line += (i ? ", \"" : "\"") + json_escaped(r.val_loss_by_source[i].first) +
+              "\": " + num(r.val_loss_by_source[i].second, 17);
+    line += "}";
+  }
   if (r.nonfinite) line += ", \"nonfinite\": true";
   if (!r.data_tokens.empty()) {
     line += ", \"data_tokens\": {";
-    for (size_t i = 0; i < r.data_tokens.size(); ++i) {
-      std::string key;  // a file's base name, JSON-escaped
-      for (unsigned char c : r.data_tokens[i].first)
-        key += c == '"' || c == '\\' ? std::string("\\") + char(c)
-               : c < 0x20            ? fmt::format("\\u{:04x}", c)
-                                     : std::string(1, char(c));
-      line += (i ? ", \"" : "\"") + key + "\": " + std::to_string(r.data_tokens[i].second);
-    }
+    for (size_t i = 0; i < r.data_tokens.size(); ++i)
+      line += (i ? ", \"" : "\"") + json_escaped(r.data_tokens[i].first) + "\": " +
+              std::to_string(r.data_tokens[i].second);
     line += "}";
   }
   // Which path each mesh axis's collectives take (shm, gloo, nccl).

@@ -27,6 +27,10 @@ struct MemoryStats {
 };
 int64_t process_rss_bytes();
 
+// `name` as the inside of a JSON string (quotes, backslashes and control
+// characters escaped): file base names as keys.
+std::string json_escaped(const std::string& name);
+
 // What one step reports to the logger.
 struct StepReport {
   int64_t step = 0;       // 1-based: steps done
@@ -45,6 +49,10 @@ struct StepReport {
   // Tokens drawn per data source since the start of training (indexed data):
   // "data_tokens": {"<base name>": n, ...} in metrics.jsonl.
   std::vector<std::pair<std::string, int64_t>> data_tokens;
+  // data.valid.blend, on an evaluated step: each file's own val_loss,
+  // "val_loss_by_source": {"<base name>": x, ...} (TensorBoard:
+  // val_loss_by_source/<base name>).
+  std::vector<std::pair<std::string, double>> val_loss_by_source;
   // data.valid evaluated after this step (evaluation.h): the step is logged
   // with val_loss, val_ppl and eval_ms (its wall time, outside step_s).
   bool evaluated = false;

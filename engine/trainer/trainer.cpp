@@ -184,17 +184,18 @@ MetricsOptions metrics_options(const TrainSession& s, int64_t start_step) {
 // data.valid: evaluated every data.valid.every steps and after the last,
 // on every rank (evaluate is collective); the figures join that step's report.
 struct Validation {
-  std::unique_ptr<EvalSource> source;  // null: no data.valid
+  std::vector<EvalSource> sources;  // empty: no data.valid
   bool due(const JobSpec& spec, int64_t steps_done) const {
-    return source && (steps_done % spec.data.valid.every == 0 || steps_done == spec.train.steps);
+    return !sources.empty() && (steps_done % spec.data.valid.every == 0 || steps_done == spec.train.steps);
   }
   void run(TrainSession& s, StepReport& report) const {
     comm::trace_phase(trace::Phase::forward);
-    const EvalResult v = evaluate(s, *source, s.spec.data.valid.batches);
+    const EvalResult v = evaluate(s, sources);
     report.evaluated = true;
     report.val_loss = v.loss;
     report.val_ppl = v.ppl;
     report.eval_ms = v.seconds * 1e3;
+    report.val_loss_by_source = v.by_source;
   }
 };
 
@@ -218,8 +219,7 @@ int run_training() {
   NonfiniteWatch nonfinite(s.spec);
   start_timeline(s);
   Validation validation;
-  if (s.spec.data.valid.active())
-    validation.source = std::make_unique<EvalSource>(eval_source(s.spec, *s.data, s.spec.data.valid.batches));
+  if (s.spec.data.valid.active()) validation.sources = open_validation(s, s.spec.data.valid.batches);
   for (; step < s.spec.train.steps; ++step) {
     timeline::begin_step(int(step + 1));  // the step's span ends after its checkpoint
     StepResult r = train_step(s, step, timer);

@@ -21,6 +21,7 @@
 
 using dtrain::testing::Child;
 using dtrain::testing::TagGuard;
+using dtrain::testing::wait_until;
 using dtrain::testing::TestHosts;
 namespace parity = dtrain::testing::parity;
 
@@ -67,15 +68,6 @@ void start_three(std::vector<std::unique_ptr<Child>>& agents, Start start) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   REQUIRE_MESSAGE(agents[0]->output().find("listening on port") != std::string::npos, agents[0]->output());
   for (int i = 1; i < 3; ++i) agents.push_back(start(i));
-}
-
-// Polls until pred() or timeout_s; returns pred().
-template <typename Pred>
-bool wait_until(double timeout_s, Pred pred) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (!pred() && std::chrono::steady_clock::now() < end)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  return pred();
 }
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
@@ -162,9 +154,9 @@ TEST_CASE("elastic 2:3: a cut host is named; the survivors re-form on 2, same gl
                          p.dir / ("elastic_node" + std::to_string(i) + ".log"), tag);
     });
     // Cut host 2 once training is at step 6 or later (a checkpoint exists).
-    const bool trained = wait_until(180, [&] {
+    const bool trained = wait_until([&] {
       return parity::read_metric(run_dir + "/metrics.jsonl", "loss").size() >= 6;
-    });
+    }, 180);
     REQUIRE_MESSAGE(trained, agents[0]->output());
     const size_t cut_at = parity::read_metric(run_dir + "/metrics.jsonl", "loss").size();
     hosts.cut(2);
@@ -282,10 +274,10 @@ TEST_CASE("elastic 2:3: a node that comes back is admitted at the next round") {
   std::vector<std::unique_ptr<Child>> agents;
   start_three(agents, [&](int i) { return start_agent(i, p.dir / "spec.yaml", sets, log(i, 0), tag); });
   auto out0 = [&] { return agents[0]->output(); };
-  REQUIRE_MESSAGE(wait_until(60, [&] { return has(out0(), "round 1 closed"); }), out0());
+  REQUIRE_MESSAGE(wait_until([&] { return has(out0(), "round 1 closed"); }, 60), out0());
   REQUIRE_MESSAGE(has(out0(), "round 1 closed (restart 0): 3 nodes"), out0());
   hosts.cut(2);
-  REQUIRE_MESSAGE(wait_until(60, [&] { return has(out0(), "round 2 closed (restart 0): 2 nodes, world 2"); }),
+  REQUIRE_MESSAGE(wait_until([&] { return has(out0(), "round 2 closed (restart 0): 2 nodes, world 2"); }, 60),
                   out0());
   REQUIRE_MESSAGE(agents[2]->wait(60), agents[2]->output());
   CHECK(agents[2]->exit_code() != 0);
@@ -297,16 +289,16 @@ TEST_CASE("elastic 2:3: a node that comes back is admitted at the next round") {
   dtrain::testing::write_file(dir + "/back", "");  // round 3's rank 1 must not fail
   hosts.heal(2);
   agents.push_back(start_agent(2, p.dir / "spec.yaml", sets, log(2, 1), tag));
-  REQUIRE_MESSAGE(wait_until(60, [&] { return has(out0(), "round 3 closed (restart 0): 3 nodes, world 3"); }),
+  REQUIRE_MESSAGE(wait_until([&] { return has(out0(), "round 3 closed (restart 0): 3 nodes, world 3"); }, 60),
                   out0());
   CHECK(has(out0(), "round 3 opens: node '" + TestHosts::addr(2)));
   CHECK(has(out0(), "joins (elastic scale-up)"));
   // Every worker of round 3 has started before the stop file ends them.
-  REQUIRE(wait_until(30, [&] {
+  REQUIRE(wait_until([&] {
     return count(out0(), "worker rank 0 of 3") >= 2 &&
            count(agents[1]->output(), "worker rank 1 of 3") >= 2 &&
            count(agents[3]->output(), "worker rank 2 of 3") >= 1;
-  }));
+  }, 30));
   dtrain::testing::write_file(dir + "/stop", "");
   for (size_t i : {size_t(0), size_t(1), size_t(3)}) {
     INFO("agent " << i << ":\n" << agents[i]->output());
@@ -339,16 +331,16 @@ TEST_CASE("elastic 2:3: a cut host's agent re-joins when its link returns; the j
     return start_agent(i, p.dir / "spec.yaml", sets, p.dir / ("partition_rejoin" + std::to_string(i) + ".log"), tag);
   });
   auto out = [&](int i) { return agents[size_t(i)]->output(); };
-  REQUIRE_MESSAGE(wait_until(180, [&] {
+  REQUIRE_MESSAGE(wait_until([&] {
     return parity::read_metric(run_dir + "/metrics.jsonl", "loss").size() >= 6;
-  }), out(0));
+  }, 180), out(0));
   hosts.cut(2);
   // The order of events, each awaited: host 2's agent notices and keeps
   // trying; the survivors re-form on 2; the link returns; host 2 is admitted.
-  REQUIRE_MESSAGE(wait_until(60, [&] { return has(out(2), "re-joining for up to 120 s"); }), out(2));
-  REQUIRE_MESSAGE(wait_until(60, [&] { return has(out(0), "round 2 closed (restart 0): 2 nodes"); }), out(0));
+  REQUIRE_MESSAGE(wait_until([&] { return has(out(2), "re-joining for up to 120 s"); }, 60), out(2));
+  REQUIRE_MESSAGE(wait_until([&] { return has(out(0), "round 2 closed (restart 0): 2 nodes"); }, 60), out(0));
   hosts.heal(2);
-  REQUIRE_MESSAGE(wait_until(90, [&] { return has(out(0), "round 3 closed (restart 0): 3 nodes"); }),
+  REQUIRE_MESSAGE(wait_until([&] { return has(out(0), "round 3 closed (restart 0): 3 nodes"); }, 90),
                   "node 0:\n" << out(0) << "\nnode 2:\n" << out(2));
   for (int i = 0; i < 3; ++i) {
     INFO("node " << i << ":\n" << out(i));

@@ -9,11 +9,19 @@
 // and of the run's own val_loss at step 6 (11 windows: uneven over dp, so
 // filler rows must not count); negative control: the checkpoint of step 3
 // misses by >= 100x the tolerance. Bad input exits 2 naming the field.
+// data.valid.blend (two more texts, 0.7 / 0.3, 10 windows = 7 + 3): val_loss
+// and val_loss_by_source at 1 process, dp 2 x tp 2 and pp 2 within 1e-5;
+// `dtrain eval` of the blend equals the run's, and of each file alone on its
+// windows equals its val_loss_by_source (controls: the figures of step 2);
+// a weight <= 0 and a missing file exit 2 naming the entry.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -76,12 +84,13 @@ const std::string& trained(const std::string& name, const std::vector<std::strin
 
 const std::string& reference() { return trained("ref", valid_sets()); }
 
-// `dtrain eval --format json` of `ckpt` on the fixture's spec with valid_sets() and `sets`.
-std::pair<int, std::string> eval(const std::string& name, const std::string& ckpt, std::vector<std::string> sets,
-                                 std::vector<std::string> args = {}) {
+// `dtrain eval --format json` of `ckpt` on the fixture's spec with `base`, then `sets`.
+std::pair<int, std::string> eval_on(const std::vector<std::string>& base, const std::string& name,
+                                    const std::string& ckpt, std::vector<std::string> sets,
+                                    std::vector<std::string> args = {}) {
   auto& p = Parity::get();
   TagGuard tag;
-  sets = with(with(valid_sets(), {"log.dir=" + p.dir / name}), sets);
+  sets = with(with(base, {"log.dir=" + p.dir / name}), sets);
   sets.push_back("cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(free_port()));
   std::vector<std::string> argv = {dtrain_bin(), "eval", p.dir / "spec.yaml", "--ckpt", ckpt, "--format", "json"};
   for (auto& s : sets) argv.insert(argv.end(), {"--set", s});
@@ -91,15 +100,28 @@ std::pair<int, std::string> eval(const std::string& name, const std::string& ckp
   return run_command(argv, p.dir / (name + ".log"), 300, {tag.env(), "DTRAIN_NO_REBUILD=1"});
 }
 
-nlohmann::json eval_json(const std::string& name, const std::string& ckpt, const std::vector<std::string>& sets) {
-  auto [code, out] = eval(name, ckpt, sets);
+// eval_on with valid_sets().
+std::pair<int, std::string> eval(const std::string& name, const std::string& ckpt, std::vector<std::string> sets,
+                                 std::vector<std::string> args = {}) {
+  return eval_on(valid_sets(), name, ckpt, std::move(sets), std::move(args));
+}
+
+// eval_on's JSON, which must count `windows` windows of 32 tokens.
+nlohmann::json eval_json_on(const std::vector<std::string>& base, const std::string& name, const std::string& ckpt,
+                            const std::vector<std::string>& sets, int windows = kWindows,
+                            std::vector<std::string> args = {}) {
+  auto [code, out] = eval_on(base, name, ckpt, sets, std::move(args));
   INFO(name << " stdout:\n" << out << "\nstderr:\n" << read_file(Parity::get().dir / (name + ".stderr")));
   REQUIRE(code == 0);
   nlohmann::json j;
   REQUIRE_NOTHROW(j = nlohmann::json::parse(out));  // the whole of stdout: one JSON object
   REQUIRE(j.is_object());
-  CHECK(j["tokens"].get<long long>() == kWindows * 32);
+  CHECK(j["tokens"].get<long long>() == windows * 32);
   return j;
+}
+
+nlohmann::json eval_json(const std::string& name, const std::string& ckpt, const std::vector<std::string>& sets) {
+  return eval_json_on(valid_sets(), name, ckpt, sets);
 }
 
 }  // namespace
@@ -190,4 +212,131 @@ TEST_CASE("dtrain eval: bad input exits 2 naming it, before any worker") {
     CHECK(err(name).find("rank 0") == std::string::npos);  // no worker started
     CHECK(read_file(p.dir / (std::string(name) + ".log")).empty());  // nothing on stdout
   }
+}
+
+namespace {
+
+// data.valid.blend: two other texts, weights 0.7 and 0.3, 10 windows: by
+// data.blend's rule 7 come from va.txt (its windows 0-6) and 3 from vb.txt
+// (0-2). 4 steps, evaluated after steps 2 and 4, a checkpoint at each.
+constexpr int kBlendWindows = 10;
+std::string blend_file(const std::string& name, std::vector<std::string> words) {
+  const std::string path = Parity::get().dir / name;
+  if (read_file(path).empty()) write_file(path, word_salad(2 * 1024, std::move(words)));
+  return path;
+}
+std::string va() { return blend_file("va.txt", {"another ", "text ", "to ", "validate ", "on.\n"}); }
+std::string vb() { return blend_file("vb.txt", {"zebras ", "quietly ", "juggle ", "xylophones; "}); }
+std::vector<std::string> blend_base() {
+  return {"train.steps=4", "log.every=5", "checkpoint.every=2", "data.valid.every=2",
+          "data.valid.batches=" + std::to_string(kBlendWindows)};
+}
+std::vector<std::string> blend_sets() {
+  return with(blend_base(), {"data.valid.blend=[{path: " + va() + ", weight: 0.7}, {path: " + vb() + ", weight: 0.3}]"});
+}
+
+// step -> val_loss_by_source of every metrics.jsonl record that has it.
+std::map<int, std::map<std::string, double>> by_source(const std::string& path) {
+  std::map<int, std::map<std::string, double>> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("val_loss_by_source")) continue;
+    for (const auto& [name, v] : j["val_loss_by_source"].items()) out[j["step"].get<int>()][name] = v.get<double>();
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("data.valid.blend: val_loss and val_loss_by_source the same on every layout, equal to dtrain eval") {
+  const std::string ref = trained("blend_dp1", blend_sets());
+  const auto val = by_step(ref + "/metrics.jsonl", "val_loss");
+  const auto src = by_source(ref + "/metrics.jsonl");
+  REQUIRE(val.size() == 2);
+  REQUIRE(src.size() == 2);
+  for (const auto& [step, losses] : src) {
+    REQUIRE(losses.size() == 2);
+    REQUIRE(losses.count("va.txt") == 1);
+    REQUIRE(losses.count("vb.txt") == 1);
+    // The blend's loss is the mean over all 10 windows: 7 of va.txt, 3 of vb.txt.
+    const double mean = (7 * losses.at("va.txt") + 3 * losses.at("vb.txt")) / 10;
+    MESSAGE("step " << step << ": val_loss " << val.at(step) << ", va.txt " << losses.at("va.txt") << ", vb.txt "
+                    << losses.at("vb.txt") << ", (7 va + 3 vb) / 10 differs by " << std::abs(mean - val.at(step)));
+    CHECK(std::abs(mean - val.at(step)) <= 1e-12);
+  }
+  // Another layout: the same windows, the same figures.
+  for (const auto& [name, sets] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"blend_dp2tp2", layout(2, 2, 1)}, {"blend_pp2", layout(1, 1, 2)}}) {
+    const std::string run = trained(name, with(blend_sets(), sets));
+    const auto got = by_step(run + "/metrics.jsonl", "val_loss");
+    const auto got_src = by_source(run + "/metrics.jsonl");
+    REQUIRE(got.size() == 2);
+    REQUIRE(got_src.size() == 2);
+    double diff = 0;
+    for (const auto& [step, v] : val) {
+      diff = std::max(diff, std::abs(got.at(step) - v));
+      for (const auto& [file, loss] : src.at(step)) diff = std::max(diff, std::abs(got_src.at(step).at(file) - loss));
+    }
+    MESSAGE("val_loss and val_loss_by_source " << name << " vs 1 process: max diff " << diff << " (tolerance " << kTol
+                                               << ")");
+    CHECK(diff <= kTol);
+  }
+
+  // `dtrain eval` of the last checkpoint: the blend, then each file alone on its windows.
+  const std::string ckpt = ref + "/ckpt";
+  const nlohmann::json all = eval_json_on(blend_sets(), "blend_eval", ckpt, {}, kBlendWindows);
+  CHECK(all["step"].get<int>() == 4);
+  const double d_all = std::abs(all["loss"].get<double>() - val.at(4));
+  MESSAGE("dtrain eval of the blend vs the run's val_loss at step 4: diff " << d_all << " (tolerance " << kTol << ")");
+  CHECK(d_all <= kTol);
+  REQUIRE(all.contains("loss_by_source"));
+  double worst = 0;
+  for (const auto& [file, path, windows] : std::vector<std::tuple<std::string, std::string, int>>{
+           {"va.txt", va(), 7}, {"vb.txt", vb(), 3}}) {
+    worst = std::max(worst, std::abs(all["loss_by_source"][file].get<double>() - src.at(4).at(file)));
+    const nlohmann::json one = eval_json_on(with(blend_base(), {"data.valid.path=" + path}), "blend_eval_" + file,
+                                            ckpt, {}, windows, {"--batches", std::to_string(windows)});
+    const double d = std::abs(one["loss"].get<double>() - src.at(4).at(file));
+    MESSAGE("dtrain eval of " << file << " alone (" << windows << " windows) vs val_loss_by_source at step 4: diff "
+                              << d << " (tolerance " << kTol << ")");
+    CHECK(d <= kTol);
+    // Control: the same file's figure after step 2 misses by far.
+    const double miss = std::abs(one["loss"].get<double>() - src.at(2).at(file));
+    MESSAGE("control: " << file << " at step 2 vs step 4: diff " << miss << " (must be >= " << 100 * kTol << ")");
+    CHECK(miss >= 100 * kTol);
+  }
+  MESSAGE("dtrain eval's loss_by_source vs the run's: max diff " << worst << " (tolerance " << kTol << ")");
+  CHECK(worst <= kTol);
+  const double miss = std::abs(val.at(2) - val.at(4));
+  MESSAGE("control: val_loss at step 2 vs step 4: diff " << miss << " (must be >= " << 100 * kTol << ")");
+  CHECK(miss >= 100 * kTol);
+}
+
+TEST_CASE("data.valid.blend: bad input exits 2 naming the entry, before any worker; dtrain validate checks files") {
+  auto& p = Parity::get();
+  const std::string ckpt = trained("blend_dp1", blend_sets()) + "/ckpt";
+  const auto err = [&](const std::string& name) { return read_file(p.dir / (name + ".stderr")); };
+  const std::string missing = p.dir / "no_such_valid.txt";
+  auto [c1, o1] = eval_on(blend_base(), "blend_bad_weight", ckpt,
+                          {"data.valid.blend=[{path: " + va() + ", weight: -1}, {path: " + vb() + ", weight: 1}]"});
+  CHECK(c1 == 2);
+  CHECK(err("blend_bad_weight").find("data.valid.blend[0].weight = -1.0 (" + va() + "): must be > 0") !=
+        std::string::npos);
+  auto [c2, o2] = eval_on(blend_base(), "blend_bad_file", ckpt,
+                          {"data.valid.blend=[{path: " + va() + ", weight: 1}, {path: " + missing + ", weight: 1}]"});
+  CHECK(c2 == 2);
+  CHECK(err("blend_bad_file").find("data.valid.blend[1].path = " + missing) != std::string::npos);
+  for (const char* name : {"blend_bad_weight", "blend_bad_file"}) {
+    INFO(name << ": " << err(name));
+    CHECK(err(name).find("rank 0") == std::string::npos);  // no worker started
+    CHECK(read_file(p.dir / (std::string(name) + ".log")).empty());  // nothing on stdout
+  }
+  // `dtrain validate` opens the files too (data.format bytes here).
+  std::vector<std::string> argv = {dtrain_bin(), "validate", p.dir / "spec.yaml", "--set",
+                                   "data.valid.blend=[{path: " + missing + ", weight: 1}]"};
+  auto [c3, o3] = run_command(argv, p.dir / "blend_validate.log", 60, {"DTRAIN_NO_REBUILD=1"});
+  INFO(o3);
+  CHECK(c3 == 2);
+  CHECK(o3.find("data.valid.blend[0].path = " + missing) != std::string::npos);
 }

@@ -20,6 +20,7 @@
 
 using dtrain::testing::Child;
 using dtrain::testing::TagGuard;
+using dtrain::testing::wait_until;
 using dtrain::testing::TempDir;
 using json = nlohmann::json;
 
@@ -31,15 +32,6 @@ std::string env_report() { return dtrain::testing::binary_dir() + "/tests/env_re
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-bool wait_until(const std::function<bool()>& pred, double timeout_s) {
-  auto start = Clock::now();
-  while (seconds_since(start) < timeout_s) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return pred();
 }
 
 int free_port() {

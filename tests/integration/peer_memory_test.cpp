@@ -24,6 +24,7 @@
 
 using dtrain::testing::Child;
 using dtrain::testing::TagGuard;
+using dtrain::testing::wait_until;
 using dtrain::testing::TestHosts;
 namespace parity = dtrain::testing::parity;
 namespace fs = std::filesystem;
@@ -34,14 +35,6 @@ constexpr int kRdzvPort = 29400;  // free inside host 0's fresh namespace
 constexpr int kHangStep = 6;      // rank 2 stops after this step (and its copies)
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-template <typename Pred>
-bool wait_until(double timeout_s, Pred pred) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (!pred() && std::chrono::steady_clock::now() < end)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  return pred();
-}
 
 std::unique_ptr<Child> start_agent(int i, const std::vector<std::string>& sets, const std::string& log,
                                    const TagGuard& tag) {
@@ -99,16 +92,16 @@ Run run_and_cut(TestHosts& hosts, const std::string& name, BeforeCut before_cut)
   std::vector<std::unique_ptr<Child>> agents;
   auto log = [&](int i) { return p.dir / (name + "_node" + std::to_string(i) + ".log"); };
   agents.push_back(start_agent(0, memory_sets(run_dir), log(0), tag));
-  REQUIRE_MESSAGE(wait_until(30, [&] { return has(agents[0]->output(), "listening on port"); }), agents[0]->output());
+  REQUIRE_MESSAGE(wait_until([&] { return has(agents[0]->output(), "listening on port"); }, 30), agents[0]->output());
   for (int i = 1; i < 3; ++i) agents.push_back(start_agent(i, memory_sets(run_dir), log(i), tag));
   std::vector<std::string> dirs(3);
-  const bool held = wait_until(120, [&] {
+  const bool held = wait_until([&] {
     for (int i = 0; i < 3; ++i) dirs[size_t(i)] = memory_dir(agents[size_t(i)]->output());
     const std::string step = "/step_" + std::to_string(kHangStep);
     return !dirs[0].empty() && fs::exists(dirs[0] + step + "/rank_2.safetensors") &&
            fs::exists(dirs[0] + step + "/rank_2.peer") && !dirs[2].empty() &&
            fs::exists(dirs[2] + step + "/rank_2.safetensors");
-  });
+  }, 120);
   REQUIRE_MESSAGE(held, agents[0]->output());
   before_cut(dirs[0]);
   hosts.cut(2);

@@ -28,22 +28,13 @@ namespace {
 namespace fs = std::filesystem;
 using dtrain::testing::Child;
 using dtrain::testing::TagGuard;
+using dtrain::testing::wait_until;
 using dtrain::testing::TempDir;
 using dtrain::testing::free_port;
 using dtrain::testing::read_file;
 using dtrain::testing::write_file;
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-// Polls for a condition another process brings about (no fixed sleep decides anything).
-bool wait_until(const std::function<bool()>& done, double timeout_s) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (std::chrono::steady_clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return done();
-}
 
 // metrics.jsonl's step records (every line parsed as JSON; checkpoint
 // records, {"step", "ckpt_block_ms", ...} without a loss, left out); `bad`

@@ -32,6 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 using dtrain::testing::Child;
 using dtrain::testing::TagGuard;
+using dtrain::testing::wait_until;
 using dtrain::testing::TempDir;
 using dtrain::testing::free_port;
 using dtrain::testing::read_file;
@@ -39,15 +40,6 @@ using dtrain::testing::write_file;
 
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-bool wait_until(const std::function<bool()>& done, double timeout_s) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (std::chrono::steady_clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return done();
 }
 
 // One run of dtrain with its own rusage (wait4), so the memory measured is

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -180,6 +181,18 @@ inline std::pair<int, std::string> run_command(std::vector<std::string> argv,
 }
 
 inline bool pid_alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// Polls every 20 ms until done() holds or timeout_s have passed; returns
+// done() (asked once more at the end). For a condition another process
+// brings about: no fixed sleep decides anything.
+inline bool wait_until(const std::function<bool()>& done, double timeout_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
 
 }  // namespace dtrain::testing
 

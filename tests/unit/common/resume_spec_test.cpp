@@ -116,6 +116,14 @@ TEST_CASE("resume spec: a stored data.valid.path is refused like data.path until
   CHECK(refusal(input(stored, {"data.valid.path=/v.bin"})).empty());
 }
 
+TEST_CASE("resume spec: a stored data.valid.blend is refused like data.blend until given again") {
+  const std::string stored = "data: {valid: {blend: [{path: /secret/va, weight: 1}, {path: vb, weight: 2}]}}\n";
+  const std::string msg = refusal(input(stored));
+  INFO(msg);
+  CHECK(has(msg, "\n  data.valid.blend = [\"/secret/va\", \"vb\"]"));
+  CHECK(refusal(input(stored, {"data.valid.blend=[{path: a, weight: 1}]"})).empty());
+}
+
 TEST_CASE("resume spec: a multi-node run's stored endpoint needs --rdzv or --set") {
   const std::string stored = "cluster: {nodes: 2, rendezvous: {endpoint: \"evil.example:29400\"}}\n"
                              "parallel: {dp: 2}\n";

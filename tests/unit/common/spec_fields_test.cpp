@@ -128,6 +128,7 @@ const std::vector<Example> kExamples = {
     {"data.blend", "[{path: a, weight: 0.7}, {path: b, weight: 0.3}]", {"data.format=indexed"}},
     {"data.valid.path", "/data/valid.bin"},
     {"data.valid.split", "0.01"},
+    {"data.valid.blend", "[{path: va, weight: 0.7}, {path: vb, weight: 0.3}]"},
     {"data.valid.every", "50"},
     {"data.valid.batches", "4"},
     {"checkpoint.dir", "ck"},

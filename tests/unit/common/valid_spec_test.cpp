@@ -44,3 +44,28 @@ TEST_CASE("valid spec: bad values name the field, the value and the fix") {
             "data.valid.path = v.txt with data.format = synthetic"));
   CHECK(has(error_of("data: {valid: {pth: v.txt}}\n"), "data.valid.pth"));
 }
+
+TEST_CASE("valid spec: data.valid.blend loads like data.blend, and its bad input names the entry") {
+  const dtrain::JobSpec b = dtrain::parse_job_spec(
+      "data: {valid: {blend: [{path: va.txt, weight: 0.7}, {path: vb.txt, weight: 0.3}], batches: 10}}\n", "b.yaml");
+  CHECK(b.data.valid.active());
+  REQUIRE(b.data.valid.blend.size() == 2);
+  CHECK(b.data.valid.blend[1].path == "vb.txt");
+  CHECK(b.data.valid.blend[1].weight == 0.3);
+  CHECK(error_of("data: {format: indexed, path: p, valid: {blend: [{path: q, weight: 1}]}}\n") == "");
+  CHECK(has(error_of("data: {valid: {blend: [{path: va, weight: 0}, {path: vb, weight: 1}]}}\n"),
+            "data.valid.blend[0].weight = 0.0 (va): must be > 0"));
+  CHECK(has(error_of("data: {valid: {blend: [{path: va, weight: -1}]}}\n"),
+            "data.valid.blend[0].weight = -1.0 (va): must be > 0"));
+  const std::string zeros = error_of("data: {valid: {blend: [{path: va, weight: 0}, {path: vb, weight: 0}]}}\n");
+  CHECK(has(zeros, "data.valid.blend[0].weight = 0.0"));
+  CHECK(has(zeros, "data.valid.blend[1].weight = 0.0"));
+  CHECK(has(error_of("data: {valid: {blend: [{path: '', weight: 1}]}}\n"), "data.valid.blend[0].path is empty"));
+  CHECK(has(error_of("data: {valid: {blend: [{path: va}]}}\n"), "data.valid.blend: expected a list like"));
+  CHECK(has(error_of("data: {valid: {path: v.txt, blend: [{path: va, weight: 1}]}}\n"),
+            "data.valid.blend and data.valid.path are both given"));
+  CHECK(has(error_of("data: {valid: {split: 0.1, blend: [{path: va, weight: 1}]}}\n"),
+            "data.valid.blend and data.valid.split are both given"));
+  CHECK(has(error_of("data: {format: synthetic, valid: {blend: [{path: va, weight: 1}]}}\n"),
+            "data.valid.blend with data.format = synthetic"));
+}

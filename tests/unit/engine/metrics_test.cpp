@@ -63,7 +63,8 @@ TEST_CASE("metrics.jsonl: NaN and inf become null, the step says nonfinite, ever
   CHECK_FALSE(lines[2].contains("nonfinite"));
 }
 
-TEST_CASE("metrics.jsonl: an evaluated step is written between log.every steps with val_loss, val_ppl, eval_ms") {
+TEST_CASE("metrics.jsonl: an evaluated step is written between log.every steps with val_loss, val_ppl, eval_ms "
+          "and val_loss_by_source") {
   const fs::path dir = fs::temp_directory_path() / ("dtrain_metrics_val_test_" + std::to_string(::getpid()));
   {
     MetricsOptions o;
@@ -81,6 +82,8 @@ TEST_CASE("metrics.jsonl: an evaluated step is written between log.every steps w
       r.val_loss = step == 4 ? 1.2345678901234567 : 0;
       r.val_ppl = std::exp(r.val_loss);
       r.eval_ms = 12.5;
+      // data.valid.blend's per-file losses, with a name that needs escaping.
+      r.val_loss_by_source = {{"va.txt", 1.0000000000000002}, {"v\"b", 2.5}};
       m.record(r, MemoryStats{}, /*print=*/true);
     }
   }
@@ -93,6 +96,10 @@ TEST_CASE("metrics.jsonl: an evaluated step is written between log.every steps w
   CHECK(lines[1]["val_loss"].get<double>() == 1.2345678901234567);  // all 17 digits
   CHECK(lines[1]["val_ppl"].get<double>() == doctest::Approx(std::exp(1.2345678901234567)));
   CHECK(lines[1]["eval_ms"] == 12.5);
+  CHECK(lines[1]["val_loss_by_source"]["va.txt"].get<double>() == 1.0000000000000002);  // all 17 digits
+  CHECK(lines[1]["val_loss_by_source"]["v\"b"].get<double>() == 2.5);
+  CHECK(lines[1]["val_loss_by_source"].size() == 2);
+  CHECK_FALSE(lines[0].contains("val_loss_by_source"));  // only with an evaluation
   CHECK_FALSE(lines[0].contains("val_loss"));
   CHECK_FALSE(lines[2].contains("val_loss"));
 }
