@@ -21,44 +21,24 @@
 namespace dtrain::engine::optim {
 namespace {
 
-struct FusedStep {
-  float decay;      // 1 - lr * weight_decay (1 = none)
-  float b1, one_minus_b1, b2, one_minus_b2;
-  float bc2_sqrt;   // sqrt(1 - b2^t)
-  float eps;
-  float neg_step;   // -lr / (1 - b1^t)
-};
-
 bool fusable(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v) {
   for (const at::Tensor* t : {&p, &g, &m, &v})
     if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || !t->is_contiguous()) return false;
   return p.numel() == g.numel();
 }
 
-// One pass over n elements: the ATen path's five ops, element by element,
-// with the same fp32 roundings in the same order (no fused multiply-add:
-// the file is compiled for baseline x86-64, which has none).
-void fused_adamw(float* __restrict p, const float* __restrict g, float* __restrict m,
-                 float* __restrict v, int64_t n, const FusedStep& s) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    const float pi = p[i] * s.decay;
-    const float mi = m[i] * s.b1 + s.one_minus_b1 * gi;
-    const float vi = v[i] * s.b2 + s.one_minus_b2 * gi * gi;
-    const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi + s.neg_step * (mi / denom);
-  }
-}
-
-FusedStep make_fused_step(bool decay, double lr, const AdamWOptions& o, int64_t step) {
+kernel::AdamWScalars make_fused_step(bool decay, double lr, const AdamWOptions& o, int64_t step) {
   const double bias_correction1 = 1.0 - std::pow(o.beta1, double(step));
   const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, double(step)));
   const bool wd = decay && o.weight_decay != 0.0;
-  return FusedStep{wd ? float(1.0 - lr * o.weight_decay) : 1.0f, float(o.beta1), float(1.0 - o.beta1),
-                   float(o.beta2), float(1.0 - o.beta2), float(bias_correction2_sqrt), float(o.eps),
-                   float(-(lr / bias_correction1))};
+  return kernel::AdamWScalars{wd ? float(1.0 - lr * o.weight_decay) : 1.0f,
+                              float(o.beta1),
+                              float(1.0 - o.beta1),
+                              float(o.beta2),
+                              float(1.0 - o.beta2),
+                              float(bias_correction2_sqrt),
+                              float(o.eps),
+                              float(-(lr / bias_correction1))};
 }
 
 // One piece of an offloaded bucket: params[begin, end) with its moments at
@@ -66,22 +46,18 @@ FusedStep make_fused_step(bool decay, double lr, const AdamWOptions& o, int64_t 
 // other (a GPU's) is copied to the host, updated there and copied back, as
 // ZeRO-Offload's CPU Adam does.
 void offloaded_piece(at::Tensor& p, const at::Tensor& g, int64_t begin, int64_t end, float* m, float* v,
-                     const FusedStep& fs) {
+                     const kernel::AdamWScalars& fs) {
   const bool in_place = p.device().is_cpu() && p.scalar_type() == at::kFloat && g.device().is_cpu() &&
                         g.scalar_type() == at::kFloat && g.is_contiguous();
   if (in_place) {
-    fused_adamw(p.data_ptr<float>() + begin, g.const_data_ptr<float>() + begin, m, v, end - begin, fs);
+    kernel::adamw_run(p.data_ptr<float>() + begin, g.const_data_ptr<float>() + begin, m, v, end - begin, fs);
     return;
   }
   at::Tensor pv = p.view({-1}).slice(0, begin, end);  // [end - begin]
   at::Tensor ph = pv.to(at::kCPU, at::kFloat).contiguous();
   const at::Tensor gh = g.reshape({-1}).slice(0, begin, end).to(at::kCPU, at::kFloat).contiguous();
-  fused_adamw(ph.data_ptr<float>(), gh.const_data_ptr<float>(), m, v, end - begin, fs);
+  kernel::adamw_run(ph.data_ptr<float>(), gh.const_data_ptr<float>(), m, v, end - begin, fs);
   pv.copy_(ph);
-}
-
-kernel::AdamWScalars to_kernel(const FusedStep& f) {
-  return {f.decay, f.b1, f.one_minus_b1, f.b2, f.one_minus_b2, f.bc2_sqrt, f.eps, f.neg_step};
 }
 
 // Whether b's element 0 sits right after a's last element.
@@ -153,7 +129,7 @@ void AdamW::step(double lr) {
     page_to(int64_t(i), open);
     if (opt_.fused && fusable(p, g, m_[i], v_[i])) {
       ++loops_;
-      fused_adamw(p.data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(),
+      kernel::adamw_run(p.data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(),
                   v_[i].data_ptr<float>(), p.numel(), make_fused_step(decay_[i], lr, opt_, step_));
       continue;
     }
@@ -206,7 +182,7 @@ void AdamW::step_runs(double lr) {
         break;
       len += params_[j].numel();
     }
-    const kernel::AdamWScalars ks = to_kernel(make_fused_step(decay_[i], lr, opt_, step_));
+    const kernel::AdamWScalars ks = make_fused_step(decay_[i], lr, opt_, step_);
     kernel::adamw_run(params_[i].data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(),
                       v_[i].data_ptr<float>(), len, ks);
     ++loops_;
