@@ -63,7 +63,8 @@ TEST_CASE("bench comm: every op at 2 ranks, one checked row per size, positive b
     auto [code, out] = bench(dir, op, {"--op", op, "-n", "2", "--min", "64K", "--max", "512K", "--iters", "2"});
     INFO(out);
     CHECK(code == 0);
-    CHECK(out.find(op + ", 2 ranks (gloo)") != std::string::npos);
+    // The header names the group's path: one node, so shared memory.
+    CHECK(out.find(op + ", 2 ranks (gloo, path shm)") != std::string::npos);
     if (op == "reduce_scatter") CHECK(out.find("reduce_scatter path: ring") != std::string::npos);
     auto rows = table_rows(out);
     REQUIRE(rows.size() == sizes.size());
