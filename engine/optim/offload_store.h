@@ -34,6 +34,18 @@ struct OffloadIo {
   double wait_s = 0;
 };
 
+// An offload file as the trainer sees it, whatever keeps it (ZeRO-3's
+// parameter shards: parallel/zero/param_offload.h): its size, its I/O since
+// the last take_stats, and its path (for the fault kinds that damage it).
+class OffloadFile {
+ public:
+  virtual ~OffloadFile() = default;
+  virtual void drain() = 0;  // every queued read and write done
+  virtual const std::string& file() const = 0;
+  virtual int64_t bytes() const = 0;
+  virtual OffloadIo take_stats() = 0;
+};
+
 // The pread/pwrite of n bytes at `offset` of `file` (open as fd), retried
 // until done; a short read or a failed call throws, naming the file.
 void offload_file_io(int fd, const std::string& file, bool write, int64_t offset, char* p, int64_t n);

@@ -16,10 +16,7 @@
 
 namespace dtrain::engine::optim {
 class AdamW;
-}
-
-namespace dtrain::engine::parallel::zero {
-class ParamOffload;
+class OffloadFile;
 }
 
 namespace dtrain::engine::parallel {
@@ -98,9 +95,9 @@ class GradSync {
   // Figures of the last step for metrics.jsonl beyond the loss (name, value),
   // the same on every rank: e.g. the experts' load under MoE. Default: none.
   virtual std::vector<std::pair<std::string, double>> step_metrics() const { return {}; }
-  // train.offload.params: where the parameter shards live between uses
-  // (zero/param_offload.h); null without.
-  virtual zero::ParamOffload* param_offload() { return nullptr; }
+  // train.offload.params: the file the parameters live in between uses
+  // (under ZeRO-3: zero/param_offload.h); null without.
+  virtual optim::OffloadFile* offloaded_params() { return nullptr; }
 };
 
 }  // namespace dtrain::engine::parallel

@@ -20,7 +20,6 @@
 #include "engine/doctor/blas_check.h"
 #include "engine/data/indexed_blend.h"
 #include "engine/doctor/engine_facts.h"
-#include "engine/parallel/zero/param_offload.h"
 #include "engine/trainer/evaluation.h"
 #include "plan/combinations.h"
 
@@ -220,7 +219,7 @@ void offload_fault_after_step(TrainSession& s, int64_t steps_done) {
     store->drain();  // the step's writes land first, so the damage is what the next step meets
     files.emplace_back(store->file(), store->bytes());
   }
-  if (parallel::zero::ParamOffload* params = s.par.grad_sync->param_offload()) {
+  if (optim::OffloadFile* params = s.par.grad_sync->offloaded_params()) {
     params->drain();
     files.emplace_back(params->file(), params->bytes());
   }

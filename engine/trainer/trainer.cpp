@@ -21,7 +21,6 @@
 #include "engine/comm/traced_group.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
-#include "engine/parallel/zero/param_offload.h"
 #include "engine/trainer/current_step.h"
 #include "engine/trainer/evaluation.h"
 #include "engine/trainer/memory_check.h"
@@ -232,7 +231,7 @@ int run_training() {
     // After advance(): the tokens of steps 1..step+1, a function of the position alone.
     report.data_tokens = s.data->source_tokens(s.sampler->state().consumed);
     report.extra.emplace_back("data_fetch_s", r.data_s);
-    parallel::zero::ParamOffload* params_off = s.par.grad_sync->param_offload();
+    optim::OffloadFile* params_off = s.par.grad_sync->offloaded_params();
     if (s.optimizer->offload_store() || params_off) {  // where the offloaded state lives, and this step's I/O on it
       optim::OffloadIo io = s.optimizer->take_offload_io();
       const optim::OffloadIo pio = params_off ? params_off->take_stats() : optim::OffloadIo{};

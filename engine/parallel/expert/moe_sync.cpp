@@ -149,7 +149,7 @@ class MoeSync : public GradSync {
   }
 
   void after_optimizer_step() override { dense_->after_optimizer_step(); }
-  zero::ParamOffload* param_offload() override { return dense_->param_offload(); }
+  optim::OffloadFile* offloaded_params() override { return dense_->offloaded_params(); }
 
   void zero() override {
     dense_->zero();

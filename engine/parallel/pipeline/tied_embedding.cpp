@@ -49,7 +49,7 @@ class TiedEmbeddingSync : public GradSync {
   double clip(double max_norm) override { return inner_->clip(max_norm); }
   OptimizerParams optimizer_params() override { return inner_->optimizer_params(); }
   void after_optimizer_step() override { inner_->after_optimizer_step(); }
-  zero::ParamOffload* param_offload() override { return inner_->param_offload(); }
+  optim::OffloadFile* offloaded_params() override { return inner_->offloaded_params(); }
   void zero() override { inner_->zero(); }
   ModelBytes memory() const override { return inner_->memory(); }
   std::unique_ptr<StateProvider> state(optim::AdamW& optimizer) override { return inner_->state(optimizer); }

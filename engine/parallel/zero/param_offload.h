@@ -30,12 +30,12 @@ struct ParamOffloadOptions {
   bool drop_writes = false;  // fault.kind offload_no_writeback: updated shards are never written back
 };
 
-class ParamOffload {
+class ParamOffload final : public optim::OffloadFile {
  public:
   // shards: each unit's shard, fp32, contiguous, on the CPU, each with a
   // storage of its own. Writes their values to the file and frees them.
   ParamOffload(std::vector<at::Tensor> shards, ParamOffloadOptions options);
-  ~ParamOffload();  // drains the queue, closes and removes the file
+  ~ParamOffload() override;  // drains the queue, closes and removes the file
   ParamOffload(const ParamOffload&) = delete;
   ParamOffload& operator=(const ParamOffload&) = delete;
 
@@ -53,18 +53,18 @@ class ParamOffload {
   // load will change them.
   void page_in_all(bool dirty);
   // Every queued read and write done; rethrows the I/O thread's error.
-  void drain();
+  void drain() override;
   // Throws when the file was deleted or truncated under the job.
   void check_file() const;
 
-  int64_t bytes() const { return 4 * total_; }  // the file's size
+  int64_t bytes() const override { return 4 * total_; }  // the file's size
   // Shard bytes in memory (in use, read ahead, or waiting to be written):
   // now, and the most since the last reset_peak.
   int64_t resident_bytes() const;
   int64_t peak_bytes() const;
   void reset_peak();
-  const std::string& file() const { return opt_.file; }
-  optim::OffloadIo take_stats();
+  const std::string& file() const override { return opt_.file; }
+  optim::OffloadIo take_stats() override;
 
  private:
   enum class Where { file, reading, read, memory };

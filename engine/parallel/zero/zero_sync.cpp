@@ -453,7 +453,7 @@ class ZeroSync : public GradSync {
     return d;
   }
 
-  zero::ParamOffload* param_offload() override { return s_->offload.get(); }
+  optim::OffloadFile* offloaded_params() override { return s_->offload.get(); }
 
  private:
   // Lays out every unit's flat buffers (one allocation per kind) and makes
