@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -197,27 +198,41 @@ TEST_CASE("checkpoints: written with nvme offload resume without it, and the rev
   check_resume_control("none step_10 -> nvme", resume_diffs("nvme_from_plain_reset", 10, want, offloaded.params));
 }
 
-TEST_CASE("an offload file truncated or deleted mid-run stops the job naming it; the previous checkpoint stays") {
+namespace {
+
+// Damages rank 1's offload file `file_name` after step 7 (fault.kind
+// offload_truncate, then offload_delete) in runs named prefix + kind with
+// `sets(dir)`: the job stops naming the file, never by SIGBUS, `latest`
+// stays on step 5, and nothing is left under train.offload.path (rank 0,
+// stopped by SIGTERM or SIGKILL while it waited for rank 1: the launcher
+// removes what it left).
+void check_damaged_file_stops(const std::string& prefix, const std::string& file_name,
+                              const std::function<std::vector<std::string>(const std::string&)>& sets) {
   auto& p = Parity::get();
   for (const std::string kind : {"offload_truncate", "offload_delete"}) {
-    const std::string name = "nvme_" + kind;
+    const std::string name = prefix + kind;
     const std::string dir = offload_dir(name);
-    auto [code, output] = launch_raw(name, with(with(layout(0), nvme(dir)),
-                                                {"checkpoint.every=5", "cluster.max_restarts=0", "cluster.grace_s=1",
-                                                 "fault.kind=" + kind, "fault.rank=1", "fault.step=7"}));
+    auto [code, output] = launch_raw(name, with(sets(dir), {"checkpoint.every=5", "cluster.max_restarts=0",
+                                                            "cluster.grace_s=1", "fault.kind=" + kind,
+                                                            "fault.rank=1", "fault.step=7"}));
     INFO(output);
     const std::string said = kind == "offload_truncate" ? "was truncated while the job ran" : "was deleted while the job ran";
-    MESSAGE(kind << ": exit " << code << ", latest " << read_latest(p.dir / name + "/ckpt"));
+    MESSAGE(name << ": exit " << code << ", latest " << read_latest(p.dir / name + "/ckpt"));
     CHECK(code != 0);
     CHECK(output.find(said) != std::string::npos);
-    CHECK(output.find("dtrain-offload-parity-rank1.bin") != std::string::npos);
+    CHECK(output.find(file_name) != std::string::npos);
     CHECK(output.find("SIGBUS") == std::string::npos);
     CHECK(read_latest(p.dir / name + "/ckpt") == "step_5");
     CHECK(fs::exists(p.dir / name + "/ckpt/step_5/index.json"));
-    // Rank 0, stopped by SIGTERM or SIGKILL while it waited for rank 1: the
-    // launcher removes what it left.
     CHECK(left_in(dir).empty());
   }
+}
+
+}  // namespace
+
+TEST_CASE("an offload file truncated or deleted mid-run stops the job naming it; the previous checkpoint stays") {
+  check_damaged_file_stops("nvme_", "dtrain-offload-parity-rank1.bin",
+                           [](const std::string& dir) { return with(layout(0), nvme(dir)); });
 }
 
 TEST_CASE("bad input: train.offload refused before any worker, naming the field and the fix") {
@@ -348,24 +363,8 @@ TEST_CASE("checkpoints: written with params nvme resume without it, and the reve
 }
 
 TEST_CASE("a params offload file truncated or deleted mid-run stops the job naming it; the previous checkpoint stays") {
-  auto& p = Parity::get();
-  for (const std::string kind : {"offload_truncate", "offload_delete"}) {
-    const std::string name = "params_" + kind;
-    const std::string dir = offload_dir(name);
-    auto [code, output] = launch_raw(name, with(with(params_layout(), params_nvme(dir)),
-                                                {"checkpoint.every=5", "cluster.max_restarts=0", "cluster.grace_s=1",
-                                                 "fault.kind=" + kind, "fault.rank=1", "fault.step=7"}));
-    INFO(output);
-    const std::string said = kind == "offload_truncate" ? "was truncated while the job ran" : "was deleted while the job ran";
-    MESSAGE(kind << " (params): exit " << code << ", latest " << read_latest(p.dir / name + "/ckpt"));
-    CHECK(code != 0);
-    CHECK(output.find(said) != std::string::npos);
-    CHECK(output.find("dtrain-offload-parity-rank1.params.bin") != std::string::npos);
-    CHECK(output.find("SIGBUS") == std::string::npos);
-    CHECK(read_latest(p.dir / name + "/ckpt") == "step_5");
-    CHECK(fs::exists(p.dir / name + "/ckpt/step_5/index.json"));
-    CHECK(left_in(dir).empty());
-  }
+  check_damaged_file_stops("params_", "dtrain-offload-parity-rank1.params.bin",
+                           [](const std::string& dir) { return with(params_layout(), params_nvme(dir)); });
 }
 
 TEST_CASE("optimizer nvme vs none under TP 2 and PP 2: parity, control offload_no_writeback") {
