@@ -71,6 +71,15 @@ std::string rank_list(const rendezvous::Assignment& a) {
   return out;
 }
 
+// What makes two checkpoint failures "the same": the error code and the
+// step the rank failed in, not the text (ranks word one error differently:
+// rank 0 names the files that do not verify, the others say rank 0 does).
+// "" for any failure that is not a checkpoint error.
+std::string checkpoint_failure_key(const ErrorFileRecord& r) {
+  if (r.error_code != error_code_name(ErrorCode::checkpoint)) return "";
+  return r.step > 0 ? "in step " + std::to_string(r.step) : "before the first step";
+}
+
 }  // namespace
 
 Agent::Agent(const JobSpec& spec, AgentConfig config, rendezvous::RendezvousClient& client)
@@ -127,8 +136,8 @@ int Agent::run() {
         const rendezvous::ServerStatus status = server_status();
         if (status.stopped)  // another node's worker failed on a config error: re-joining would repeat it
           throw Error(ErrorCode::worker_failed,
-                      "the job stopped without a restart: a worker failed on a configuration error, which a "
-                      "restart would repeat: " + status.failure,
+                      "the job stopped without a restart: a worker failed on an error that a restart would "
+                      "repeat (a configuration error, or the same checkpoint error twice): " + status.failure,
                       "see the root-cause block printed by the node that failed");
         const int used = status.restart;
         if (used > spec_.cluster.max_restarts) print_remote_root_cause(used);
@@ -420,12 +429,22 @@ int Agent::restart_or_fail(int restart) {
   // A config error (bad input: a data file changed under the run, a
   // diverged run) fails the same way on every restart: not retried here,
   // and reported permanent so that no other node re-joins for it.
-  const bool config_error = parse_error_file(first.error_file_text).error_code == error_code_name(ErrorCode::config);
-  report_failure(first, config_error);
+  const ErrorFileRecord record = parse_error_file(first.error_file_text);
+  const bool config_error = record.error_code == error_code_name(ErrorCode::config);
+  // So does a checkpoint error that the previous attempt failed on at the
+  // same point (no checkpoint that any fallback accepts, a checkpoint.dir
+  // that cannot be written): that restart made no progress.
+  const std::string key = checkpoint_failure_key(record);
+  const bool repeated = !key.empty() && key == last_checkpoint_failure_;
+  last_checkpoint_failure_ = key;
+  report_failure(first, config_error || repeated);
   if (config_error && restart < spec_.cluster.max_restarts)
     DTRAIN_WARN("not restarting: rank {} stopped on a configuration error, which a restart would repeat",
                 first.rank);
-  if (!config_error && restart < spec_.cluster.max_restarts) {
+  if (repeated && restart < spec_.cluster.max_restarts)
+    DTRAIN_WARN("not restarting: rank {} failed {} on the same checkpoint error as the previous attempt; "
+                "retrying cannot help: {}", first.rank, key, record.message.substr(0, record.message.find('\n')));
+  if (!config_error && !repeated && restart < spec_.cluster.max_restarts) {
     failures_ = restart + 1;
     DTRAIN_WARN("restarting the workers: restart {} of {} (rank {} failed: {})", failures_,
                 spec_.cluster.max_restarts, first.rank, first.exit.describe());

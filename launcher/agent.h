@@ -107,6 +107,7 @@ class Agent {
   WorkerGroup group_;
   std::optional<Worker> first_failure_;  // of the current round
   int failures_ = 0;                     // restarts this agent asked for
+  std::string last_checkpoint_failure_;  // the last failure's checkpoint_failure_key ("": not one)
   int stop_signal_ = 0;                  // SIGINT/SIGTERM dtrain received
   int num_nodes_ = 1;
   int round_gbs_ = 0;                    // global batch of the last round (0 = none yet)

@@ -73,7 +73,7 @@ int corrupt_step(const std::string& dir) {
 }  // namespace
 
 TEST_CASE("a corrupt newest checkpoint: the automatic resume falls back to the newest that verifies; "
-          "an explicit resume refuses it") {
+          "an explicit resume refuses it; with every step corrupt the job stops after two alike failures") {
   auto& p = parity::Parity::get();
   const std::string run = p.dir / "corrupt_latest";
   // Every run has train.steps 8 (the learning-rate schedule depends on it,
@@ -121,6 +121,23 @@ TEST_CASE("a corrupt newest checkpoint: the automatic resume falls back to the n
   MESSAGE("fallback to step 4: steps 5-6 redone, max loss rel diff vs their first run " << worst << " (tolerance "
                                                                                         << parity::kLossRelTol << ")");
   CHECK(worst <= parity::kLossRelTol);
+
+  // Every step corrupt: each attempt fails alike before its first step
+  // ("no checkpoint in DIR verifies"). The agent stops after the second
+  // such failure instead of using all 5 restarts.
+  for (const auto& e : fs::directory_iterator(run + "/ckpt"))
+    if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) corrupt_step(e.path());
+  const std::string before = dtrain::testing::read_file(run + "/rank_0.log");
+  std::tie(code, out) = launch("corrupt_every_step", {}, 5);
+  const std::string log = dtrain::testing::read_file(run + "/rank_0.log").substr(before.size());
+  int starts = 0;
+  for (size_t at = log.find(", restart "); at != std::string::npos; at = log.find(", restart ", at + 1)) ++starts;
+  MESSAGE("every step corrupt, cluster.max_restarts 5: " << starts << " worker start(s)");
+  CHECK(code != 0);
+  CHECK(has(out, "no checkpoint in " + run + "/ckpt verifies"));
+  CHECK(has(out, "not restarting: rank 0 failed before the first step on the same checkpoint error as the "
+                 "previous attempt; retrying cannot help: no checkpoint in "));
+  CHECK(starts == 2);
 }
 
 TEST_CASE("an agent started while the job runs leaves the running round's spec alone") {
