@@ -17,8 +17,11 @@ link down, up again a few seconds later: the agent re-joins), full_disk
 (checkpoint.dir is a small tmpfs; it is filled until a save fails on it, then
 freed), corrupt_ckpt (a worker SIGKILLed, then the newest checkpoint's files
 corrupted before the restart reads them: the restart skips it, naming it, and
-resumes from the newest step that verifies). Exit 0 when every
-check passed, 1 otherwise; results in <out>/chaos.md, chaos.json, chaos.svg.
+resumes from the newest step that verifies). With --replay, the final
+parameters must also equal a fault-free replay of the run's membership
+changes (chaos_replay.py; --replay-control adds its negative control). Exit 0
+when every check passed, 1 otherwise; results in <out>/chaos.md, chaos.json,
+chaos.svg.
 """
 import argparse
 import fcntl
@@ -33,6 +36,7 @@ import threading
 import time
 
 from chaos_faults import FaultInjector, addr, netns_pids
+from chaos_replay import check_replay, merge_ckpt
 from chaos_report import LOSS_TOL, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -349,6 +353,9 @@ class Campaign(FaultInjector):
                     self.problems.append("the job ended (step %d) before fault %d: raise --steps"
                                          % (self.metrics.max_step(), len(self.faults) + 1))
                 break
+            if self.a.interval_s:  # a fault every interval_s from one injection to the next
+                last = self.faults[-1]["at"] if self.faults else self.t0
+                gap = max(0.0, last + self.a.interval_s - time.time())
             time.sleep(gap)  # the schedule's spacing between faults (not a synchronisation)
             if self.metrics.max_step() >= self.a.steps - self.a.margin_steps:
                 self.problems.append("the job reached step %d before fault %d: raise --steps"
@@ -460,6 +467,22 @@ def checks(c, shm_before):
             "new_shm": new_shm, "goodput_json": goodput_json}
 
 
+def keep_final(c):
+    """The campaign's final checkpoint as one file of parameters: (step, path) or None."""
+    try:
+        with open(os.path.join(c.ckpt_dir, "latest")) as f:
+            step = int(f.read().strip().split("_")[1])
+    except (OSError, ValueError, IndexError) as e:
+        c.problems.append("replay: no final checkpoint in %s (%s)" % (c.ckpt_dir, e))
+        return None
+    out = os.path.join(c.out, "final.merged.safetensors")
+    err = merge_ckpt(c.dtrain, c.ckpt_dir, out)
+    if err:
+        c.problems.append("replay: " + err)
+        return None
+    return step, out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dtrain", default=os.path.join(SOURCE, "build", "apps", "dtrain", "dtrain"))
@@ -469,6 +492,9 @@ def main():
     p.add_argument("--faults", type=int, default=0, help="stop after this many faults (0: --duration)")
     p.add_argument("--duration-s", type=float, default=0)
     p.add_argument("--every-s", type=float, default=3.0, help="mean gap between a recovery and the next fault")
+    p.add_argument("--interval-s", type=float, default=0,
+                   help="a fault every S seconds, injection to injection (instead of --every-s; a fault still "
+                        "waits until every host trains again)")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--margin-steps", type=int, default=20, help="no fault this close to the last step")
     p.add_argument("--end", choices=["steps", "signal"], default="steps",
@@ -485,6 +511,12 @@ def main():
     p.add_argument("--cut-s", type=float, default=3.0)
     p.add_argument("--recover-timeout-s", type=float, default=90)
     p.add_argument("--end-timeout-s", type=float, default=300)
+    p.add_argument("--replay", action="store_true",
+                   help="check the final parameters against a fault-free replay of the same membership changes")
+    p.add_argument("--replay-control", action="store_true",
+                   help="with --replay: also the negative control (one segment trains another global batch)")
+    p.add_argument("--replay-each-restart", action="store_true",
+                   help="with --replay: one replay segment per restart, not per membership change")
     p.add_argument("--hosts-ready", action="store_true",
                    help="the caller holds the test hosts (scripts/testhosts up N done)")
     a = p.parse_args()
@@ -499,17 +531,22 @@ def main():
         subprocess.run([TESTHOSTS, "up", str(a.hosts)], check=True)
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     c = Campaign(a)
+    final = None  # (step, merged parameters) of the campaign's last checkpoint, for --replay
     try:
         c.run()
     finally:
         if c.all_agents and not hasattr(c, "t_end"):
             c.t_end = time.time()
             c.kill_leftovers()
+        if c.mounted and a.replay:  # checkpoint.dir is a tmpfs: read its last step before it goes
+            final = keep_final(c)
         if c.mounted:
             subprocess.run(["umount", c.ckpt_dir], check=False)
         if not a.hosts_ready:
             subprocess.run([TESTHOSTS, "down"], check=False)
     summary = checks(c, shm_before)
+    if final:
+        summary.update(check_replay(c, *final))
     print(write_results(c, summary))
     return 0 if not c.problems else 1
 

@@ -23,6 +23,45 @@ def goodput_line(summary):
         100 * g.get("goodput", 0), g.get("wall_s", 0), parts)
 
 
+def replay_lines(summary):
+    if "replay_segments" not in summary:
+        return "- final parameters vs a fault-free replay: not checked (--replay)"
+    d = summary.get("replay_max_abs_diff")
+    line = ("- final parameters vs a fault-free replay of the same membership changes (%s): max |diff| %s "
+            "(tolerance 1e-05; every step's loss vs the campaign's records of it: max rel diff %s%s)") % (
+        summary["replay_segments"], "-" if d is None else "%.3g" % d,
+        "%.3g" % summary["replay_loss_rel_diff"] if summary.get("replay_loss_rel_diff") is not None else "-",
+        "" if summary.get("replay_s") is None else "; replay %.1f s" % summary["replay_s"])
+    if "control_max_abs_diff" in summary:
+        c = summary["control_max_abs_diff"]
+        line += "\n- negative control, %s: max |diff| %s (must exceed 1e-03)" % (
+            summary["control"], "-" if c is None else "%.3g" % c)
+    return line
+
+
+def by_kind(c, summary):
+    """Where each kind's lost time goes: injection to detection, detection to
+    training again (stop, re-join, start, load), and the steps trained again
+    (at the campaign's mean step time)."""
+    step_s = summary["productive_s"] / max(1, len(set(r[1] for r in c.metrics.snapshot())))
+    rows = ["| fault kind | n | detect (s, mean) | detect -> train again (s, mean) | steps redone (total) | "
+            "redone time (s, total) | lost (s, total) |", "|---|---|---|---|---|---|---|"]
+    total = 0.0
+    for kind in sorted(set(f["kind"] for f in c.faults)):
+        fs = [f for f in c.faults if f["kind"] == kind and f.get("detected") and f.get("trained")]
+        if not fs:
+            continue
+        detect = [f["detected"] - f["at"] for f in fs]
+        restart = [max(0.0, f["trained"] - f["detected"]) for f in fs]
+        redone = sum(f.get("redone", 0) for f in fs)
+        lost = sum(f["trained"] - f["at"] for f in fs) + redone * step_s
+        total += lost
+        rows.append("| %s | %d | %.2f | %.2f | %d | %.2f | %.1f |" % (
+            kind, len(fs), sum(detect) / len(fs), sum(restart) / len(fs), redone, redone * step_s, lost))
+    rows.append("| all | %d | | | | | %.1f of %.1f s wall |" % (len(c.faults), total, summary["wall_s"]))
+    return "\n".join(rows)
+
+
 def write_results(c, summary):
     rows = ["| # | at (s) | fault | host | step | detect (s) | train again (s) | steps redone | named correctly | "
             "named as |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -31,13 +70,14 @@ def write_results(c, summary):
             n, c.elapsed(f["at"]), f["kind"], f["host"], f["step_at"], fmt_s(f, "detected"),
             fmt_s(f, "trained"), f.get("redone", "-"), "yes" if f.get("correct") else "no", f.get("named", "-").replace("|", "/").replace("\n", " / ")))
     lines = ["# Chaos campaign (seed %d, %d hosts, %d faults)" % (c.a.seed, c.a.hosts, len(c.faults)), "",
-             "\n".join(rows), "",
+             "\n".join(rows), "", by_kind(c, summary), "",
              "- wall time %.1f s, productive step time %.1f s: goodput %.1f%%" % (
                  summary["wall_s"], summary["productive_s"], 100 * summary["goodput"]),
              goodput_line(summary),
              "- redone step records %d; max |loss - first run| / |first run| over redone steps %.3g (tolerance %g)"
              % (summary["redone_records"], summary["max_redo_loss_rel_diff"], LOSS_TOL),
              "- steps never trained: %s" % (summary["missing_steps"] or "none"),
+             replay_lines(summary),
              "- /dev/shm segments left: %s" % (summary["new_shm"] or "none"),
              "- named otherwise (detected and recovered, but the fault's own explanation never appeared): %s"
              % (", ".join("#%d %s" % (n, f["kind"]) for n, f in enumerate(c.faults, 1) if not f.get("correct"))
