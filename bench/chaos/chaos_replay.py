@@ -136,6 +136,7 @@ def run_segment(c, d, k, seg, alter=None):
     nodes = seg["world"] if not alter else alter["world"]
     sets = ["log.dir=" + os.path.join(d, "run"), "checkpoint.dir=" + os.path.join(d, "ckpt"),
             "cluster.nodes=%d" % nodes, "cluster.max_restarts=0", "cluster.warm_spares=false",
+            "cluster.rendezvous.last_call_s=0",  # every node is there: close the round at once
             # Saved at `stop` only (a multiple of itself), then rank 0 dies.
             "checkpoint.every=%d" % seg["stop"], "checkpoint.keep=2",
             "fault.kind=kill_after_step", "fault.rank=0", "fault.step=%d" % seg["stop"]]
@@ -276,3 +277,29 @@ def control_check(c, segs, real_merged, res):
           % (res["control"], worst, CONTROL_FACTOR, need, "ok" if worst and worst > need else "TOO SMALL"), flush=True)
     if worst is None or worst <= need:
         c.problems.append("the replay's negative control differs by only %s (needs > %g)" % (worst, need))
+
+
+def main():
+    """Prints the segments a run's rank_0.log says its final checkpoint came from."""
+    import argparse
+    p = argparse.ArgumentParser(description="the replay segments (restored step, world) of a run's final checkpoint")
+    p.add_argument("rank0_log")
+    p.add_argument("final_step", type=int)
+    p.add_argument("--each-restart", action="store_true", help="one segment per restart, not per membership change")
+    a = p.parse_args()
+    try:
+        secs = sections(a.rank0_log)
+        segs = segments(secs, lineage(secs, a.final_step), a.final_step, merge=not a.each_restart)
+    except (OSError, ValueError) as e:
+        print("chaos_replay: %s" % e)
+        return 1
+    print("segments: %s" % describe(segs))
+    for s in segs:
+        print("  steps %d-%d on %d node(s), sampler at %s samples, rounds %s" % (
+            s["start"], s["stop"], s["world"], s["sampler"] if s["sampler"] is not None else 0,
+            ",".join(map(str, s["rounds"]))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

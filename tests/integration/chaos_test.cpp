@@ -274,6 +274,54 @@ TEST_CASE("a worker stopped before its first collective is named as a hang once 
   CHECK(a1->exit_code() == 0);
 }
 
+TEST_CASE("the chaos replay's segments: the rounds the final checkpoint came from, read from rank_0.log") {
+  // A crafted rank_0.log. Round 3 (1 node) falls back to step 10 and saves
+  // step 15 again over round 2's; round 4 (2 nodes) resumes from that 15,
+  // so its step 15 is round 3's. Round 5 stops before its first step.
+  // bench/chaos/chaos.py --replay trains the segments again.
+  dtrain::testing::TempDir dir;
+  auto section = [](int round, int world, int resumed, int from, int to, std::vector<int> saved) {
+    const std::string r = "[07:00:00.000][info][rank 0/" + std::to_string(world) + "][worker] ";
+    std::string s = "===== dtrain: job 'chaos' run of T (agent pid 1 on vm), round " + std::to_string(round) +
+                    ", restart " + std::to_string(round - 1) + ", rank 0 =====\n" + r + "group world\n";
+    if (resumed >= 0)
+      s += r + "resuming from step " + std::to_string(resumed) + " (/c/step_" + std::to_string(resumed) +
+           ", sampler at " + std::to_string(12 * resumed) + " samples): loaded 3.4 MB\n";
+    for (int step = from; step <= to; ++step) {
+      s += r + "step " + std::to_string(step) + "/5000 | loss 1.0 | lr 1e-3\n";
+      for (int k : saved)
+        if (k == step) s += r + "checkpoint /c/step_" + std::to_string(k) + " saved: 3.4 MB from rank 0\n";
+    }
+    return s;
+  };
+  const std::string head = section(1, 3, -1, 1, 12, {5, 10}) + section(2, 3, 10, 11, 22, {15, 20}) +
+                           section(3, 1, 10, 11, 17, {15});
+  const std::string tail = section(5, 3, -1, 0, -1, {}) + section(6, 2, 27, 28, 31, {30, 31});
+  dtrain::testing::write_file(dir / "rank_0.log", head + section(4, 2, 15, 16, 27, {20, 25, 27}) + tail);
+  // The same, with round 4's last "saved" line lost (its agent SIGKILLed).
+  dtrain::testing::write_file(dir / "lost_line.log", head + section(4, 2, 15, 16, 27, {20, 25}) + tail);
+  const std::string script = dtrain::testing::source_dir() + "/bench/chaos/chaos_replay.py";
+  auto segments = [&](const std::string& log, const std::string& final_step, const std::string& flag = "") {
+    std::vector<std::string> argv = {dtrain::testing::python(), script, dir / log, final_step};
+    if (!flag.empty()) argv.push_back(flag);
+    return dtrain::testing::run_command(argv, dir / "segments.out", 60);
+  };
+  for (const char* log : {"rank_0.log", "lost_line.log"}) {
+    auto [code, out] = segments(log, "31");
+    INFO(std::string(log) + ": " + out);
+    CHECK(code == 0);
+    CHECK(has(out, "segments: 0-10 on 3 node(s), 10-15 on 1 node(s), 15-31 on 2 node(s)\n"));
+    CHECK(has(out, "steps 10-15 on 1 node(s), sampler at 120 samples, rounds 3\n"));
+    CHECK(has(out, "steps 15-31 on 2 node(s), sampler at 180 samples, rounds 4,6\n"));
+  }
+  auto [code, out] = segments("rank_0.log", "31", "--each-restart");
+  CHECK_MESSAGE(has(out, "segments: 0-10 on 3 node(s), 10-15 on 1 node(s), 15-27 on 2 node(s), 27-31 on 2 node(s)\n"),
+                out);
+  std::tie(code, out) = segments("rank_0.log", "32");
+  CHECK(code == 1);
+  CHECK_MESSAGE(has(out, "no round of rank_0.log saved the final step 32"), out);
+}
+
 TEST_CASE("chaos: a seeded campaign of 8 faults of every kind on 3 test hosts; every fault named, nothing lost") {
   if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
     dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
