@@ -308,7 +308,8 @@ TEST_CASE("the chaos replay's segments: the rounds the final checkpoint came fro
   };
   for (const char* log : {"rank_0.log", "lost_line.log"}) {
     auto [code, out] = segments(log, "31");
-    INFO(std::string(log) + ": " + out);
+    const std::string name = log;
+    INFO(name << ": " << out);
     CHECK(code == 0);
     CHECK(has(out, "segments: 0-10 on 3 node(s), 10-15 on 1 node(s), 15-31 on 2 node(s)\n"));
     CHECK(has(out, "steps 10-15 on 1 node(s), sampler at 120 samples, rounds 3\n"));
