@@ -12,7 +12,7 @@ hosts). Drives the real binaries; Python standard library only.
 Faults: kill_worker (SIGKILL a worker), kill_agent (SIGKILL an agent; it is
 started again once the survivors re-formed), hang (SIGSTOP a worker: the
 rendezvous' hang detection names it), slow_rank (stopped 40 ms of every
-60 ms for 2 s: named in metrics.jsonl as slowest_rank; nothing is redone), link_cut (host's
+60 ms for 2 s by default: named in metrics.jsonl as slowest_rank; nothing is redone), link_cut (host's
 link down, up again a few seconds later: the agent re-joins), full_disk
 (checkpoint.dir is a small tmpfs; it is filled until a save fails on it, then
 freed), corrupt_ckpt (a worker SIGKILLed, then the newest checkpoint's files
@@ -505,6 +505,9 @@ def main():
     p.add_argument("--hang-timeout-s", type=float, default=3)
     p.add_argument("--ckpt-fs-mb", type=int, default=48, help="size of the tmpfs under checkpoint.dir")
     p.add_argument("--slow-s", type=float, default=2.0)
+    p.add_argument("--slow-stop-ms", type=float, default=40,
+                   help="slow_rank: stopped this many ms of every 60 ms (40: about 3x slower; with ranks that "
+                        "share cores the others speed up, so longer steps need more)")
     p.add_argument("--kinds", default=",".join(KINDS), type=lambda v: v.split(","),
                    help="the fault kinds drawn, comma-separated (default: all)")
     p.add_argument("--straggler-ratio", type=float, default=3.0, help="a slow_rank is named at this ratio")
@@ -524,6 +527,8 @@ def main():
         p.error("give --faults or --duration-s")
     if not a.kinds or any(k not in KINDS for k in a.kinds):
         p.error("--kinds: each of %s" % ", ".join(KINDS))
+    if not 0 < a.slow_stop_ms < 60:
+        p.error("--slow-stop-ms: between 0 and 60 (ms of every 60 ms)")
     lock = None
     if not a.hosts_ready:
         lock = open("/run/dtrain-testhosts-test.lock", "w")

@@ -54,17 +54,18 @@ class FaultInjector:
         return pids[0] if pids else None
 
     def throttle(self, pid):
-        """A slow rank: stopped 40 ms of every 60 ms for slow_s seconds (below
-        hang_timeout_s). The engine measures a rank's compute as its step time
-        minus its time blocked in collectives, so one long stop that lands
+        """A slow rank: stopped slow_stop_ms of every 60 ms for slow_s seconds
+        (below hang_timeout_s). The engine measures a rank's compute as its step
+        time minus its time blocked in collectives, so one long stop that lands
         inside a collective is invisible; many short ones land in compute."""
         end = time.time() + self.a.slow_s
+        stop_s = self.a.slow_stop_ms / 1000.0
         try:
             while time.time() < end:
                 os.kill(pid, signal.SIGSTOP)
-                time.sleep(0.04)
+                time.sleep(stop_s)
                 os.kill(pid, signal.SIGCONT)
-                time.sleep(0.02)
+                time.sleep(0.06 - stop_s)
         except ProcessLookupError:
             pass
 
