@@ -35,7 +35,9 @@ CONTROL_FACTOR = 100  # the negative control must miss by this much
 
 SECTION = re.compile(r"^===== dtrain: .*, round (\d+), restart (\d+), rank 0 =====$")
 WORLD = re.compile(r"\]\[rank 0/(\d+)\]")
-RESUMED = re.compile(r"resuming from step (\d+) \(.*, sampler at (\d+) samples\)")
+# From disk (with the sampler's position) or from checkpoint.memory's copies
+# (none logged: such a step was never saved, the round that trained through it counts).
+RESUMED = re.compile(r"resuming from step (\d+) \((?:.*, sampler at (\d+) samples\)|in-memory copies)")
 SAVED = re.compile(r"checkpoint \S*/step_(\d+) saved")
 STEP = re.compile(r"\] step (\d+)/\d+ \| loss")
 GBS = re.compile(r"GBS = micro_batch\((\d+)\) x grad_accum\((\d+)\) x dp\((\d+)\)")
@@ -57,7 +59,8 @@ def sections(rank0_log):
             s = out[-1]
             if s["world"] is None and WORLD.search(line):
                 s["world"] = int(WORLD.search(line).group(1))
-            for pattern, act in ((RESUMED, lambda m: s.update(restored=int(m.group(1)), sampler=int(m.group(2)))),
+            for pattern, act in ((RESUMED, lambda m: s.update(restored=int(m.group(1)),
+                                                               sampler=int(m.group(2)) if m.group(2) else None)),
                                  (SAVED, lambda m: s["saved"].append(int(m.group(1)))),
                                  (STEP, lambda m: s.update(top=max(s["top"] or 0, int(m.group(1))))),
                                  (GBS, lambda m: s.update(micro=int(m.group(1)), accum=int(m.group(2))))):
@@ -180,7 +183,7 @@ def replay(c, segs, tag, alter_at=None, alter=None):
     replayed = sections(os.path.join(d, "run", "rank_0.log"))
     for k, seg in enumerate(segs[1:], 1):
         got = [s for s in replayed if s["restored"] == seg["start"]]
-        if alter is None and (not got or got[0]["sampler"] != seg["sampler"]):
+        if alter is None and seg["sampler"] is not None and (not got or got[0]["sampler"] != seg["sampler"]):
             mismatches.append("segment %d resumed from step %d with the sampler at %s samples, the campaign at %s"
                               % (k, seg["start"], got[0]["sampler"] if got else "?", seg["sampler"]))
     out = os.path.join(d, "final.merged.safetensors")
