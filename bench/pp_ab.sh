@@ -10,7 +10,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 : "${A:?A=build dir of the before build}" "${B:?B=build dir of the after build}"
-PP="${PP:-2}" M="${M:-4}" ROUNDS="${ROUNDS:-3}" STEPS="${STEPS:-40}" SCHEDS="${SCHEDS:-1f1b interleaved}"
+PP="${PP:-2}" M="${M:-4}" ROUNDS="${ROUNDS:-3}" STEPS="${STEPS:-40}"  # STEPS >= 30: the trace ends at 30 SCHEDS="${SCHEDS:-1f1b interleaved}"
 PY="${DTRAIN_VENV:-$HOME/.cache/dtrain/torch-2.15.0}/bin/python"
 cd "$ROOT"
 [ -f data/corpus.txt ] || scripts/make-corpus
@@ -26,7 +26,8 @@ run() {  # $1 = build dir, $2 = schedule, $3 = name; prints one table row's figu
     --set cluster.procs_per_node="$PP" --set parallel.pipeline.schedule="$sched" \
     --set parallel.pipeline.virtual_stages="$v" --set train.grad_accum="$M" --set train.steps="$STEPS" \
     --set log.every=10 --set log.dir="$dir" --set checkpoint.dir='""' --set train.lr=1e-3 \
-    --set train.warmup_steps=20 --set "log.trace.steps=[21, 30]" >"$dir.log" 2>&1 ||
+    --set train.micro_batch=8 --set model.seq_len=64 --set train.warmup_steps=20 \
+    --set "log.trace.steps=[21, 30]" >"$dir.log" 2>&1 ||
     { tail -20 "$dir.log" >&2; echo "pp_ab: $3 failed" >&2; exit 1; }
   "$PY" - "$dir" "$((8 * M * 64))" <<'PYEOF'
 import glob, json, sys

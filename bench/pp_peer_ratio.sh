@@ -80,4 +80,4 @@ print(f"# {sys.argv[2]}: median dtrain / peer {statistics.median(float(r[5]) for
       f"{statistics.median(float(r[8]) for r in rows):.3f} (peer / dtrain CPU per step) over {len(rows)} rounds")
 PYEOF
 done
-echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg); reproduce: ROUNDS=$ROUNDS STEPS=$STEPS PP=$PP M=$M bench/pp_peer_ratio.sh" | tee -a "$OUT"
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg); reproduce: ROUNDS=$ROUNDS STEPS=$STEPS PP=$PP M=$M SCHEDS=\"$SCHEDS\" bench/pp_peer_ratio.sh" | tee -a "$OUT"
