@@ -5,8 +5,10 @@
 # (ScheduleInterleaved1F1B), bench/peer/gpt_pp.py as the peer; quickstart
 # GPT sizes. Interleaved rounds (dtrain first in odd rounds, the peer in
 # even ones). Per run: tokens/s from the end of step EVERY to the last step
-# and rank 0's CPU ms per step (dtrain: metrics.jsonl; peer: not reported);
-# per schedule the per-round ratios dtrain / peer and their median.
+# and rank 0's process CPU ms per step over the same steps (dtrain:
+# metrics.jsonl's cpu_s; the peer: its rank0_cpu_ms_per_step): on a loaded
+# machine CPU time moves far less than wall time. Per schedule the per-round
+# ratios dtrain / peer (tokens/s; CPU: peer / dtrain) and their medians.
 #   [ROUNDS=3] [STEPS=60] [PP=2] [M=4] [SCHEDS="1f1b interleaved"] bench/pp_peer_ratio.sh
 #     -> bench/results/pp_peer_ratio.txt
 set -euo pipefail
@@ -24,7 +26,7 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp="$(mktemp -d /tmp/dtrain-pp-peer-XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
 
-dtrain_run() {  # $1 = name, $2 = schedule; prints tokens/s
+dtrain_run() {  # $1 = name, $2 = schedule; prints "tokens/s loss cpu_ms_per_step"
   local dir="$tmp/$1" sched=1f1b v=1
   [ "$2" = interleaved ] && sched=interleaved_1f1b v=2
   "$BUILD/apps/dtrain/dtrain" launch configs/quickstart.yaml --set parallel.pp="$PP" --set parallel.dp=1 \
@@ -40,38 +42,42 @@ recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 recs = [r for r in recs if 'elapsed_s' in r]
 first = next(r for r in recs if r['step'] >= int(sys.argv[3]))
 last = recs[-1]
-print(f"{(last['step'] - first['step']) * int(sys.argv[2]) / (last['elapsed_s'] - first['elapsed_s']):.1f} {last['loss']:.6f}")
+steps = last['step'] - first['step']
+print(f"{steps * int(sys.argv[2]) / (last['elapsed_s'] - first['elapsed_s']):.1f} {last['loss']:.6f} "
+      f"{1e3 * (last['cpu_s'] - first['cpu_s']) / steps:.2f}")
 PYEOF
 }
 
-peer_run() {  # $1 = name, $2 = schedule; prints tokens/s
+peer_run() {  # $1 = name, $2 = schedule; prints "tokens/s loss cpu_ms_per_step"
   "$PY" -m torch.distributed.run --standalone --nproc-per-node "$PP" bench/peer/gpt_pp.py --data data/corpus.txt \
     --layers "$LAYERS" --d-model "$D_MODEL" --heads "$HEADS" --seq-len "$SEQ" --micro-batch "$MB" \
     --grad-accum "$M" --steps "$STEPS" --lr 1e-3 --warmup-steps 20 --log-every "$EVERY" --schedule "$2" \
     >"$tmp/$1.log" 2>&1 || { tail -20 "$tmp/$1.log" >&2; echo "pp_peer_ratio: peer $1 failed" >&2; exit 1; }
-  grep 'PEER kind=' "$tmp/$1.log" | tail -1 | sed -E 's/.*tokens_per_s=([0-9.]+).*final_loss=([0-9.]+).*/\1 \2/'
+  grep 'PEER kind=' "$tmp/$1.log" | tail -1 |
+    sed -E 's/.*tokens_per_s=([0-9.]+).*final_loss=([0-9.]+).*rank0_cpu_ms_per_step=([0-9.]+).*/\1 \2 \3/'
 }
 
 {
   echo "# bench/pp_peer_ratio.sh: dtrain ($BUILD, worktree at $(git rev-parse --short HEAD)) vs torch.distributed.pipelining, $(date -u +%Y-%m-%dT%H:%MZ)"
   echo "# pp $PP (one thread per rank) on $(nproc --all) cores, $M micro-batches of $MB x $SEQ, GPT $LAYERS x $D_MODEL;"
   echo "# $STEPS steps, tokens/s from step $EVERY; load before: $(cut -d' ' -f1-3 /proc/loadavg)${DTRAIN_SETS:+; dtrain $DTRAIN_SETS}"
-  echo "| schedule | round | dtrain tok/s | peer tok/s | dtrain / peer | dtrain loss | peer loss |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "| schedule | round | dtrain tok/s | peer tok/s | dtrain / peer | dtrain CPU ms/step | peer CPU ms/step | peer / dtrain CPU | dtrain loss | peer loss |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
 } | tee "$OUT"
 for k in $(seq "$ROUNDS"); do
   for s in $SCHEDS; do
     if [ $((k % 2)) -eq 1 ]; then d="$(dtrain_run "d_${s}_$k" "$s")"; p="$(peer_run "p_${s}_$k" "$s")"
     else p="$(peer_run "p_${s}_$k" "$s")"; d="$(dtrain_run "d_${s}_$k" "$s")"; fi
-    read -r dt dl <<<"$d"; read -r pt pl <<<"$p"
-    echo "| $s | $k | $dt | $pt | $("$PY" -c "print(f'{$dt / $pt:.3f}')") | $dl | $pl |" | tee -a "$OUT"
+    read -r dt dl dc <<<"$d"; read -r pt pl pc <<<"$p"
+    echo "| $s | $k | $dt | $pt | $("$PY" -c "print(f'{$dt / $pt:.3f}')") | $dc | $pc | $("$PY" -c "print(f'{$pc / $dc:.3f}')") | $dl | $pl |" | tee -a "$OUT"
   done
 done
 for s in $SCHEDS; do
   "$PY" - "$OUT" "$s" <<'PYEOF' | tee -a "$OUT"
 import statistics, sys
 rows = [l.split('|') for l in open(sys.argv[1]) if l.startswith(f"| {sys.argv[2]} |")]
-print(f"# {sys.argv[2]}: median dtrain / peer {statistics.median(float(r[5]) for r in rows):.3f} over {len(rows)} rounds")
+print(f"# {sys.argv[2]}: median dtrain / peer {statistics.median(float(r[5]) for r in rows):.3f} (tokens/s), "
+      f"{statistics.median(float(r[8]) for r in rows):.3f} (peer / dtrain CPU per step) over {len(rows)} rounds")
 PYEOF
 done
-echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg); reproduce: ROUNDS=$ROUNDS STEPS=$STEPS PP=$PP M=$M bench/pp_peer_ratio.sh" | tee -a "$OUT"
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg); reproduce: ROUNDS=$ROUNDS STEPS=$STEPS PP=$PP M=$M SCHEDS=\"$SCHEDS\" bench/pp_peer_ratio.sh" | tee -a "$OUT"
