@@ -207,7 +207,9 @@ void AdamW::offload(OffloadOptions options, bool prefetch) {
                                            "-d is not contiguous; the offloaded update writes it as one run");
     sizes.push_back(p.numel());
   }
+  const bool host = !options.nvme, pinned = options.pinned, no_copy_back = options.drop_writes;
   store_ = std::make_unique<OffloadStore>(sizes, std::move(options));
+  if (host) host_ = std::make_unique<HostUpdate>(*store_, params_, pinned, no_copy_back);
   prefetch_ = prefetch;
   m_.clear();  // the store starts at zero, as these did
   v_.clear();
@@ -264,17 +266,24 @@ void AdamW::flush_materialized() {
   materialized_ = false;
 }
 
-// Bucket b is updated while b + 1 is read and b - 1 written (two slots, the
-// store's queue in order); the next step's first two buckets are queued
-// last, so they are read during its forward and backward.
+// Bucket b is updated while b + 1 is read and b - 1 written (the store's
+// three slots); the next step's first buckets, as many as there are slots,
+// are queued last, so they are read during its forward and backward.
 void AdamW::step_offloaded(double lr) {
   at::NoGradGuard no_grad;
   flush_materialized();
   store_->check_file();
   ++step_;
-  const int nb = store_->buckets();
-  for (int b = 0; b < std::min(nb, 2); ++b) store_->prefetch(b);
   int open = -1;
+  if (host_) {
+    HostUpdate::StepArgs args{
+        [&](size_t i) { return grads_.empty() ? params_[i].grad() : grads_[i]; },
+        [&](size_t i) { return make_fused_step(decay_[i], lr, opt_, step_); },
+        [&](int64_t i) { page_to(i, open); }};
+    return host_->step(*store_, params_, args);
+  }
+  const int nb = store_->buckets(), depth = OffloadStore::slots();
+  for (int b = 0; b < std::min(nb, depth); ++b) store_->prefetch(b);
   for (int b = 0; b < nb; ++b) {
     float* m = store_->acquire(b);
     float* v = m + store_->bucket_len(b);
@@ -286,11 +295,11 @@ void AdamW::step_offloaded(double lr) {
       offloaded_piece(p, g, pc.begin, pc.end, m + pc.at, v + pc.at, make_fused_step(decay_[pc.param], lr, opt_, step_));
     }
     store_->release(b);
-    if (b + 2 < nb) store_->prefetch(b + 2);
+    if (b + depth < nb) store_->prefetch(b + depth);
   }
   page_to(-1, open);
   if (prefetch_)
-    for (int b = 0; b < std::min(nb, 2); ++b) store_->prefetch(b);
+    for (int b = 0; b < std::min(nb, depth); ++b) store_->prefetch(b);
   else
     store_->drain();
   store_->check_file();
