@@ -41,10 +41,10 @@ kernel::AdamWScalars make_fused_step(bool decay, double lr, const AdamWOptions& 
                               float(-(lr / bias_correction1))};
 }
 
-// One piece of an offloaded bucket: params[begin, end) with its moments at
-// m and v. fp32 CPU parameters and gradients are updated where they are; any
-// other (a GPU's) is copied to the host, updated there and copied back, as
-// ZeRO-Offload's CPU Adam does.
+// One piece of an nvme bucket: params[begin, end) with its moments at m and
+// v. fp32 CPU parameters and gradients are updated where they are; any other
+// is copied to the host, updated there and copied back, synchronously (host
+// offload has a path of its own that overlaps the copies: host_update.h).
 void offloaded_piece(at::Tensor& p, const at::Tensor& g, int64_t begin, int64_t end, float* m, float* v,
                      const kernel::AdamWScalars& fs) {
   const bool in_place = p.device().is_cpu() && p.scalar_type() == at::kFloat && g.device().is_cpu() &&
