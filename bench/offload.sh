@@ -11,7 +11,9 @@
 # without offload, with the parameter shards in nvme files
 # (train.offload.params: nvme), and with both: param_MiB is the most shard
 # bytes in memory during a step.
-#   [STEPS=6] [LAYERS=11 D_MODEL=1024 HEADS=8 SEQ=32 MB=1] [OFFLOAD_DIR=/tmp] bench/offload.sh
+# ROWS picks some of the rows (default all: none nvme nvme_noprefetch zero3
+# zero3_params zero3_both).
+#   [STEPS=6] [LAYERS=11 D_MODEL=1024 HEADS=8 SEQ=32 MB=1] [ROWS=...] [OFFLOAD_DIR=/tmp] bench/offload.sh
 #     -> bench/results/offload.txt
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,6 +22,8 @@ DTRAIN="$BUILD/apps/dtrain/dtrain"
 STEPS="${STEPS:-6}"
 LAYERS="${LAYERS:-11}" D_MODEL="${D_MODEL:-1024}" HEADS="${HEADS:-8}" SEQ="${SEQ:-32}" MB="${MB:-1}"
 OUT="${OUT:-$ROOT/bench/results/offload.txt}"
+ALL_ROWS="none nvme nvme_noprefetch zero3 zero3_params zero3_both"
+ROWS="${ROWS:-$ALL_ROWS}"
 [ -x "$DTRAIN" ] || { echo "offload: no $DTRAIN: build first (scripts/build)" >&2; exit 2; }
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp="$(mktemp -d "${OFFLOAD_DIR:-/tmp}/dtrain-offload-bench-XXXXXX")"
@@ -48,22 +52,29 @@ print({"median": statistics.median, "sum": sum, "last": lambda v: v[-1]}[sys.arg
 PY
 }
 
-run none
-run nvme --set train.offload.optimizer=nvme --set train.offload.path="$tmp/files"
-run nvme_noprefetch --set train.offload.optimizer=nvme --set train.offload.path="$tmp/files" \
-  --set train.offload.prefetch=false
-run zero3 --set parallel.zero=3
-run zero3_params --set parallel.zero=3 --set train.offload.params=nvme --set train.offload.path="$tmp/files"
-run zero3_both --set parallel.zero=3 --set train.offload.params=nvme --set train.offload.optimizer=nvme \
-  --set train.offload.path="$tmp/files"
-params="$(grep -o 'model gpt: [0-9]*' "$tmp/none.log" | grep -o '[0-9]*$')"
+for r in $ROWS; do
+  case "$r" in
+    none) run none ;;
+    nvme) run nvme --set train.offload.optimizer=nvme --set train.offload.path="$tmp/files" ;;
+    nvme_noprefetch) run nvme_noprefetch --set train.offload.optimizer=nvme --set train.offload.path="$tmp/files" \
+      --set train.offload.prefetch=false ;;
+    zero3) run zero3 --set parallel.zero=3 ;;
+    zero3_params) run zero3_params --set parallel.zero=3 --set train.offload.params=nvme \
+      --set train.offload.path="$tmp/files" ;;
+    zero3_both) run zero3_both --set parallel.zero=3 --set train.offload.params=nvme \
+      --set train.offload.optimizer=nvme --set train.offload.path="$tmp/files" ;;
+    *) echo "offload: unknown row '$r' (rows: $ALL_ROWS)" >&2; exit 2 ;;
+  esac
+done
+first="${ROWS%% *}"
+params="$(grep -o 'model gpt: [0-9]*' "$tmp/$first.log" | grep -o '[0-9]*$')"
 {
   echo "# bench/offload.sh $(date -u +%Y-%m-%dT%H:%M:%SZ): 1 rank, GPT layers $LAYERS d_model $D_MODEL seq $SEQ mb $MB,"
   echo "# $params parameters (AdamW state $(python3 -c "print(f'{8 * $params / 2**30:.2f}')") GiB), $STEPS steps,"
-  echo "# command: STEPS=$STEPS LAYERS=$LAYERS D_MODEL=$D_MODEL HEADS=$HEADS SEQ=$SEQ MB=$MB bench/offload.sh"
+  echo "# command: STEPS=$STEPS LAYERS=$LAYERS D_MODEL=$D_MODEL HEADS=$HEADS SEQ=$SEQ MB=$MB$([ "$ROWS" = "$ALL_ROWS" ] || echo " ROWS=\"$ROWS\"") bench/offload.sh"
   echo "# $(nproc --all) CPUs at load $(cut -d' ' -f1 /proc/loadavg), offload files on $(df --output=source "$tmp" | tail -1)"
   printf '%-16s %12s %14s %12s %16s %16s %12s %12s %10s\n' run step_s peak_rss_MiB param_MiB optimizer_MiB offload_MiB io_ms wait_ms hidden
-  for r in none nvme nvme_noprefetch zero3 zero3_params zero3_both; do
+  for r in $ROWS; do
     step="$(metric "$r" step_time_s median)"
     rss="$(($(cat "$tmp/$r.maxrss") / 1024))"
     par="$(metric "$r" param_bytes last)"
@@ -80,6 +91,7 @@ fmt = lambda v, p: "-" if v == "-" else f"{float(v):.{p}f}"
 print(f"{r:<16} {fmt(step, 3):>12} {rss:>14} {mib(par):>12} {mib(opt):>16} {mib(off):>16} {fmt(io, 0):>12} {fmt(wait, 0):>12} {hidden:>10}")
 PY
   done
-  echo "# io_ms: the I/O thread's pread/pwrite time, wait_ms: the step blocked on it (steps 2..$STEPS summed);"
+  echo "# io_ms: the I/O threads' pread/pwrite time (reader and writer added), wait_ms: the step blocked on"
+  echo "# them (steps 2..$STEPS summed);"
   echo "# hidden = 1 - wait/io. The page cache holds what the file I/O wrote: peak RSS counts the process only."
 } | tee "$OUT"

@@ -157,7 +157,7 @@ struct OffloadSpec {
   OffloadTarget params = OffloadTarget::none;
   std::string path;  // a directory, outside checkpoint.dir; required by nvme
   bool prefetch = true;
-  double bucket_mb = 64;  // AdamW state (m and v) per I/O bucket; two buckets are in memory
+  double bucket_mb = 64;  // AdamW state (m and v) per I/O bucket; three buckets are in memory
   bool active() const { return optimizer != OffloadTarget::none || params != OffloadTarget::none; }
 };
 

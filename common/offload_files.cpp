@@ -1,7 +1,9 @@
-// offload_file and remove_offload_files (offload_files.h).
+// offload_file, remove_offload_files and host_offload_on_cpu (offload_files.h).
 #include "common/offload_files.h"
 
 #include <cctype>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 namespace dtrain {
@@ -38,6 +40,11 @@ int remove_offload_files(const std::string& dir, const std::string& job, int min
     if (std::stoi(digits) >= min_rank && std::filesystem::remove(e.path(), rm)) ++removed;
   }
   return removed;
+}
+
+bool host_offload_on_cpu() {
+  const char* v = std::getenv(kHostOffloadOnCpuEnv);
+  return v && std::strcmp(v, "1") == 0;
 }
 
 }  // namespace dtrain

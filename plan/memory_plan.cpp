@@ -279,13 +279,15 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   r.param_bytes += kFloat * experts;
   r.grad_bytes += kFloat * experts;
   r.optimizer_bytes += 2 * kFloat * experts;
-  // train.offload.optimizer: the moments live in host memory (host) or in a
-  // file (nvme), whose two I/O buckets stay in memory.
+  // train.offload.optimizer: the moments live in a file (nvme), whose three
+  // I/O buckets stay in memory, or in host memory (host) with the update's
+  // fp32 master (half the moments' bytes) and two buckets of gradients.
   if (spec.train.offload.optimizer != OffloadTarget::none) {
     const int64_t moments = r.optimizer_bytes;
-    r.offload_bytes += moments;
-    const auto bucket = int64_t(spec.train.offload.bucket_mb * 1024 * 1024);
-    r.optimizer_bytes = spec.train.offload.optimizer == OffloadTarget::nvme ? 2 * std::min(bucket, moments) : 0;
+    const auto bucket = std::min(int64_t(spec.train.offload.bucket_mb * 1024 * 1024), moments);
+    const bool nvme = spec.train.offload.optimizer == OffloadTarget::nvme;
+    r.offload_bytes += nvme ? moments : moments + moments / 2 + bucket;
+    r.optimizer_bytes = nvme ? 3 * bucket : 0;
   }
   // The engine builds this rank's share only (engine/model/gpt.h's
   // BuildScope): its stage's units as tp slices and its E / ep experts,
@@ -381,11 +383,14 @@ std::string plan_to_text(const JobSpec& spec, const MemoryPlan& plan) {
   if (spec.train.offload.params == OffloadTarget::nvme && spec.parallel.zero == 3 && !plan.ranks.empty())
     out += "params offload: rank 0's ZeRO-3 parameter shards live in nvme files under " + spec.train.offload.path +
            " between uses; the params column is the most of them in memory at once (three shards)\n";
-  if (spec.train.offload.optimizer != OffloadTarget::none && !plan.ranks.empty())
-    out += "optimizer offload: AdamW's moments of rank 0, " + format_bytes(double(plan.ranks[0].offload_bytes)) +
-           (spec.train.offload.optimizer == OffloadTarget::nvme
-                ? ", live in nvme files under " + spec.train.offload.path + "; the optimizer column is their two I/O buckets in memory\n"
-                : ", live in pinned host memory; the optimizer column (device) holds none of them\n");
+  const OffloadTarget opt = spec.train.offload.optimizer;
+  if (opt != OffloadTarget::none && !plan.ranks.empty())
+    out += "optimizer offload: rank 0's " + format_bytes(double(plan.ranks[0].offload_bytes)) +
+           (opt == OffloadTarget::nvme
+                ? " of AdamW's moments live in nvme files under " + spec.train.offload.path +
+                      "; the optimizer column is their three I/O buckets in memory\n"
+                : " of AdamW's moments, the update's fp32 master and two buckets of gradients live in pinned "
+                  "host memory; the optimizer column (device) holds none of them\n");
   return out;
 }
 

@@ -30,11 +30,13 @@ ModelSize model_size(const JobSpec& spec) {
   s.node_bytes = s.rank_bytes * std::max(1, spec.cluster.procs_per_node);
   s.optim_rank_bytes = count.dense / split * optim + count.experts / std::max(1, p.ep) * 8;
   const OffloadTarget where = spec.train.offload.optimizer;
-  s.host_rank_bytes = where == OffloadTarget::host ? s.optim_rank_bytes : 0;
+  // host: the moments and the update's fp32 master of the weights (4 B per
+  // parameter the optimizer holds, half its moments' 8 B).
+  s.host_rank_bytes = where == OffloadTarget::host ? 1.5 * s.optim_rank_bytes : 0;
   s.nvme_rank_bytes = where == OffloadTarget::nvme ? s.optim_rank_bytes : 0;
   if (spec.train.offload.params == OffloadTarget::nvme && p.zero >= 3)  // the weights' ZeRO-3 shards
     s.nvme_rank_bytes += count.dense / split * weights;
-  s.device_rank_bytes = s.rank_bytes - s.host_rank_bytes - s.nvme_rank_bytes;
+  s.device_rank_bytes = s.rank_bytes - (where == OffloadTarget::host ? s.optim_rank_bytes : 0) - s.nvme_rank_bytes;
   return s;
 }
 

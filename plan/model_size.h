@@ -22,8 +22,9 @@ struct ModelSize {
   double state_bytes = 0; // params x 16 B
   double rank_bytes = 0;  // one rank: split by tp * pp, ZeRO stages split by dp
   double node_bytes = 0;  // cluster.procs_per_node ranks on one machine
-  // Where one rank's bytes live under train.offload (they sum to rank_bytes):
-  // AdamW's moments move to host memory or to nvme files, and so do ZeRO-3's
+  // Where one rank's bytes live under train.offload (they sum to rank_bytes,
+  // plus, under optimizer host, the fp32 master the CPU updates): AdamW's
+  // moments move to host memory or to nvme files, and so do ZeRO-3's
   // weight shards under train.offload.params nvme; the rest stays.
   double optim_rank_bytes = 0;  // AdamW's m and v of one rank, wherever they live
   double device_rank_bytes = 0, host_rank_bytes = 0, nvme_rank_bytes = 0;

@@ -41,10 +41,10 @@ kernel::AdamWScalars make_fused_step(bool decay, double lr, const AdamWOptions& 
                               float(-(lr / bias_correction1))};
 }
 
-// One piece of an offloaded bucket: params[begin, end) with its moments at
-// m and v. fp32 CPU parameters and gradients are updated where they are; any
-// other (a GPU's) is copied to the host, updated there and copied back, as
-// ZeRO-Offload's CPU Adam does.
+// One piece of an nvme bucket: params[begin, end) with its moments at m and
+// v. fp32 CPU parameters and gradients are updated where they are; any other
+// is copied to the host, updated there and copied back, synchronously (host
+// offload has a path of its own that overlaps the copies: host_update.h).
 void offloaded_piece(at::Tensor& p, const at::Tensor& g, int64_t begin, int64_t end, float* m, float* v,
                      const kernel::AdamWScalars& fs) {
   const bool in_place = p.device().is_cpu() && p.scalar_type() == at::kFloat && g.device().is_cpu() &&
@@ -207,7 +207,9 @@ void AdamW::offload(OffloadOptions options, bool prefetch) {
                                            "-d is not contiguous; the offloaded update writes it as one run");
     sizes.push_back(p.numel());
   }
+  const bool host = !options.nvme, pinned = options.pinned, no_copy_back = options.drop_writes;
   store_ = std::make_unique<OffloadStore>(sizes, std::move(options));
+  if (host) host_ = std::make_unique<HostUpdate>(*store_, params_, pinned, no_copy_back);
   prefetch_ = prefetch;
   m_.clear();  // the store starts at zero, as these did
   v_.clear();
@@ -264,17 +266,24 @@ void AdamW::flush_materialized() {
   materialized_ = false;
 }
 
-// Bucket b is updated while b + 1 is read and b - 1 written (two slots, the
-// store's queue in order); the next step's first two buckets are queued
-// last, so they are read during its forward and backward.
+// Bucket b is updated while b + 1 is read and b - 1 written (the store's
+// three slots); the next step's first buckets, as many as there are slots,
+// are queued last, so they are read during its forward and backward.
 void AdamW::step_offloaded(double lr) {
   at::NoGradGuard no_grad;
   flush_materialized();
   store_->check_file();
   ++step_;
-  const int nb = store_->buckets();
-  for (int b = 0; b < std::min(nb, 2); ++b) store_->prefetch(b);
   int open = -1;
+  if (host_) {
+    HostUpdate::StepArgs args{
+        [&](size_t i) { return grads_.empty() ? params_[i].grad() : grads_[i]; },
+        [&](size_t i) { return make_fused_step(decay_[i], lr, opt_, step_); },
+        [&](int64_t i) { page_to(i, open); }};
+    return host_->step(*store_, params_, args);
+  }
+  const int nb = store_->buckets(), depth = OffloadStore::slots();
+  for (int b = 0; b < std::min(nb, depth); ++b) store_->prefetch(b);
   for (int b = 0; b < nb; ++b) {
     float* m = store_->acquire(b);
     float* v = m + store_->bucket_len(b);
@@ -286,11 +295,11 @@ void AdamW::step_offloaded(double lr) {
       offloaded_piece(p, g, pc.begin, pc.end, m + pc.at, v + pc.at, make_fused_step(decay_[pc.param], lr, opt_, step_));
     }
     store_->release(b);
-    if (b + 2 < nb) store_->prefetch(b + 2);
+    if (b + depth < nb) store_->prefetch(b + depth);
   }
   page_to(-1, open);
   if (prefetch_)
-    for (int b = 0; b < std::min(nb, 2); ++b) store_->prefetch(b);
+    for (int b = 0; b < std::min(nb, depth); ++b) store_->prefetch(b);
   else
     store_->drain();
   store_->check_file();

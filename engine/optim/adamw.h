@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/optim/host_update.h"
 #include "engine/optim/offload_store.h"
 
 namespace dtrain::engine::optim {
@@ -56,7 +57,9 @@ class AdamW {
   // Keeps the moments in `store` (host memory or a file) instead of tensors
   // of their own: step() reads and writes them bucket by bucket. Before the
   // first step; the moments start at zero as without. prefetch: the next
-  // step's first buckets are read while its forward and backward run.
+  // step's first buckets are read while its forward and backward run. Host
+  // memory: the update runs on the CPU on a master copy of the parameters
+  // (optim/host_update.h), whatever device they are on.
   void offload(OffloadOptions options, bool prefetch);
   void set_pager(ParamPager pager) { pager_ = std::move(pager); }
   // One step with learning rate lr. Skips params without a gradient.
@@ -72,9 +75,10 @@ class AdamW {
   std::vector<at::Tensor>& exp_avg() { return materialize(), m_; }
   std::vector<at::Tensor>& exp_avg_sq() { return materialize(), v_; }
   // Bytes of AdamW state in this process's tensors (moments, or the
-  // offload's staging buffers); bytes it keeps in host memory or a file.
+  // offload's staging buffers); bytes it keeps in host memory or a file
+  // (host: the moments, the master weights and the gradients' staging).
   int64_t resident_bytes() const;
-  int64_t offloaded_bytes() const { return store_ ? store_->bytes() : 0; }
+  int64_t offloaded_bytes() const { return (store_ ? store_->bytes() : 0) + (host_ ? host_->bytes() : 0); }
   const OffloadStore* offload_store() const { return store_.get(); }
   OffloadStore* offload_store() { return store_.get(); }
   OffloadIo take_offload_io() { return store_ ? store_->take_stats() : OffloadIo{}; }
@@ -94,6 +98,7 @@ class AdamW {
   std::vector<at::Tensor> m_, v_;  // offloaded: empty unless materialized
   int64_t step_ = 0;
   std::unique_ptr<OffloadStore> store_;
+  std::unique_ptr<HostUpdate> host_;  // the store in host memory: the CPU's master and its copies
   bool prefetch_ = true;  // read the next step's first buckets ahead
   bool materialized_ = false;
   int loops_ = 0;

@@ -1,8 +1,8 @@
 // OffloadStore (offload_store.h). pread/pwrite rather than a mapping: a file
 // truncated under a mapping raises SIGBUS at the next touch, with no way to
-// say which file; a short read is an error we can name. The I/O thread runs
-// its queue in order, so a bucket's read queued after a slot's write reads
-// only once that write is done (two slots: bucket b uses slot b % 2).
+// say which file; a short read is an error we can name. A reader and a
+// writer thread each run their queue in order; a read into a slot waits
+// until the slot's queued write is done (bucket b uses slot b % kSlots).
 #include "engine/optim/offload_store.h"
 
 #include <fcntl.h>
@@ -62,17 +62,19 @@ OffloadStore::OffloadStore(const std::vector<int64_t>& sizes, OffloadOptions opt
   }
   const int64_t slot = 2 * std::min(cap, total_);
   for (Slot& s : slots_) s.buffer = at::empty({std::max<int64_t>(1, slot)}, at::TensorOptions().dtype(at::kFloat));
-  thread_ = std::thread([this] { run_io(); });
+  reader_ = std::thread([this] { run_io(false); });
+  writer_ = std::thread([this] { run_io(true); });
 }
 
 OffloadStore::~OffloadStore() {
-  if (thread_.joinable()) {
+  if (reader_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    thread_.join();
+    reader_.join();
+    writer_.join();
   }
   if (fd_ >= 0) {
     ::close(fd_);
@@ -127,13 +129,18 @@ void OffloadStore::do_io(const Op& op) {
   offload_file_io(fd_, opt_.file, op.write, 8 * b.first, reinterpret_cast<char*>(slots_[op.slot].buffer.data_ptr<float>()), 8 * b.len);
 }
 
-void OffloadStore::run_io() {
+// Each thread leaves only when stop_ is set and its queue is empty: a read
+// waiting for its slot's write still runs once the writer is done.
+void OffloadStore::run_io(bool write) {
+  std::deque<Op>& queue = write ? writes_ : reads_;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_, nothing left
-    const Op op = queue_.front();
-    queue_.pop_front();
+    cv_.wait(lock, [&] {
+      return (stop_ && queue.empty()) || (!queue.empty() && (write || !slots_[queue.front().slot].writing));
+    });
+    if (queue.empty()) return;  // stop_, nothing left
+    const Op op = queue.front();
+    queue.pop_front();
     ++busy_;
     lock.unlock();
     const int64_t t0 = now_ns();
@@ -147,7 +154,8 @@ void OffloadStore::run_io() {
     io_ns_ += now_ns() - t0;
     --busy_;
     if (failed && !error_) error_ = failed;
-    if (!op.write && slots_[op.slot].bucket == op.bucket) slots_[op.slot].ready = true;
+    if (op.write) slots_[op.slot].writing = false;
+    else if (slots_[op.slot].bucket == op.bucket) slots_[op.slot].ready = true;
     cv_.notify_all();
   }
 }
@@ -155,11 +163,11 @@ void OffloadStore::run_io() {
 void OffloadStore::prefetch(int b) {
   if (!opt_.nvme) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Slot& s = slots_[b % 2];
+  Slot& s = slots_[b % kSlots];
   if (s.bucket == b) return;
   s.bucket = b;
   s.ready = false;
-  queue_.push_back({false, b, b % 2});
+  reads_.push_back({false, b, b % kSlots});
   cv_.notify_all();
 }
 
@@ -168,7 +176,7 @@ float* OffloadStore::acquire(int b) {
   prefetch(b);
   const int64_t t0 = now_ns();
   std::unique_lock<std::mutex> lock(mu_);
-  Slot& s = slots_[b % 2];
+  Slot& s = slots_[b % kSlots];
   cv_.wait(lock, [&] { return error_ || s.ready; });
   wait_ns_ += now_ns() - t0;
   if (error_) std::rethrow_exception(error_);
@@ -178,10 +186,14 @@ float* OffloadStore::acquire(int b) {
 void OffloadStore::release(int b) {
   if (!opt_.nvme) return;
   std::lock_guard<std::mutex> lock(mu_);
-  // The slot's next bucket is read after this write (the queue's order).
-  slots_[b % 2].bucket = -1;
-  slots_[b % 2].ready = false;
-  if (!opt_.drop_writes) queue_.push_back({true, b, b % 2});
+  // The slot's next bucket is read after this write (run_io waits for it).
+  Slot& s = slots_[b % kSlots];
+  s.bucket = -1;
+  s.ready = false;
+  if (!opt_.drop_writes) {
+    s.writing = true;
+    writes_.push_back({true, b, b % kSlots});
+  }
   cv_.notify_all();
 }
 
@@ -189,7 +201,7 @@ void OffloadStore::drain() {
   if (!opt_.nvme) return;
   const int64_t t0 = now_ns();
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.empty() && busy_ == 0; });
+  cv_.wait(lock, [&] { return reads_.empty() && writes_.empty() && busy_ == 0; });
   wait_ns_ += now_ns() - t0;
   if (error_) std::rethrow_exception(error_);
 }

@@ -1,5 +1,6 @@
 // Where an offloaded AdamW keeps its moments: one file per rank read and
-// written with pread/pwrite in buckets by an I/O thread (nvme), or one host
+// written with pread/pwrite in buckets by two I/O threads, one reading and
+// one writing, through three staging slots (nvme), or one host
 // buffer, pinned under a GPU (host). The elements of every parameter, in
 // order, are cut into buckets; bucket b's m then v lie together (file offset
 // 8 * its first element). Owns the file (created at start, removed at the
@@ -74,8 +75,12 @@ class OffloadStore {
   float* acquire(int b);
   // Done with b: nvme queues its write (the slot is reused after it).
   void release(int b);
-  // Queues b's read unless its slot already holds or awaits it.
+  // Queues b's read unless its slot already holds or awaits it; the read
+  // starts once the slot's last bucket is written.
   void prefetch(int b);
+  // Buckets in memory at once: b is in slot b % slots(), so b + slots() may
+  // be queued once b is released.
+  static constexpr int slots() { return kSlots; }
   // Every queued read and write done; rethrows the I/O thread's error.
   void drain();
   // Synchronous whole-bucket copies (checkpoint save/load), after drain():
@@ -96,16 +101,21 @@ class OffloadStore {
     int64_t first = 0, len = 0;  // elements, in the order of all parameters
     std::vector<Piece> pieces;
   };
+  // Three: while the training thread updates b, the reader fills b + 1 and
+  // the writer empties b - 1, so a step's update phase takes the longest of
+  // the three per bucket instead of a read plus a write.
+  static constexpr int kSlots = 3;
   struct Slot {
     at::Tensor buffer;  // 2 * bucket_floats floats (counted by the CPU allocator)
     int bucket = -1;    // which bucket it holds or awaits; -1 none
     bool ready = false;
+    bool writing = false;  // its last bucket's write is queued or running
   };
   struct Op {
     bool write;
     int bucket, slot;
   };
-  void run_io();
+  void run_io(bool write);
   void do_io(const Op& op);
 
   OffloadOptions opt_;
@@ -113,15 +123,15 @@ class OffloadStore {
   std::vector<Bucket> buckets_;
   at::Tensor host_;  // host: every bucket, as in the file
   int fd_ = -1;
-  Slot slots_[2];
+  Slot slots_[kSlots];
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Op> queue_;
-  int busy_ = 0;  // ops taken by the thread, not done
+  std::deque<Op> reads_, writes_;  // each in order
+  int busy_ = 0;  // ops taken by a thread, not done
   bool stop_ = false;
   std::exception_ptr error_;
   int64_t io_ns_ = 0, wait_ns_ = 0;
-  std::thread thread_;
+  std::thread reader_, writer_;
 };
 
 }  // namespace dtrain::engine::optim

@@ -10,7 +10,9 @@
 // train.offload.params: nvme (ZeRO-3's parameter shards in a file per rank
 // between uses): parity at dp 2 with the same control, the shards' bytes in
 // memory below two gathered units, checkpoints both ways, truncation and
-// deletion named.
+// deletion named. train.offload.optimizer: host on the CPU through its test
+// override (the GPU's copies, done synchronously): parity at dp 2, DDP and
+// ZeRO-1, control offload_no_writeback (the master never copied back).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/offload_files.h"
 #include "tests/support/parity.h"
 
 namespace {
@@ -28,9 +31,10 @@ using namespace dtrain::testing;
 using namespace dtrain::testing::parity;
 namespace fs = std::filesystem;
 
-// 4 KiB of m and v per bucket: the tiny model's ~43k parameters take ~80
-// buckets, so the two staging buckets are a few percent of the state.
-const char* kBucket = "train.offload.bucket_mb=0.004";
+// 2 KiB of m and v per bucket: the tiny model's ~43k parameters take ~170
+// buckets (~85 a rank under ZeRO-3), so the three staging buckets are a few
+// percent of the state.
+const char* kBucket = "train.offload.bucket_mb=0.002";
 
 // A fresh directory for one run's offload files.
 std::string offload_dir(const std::string& name) {
@@ -124,7 +128,7 @@ TEST_CASE("optimizer nvme vs none at dp 2, DDP and ZeRO-3: parity, state out of 
     const double offloaded = last_metric(name, "offload_bytes");
     const double io_ms = last_metric(name, "offload_io_ms");
     MESSAGE(what << ": AdamW state in memory " << resident_plain << " B without offload, " << resident
-                 << " B with (two staging buckets, " << 100 * resident / resident_plain << "%); offload_bytes "
+                 << " B with (three staging buckets, " << 100 * resident / resident_plain << "%); offload_bytes "
                  << offloaded << "; last step's offload_io_ms " << io_ms);
     CHECK(offloaded == resident_plain);
     CHECK(resident <= 0.05 * resident_plain);
@@ -137,6 +141,38 @@ TEST_CASE("optimizer nvme vs none at dp 2, DDP and ZeRO-3: parity, state out of 
       MESSAGE("DDP: " << params << " parameters, offload_bytes / parameter = " << offloaded / params);
       CHECK(offloaded == 8 * params);
     }
+  }
+}
+
+TEST_CASE("optimizer host on a CPU (test override) vs none at dp 2, DDP and ZeRO-1: parity, state off the device") {
+  // The override runs host's GPU path on the CPU: master and moments in
+  // buffers of their own, gradients copied in, parameters copied out.
+  const std::vector<std::string> env = {std::string(dtrain::kHostOffloadOnCpuEnv) + "=1"};
+  auto& p = Parity::get();
+  for (int zero : {0, 1}) {
+    const std::string what = zero == 0 ? "DDP dp2" : "ZeRO-1 dp2";
+    const RunResult& plain = plain_run(zero);
+    const std::string name = "host_z" + std::to_string(zero);
+    const RunResult run = launch(p.dir, name, with(layout(zero), {"train.offload.optimizer=host"}), env);
+    if (zero == 0) {
+      // The control: the updated master never copied back (the parameters never change).
+      const RunResult control = launch(
+          p.dir, "host_nocopy_z0", with(layout(0), {"train.offload.optimizer=host", "fault.kind=offload_no_writeback"}),
+          env);
+      compare(what + " optimizer host (CPU override) vs none", run, &control, plain, "parameters never copied back");
+    } else {
+      // ZeRO-1's all-gather writes the flat buffer the parameters are views
+      // of: the master follows their version counter.
+      compare(what + " optimizer host (CPU override) vs none", run, nullptr, plain);
+    }
+    const double resident_plain = last_metric("plain_z" + std::to_string(zero), "optimizer_bytes");
+    const double resident = last_metric(name, "optimizer_bytes");
+    const double offloaded = last_metric(name, "offload_bytes");
+    MESSAGE(what << " host: AdamW state on the device " << resident_plain << " B without offload, " << resident
+                 << " B with; offload_bytes " << offloaded << " (moments + fp32 master = "
+                 << 1.5 * resident_plain << " B, + gradient staging)");
+    CHECK(resident == 0);
+    CHECK(offloaded >= 1.5 * resident_plain);
   }
 }
 
