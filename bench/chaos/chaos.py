@@ -449,8 +449,11 @@ def checks(c, shm_before):
         c.problems.append("step %d's redone loss differs from its first run by %.3g (tolerance %g)"
                           % (worst_step, worst, LOSS_TOL))
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    # dtrain's segments are /dev/shm/dtrain-<pid>-<nonce>: those of this job's processes.
-    ours = lambda name: re.match(r"dtrain-(\d+)-", name) and int(name.split("-")[1]) in c.seen_pids
+    # dtrain's segments are /dev/shm/dtrain-<pid>-<nonce>, an agent's in-memory copies
+    # /dev/shm/dtrain-mem-<job>-<address>_<agent pid>: those of this job's processes.
+    def ours(name):
+        m = re.match(r"dtrain-(\d+)-", name) or re.match(r"dtrain-mem-chaos-.*_(\d+)$", name)
+        return m and int(m.group(1)) in c.seen_pids
     new_shm = sorted(n for n in shm_after - shm_before if ours(n))
     if new_shm:
         c.problems.append("/dev/shm segments left: %s" % new_shm)
