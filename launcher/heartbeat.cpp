@@ -49,6 +49,17 @@ void Heartbeat::run() {
 }
 
 bool Heartbeat::beat() {
+  // Once the round moved on, the agent stops its workers (SIGTERM, SIGKILL
+  // after grace_s) before it re-joins, which may take longer than the 3
+  // heartbeats after which the rendezvous declares a node dead: beat on
+  // (the verdict stays) until the agent stops this thread.
+  if (verdict_.load() == Verdict::round_changed) {
+    try {
+      client_.heartbeat(node_id_, round_, {});
+    } catch (const Error&) {
+    }
+    return true;
+  }
   std::string why;
   Verdict verdict = Verdict::ok;
   std::string failure;
@@ -81,7 +92,7 @@ bool Heartbeat::beat() {
   }
   verdict_.store(verdict);
   wake_();
-  return false;
+  return verdict == Verdict::round_changed;
 }
 
 }  // namespace dtrain::launcher

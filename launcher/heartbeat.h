@@ -39,7 +39,7 @@ class Heartbeat {
 
  private:
   void run();
-  bool beat();  // false once there is a verdict
+  bool beat();  // false once the rendezvous is unreachable (a round change: beats on)
 
   rendezvous::RendezvousClient& client_;
   std::string node_id_;

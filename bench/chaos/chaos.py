@@ -139,6 +139,14 @@ class Agent:
             return ""
 
 
+def ckpt_extra(a):
+    """The spec's checkpoint options past dir/every/keep: async saves, in-memory copies."""
+    out = ", async: true" if a.ckpt_async else ""
+    if a.memory_every:
+        out += ", memory: {every: %d, replicas: %d}" % (a.memory_every, a.memory_replicas)
+    return out
+
+
 class Campaign(FaultInjector):
     def __init__(self, a):
         self.a = a
@@ -175,11 +183,11 @@ class Campaign(FaultInjector):
             "train: {steps: %d, micro_batch: 2, global_batch: 12, grad_accum: auto, lr: 3.0e-3,\n"
             "        warmup_steps: 3, precision: fp32}\n"
             "data: {path: %s, format: bytes}\n"
-            "checkpoint: {dir: %s, every: %d, keep: 3}\n"
+            "checkpoint: {dir: %s, every: %d, keep: 3%s}\n"
             "log: {dir: %s, every: 1}\n"
             "entrypoint: builtin\n"
         ) % (max(1, n - 1), n, a.hang_timeout_s, a.d_model, a.steps, os.path.join(self.out, "text.txt"),
-             self.ckpt_dir, a.ckpt_every, self.run_dir)
+             self.ckpt_dir, a.ckpt_every, ckpt_extra(a), self.run_dir)
         with open(self.spec, "w") as f:
             f.write(spec)
         os.makedirs(self.ckpt_dir, exist_ok=True)
@@ -441,8 +449,11 @@ def checks(c, shm_before):
         c.problems.append("step %d's redone loss differs from its first run by %.3g (tolerance %g)"
                           % (worst_step, worst, LOSS_TOL))
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    # dtrain's segments are /dev/shm/dtrain-<pid>-<nonce>: those of this job's processes.
-    ours = lambda name: re.match(r"dtrain-(\d+)-", name) and int(name.split("-")[1]) in c.seen_pids
+    # dtrain's segments are /dev/shm/dtrain-<pid>-<nonce>, an agent's in-memory copies
+    # /dev/shm/dtrain-mem-<job>-<address>_<agent pid>: those of this job's processes.
+    def ours(name):
+        m = re.match(r"dtrain-(\d+)-", name) or re.match(r"dtrain-mem-chaos-.*_(\d+)$", name)
+        return m and int(m.group(1)) in c.seen_pids
     new_shm = sorted(n for n in shm_after - shm_before if ours(n))
     if new_shm:
         c.problems.append("/dev/shm segments left: %s" % new_shm)
@@ -502,6 +513,11 @@ def main():
                         "the last fault's recovery (every step up to the last one run must be there)")
     p.add_argument("--d-model", type=int, default=96, help="model width: sets the step time")
     p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--async", dest="ckpt_async", action="store_true",
+                   help="checkpoint.async: true (a background writer persists each save)")
+    p.add_argument("--memory-every", type=int, default=0,
+                   help="checkpoint.memory.every: in-memory copies in a peer node's RAM every S steps (0: off)")
+    p.add_argument("--memory-replicas", type=int, default=1, help="checkpoint.memory.replicas")
     p.add_argument("--hang-timeout-s", type=float, default=3)
     p.add_argument("--ckpt-fs-mb", type=int, default=48, help="size of the tmpfs under checkpoint.dir")
     p.add_argument("--slow-s", type=float, default=2.0)
@@ -529,6 +545,8 @@ def main():
         p.error("--kinds: each of %s" % ", ".join(KINDS))
     if not 0 < a.slow_stop_ms < 60:
         p.error("--slow-stop-ms: between 0 and 60 (ms of every 60 ms)")
+    if a.memory_every < 0 or a.memory_replicas < 1:
+        p.error("--memory-every: 0 (off) or more; --memory-replicas: 1 or more")
     lock = None
     if not a.hosts_ready:
         lock = open("/run/dtrain-testhosts-test.lock", "w")

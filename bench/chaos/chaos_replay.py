@@ -38,7 +38,7 @@ WORLD = re.compile(r"\]\[rank 0/(\d+)\]")
 # From disk (with the sampler's position) or from checkpoint.memory's copies
 # (none logged: such a step was never saved, the round that trained through it counts).
 RESUMED = re.compile(r"resuming from step (\d+) \((?:.*, sampler at (\d+) samples\)|in-memory copies)")
-SAVED = re.compile(r"checkpoint \S*/step_(\d+) saved")
+SAVED = re.compile(r"checkpoint \S*/step_(\d+) (?:saved|committed \(async\))")
 STEP = re.compile(r"\] step (\d+)/\d+ \| loss")
 GBS = re.compile(r"GBS = micro_batch\((\d+)\) x grad_accum\((\d+)\) x dp\((\d+)\)")
 
@@ -142,6 +142,10 @@ def run_segment(c, d, k, seg, alter=None):
             "cluster.rendezvous.last_call_s=0",  # every node is there: close the round at once
             # Saved at `stop` only (a multiple of itself), then rank 0 dies.
             "checkpoint.every=%d" % seg["stop"], "checkpoint.keep=2",
+            # Synchronous, disk only: how a state is saved does not change the
+            # numbers, and the campaign's steps restored from memory are
+            # compared with the same steps read back from disk here.
+            "checkpoint.async=false", "checkpoint.memory.every=0",
             "fault.kind=kill_after_step", "fault.rank=0", "fault.step=%d" % seg["stop"]]
     if alter:
         sets += alter["sets"]

@@ -280,17 +280,25 @@ TEST_CASE("the chaos replay's segments: the rounds the final checkpoint came fro
   // so its step 15 is round 3's. Round 5 stops before its first step.
   // bench/chaos/chaos.py --replay trains the segments again.
   dtrain::testing::TempDir dir;
-  auto section = [](int round, int world, int resumed, int from, int to, std::vector<int> saved) {
+  // async: saves logged as checkpoint.async's commits; memory: the resume
+  // is from checkpoint.memory's copies (no sampler position logged).
+  auto section = [](int round, int world, int resumed, int from, int to, std::vector<int> saved, bool async = false,
+                    bool memory = false) {
     const std::string r = "[07:00:00.000][info][rank 0/" + std::to_string(world) + "][worker] ";
     std::string s = "===== dtrain: job 'chaos' run of T (agent pid 1 on vm), round " + std::to_string(round) +
                     ", restart " + std::to_string(round - 1) + ", rank 0 =====\n" + r + "group world\n";
-    if (resumed >= 0)
+    if (resumed >= 0 && memory)
+      s += r + "resuming from step " + std::to_string(resumed) + " (in-memory copies; disk has step 15) in 0.2 s\n";
+    else if (resumed >= 0)
       s += r + "resuming from step " + std::to_string(resumed) + " (/c/step_" + std::to_string(resumed) +
            ", sampler at " + std::to_string(12 * resumed) + " samples): loaded 3.4 MB\n";
     for (int step = from; step <= to; ++step) {
       s += r + "step " + std::to_string(step) + "/5000 | loss 1.0 | lr 1e-3\n";
       for (int k : saved)
-        if (k == step) s += r + "checkpoint /c/step_" + std::to_string(k) + " saved: 3.4 MB from rank 0\n";
+        if (k == step)
+          s += r + "checkpoint /c/step_" + std::to_string(k) +
+               (async ? " committed (async): 3.4 MB from rank 0 written in 20 ms, commit 1 ms\n"
+                      : " saved: 3.4 MB from rank 0\n");
     }
     return s;
   };
@@ -321,6 +329,15 @@ TEST_CASE("the chaos replay's segments: the rounds the final checkpoint came fro
   std::tie(code, out) = segments("rank_0.log", "32");
   CHECK(code == 1);
   CHECK_MESSAGE(has(out, "no round of rank_0.log saved the final step 32"), out);
+  // checkpoint.async and checkpoint.memory on: every save is a commit line,
+  // and round 4 resumes from memory at step 17, which only round 3 trained.
+  dtrain::testing::write_file(
+      dir / "async.log", section(1, 3, -1, 1, 12, {5, 10}, true) + section(2, 3, 10, 11, 22, {15, 20}, true) +
+                             section(3, 1, 10, 11, 17, {15}, true) + section(4, 2, 17, 18, 27, {20, 25, 27}, true, true) +
+                             section(5, 3, -1, 0, -1, {}, true) + section(6, 2, 27, 28, 31, {30, 31}, true));
+  std::tie(code, out) = segments("async.log", "31");
+  CHECK_MESSAGE(code == 0, out);
+  CHECK_MESSAGE(has(out, "segments: 0-10 on 3 node(s), 10-17 on 1 node(s), 17-31 on 2 node(s)\n"), out);
 }
 
 TEST_CASE("chaos: a seeded campaign of 8 faults of every kind on 3 test hosts; every fault named, nothing lost") {
