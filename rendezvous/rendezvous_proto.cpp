@@ -299,6 +299,7 @@ void to_proto(const ServerStatus& s, pb::StatusReply* out) {
   out->set_round_open(s.round_open);
   out->set_failure(s.failure);
   out->set_stopped(s.stopped);
+  out->set_waiting_heartbeats(s.waiting_heartbeats);
   for (const NodeStatus& n : s.nodes) {
     pb::NodeStatusInfo* p = out->add_nodes();
     p->set_node_id(n.node_id);
@@ -320,6 +321,7 @@ ServerStatus from_proto(const pb::StatusReply& r) {
   s.round_open = r.round_open();
   s.failure = r.failure();
   s.stopped = r.stopped();
+  s.waiting_heartbeats = r.waiting_heartbeats();
   for (const pb::NodeStatusInfo& p : r.nodes()) {
     s.nodes.push_back({p.node_id(), p.host(), p.node_rank(), p.last_heartbeat_age_s(), p.hostname(), {}});
     for (const auto& rank : p.ranks()) s.nodes.back().ranks.push_back(from_proto(rank));
