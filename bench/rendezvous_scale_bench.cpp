@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <semaphore>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -73,6 +74,10 @@ int run_agents(const std::string& endpoint, int first, int count, int slots, boo
   // joins over up to a second on 2 cores.
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
+  // Preconnect: at most 32 handshakes in flight per process. 16384 at once
+  // overran the server: handshakes timed out before the SETTINGS frame, the
+  // clients retried, and the half-open retries exhausted its descriptors.
+  std::counting_semaphore<32> connecting(32);
   std::vector<std::thread> threads;
   for (int k = 0; k < count; ++k)
     threads.emplace_back([&, k] {
@@ -81,7 +86,7 @@ int run_agents(const std::string& endpoint, int first, int count, int slots, boo
       co.endpoint = endpoint;
       co.job = "bench";
       co.token = "t";  // TLS identity derived from it, as agents do
-      co.call_timeout_s = 30.0;
+      co.call_timeout_s = 300.0;  // the preconnect of 16384 agents: their handshakes queue
       RendezvousClient client(co);
       JoinInfo info;
       info.node_id = "agent-" + std::to_string(i);
@@ -89,18 +94,24 @@ int run_agents(const std::string& endpoint, int first, int count, int slots, boo
       info.slots = slots;
       info.master_port = 29500;
       if (preconnect) {
+        connecting.acquire();
         try {
           client.status();
         } catch (const dtrain::Error& e) {
           if (failures++ == 0) std::fprintf(stderr, "agent %d: status: %s\n", i, e.message().c_str());
         }
+        connecting.release();
       }
       ready.fetch_add(1);
       go.wait(false);
       AgentRecord& r = out[static_cast<size_t>(k)];
       r.sent_ns = ns(Clock::now());
       try {
-        for (const RankPlacement& p : client.join(info, 60).local_ranks) r.ranks.push_back(p.rank);
+        Assignment a = client.join(info, 300);
+        for (const RankPlacement& p : a.local_ranks) r.ranks.push_back(p.rank);
+        if (r.ranks.empty() && failures++ == 0)
+          std::fprintf(stderr, "agent %d: no ranks (round %llu, node %d of %d, world %d)\n", i,
+                       static_cast<unsigned long long>(a.round), a.node_rank, a.num_nodes, a.world);
       } catch (const dtrain::Error& e) {
         if (failures++ == 0) std::fprintf(stderr, "agent %d: %s\n", i, e.message().c_str());
       }
@@ -131,6 +142,7 @@ int child_main(const std::string& endpoint, int first, int count, int slots, boo
     std::printf("\n");
   }
   std::fflush(stdout);
+  if (failed) std::fprintf(stderr, "agents %d-%d: %d failed\n", first, first + count - 1, failed);
   return failed == 0 ? 0 : 1;
 }
 
@@ -196,8 +208,13 @@ int run_agents_in_children(const std::string& endpoint, int agents, int slots, b
     ::close(c.to);
     int status = 0;
     ::waitpid(c.pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failures;
+      std::fprintf(stderr, "child %d: %s %d\n", static_cast<int>(c.pid),
+                   WIFEXITED(status) ? "exit code" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    }
   }
+  if (reported < agents) std::fprintf(stderr, "%d of %d agents reported\n", reported, agents);
   return failures + (agents - reported);
 }
 
@@ -207,6 +224,7 @@ RunResult run_once(int agents, int slots, bool preconnect, int procs) {
   so.token = "t";
   so.min_nodes = so.max_nodes = agents;
   so.mesh.size(dtrain::mesh::Axis::dp) = agents * slots;
+  so.heartbeat_s = 3600;  // these agents never beat: no deaths while the children report
   RendezvousServer server(so);
   std::string endpoint = "127.0.0.1:" + std::to_string(server.start("127.0.0.1:0"));
 
