@@ -23,6 +23,7 @@ Heartbeat::~Heartbeat() {
     stopping_ = true;
   }
   cv_.notify_all();
+  cancel_.cancel();
   thread_.join();
 }
 
@@ -36,15 +37,21 @@ std::string Heartbeat::failure() const {
   return failure_;
 }
 
+// The server holds each beat up to interval_s (answering early when the
+// round moves on); one that comes back sooner without news (a failed call,
+// a server that does not hold) waits out the rest: never more than one beat
+// an interval.
 void Heartbeat::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
-    cv_.wait_for(lock, std::chrono::duration<double>(interval_s_), [this] { return stopping_; });
-    if (stopping_) break;
+    const auto next = std::chrono::steady_clock::now() +
+                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(interval_s_));
     lock.unlock();
     bool more = beat();
     lock.lock();
     if (!more) break;
+    cv_.wait_until(lock, next, [this] { return stopping_; });
   }
 }
 
@@ -64,8 +71,10 @@ bool Heartbeat::beat() {
   Verdict verdict = Verdict::ok;
   std::string failure;
   try {
-    rendezvous::HeartbeatReply reply =
-        client_.heartbeat(node_id_, round_, progress_ ? progress_() : std::vector<trace::RankProgress>{});
+    std::optional<rendezvous::HeartbeatReply> answer = client_.wait_heartbeat(
+        node_id_, round_, progress_ ? progress_() : std::vector<trace::RankProgress>{}, interval_s_, cancel_);
+    if (!answer) return true;  // cancelled: stopping
+    const rendezvous::HeartbeatReply& reply = *answer;
     failure = reply.failure;
     misses_ = 0;
     if (!reply.known) {

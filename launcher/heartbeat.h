@@ -1,6 +1,8 @@
 // The agent's heartbeat thread for one round: beats every interval, and
 // turns what it learns into a verdict the monitor loop reads (the round
-// moved on, or the rendezvous is unreachable). It never touches workers.
+// moved on, or the rendezvous is unreachable). Each beat waits at the server
+// for up to an interval, so a new round is heard of when the rendezvous
+// declares it, not at the next beat. It never touches workers.
 #pragma once
 
 #include <atomic>
@@ -27,7 +29,7 @@ class Heartbeat {
   using Progress = std::function<std::vector<trace::RankProgress>()>;
   Heartbeat(rendezvous::RendezvousClient& client, std::string node_id, uint64_t round,
             double interval_s, std::function<void()> wake, Progress progress = {});
-  ~Heartbeat();  // stops and joins the thread (at most one call's deadline)
+  ~Heartbeat();  // cancels the beat in flight, joins the thread
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
@@ -54,6 +56,7 @@ class Heartbeat {
   bool stopping_ = false;
   std::string detail_;
   std::string failure_;
+  rendezvous::CallCancel cancel_;  // ends the waiting beat when stopping
   std::thread thread_;
 };
 

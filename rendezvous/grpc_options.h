@@ -27,6 +27,8 @@ constexpr int kMaxMessageBytes = 64 << 20;
 // Join: the server answers a timed-out join itself ("joined K of M") at
 // timeout_s; the client's gRPC deadline is this much later.
 constexpr double kJoinDeadlineGraceS = 2.0;
+// Heartbeat: the server holds a beat that asks to wait at most this long.
+constexpr double kMaxHeartbeatWaitS = 30.0;
 
 // Abseil built without NDEBUG (Debian's, which gRPC uses here) records the
 // order of every Mutex acquisition in one global graph to detect possible

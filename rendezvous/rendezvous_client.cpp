@@ -198,17 +198,41 @@ Assignment RendezvousClient::join(const JoinInfo& info, double timeout_s) {
 
 HeartbeatReply RendezvousClient::heartbeat(const std::string& node_id, uint64_t round,
                                           const std::vector<trace::RankProgress>& ranks) {
+  CallCancel never;
+  return *wait_heartbeat(node_id, round, ranks, 0, never);
+}
+
+void CallCancel::cancel() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cancelled_ = true;
+  if (in_flight_) in_flight_->TryCancel();
+}
+
+std::optional<HeartbeatReply> RendezvousClient::wait_heartbeat(
+    const std::string& node_id, uint64_t round, const std::vector<trace::RankProgress>& ranks,
+    double wait_s, CallCancel& cancel) {
   pb::HeartbeatRequest req;
   pb::HeartbeatReply reply;
   impl_->set_auth(req.mutable_auth());
   req.set_node_id(node_id);
   req.set_round(round);
+  req.set_wait_s(wait_s);
   for (const auto& p : ranks) detail::to_proto(p, req.add_ranks());
   grpc::ClientContext ctx;
-  impl_->short_call(ctx);
+  ctx.set_deadline(deadline_after(wait_s + impl_->options.call_timeout_s));
+  {
+    std::lock_guard<std::mutex> lock(cancel.mutex_);
+    if (cancel.cancelled_) return std::nullopt;
+    cancel.in_flight_ = &ctx;
+  }
   grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &reply);
+  {
+    std::lock_guard<std::mutex> lock(cancel.mutex_);
+    cancel.in_flight_ = nullptr;
+    if (cancel.cancelled_) return std::nullopt;
+  }
   if (!s.ok()) impl_->fail(s, "heartbeat");
-  return {reply.known(), reply.current_round(), reply.failure()};
+  return HeartbeatReply{reply.known(), reply.current_round(), reply.failure()};
 }
 
 void RendezvousClient::report_failure(const FailureReport& report) {

@@ -3,12 +3,32 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "rendezvous/rendezvous_types.h"
 #include "rendezvous/tls.h"
 
+namespace grpc {
+class ClientContext;
+}
+
 namespace dtrain::rendezvous {
+
+// Ends a waiting heartbeat (RendezvousClient::wait_heartbeat) from another
+// thread: cancel() ends the call in flight and makes every later one return
+// at once.
+class CallCancel {
+ public:
+  void cancel();
+
+ private:
+  friend class RendezvousClient;
+  std::mutex mutex_;
+  bool cancelled_ = false;
+  grpc::ClientContext* in_flight_ = nullptr;
+};
 
 struct ClientOptions {
   std::string endpoint = "127.0.0.1:29400";
@@ -31,6 +51,11 @@ class RendezvousClient {
   Assignment join(const JoinInfo& info, double timeout_s);
   HeartbeatReply heartbeat(const std::string& node_id, uint64_t round,
                            const std::vector<trace::RankProgress>& ranks = {});
+  // A heartbeat the server may hold up to wait_s, answering as soon as the
+  // round moves on (or at once when it already has). nullopt: cancelled.
+  std::optional<HeartbeatReply> wait_heartbeat(const std::string& node_id, uint64_t round,
+                                               const std::vector<trace::RankProgress>& ranks,
+                                               double wait_s, CallCancel& cancel);
   void report_failure(const FailureReport& report);
   void leave(const std::string& node_id, bool success);
   // with_placement: also the last closed round's whole placement.

@@ -40,16 +40,25 @@ namespace {
 
 // Appends one group: a first rank and a stride when its ranks step evenly,
 // else all of them.
-void add_group(const Group& g, pb::PlacementInfo* info) {
+// The step between a group's ranks when they step evenly (1 for one rank),
+// else 0. O(size): computed once per group and round (PlacementIndex).
+int group_stride(const Group& g) {
+  const size_t size = g.ranks.size();
+  int stride = size >= 2 ? g.ranks[1] - g.ranks[0] : 1;
+  for (size_t k = 1; k < size && stride > 0; ++k)
+    if (g.ranks[k] - g.ranks[k - 1] != stride) stride = 0;
+  return stride;
+}
+
+// stride: group_stride(g). A node's reply carries the whole-world groups its
+// ranks are in; sent as first rank and stride they cost O(1) each.
+void add_group(const Group& g, int stride, pb::PlacementInfo* info) {
   int axis = 0;
   while (axis < info->axis_names_size() && info->axis_names(axis) != g.axis) ++axis;
   if (axis == info->axis_names_size()) info->add_axis_names(g.axis);
   info->add_group_axis(axis);
   const int size = static_cast<int>(g.ranks.size());
   info->add_group_size(size);
-  int stride = size >= 2 ? g.ranks[1] - g.ranks[0] : 1;
-  for (int k = 1; k < size && stride > 0; ++k)
-    if (g.ranks[static_cast<size_t>(k)] - g.ranks[static_cast<size_t>(k) - 1] != stride) stride = 0;
   if (size > 0 && stride > 0) {
     info->add_group_stride(stride);
     info->add_group_ranks(g.ranks.front());
@@ -74,6 +83,8 @@ PlacementIndex::PlacementIndex(const Placement& p) {
   groups_of_rank.resize(p.ranks.size());
   for (const RankPlacement& r : p.ranks)
     if (r.node >= 0) ranks_of_node[static_cast<size_t>(r.node)].push_back(r.rank);
+  stride_of_group.reserve(p.groups.size());
+  for (const Group& g : p.groups) stride_of_group.push_back(group_stride(g));
   for (size_t g = 0; g < p.groups.size(); ++g)
     for (int r : p.groups[g].ranks)
       if (r >= 0 && static_cast<size_t>(r) < groups_of_rank.size())
@@ -85,7 +96,7 @@ std::string placement_bytes(const Placement& placement) {
   info.set_mesh(mesh::format_mesh(placement.mesh));
   info.mutable_rank_table()->Reserve(3 * static_cast<int>(placement.ranks.size()));
   for (const RankPlacement& r : placement.ranks) add_rank(r, &info);
-  for (const Group& g : placement.groups) add_group(g, &info);
+  for (const Group& g : placement.groups) add_group(g, group_stride(g), &info);
   for (const auto& w : placement.warnings) info.add_warnings(w);
   return info.SerializeAsString();
 }
@@ -103,7 +114,8 @@ std::string node_placement_bytes(const Placement& placement, const PlacementInde
     }
   std::sort(groups.begin(), groups.end());
   groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
-  for (int g : groups) add_group(placement.groups[static_cast<size_t>(g)], &info);
+  for (int g : groups)
+    add_group(placement.groups[static_cast<size_t>(g)], index.stride_of_group[static_cast<size_t>(g)], &info);
   for (const auto& w : placement.warnings) info.add_warnings(w);
   return info.SerializeAsString();
 }
@@ -299,6 +311,7 @@ void to_proto(const ServerStatus& s, pb::StatusReply* out) {
   out->set_round_open(s.round_open);
   out->set_failure(s.failure);
   out->set_stopped(s.stopped);
+  out->set_waiting_heartbeats(s.waiting_heartbeats);
   for (const NodeStatus& n : s.nodes) {
     pb::NodeStatusInfo* p = out->add_nodes();
     p->set_node_id(n.node_id);
@@ -320,6 +333,7 @@ ServerStatus from_proto(const pb::StatusReply& r) {
   s.round_open = r.round_open();
   s.failure = r.failure();
   s.stopped = r.stopped();
+  s.waiting_heartbeats = r.waiting_heartbeats();
   for (const pb::NodeStatusInfo& p : r.nodes()) {
     s.nodes.push_back({p.node_id(), p.host(), p.node_rank(), p.last_heartbeat_age_s(), p.hostname(), {}});
     for (const auto& rank : p.ranks()) s.nodes.back().ranks.push_back(from_proto(rank));

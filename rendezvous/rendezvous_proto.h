@@ -18,6 +18,7 @@ struct PlacementIndex {
   explicit PlacementIndex(const Placement& placement);
   std::vector<std::vector<int>> ranks_of_node;   // global ranks, ascending
   std::vector<std::vector<int>> groups_of_rank;  // indices into placement.groups
+  std::vector<int> stride_of_group;              // step between its ranks, 0 = uneven
 };
 
 // The whole placement as a serialized PlacementInfo (Status, `topo`).

@@ -2,7 +2,8 @@
 // waiting Join long-poll holds no thread (1024 agents wait on a handful of
 // gRPC threads); the round logic itself is RoundState (round_state.h), run
 // under one mutex. A ticker thread drives time: last call, heartbeat deaths,
-// join timeouts.
+// join timeouts. Heartbeats that ask to wait are held (held_beats.h) and
+// answered as soon as the round moves on.
 #include "rendezvous/rendezvous_server.h"
 
 #include <netdb.h>
@@ -19,6 +20,7 @@
 #include "common/log.h"
 #include "common/port_owner.h"
 #include "rendezvous/grpc_options.h"
+#include "rendezvous/held_beats.h"
 #include "rendezvous/rendezvous.grpc.pb.h"
 #include "rendezvous/rendezvous_proto.h"
 #include "rendezvous/round_state.h"
@@ -57,7 +59,9 @@ bool is_local_address(const std::string& host) {
 
 struct RendezvousServer::Impl final : public pb::Rendezvous::CallbackService {
   class JoinReactor;
+  class BeatReactor;
   using Decided = std::vector<std::pair<JoinReactor*, JoinOutcome>>;
+  using Beats = std::vector<HeldBeats<BeatReactor*>::Beat>;
 
   explicit Impl(ServerOptions options)
       : heartbeat_s(options.heartbeat_s),
@@ -82,6 +86,11 @@ struct RendezvousServer::Impl final : public pb::Rendezvous::CallbackService {
   Decided take(std::vector<JoinOutcome> outcomes);
   static void finish(Decided decided);
   void cancel(uint64_t ticket);
+  // Under mu, after anything that may move the round on (and every tick):
+  // the held beats to answer now. answer_beats() runs outside mu.
+  std::vector<std::pair<BeatReactor*, HeartbeatReply>> due_beats(TimePoint now);
+  static void answer_beats(std::vector<std::pair<BeatReactor*, HeartbeatReply>> beats);
+  void cancel_beat(uint64_t ticket);
   void tick_loop();
   void stop();
 
@@ -91,6 +100,7 @@ struct RendezvousServer::Impl final : public pb::Rendezvous::CallbackService {
   std::condition_variable cv;
   RoundState state;
   std::map<uint64_t, JoinReactor*> pending;
+  HeldBeats<BeatReactor*> held;  // tickets from next_ticket too
   std::shared_ptr<const ClosedRound> placement_of;  // whose placement full_placement holds
   std::string full_placement;
   uint64_t next_ticket = 1;
@@ -123,6 +133,50 @@ class RendezvousServer::Impl::JoinReactor final : public grpc::ServerUnaryReacto
   pb::JoinReply* reply_;
   uint64_t ticket_ = 0;
 };
+
+// One heartbeat, answered at once or held until the round moves on or its
+// wait ends. Finished exactly once: by whoever takes it out of `held`, or by
+// OnCancel if it is still there.
+class RendezvousServer::Impl::BeatReactor final : public grpc::ServerUnaryReactor {
+ public:
+  BeatReactor(Impl* impl, pb::HeartbeatReply* reply) : impl_(impl), reply_(reply) {}
+  void OnCancel() override {
+    if (ticket_) impl_->cancel_beat(ticket_);
+  }
+  void OnDone() override { delete this; }
+  void set_ticket(uint64_t t) { ticket_ = t; }
+  void answer(const HeartbeatReply& hb) {
+    reply_->set_known(hb.known);
+    reply_->set_current_round(hb.current_round);
+    reply_->set_failure(hb.failure);
+    Finish(grpc::Status::OK);
+  }
+
+ private:
+  Impl* impl_;
+  pb::HeartbeatReply* reply_;
+  uint64_t ticket_ = 0;
+};
+
+std::vector<std::pair<RendezvousServer::Impl::BeatReactor*, HeartbeatReply>>
+RendezvousServer::Impl::due_beats(TimePoint now) {
+  std::vector<std::pair<BeatReactor*, HeartbeatReply>> out;
+  for (auto& beat : held.due(state.round(), now)) out.emplace_back(beat.handle, state.news(beat.node_id));
+  return out;
+}
+
+void RendezvousServer::Impl::answer_beats(std::vector<std::pair<BeatReactor*, HeartbeatReply>> beats) {
+  for (auto& [reactor, hb] : beats) reactor->answer(hb);
+}
+
+void RendezvousServer::Impl::cancel_beat(uint64_t ticket) {
+  BeatReactor* reactor = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!held.drop(ticket, &reactor)) return;  // answered already
+  }
+  reactor->Finish(grpc::Status::CANCELLED);
+}
 
 RendezvousServer::Impl::Decided RendezvousServer::Impl::take(std::vector<JoinOutcome> outcomes) {
   Decided decided;
@@ -160,6 +214,7 @@ grpc::ServerUnaryReactor* RendezvousServer::Impl::Join(grpc::CallbackServerConte
                                                        pb::JoinReply* reply) {
   auto* reactor = new JoinReactor(this, reply);
   Decided decided;
+  std::vector<std::pair<BeatReactor*, HeartbeatReply>> beats;
   Refusal refusal;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -180,6 +235,7 @@ grpc::ServerUnaryReactor* RendezvousServer::Impl::Join(grpc::CallbackServerConte
         decided = take(state.poll(now));
       }
     }
+    beats = due_beats(now);  // a join may open the next round
   }
   if (refusal) {
     DTRAIN_WARN("rendezvous: refused join of '{}' ({}): {}", req->node_id(), req->host(),
@@ -187,6 +243,7 @@ grpc::ServerUnaryReactor* RendezvousServer::Impl::Join(grpc::CallbackServerConte
     reactor->Finish(to_status(refusal));
   }
   finish(std::move(decided));
+  answer_beats(std::move(beats));
   return reactor;
 }
 
@@ -203,23 +260,33 @@ void RendezvousServer::Impl::cancel(uint64_t ticket) {
   reactor->Finish(grpc::Status::CANCELLED);
 }
 
-grpc::ServerUnaryReactor* RendezvousServer::Impl::Heartbeat(grpc::CallbackServerContext* ctx,
+grpc::ServerUnaryReactor* RendezvousServer::Impl::Heartbeat(grpc::CallbackServerContext* /*ctx*/,
                                                             const pb::HeartbeatRequest* req,
                                                             pb::HeartbeatReply* reply) {
-  auto* reactor = ctx->DefaultReactor();
-  std::lock_guard<std::mutex> lock(mu);
-  if (Refusal r = state.check_auth(req->auth().job(), req->auth().token())) {
-    reactor->Finish(to_status(r));
-    return reactor;
+  auto* reactor = new BeatReactor(this, reply);
+  HeartbeatReply hb;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (Refusal r = state.check_auth(req->auth().job(), req->auth().token())) {
+      reactor->Finish(to_status(r));
+      return reactor;
+    }
+    std::vector<trace::RankProgress> ranks;
+    ranks.reserve(static_cast<size_t>(req->ranks_size()));
+    for (const auto& p : req->ranks()) ranks.push_back(detail::from_proto(p));
+    const TimePoint now = Clock::now();
+    hb = state.heartbeat(req->node_id(), req->round(), now, ranks);
+    // No news yet: hold the reply (its beat is recorded: the node is alive).
+    if (req->wait_s() > 0 && hb.known && hb.current_round == req->round() && !stopping) {
+      const double wait = std::min(req->wait_s(), detail::kMaxHeartbeatWaitS);
+      const uint64_t ticket = next_ticket++;
+      reactor->set_ticket(ticket);
+      held.hold(ticket, reactor, req->node_id(), hb.current_round,
+                now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait)));
+      return reactor;
+    }
   }
-  std::vector<trace::RankProgress> ranks;
-  ranks.reserve(static_cast<size_t>(req->ranks_size()));
-  for (const auto& p : req->ranks()) ranks.push_back(detail::from_proto(p));
-  HeartbeatReply hb = state.heartbeat(req->node_id(), req->round(), Clock::now(), ranks);
-  reply->set_known(hb.known);
-  reply->set_current_round(hb.current_round);
-  reply->set_failure(hb.failure);
-  reactor->Finish(grpc::Status::OK);
+  reactor->answer(hb);
   return reactor;
 }
 
@@ -227,10 +294,16 @@ grpc::ServerUnaryReactor* RendezvousServer::Impl::Leave(grpc::CallbackServerCont
                                                         const pb::LeaveRequest* req,
                                                         pb::LeaveReply* /*reply*/) {
   auto* reactor = ctx->DefaultReactor();
-  std::lock_guard<std::mutex> lock(mu);
-  Refusal r = state.check_auth(req->auth().job(), req->auth().token());
-  if (!r) state.leave(req->node_id(), req->success());
+  std::vector<std::pair<BeatReactor*, HeartbeatReply>> beats;
+  Refusal r;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    r = state.check_auth(req->auth().job(), req->auth().token());
+    if (!r) state.leave(req->node_id(), req->success());
+    beats = due_beats(Clock::now());
+  }
   reactor->Finish(to_status(r));
+  answer_beats(std::move(beats));
   return reactor;
 }
 
@@ -238,10 +311,16 @@ grpc::ServerUnaryReactor* RendezvousServer::Impl::ReportFailure(grpc::CallbackSe
                                                                 const pb::FailureRequest* req,
                                                                 pb::FailureReply* /*reply*/) {
   auto* reactor = ctx->DefaultReactor();
-  std::lock_guard<std::mutex> lock(mu);
-  Refusal r = state.check_auth(req->auth().job(), req->auth().token());
-  if (!r) state.report_failure(detail::from_proto(*req));
+  std::vector<std::pair<BeatReactor*, HeartbeatReply>> beats;
+  Refusal r;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    r = state.check_auth(req->auth().job(), req->auth().token());
+    if (!r) state.report_failure(detail::from_proto(*req));
+    beats = due_beats(Clock::now());  // a failure opens the next round
+  }
   reactor->Finish(to_status(r));
+  answer_beats(std::move(beats));
   return reactor;
 }
 
@@ -254,6 +333,7 @@ grpc::ServerUnaryReactor* RendezvousServer::Impl::Status(grpc::CallbackServerCon
   const std::string& job = req->auth().job().empty() ? state.job() : req->auth().job();
   Refusal r = state.check_auth(job, req->auth().token());
   if (!r) detail::to_proto(state.status(Clock::now()), reply);
+  reply->set_waiting_heartbeats(static_cast<int>(held.size()));
   if (!r && req->placement()) {
     // The whole placement, serialized once per closed round.
     if (auto closed = state.last_closed()) {
@@ -276,16 +356,20 @@ void RendezvousServer::Impl::tick_loop() {
   while (!stopping) {
     cv.wait_for(lock, tick);
     if (stopping) break;
-    Decided decided = take(state.poll(Clock::now()));
-    if (decided.empty()) continue;
+    const TimePoint now = Clock::now();
+    Decided decided = take(state.poll(now));
+    auto beats = due_beats(now);  // a death opens the next round; waits end
+    if (decided.empty() && beats.empty()) continue;
     lock.unlock();
     finish(std::move(decided));
+    answer_beats(std::move(beats));
     lock.lock();
   }
 }
 
 void RendezvousServer::Impl::stop() {
   Decided waiting;
+  std::vector<std::pair<BeatReactor*, HeartbeatReply>> beats;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!started || stopping) return;
@@ -297,9 +381,11 @@ void RendezvousServer::Impl::stop() {
       waiting.emplace_back(reactor, o);
     }
     pending.clear();
+    for (auto& beat : held.take_all()) beats.emplace_back(beat.handle, state.news(beat.node_id));
   }
   cv.notify_all();
   finish(std::move(waiting));
+  answer_beats(std::move(beats));
   if (ticker.joinable()) ticker.join();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   std::lock_guard<std::mutex> lock(mu);

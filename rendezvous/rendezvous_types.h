@@ -80,6 +80,7 @@ struct ServerStatus {
   bool stopped = false;           // a permanent failure was reported: agents stop instead of re-joining
   bool has_placement = false;     // asked for and a round has closed
   Placement placement;            // the last closed round's whole placement (same as dtrain topo)
+  int waiting_heartbeats = 0;     // heartbeats held until the round moves on (agents listening)
 };
 
 }  // namespace dtrain::rendezvous

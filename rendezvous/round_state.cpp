@@ -259,6 +259,14 @@ HeartbeatReply RoundState::heartbeat(const std::string& node_id, uint64_t round,
   return reply;
 }
 
+HeartbeatReply RoundState::news(const std::string& node_id) const {
+  HeartbeatReply reply;
+  reply.current_round = round_;
+  reply.failure = failure_;
+  reply.known = active_by_id_.count(node_id) > 0 || waiting_by_id_.count(node_id) > 0;
+  return reply;
+}
+
 void RoundState::report_failure(const FailureReport& r) {
   std::string what = r.signal ? "signal " + std::to_string(r.signal) + " (" + signal_name(r.signal) + ")"
                               : "exit code " + std::to_string(r.exit_code);

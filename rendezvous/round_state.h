@@ -94,6 +94,9 @@ class RoundState {
   // ranks: the collective progress of the node's ranks (may be empty).
   HeartbeatReply heartbeat(const std::string& node_id, uint64_t round, TimePoint now,
                            const std::vector<trace::RankProgress>& ranks = {});
+  // What heartbeat() would answer now, recording no beat: the late reply of
+  // a beat the server held. O(1).
+  HeartbeatReply news(const std::string& node_id) const;
   void report_failure(const FailureReport& report);
   void leave(const std::string& node_id, bool success);
   ServerStatus status(TimePoint now) const;

@@ -269,6 +269,42 @@ TEST_CASE("rendezvous: a node that stops beating is declared dead; a new round o
   CHECK_FALSE(c.heartbeat("node-1", ra.round).known);
 }
 
+TEST_CASE("rendezvous: a waiting heartbeat is answered when the round moves on") {
+  TestServer s(server_options(2, 2, dtrain::mesh::make_mesh(2, 1, 1, 1)));
+  auto a = join_async(s, agent(0, 1));
+  Assignment rb = s.client().join(agent(1, 1), 5);
+  Assignment ra = a.get();
+  REQUIRE(ra.round == rb.round);
+  auto c = s.client();
+  // Nothing happens meanwhile: the beat is answered at its wait's end (a
+  // server that never answered would leave it to the client's deadline, an error).
+  CallCancel never;
+  auto quiet = c.wait_heartbeat("node-0", ra.round, {}, 0.3, never);
+  REQUIRE(quiet);
+  CHECK(quiet->current_round == ra.round);
+  // A beat that may wait 30 s; once the server holds it, node-1 reports a
+  // failure: the held beat is answered with the new round.
+  auto held = std::async(std::launch::async, [&] {
+    CallCancel cancel;
+    return s.client().wait_heartbeat("node-0", ra.round, {}, 30, cancel);
+  });
+  int polls = 0;  // hang guard only (30 s)
+  while (c.status().waiting_heartbeats < 1 && held.wait_for(std::chrono::seconds(0)) != std::future_status::ready &&
+         ++polls < 6000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  FailureReport f;
+  f.round = ra.round;
+  f.exit_code = 1;
+  f.node_id = "node-1";
+  c.report_failure(f);
+  auto hb = held.get();
+  REQUIRE(hb);
+  MESSAGE("held beat answered with round " << hb->current_round << " (joined in " << ra.round << ")");
+  CHECK_MESSAGE(hb->current_round == ra.round + 1, "the beat was answered before the round moved on");
+  CHECK(hb->known);
+  CHECK(c.status().waiting_heartbeats == 0);
+}
+
 TEST_CASE("rendezvous: ReportFailure restarts once per round") {
   TestServer s(server_options(2, 2, dtrain::mesh::make_mesh(2, 1, 1, 1)));
   auto a = join_async(s, agent(0, 1));
