@@ -23,11 +23,14 @@ restore, the first step: see TIMELINE).
 With --memory the spec adds checkpoint.memory {every: 1, replicas: 1}: the
 survivors restore round 2 from the copies in the nodes' memory (node 0's log:
 "restored step N of rank 2 from peer memory"), not from the disk checkpoint.
+With --in-place the spec sets cluster.recover_in_place: the survivors' workers
+get round 2's environment from their agents and train it in the same
+processes ("stopping" is then the last survivor's "keeping" line).
 With --defaults grace_s and last_call_s keep their defaults (5 s each)
 instead of 1 s. "Today" vs "now": the same command with DTRAIN_BUILD_DIR of
 the two builds.
 
-Usage: sudo bench/elastic_recovery.py [RUNS] [--memory] [--defaults]
+Usage: sudo bench/elastic_recovery.py [RUNS] [--memory] [--defaults] [--in-place]
 (DTRAIN_BUILD_DIR, default build/; DTRAIN_BENCH_KEEP=1 keeps the agents' logs)
 """
 import fcntl
@@ -48,6 +51,8 @@ DEFAULTS = "--defaults" in sys.argv
 if DEFAULTS:
     LAST_CALL_S, GRACE_S = 5.0, 5.0
 MEMORY = ", memory: {every: 1, replicas: 1}" if "--memory" in sys.argv else ""
+IN_PLACE = "--in-place" in sys.argv  # cluster.recover_in_place: the survivors keep their workers
+IN_PLACE_FIELD = " recover_in_place: true," if IN_PLACE else ""  # absent otherwise: older builds lack the field
 POLL_S = 0.01
 
 
@@ -81,7 +86,7 @@ def write_spec(work, run, nodes):
     path = os.path.join(work, "spec_%s.yaml" % os.path.basename(run))
     with open(path, "w") as f:
         f.write(f"""job: {{name: elastic-bench, seed: 1234}}
-cluster: {{nodes: "{nodes}", procs_per_node: 1, device: cpu, backend: gloo, grace_s: {GRACE_S},
+cluster: {{nodes: "{nodes}", procs_per_node: 1, device: cpu, backend: gloo, grace_s: {GRACE_S},{IN_PLACE_FIELD}
           rendezvous: {{heartbeat_s: {HEARTBEAT_S}, last_call_s: {LAST_CALL_S}, join_timeout_s: 30}}}}
 parallel: {{dp: auto}}
 model: {{kind: gpt, vocab: 256, layers: 2, d_model: 32, heads: 2, seq_len: 32, dropout: 0.0}}
@@ -172,7 +177,8 @@ def round_times(log0, metrics, t0, named=None):
 # main with its spec read (its fault warning: process start, library load),
 # had its Gloo groups ("coordinates"), and rank 0 had restored its state
 # ("resuming from step"). The first step comes from metrics.jsonl.
-TIMELINE = [("named", "declared dead"), ("stopping", "stopping "), ("formed", "rendezvous round 2 closed"),
+TIMELINE = [("named", "declared dead"), ("stopping", "keeping " if IN_PLACE else "stopping "),
+            ("formed", "rendezvous round 2 closed"),
             ("spawned", "round 2: node "), ("worker main", "FAULT INJECTION ON"),
             ("gloo ready", " coordinates "), ("restored", "resuming from step ")]
 
