@@ -27,7 +27,7 @@ namespace comm = dtrain::engine::comm;
 namespace {
 
 // World 2: rank 0 all-reduces while rank 1, instead of joining it, ends the
-// round (end_round(), or only the flag). Returns each rank's error ("" = none).
+// round (end_round(), or only the flag) and returns. Each rank's error ("" = none).
 std::vector<std::string> abandoned_all_reduce(bool shm, bool sockets) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(2);
@@ -56,7 +56,6 @@ std::vector<std::string> abandoned_all_reduce(bool shm, bool sockets) {
             comm::end_round();
           else
             comm::abort_round();
-          c->world().all_reduce(t);  // its round is over too
         }
       } catch (const std::exception& e) {
         errors[size_t(r)] = e.what();
@@ -85,12 +84,10 @@ void next_round_works() {
 TEST_CASE("round abort: a Gloo all-reduce waiting for a peer leaves when end_round shuts the sockets") {
   const auto errors = abandoned_all_reduce(/*shm=*/false, /*sockets=*/true);
   MESSAGE("rank 0 (waiting in the all-reduce): " << errors[0]);
-  MESSAGE("rank 1 (ended the round): " << errors[1]);
-  REQUIRE(!errors[0].empty());
-  // Left through its connection, not after options.timeout_s.
-  CHECK(errors[0].find("imed out") == std::string::npos);
-  CHECK(errors[0].find("imeout") == std::string::npos);
-  CHECK(!errors[1].empty());
+  // Left through its connection (Gloo: "Connection closed by peer"), not
+  // after options.timeout_s.
+  CHECK(errors[0].find("Connection closed") != std::string::npos);
+  CHECK(errors[1].empty());
   next_round_works();
 }
 
