@@ -9,7 +9,8 @@ moment the link goes down:
   named    the rendezvous names the lost node (node 0's log: "declared dead")
   formed   the survivors' round 2 closed (workers stopped, re-joined, last call)
   training the first step of round 2 on the 2 survivors (metrics.jsonl)
-Then host 2 comes back (link up, a new agent there); from its start:
+Then host 2 comes back (link up, a new agent there: the cut one gave up at
+once, rejoin_timeout_s 0, so that it cannot take node rank 2 first); from its start:
   grown    round 3 closed on 3 nodes (the survivors' workers saved on SIGTERM)
   training the first step of round 3 on all 3
 The peer, in the same run: a fresh 2-host launch of the same spec, from its
@@ -23,11 +24,14 @@ restore, the first step: see TIMELINE).
 With --memory the spec adds checkpoint.memory {every: 1, replicas: 1}: the
 survivors restore round 2 from the copies in the nodes' memory (node 0's log:
 "restored step N of rank 2 from peer memory"), not from the disk checkpoint.
+With --in-place the spec sets cluster.recover_in_place: the survivors' workers
+get round 2's environment from their agents and train it in the same
+processes ("stopping" is then the last survivor's "keeping" line).
 With --defaults grace_s and last_call_s keep their defaults (5 s each)
 instead of 1 s. "Today" vs "now": the same command with DTRAIN_BUILD_DIR of
 the two builds.
 
-Usage: sudo bench/elastic_recovery.py [RUNS] [--memory] [--defaults]
+Usage: sudo bench/elastic_recovery.py [RUNS] [--memory] [--defaults] [--in-place]
 (DTRAIN_BUILD_DIR, default build/; DTRAIN_BENCH_KEEP=1 keeps the agents' logs)
 """
 import fcntl
@@ -48,6 +52,8 @@ DEFAULTS = "--defaults" in sys.argv
 if DEFAULTS:
     LAST_CALL_S, GRACE_S = 5.0, 5.0
 MEMORY = ", memory: {every: 1, replicas: 1}" if "--memory" in sys.argv else ""
+IN_PLACE = "--in-place" in sys.argv  # cluster.recover_in_place: the survivors keep their workers
+IN_PLACE_FIELD = " recover_in_place: true," if IN_PLACE else ""  # absent otherwise: older builds lack the field
 POLL_S = 0.01
 
 
@@ -81,8 +87,9 @@ def write_spec(work, run, nodes):
     path = os.path.join(work, "spec_%s.yaml" % os.path.basename(run))
     with open(path, "w") as f:
         f.write(f"""job: {{name: elastic-bench, seed: 1234}}
-cluster: {{nodes: "{nodes}", procs_per_node: 1, device: cpu, backend: gloo, grace_s: {GRACE_S},
-          rendezvous: {{heartbeat_s: {HEARTBEAT_S}, last_call_s: {LAST_CALL_S}, join_timeout_s: 30}}}}
+cluster: {{nodes: "{nodes}", procs_per_node: 1, device: cpu, backend: gloo, grace_s: {GRACE_S},{IN_PLACE_FIELD}
+          rendezvous: {{heartbeat_s: {HEARTBEAT_S}, last_call_s: {LAST_CALL_S}, join_timeout_s: 30,
+                        rejoin_timeout_s: 0}}}}
 parallel: {{dp: auto}}
 model: {{kind: gpt, vocab: 256, layers: 2, d_model: 32, heads: 2, seq_len: 32, dropout: 0.0}}
 fault: {{kind: slow, rank: 0, step: 1, ms: 40}}
@@ -172,7 +179,8 @@ def round_times(log0, metrics, t0, named=None):
 # main with its spec read (its fault warning: process start, library load),
 # had its Gloo groups ("coordinates"), and rank 0 had restored its state
 # ("resuming from step"). The first step comes from metrics.jsonl.
-TIMELINE = [("named", "declared dead"), ("stopping", "stopping "), ("formed", "rendezvous round 2 closed"),
+TIMELINE = [("named", "declared dead"), ("stopping", "keeping " if IN_PLACE else "stopping "),
+            ("formed", "rendezvous round 2 closed"),
             ("spawned", "round 2: node "), ("worker main", "FAULT INJECTION ON"),
             ("gloo ready", " coordinates "), ("restored", "resuming from step ")]
 
@@ -239,12 +247,16 @@ def one_cut(work, k):
             raise RuntimeError("round 2 ended too soon to add host 2 back; see " + logs[0])
         testhosts("heal", "2")
         t_back = time.monotonic()
-        agents.add(2, os.path.join(work, "cut%d_node2_back.log" % k))
+        # A cut agent whose heartbeats had not yet failed 3 times when the
+        # link returned is told it was dropped and re-joins itself (with
+        # recover_in_place, keeping its worker): no new agent then.
+        if agents.procs[2].poll() is not None:
+            agents.add(2, os.path.join(work, "cut%d_node2_back.log" % k))
         back, progress = round_times(logs[0], metrics, t_back)
         back["closed_marker"] = "rendezvous round 3 closed (restart 0): 3 nodes"
         wait_for(progress, 120, "round 3's first step")
         codes = agents.wait(300)
-        if codes[0] != 0 or codes[1] != 0 or codes[3] != 0:
+        if codes[0] != 0 or codes[1] != 0 or codes[-1] != 0:
             raise RuntimeError("agents exited %s; see %s" % (codes, agents.logs))
         if "round 1 closed (restart 0): 3 nodes" not in read(logs[0]):
             raise RuntimeError("round 1 did not start on 3 nodes; see " + logs[0])

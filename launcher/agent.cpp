@@ -88,6 +88,7 @@ Agent::Agent(const JobSpec& spec, AgentConfig config, rendezvous::RendezvousClie
 Agent::~Agent() {
   heartbeat_.reset();
   procs_.reset();  // SIGKILLs and reaps anything left (only on an exception path)
+  discard_kept();
   spares_.reset();  // before watch_, which forgets them
   memory_.reset();  // the in-memory copies go with the job
   watch_.reset();  // after procs_: tells the watcher to quit
@@ -123,7 +124,10 @@ int Agent::run() {
         finish_goodput();
         return 0;
       }
-      stop_step(stop_signal_for(outcome));
+      if (outcome == Outcome::round_changed && in_place())
+        keep_step();  // the survivors go on in the next round, same processes
+      else
+        stop_step(stop_signal_for(outcome));
       if (stop_signal_ != 0) break;
       if (outcome == Outcome::failed && round_moved_on()) outcome = Outcome::round_changed;
       if (outcome == Outcome::unreachable) {  // a partition: re-join when the link returns (rejoin.cpp)
@@ -131,7 +135,8 @@ int Agent::run() {
         continue;
       }
       if (outcome == Outcome::round_changed) {
-        DTRAIN_WARN("rendezvous: {}; stopped this node's workers, re-joining{}", heartbeat_detail_,
+        DTRAIN_WARN("rendezvous: {}; {} this node's workers, re-joining{}", heartbeat_detail_,
+                    kept_.empty() ? "stopped" : "kept",
                     remote_failure_.empty() ? "" : "\n  because: " + remote_failure_);
         const rendezvous::ServerStatus status = server_status();
         if (status.stopped)  // another node's worker failed on a config error: re-joining would repeat it
@@ -246,6 +251,11 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
     if (memory_) DTRAIN_INFO("checkpoint.memory: this node keeps its in-memory copies in {}", memory_->dir());
   }
   if (memory_) in.extra_env.push_back("DTRAIN_MEMORY_DIR=" + memory_->dir());
+  if (in_place()) {  // the worker waits this long for a round change's notice after its round failed
+    const auto& r = spec_.cluster.rendezvous;
+    in.extra_env.push_back("DTRAIN_ROUND_CHANNEL=1");
+    in.extra_env.push_back("DTRAIN_ROUND_WAIT_S=" + std::to_string(4 * r.heartbeat_s + r.last_call_s + 2));
+  }
   const auto& show = config_.console_ranks;
   for (const auto& placement : a.local_ranks) {
     Worker w;
@@ -263,16 +273,21 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
     const std::string header = "===== dtrain: " + config_.log_header + ", round " + std::to_string(a.round) +
                                ", restart " + std::to_string(restart) + ", rank " + std::to_string(w.rank) +
                                " =====";
-    auto spare = spares_ ? spares_->take(group_.workers.size(), w.spec) : nullptr;
-    if (spare) {
+    auto kept = take_kept(group_.workers.size(), w.spec);
+    auto spare = !kept && spares_ ? spares_->take(group_.workers.size(), w.spec, in_place()) : nullptr;
+    if (kept) {
+      w.pid = procs_->adopt(w.rank, w.spec, header, std::move(kept));
+      DTRAIN_INFO("rank {} continues in pid {}: recovered in place, the new round's environment sent", w.rank, w.pid);
+    } else if (spare) {
       w.pid = procs_->adopt(w.rank, w.spec, header, std::move(spare));
       DTRAIN_INFO("rank {} starts in warm spare pid {} (LibTorch already loaded)", w.rank, w.pid);
     } else {
-      w.pid = procs_->spawn(w.rank, w.spec, header);
+      w.pid = procs_->spawn(w.rank, w.spec, header, in_place());
     }
     w.state = WorkerState::HEALTHY;
     group_.workers.push_back(std::move(w));
   }
+  discard_kept();  // more kept workers than this round's local ranks
   // The job's first spares start with its first workers; later ones wait
   // until this round trains (monitor_step), so that their library load does
   // not compete with a restart's workers (or a joining node's) for the CPUs.
@@ -401,13 +416,7 @@ void Agent::stop_step(int first_signal) {
     auto events = procs_->close(first_signal, now ? 0.0 : spec_.cluster.grace_s, [this] { return hurry(); });
     for (const auto& e : events) record_exit(e, /*stopping=*/true);
   }
-  if (heartbeat_) heartbeat_detail_ = heartbeat_->detail();
-  if (heartbeat_) remote_failure_ = heartbeat_->failure();
-  heartbeat_.reset();
-  procs_.reset();
-  if (int sig = relay_ ? relay_->take_stop_signal() : 0)
-    if (stop_signal_ == 0) stop_signal_ = sig;
-  relay_.reset();
+  end_round_handles();
   group_.state = first_failure_ ? WorkerState::FAILED
                  : std::all_of(group_.workers.begin(), group_.workers.end(),
                                [](const Worker& w) { return w.state == WorkerState::SUCCEEDED; })

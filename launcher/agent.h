@@ -61,6 +61,14 @@ class Agent {
   void fill_spares();  // warm spares for the next restart (warm_spares.h)
   bool round_trains() const;  // every local rank finished a step of this round
   void stop_step(int first_signal);
+  // Recovery in place (agent_in_place.cpp): on a round change keep_step
+  // takes the live workers out of the round's group instead of stopping
+  // them; the next start_step hands each its new environment (take_kept).
+  bool in_place() const;
+  void keep_step();
+  std::unique_ptr<Process> take_kept(size_t slot, const WorkerSpec& spec);
+  void discard_kept();  // what no slot took: SIGKILLed and reaped
+  void end_round_handles();  // after stop or keep: the heartbeat's last words, relay and group state
   // SIGTERM (the workers save on it), or SIGKILL at once when the round
   // ended because a node was declared dead: the workers wait in a collective
   // with a rank that is gone (Gloo cannot abort it) and could not save.
@@ -100,6 +108,7 @@ class Agent {
   std::unique_ptr<WorkerWatch> watch_;  // stops the workers if this agent dies; outlives procs_
   std::unique_ptr<ProcessGroup> procs_;
   std::unique_ptr<WarmSpares> spares_;  // idle workers a restart takes (warm_spares.h)
+  std::vector<std::unique_ptr<Process>> kept_;  // by local rank: workers kept for the next round
   bool refill_spares_ = false;          // refill them once this round trains
   Heartbeat::Progress progress_;        // this node's ranks' collective traces
   std::unique_ptr<MemoryCopies> memory_;  // checkpoint.memory: from the first start to the end

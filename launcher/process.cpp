@@ -87,6 +87,7 @@ Process::~Process() {
     }
   }
   if (out_fd_ >= 0) ::close(out_fd_);
+  if (channel_fd_ >= 0) ::close(channel_fd_);
 }
 
 void Process::read_output(std::string* chunk) {

@@ -37,9 +37,15 @@ class Process {
   // Signal the worker's process group (the worker and what it spawned).
   void signal_group(int sig) const;
 
+  // The write end of the worker's round channel (its stdin pipe, under
+  // cluster.recover_in_place), owned from here on: closed with the Process.
+  void set_channel_fd(int fd) { channel_fd_ = fd; }
+  int channel_fd() const { return channel_fd_; }
+
  private:
   pid_t pid_ = -1;
   int out_fd_ = -1;
+  int channel_fd_ = -1;
   bool exited_ = false;
 };
 

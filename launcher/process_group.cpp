@@ -2,12 +2,16 @@
 // every worker's output pipe drives output, exits and stop deadlines.
 #include "launcher/process_group.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 
 #include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <string>
 
+#include "common/error.h"
 #include "launcher/session_signal.h"
 
 namespace dtrain::launcher {
@@ -36,9 +40,24 @@ void ProcessGroup::kill_sessions() {
     for (pid_t sid : sids) watch_->forget(sid);
 }
 
-pid_t ProcessGroup::spawn(int rank, const WorkerSpec& spec, const std::string& log_header) {
+pid_t ProcessGroup::spawn(int rank, const WorkerSpec& spec, const std::string& log_header, bool channel) {
   auto output = std::make_unique<RankOutput>(rank, spec.log_path, spec.console, log_header);
-  auto process = std::make_unique<Process>(spec);
+  int fds[2] = {-1, -1};
+  if (channel && ::pipe2(fds, O_CLOEXEC) != 0)
+    throw Error(ErrorCode::internal, std::string("pipe2 for rank ") + std::to_string(rank) +
+                                         "'s round channel: " + std::strerror(errno));
+  std::unique_ptr<Process> process;
+  try {
+    process = std::make_unique<Process>(spec, fds[0]);
+  } catch (...) {
+    if (channel) ::close(fds[1]);
+    if (channel) ::close(fds[0]);
+    throw;
+  }
+  if (channel) {
+    ::close(fds[0]);
+    process->set_channel_fd(fds[1]);
+  }
   if (watch_) watch_->watch(process->pid());  // its session id: it is the session's leader
   return add(std::move(output), std::move(process));
 }
@@ -56,6 +75,17 @@ pid_t ProcessGroup::add(std::unique_ptr<RankOutput> output, std::unique_ptr<Proc
   pid_t pid = entry.process->pid();
   entries_.push_back(std::move(entry));
   return pid;
+}
+
+std::vector<std::unique_ptr<Process>> ProcessGroup::release() {
+  std::vector<std::unique_ptr<Process>> out;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    pump(i);
+    entries_[i].output->flush();
+    out.push_back(std::move(entries_[i].process));
+  }
+  entries_.clear();
+  return out;
 }
 
 size_t ProcessGroup::running() const {

@@ -35,7 +35,9 @@ class ProcessGroup {
 
   // Spawn one more worker; its log is appended to, after the line
   // log_header. Throws like Process.
-  pid_t spawn(int rank, const WorkerSpec& spec, const std::string& log_header);
+  // channel: its stdin is a pipe whose write end the Process keeps
+  // (Process::channel_fd, recovery in place).
+  pid_t spawn(int rank, const WorkerSpec& spec, const std::string& log_header, bool channel = false);
   // The same for a process already started (a warm spare given its rank).
   pid_t adopt(int rank, const WorkerSpec& spec, const std::string& log_header,
               std::unique_ptr<Process> process);
@@ -44,6 +46,10 @@ class ProcessGroup {
   std::vector<ExitEvent> poll(double timeout_s);
 
   size_t running() const;
+
+  // Hands the processes back, by index, still running (recovery in place:
+  // the next round's group adopts them); their output so far is written.
+  std::vector<std::unique_ptr<Process>> release();
 
   // Send first_signal to every group, keep pumping and reaping for grace_s
   // (or until hurry() says so), then SIGKILL what is left of the workers'

@@ -100,7 +100,7 @@ void WarmSpares::fill(const std::vector<WorkerSpec>& like) {
   }
 }
 
-std::unique_ptr<Process> WarmSpares::take(size_t slot, const WorkerSpec& spec) {
+std::unique_ptr<Process> WarmSpares::take(size_t slot, const WorkerSpec& spec, bool keep_channel) {
   if (slot >= spares_.size() || !spares_[slot].process) return nullptr;
   Spare& spare = spares_[slot];
   const std::string payload = spare_payload(spec.env);
@@ -120,7 +120,10 @@ std::unique_ptr<Process> WarmSpares::take(size_t slot, const WorkerSpec& spec) {
     discard(spare);
     return nullptr;
   }
-  ::close(spare.fd);
+  if (keep_channel)
+    spare.process->set_channel_fd(spare.fd);
+  else
+    ::close(spare.fd);
   spare.fd = -1;
   spare.env.clear();
   return std::move(spare.process);

@@ -37,7 +37,9 @@ class WarmSpares {
   // The spare of `slot` given spec.env, or null (none, it exited, or the
   // environment its libraries loaded with differs from spec.env's: then it
   // is discarded and the caller starts a process as usual).
-  std::unique_ptr<Process> take(size_t slot, const WorkerSpec& spec);
+  // keep_channel: the pipe stays open as the worker's round channel
+  // (Process::channel_fd, recovery in place) instead of being closed.
+  std::unique_ptr<Process> take(size_t slot, const WorkerSpec& spec, bool keep_channel = false);
 
   // Pid of the idle spare of slot (-1: none).
   pid_t pid(size_t slot) const;

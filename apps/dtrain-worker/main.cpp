@@ -8,6 +8,7 @@
 //   dtrain-worker probe-matmul    this CPU's fp32 GEMM rate, "gflops=X" (dtrain plan)
 #include <malloc.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -18,6 +19,7 @@
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 
+#include "apps/dtrain-worker/round_channel.h"
 #include "apps/dtrain-worker/warm_spare.h"
 #include "common/error.h"
 #include "common/error_file.h"
@@ -96,6 +98,43 @@ void write_error_file(const std::string& message, const std::string& code = "") 
   std::abort();
 }
 
+// Training, round after round in this process when the agent recovers in
+// place (round_channel.h): a round the agent ends (its notice shuts the
+// sockets, so the pending collective throws) is left, the engine's state
+// dropped with it (its groups leaked, train_session.h), and run_training()
+// starts again from the new environment, restoring as a new worker would
+// (peer memory or disk). A failure with no notice within DTRAIN_ROUND_WAIT_S
+// is this worker's own: it ends the process as without a channel.
+int train_rounds() {
+  auto channel = dtrain::worker::RoundChannel::open_if_enabled();
+  if (!channel) return dtrain::engine::trainer::run_training();
+  const char* wait = std::getenv(dtrain::worker::kRoundWaitEnv);
+  const double wait_s = wait && *wait ? std::atof(wait) : 10.0;
+  for (;;) {
+    int rc = 0;
+    std::exception_ptr failure;
+    std::string what;
+    try {
+      rc = dtrain::engine::trainer::run_training();
+    } catch (const std::exception& e) {
+      failure = std::current_exception();
+      what = e.what();
+    }
+    auto env = channel->next(failure ? wait_s : 0.0);
+    if (!env) {
+      if (failure) std::rethrow_exception(failure);
+      return rc;
+    }
+    dtrain::worker::replace_environment(*env);
+    const char* rank = std::getenv("RANK");
+    const char* world = std::getenv("WORLD_SIZE");
+    dtrain::log::init("worker", rank ? std::atoi(rank) : 0, world ? std::atoi(world) : 1);
+    DTRAIN_INFO("pid {} continues as rank {} of {} in the new round (recovery in place){}", ::getpid(),
+                rank ? rank : "?", world ? world : "?",
+                failure ? "; the old round ended in: " + what.substr(0, what.find('\n')) : std::string());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,7 +192,7 @@ int main(int argc, char** argv) {
     // `dtrain eval` launches the same workers with the checkpoint to evaluate.
     if (const char* eval = std::getenv("DTRAIN_EVAL_CKPT"); eval && *eval)
       return dtrain::engine::trainer::run_evaluation();
-    return dtrain::engine::trainer::run_training();
+    return train_rounds();
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   } catch (const dtrain::Error& e) {

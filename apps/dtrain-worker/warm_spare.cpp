@@ -14,6 +14,12 @@
 
 namespace dtrain::worker {
 
+void replace_environment(const std::vector<std::string>& env) {
+  ::clearenv();
+  // putenv keeps the pointer: the strings live as long as the process.
+  for (const auto& kv : env) ::putenv(::strdup(kv.c_str()));
+}
+
 bool wait_for_rank_if_spare() {
   const char* spare = std::getenv("DTRAIN_WARM_SPARE");
   if (!spare || !*spare) return true;
@@ -29,18 +35,20 @@ bool wait_for_rank_if_spare() {
     if (n <= 0) return false;
     got.append(buf, static_cast<size_t>(n));
   }
-  ::clearenv();
+  std::vector<std::string> env;
   size_t from = 0;
   while (from < got.size() && got[from] != '\0') {
     size_t end = got.find('\0', from);
-    // putenv keeps the pointer: the strings live as long as the process.
-    ::putenv(::strdup(got.substr(from, end - from).c_str()));
+    env.push_back(got.substr(from, end - from));
     from = end + 1;
   }
+  replace_environment(env);
   const char* rank = std::getenv("RANK");
   std::fprintf(stderr, "dtrain-worker: warm spare pid %d given rank %s\n", static_cast<int>(::getpid()),
                rank ? rank : "?");
-  int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  // Under recovery in place the pipe stays: it carries the next rounds.
+  const char* channel = std::getenv("DTRAIN_ROUND_CHANNEL");
+  int null = channel && *channel ? -1 : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (null >= 0) {
     ::dup2(null, STDIN_FILENO);
     ::close(null);

@@ -41,6 +41,7 @@
 #include "common/log.h"
 #include "engine/comm/forwarding_group.h"
 #include "engine/comm/gloo_group.h"
+#include "engine/comm/round_abort.h"
 
 namespace dtrain::engine::comm::detail {
 
@@ -193,13 +194,16 @@ void ShmChannel::wait_until(Counter& c, uint32_t target, ShmOp op, const char* w
   for (;;) {
     const uint32_t seen = c.value.load(std::memory_order_acquire);
     if (reached(seen, target)) return;
+    throw_if_round_aborted("a shared-memory wait");  // no socket to shut down here
     if (Clock::now() >= deadline)
       throw Error(ErrorCode::timeout,
                   fmt::format("{} on group {} (shared memory) waited {:g} s for the other "
                               "ranks ({})",
                               op_name(op), group_, options_.timeout_s, what),
                   "a peer did not reach the same collective in time (options.timeout_s); see its log");
-    const timespec slice{1, 0};  // wake up to check the deadline
+    // Wake up to check the deadline and the round's abort flag (round_abort.h):
+    // a new round is noticed within 0.1 s.
+    const timespec slice{0, 100'000'000};
     futex(&c.value, FUTEX_WAIT, seen, &slice);
   }
 }

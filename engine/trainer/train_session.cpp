@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/offload_files.h"
+#include "engine/comm/round_abort.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
 #include "engine/doctor/blas_check.h"
@@ -232,6 +233,10 @@ void offload_fault_after_step(TrainSession& s, int64_t steps_done) {
     else
       std::filesystem::resize_file(file, bytes / 2, ec);
   }
+}
+
+TrainSession::~TrainSession() {
+  if (comm && comm::round_aborted()) (void)comm.release();  // see the declaration
 }
 
 MemoryStats TrainSession::memory() const {

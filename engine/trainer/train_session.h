@@ -44,6 +44,14 @@ struct TrainSession {
 
   bool is_log_rank() const { return info.rank == 0; }
   MemoryStats memory() const;
+
+  TrainSession() = default;
+  TrainSession(const TrainSession&) = delete;
+  TrainSession& operator=(const TrainSession&) = delete;
+  // After a round abort (comm/round_abort.h) the groups are leaked, not
+  // destroyed: their sockets are shut down under pending work, and a
+  // destructor that waits for that work must not hold up the next round.
+  ~TrainSession();
 };
 
 // Reads WorldInfo and DTRAIN_SPEC, sets one intra-op thread, picks the

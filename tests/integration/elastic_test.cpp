@@ -113,6 +113,21 @@ std::vector<std::string> elastic_sets(const std::string& run_dir) {
           "cluster.rendezvous.rejoin_timeout_s=1"};
 }
 
+// This job's dtrain-worker processes (by the test tag), each with the RANK
+// it was started with (/proc/<pid>/environ is the initial environment).
+std::map<int, int> worker_pids(const std::string& tag) {
+  std::map<int, int> out;  // pid -> initial rank
+  for (pid_t pid : dtrain::testing::tagged_pids(tag)) {
+    const std::string proc = "/proc/" + std::to_string(pid);
+    if (dtrain::testing::read_file(proc + "/comm").rfind("dtrain-worker", 0) != 0) continue;
+    std::string env = dtrain::testing::read_file(proc + "/environ");
+    for (auto& c : env) if (c == '\0') c = '\n';
+    const auto at = ("\n" + env).find("\nRANK=");
+    out[pid] = at == std::string::npos ? -1 : std::atoi(env.c_str() + at + 5);
+  }
+  return out;
+}
+
 // A 2-host run of the same spec resumed from `from` (run dir <fixture>/<name>);
 // its losses by step.
 std::map<int, double> resumed_on_two_hosts(const std::string& name, const std::string& from,
@@ -238,6 +253,98 @@ TEST_CASE("elastic 2:3: a cut host is named; the survivors re-form on 2, same gl
   MESSAGE("elastic vs 2 hosts resumed from step " << resumed << ": max loss rel diff " << diff
                                                   << " (tolerance " << parity::kLossRelTol
                                                   << "); negative control (global batch 8) " << control_diff);
+  CHECK(diff <= parity::kLossRelTol);
+  CHECK(control_diff >= parity::kControlFactor * parity::kLossRelTol);
+}
+
+// Recovery in place: the survivors' workers are told round 2 by their agents
+// and train it in the same processes (warm spares off, so that any new
+// process has a pid never seen before the cut); their losses from the
+// restored step equal a 2-host run resumed from it.
+TEST_CASE("elastic 2:3, recover_in_place: the survivors keep their worker pids; losses match 2 hosts") {
+  if (skip_without_hosts()) return;
+  auto& p = parity::Parity::get();
+  TestHosts hosts(3);
+  const std::string run_dir = p.dir / "in_place";
+  std::vector<std::unique_ptr<Child>> agents;
+  std::set<int> before, after;  // the survivors' worker pids before the cut; every worker pid but rank 2's after
+  int lost_pid = -1;
+  {
+    TagGuard tag;
+    std::vector<std::string> sets = elastic_sets(run_dir);
+    sets.insert(sets.end(), {"cluster.recover_in_place=true", "cluster.warm_spares=false"});
+    start_three(agents, [&](int i) {
+      return start_agent(i, p.dir / "spec.yaml", sets, p.dir / ("in_place_node" + std::to_string(i) + ".log"), tag);
+    });
+    const bool trained = wait_until([&] {
+      return parity::read_metric(run_dir + "/metrics.jsonl", "loss").size() >= 6;
+    }, 180);
+    REQUIRE_MESSAGE(trained, agents[0]->output());
+    for (auto [pid, rank] : worker_pids(tag.tag())) {
+      if (rank == 2) lost_pid = pid;
+      else before.insert(pid);
+    }
+    REQUIRE_MESSAGE(before.size() == 2, "workers of ranks 0 and 1 before the cut: " << before.size());
+    hosts.cut(2);
+    // Every worker process seen from the cut to the end of the job.
+    wait_until([&] {
+      for (auto [pid, rank] : worker_pids(tag.tag()))
+        if (pid != lost_pid) after.insert(pid);
+      return agents[0]->wait(0.02) && agents[1]->wait(0.02);
+    }, 180);
+    for (int i = 0; i < 3; ++i) {
+      INFO("node " << i << ":\n" << agents[size_t(i)]->output());
+      REQUIRE(agents[size_t(i)]->wait(180));
+    }
+    const std::string out0 = agents[0]->output(), out1 = agents[1]->output();
+    INFO("node 0:\n" << out0 << "\nnode 1:\n" << out1);
+    CHECK(agents[0]->exit_code() == 0);
+    CHECK(agents[1]->exit_code() == 0);
+    CHECK(has(out0, "rendezvous round 2 closed (restart 0): 2 nodes, world 2, mesh dp=2"));
+    for (const std::string& out : {out0, out1}) {
+      CHECK(has(out, "keeping 1 worker(s) for the next round (cluster.recover_in_place)"));
+      CHECK(has(out, " continues in pid "));
+      CHECK(has(out, "in the new round (recovery in place)"));
+    }
+    auto names = [](const std::set<int>& pids) {
+      std::string out;
+      for (int pid : pids) out += " " + std::to_string(pid);
+      return out;
+    };
+    MESSAGE("survivors' worker pids before the cut:" << names(before) << "; after it:" << names(after));
+    CHECK_MESSAGE(after == before, "the survivors' workers were replaced: before" << names(before) << ", after"
+                                                                                    << names(after));
+    CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
+  }
+  const auto all = step_losses(run_dir + "/metrics.jsonl");
+  const std::string out0 = agents[0]->output();
+  const auto at = out0.find("resuming from step ");
+  REQUIRE_MESSAGE(at != std::string::npos, out0);
+  const int resumed = std::atoi(out0.c_str() + at + 19);
+  REQUIRE(all.size() > size_t(parity::kSteps - resumed));
+  const size_t second = all.size() - size_t(parity::kSteps - resumed);
+  std::vector<double> in_place;
+  for (size_t i = second; i < all.size(); ++i) {
+    CHECK(all[i].first == resumed + 1 + int(i - second));
+    in_place.push_back(all[i].second);
+  }
+  const std::string from = run_dir + "/ckpt/step_" + std::to_string(resumed);
+  hosts.heal(2);
+  const auto ref = resumed_on_two_hosts("in_place_ref", from, {});
+  // Negative control: grad_accum fixed at 2, so the global batch shrinks to 8.
+  const auto control = resumed_on_two_hosts("in_place_control", from, {"train.global_batch=0", "train.grad_accum=2"});
+  std::vector<double> ref_losses, control_losses;
+  for (int step = resumed + 1; step <= parity::kSteps; ++step) {
+    REQUIRE(ref.count(step));
+    REQUIRE(control.count(step));
+    ref_losses.push_back(ref.at(step));
+    control_losses.push_back(control.at(step));
+  }
+  const double diff = max_rel_diff(in_place, ref_losses);
+  const double control_diff = max_rel_diff(control_losses, ref_losses);
+  MESSAGE("in place vs 2 hosts resumed from step " << resumed << ": max loss rel diff " << diff << " (tolerance "
+                                                   << parity::kLossRelTol << "); negative control (global batch 8) "
+                                                   << control_diff);
   CHECK(diff <= parity::kLossRelTol);
   CHECK(control_diff >= parity::kControlFactor * parity::kLossRelTol);
 }

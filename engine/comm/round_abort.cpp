@@ -1,0 +1,63 @@
+// round_abort.h: one atomic flag, written by the round watcher thread and
+// read by the training thread's waits, and the sockets' shutdown.
+#include "engine/comm/round_abort.h"
+
+#include <dirent.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include <atomic>
+#include <string>
+
+#include "common/error.h"
+
+namespace dtrain::engine::comm {
+namespace {
+std::atomic<bool> g_aborted{false};
+}
+
+void abort_round() { g_aborted.store(true, std::memory_order_release); }
+bool round_aborted() { return g_aborted.load(std::memory_order_acquire); }
+void clear_round_abort() { g_aborted.store(false, std::memory_order_release); }
+
+void throw_if_round_aborted(const char* where) {
+  if (!round_aborted()) return;
+  throw Error(ErrorCode::worker_failed, std::string(where) + " left: the agent announced a new round",
+              "none needed: the worker continues in the new round (cluster.recover_in_place)");
+}
+
+namespace {
+// A connected TCP socket: SOCK_STREAM over IPv4/6, not listening.
+bool connected_tcp(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  int domain = 0, type = 0, listening = 0;
+  socklen_t len = sizeof(int);
+  if (::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0) return false;
+  if (domain != AF_INET && domain != AF_INET6) return false;
+  len = sizeof(int);
+  if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) return false;
+  len = sizeof(int);
+  return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && !listening;
+}
+}  // namespace
+
+int end_round() {
+  abort_round();
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return 0;
+  int shut = 0;
+  while (dirent* e = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+    if (connected_tcp(int(fd)) && ::shutdown(int(fd), SHUT_RDWR) == 0) ++shut;
+  }
+  ::closedir(dir);
+  return shut;
+}
+
+}  // namespace dtrain::engine::comm

@@ -1,0 +1,27 @@
+// The process-wide "this round is over" flag of recovery in place
+// (cluster.recover_in_place): set by the worker's round watcher when its agent
+// announces a new round, read by the waits that no socket can interrupt (the
+// shared-memory groups' futex waits); end_round also shuts down the
+// process's TCP connections, which is how Gloo's ops leave (c10d's Gloo has
+// no abort).
+#pragma once
+
+namespace dtrain::engine::comm {
+
+// Marks the round as over: every shared-memory wait throws within its
+// sleep slice, and TrainSession leaks its groups instead of destroying them.
+void abort_round();
+bool round_aborted();
+// The next round's groups start clean.
+void clear_round_abort();
+// Throws dtrain::Error(worker_failed) naming `where` when the round is over.
+void throw_if_round_aborted(const char* where);
+
+// End the round this process is in, from any thread: abort_round(), then
+// shutdown(SHUT_RDWR) on every connected TCP socket of the process, so a
+// Gloo op waiting on a peer throws at once (and the peer's, on its side of
+// the connection). Listening sockets stay (a new round uses new ports).
+// Returns how many sockets it shut down.
+int end_round();
+
+}  // namespace dtrain::engine::comm

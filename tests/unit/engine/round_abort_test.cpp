@@ -1,0 +1,103 @@
+// engine/comm/round_abort.h on ranks as threads of this process: a Gloo
+// all-reduce waiting for a peer leaves once end_round() shuts the process's
+// TCP connections (c10d's Gloo has no abort), a shared-memory wait leaves on
+// the abort flag alone, and a new world then works in the same process, as
+// a worker recovering in place builds its next round's groups. The old
+// round's groups are leaked, as the trainer leaks them.
+#include <ATen/ops/ones.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <unistd.h>
+
+#include "engine/comm/comm.h"
+#include "engine/comm/round_abort.h"
+
+#include "tests/support/thread_world.h"
+#include "tests/support/torch_doctest.h"
+// After torch_doctest.h: doctest's CHECK, not glog's.
+#include "tests/support/skip.h"
+
+namespace comm = dtrain::engine::comm;
+
+namespace {
+
+// World 2: rank 0 all-reduces while rank 1, instead of joining it, ends the
+// round (end_round(), or only the flag) and returns. Each rank's error ("" = none).
+std::vector<std::string> abandoned_all_reduce(bool shm, bool sockets) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(2);
+  std::atomic<bool> ready{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      comm::WorldInfo info;
+      info.rank = r;
+      info.world = 2;
+      info.mesh = comm::parse_mesh("dp=2");
+      info.coord = dtrain::mesh::coord_of(info.mesh, r);
+      comm::CommOptions options;
+      options.shm = shm;
+      options.timeout_s = 30;  // what the op would wait without the abort
+      std::unique_ptr<comm::Comm> c;
+      try {
+        c = comm::init_comm_with_store(info, store, options);
+        at::Tensor t = at::ones({1024});
+        if (r == 0) {
+          ready = true;
+          c->world().all_reduce(t);
+        } else {
+          while (!ready) std::this_thread::yield();
+          if (sockets)
+            comm::end_round();
+          else
+            comm::abort_round();
+        }
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+      (void)c.release();  // sockets shut under it: leaked, as TrainSession does
+    });
+  for (auto& t : threads) t.join();
+  comm::clear_round_abort();
+  return errors;
+}
+
+// The next round: a fresh world of 2 in this process sums correctly.
+void next_round_works() {
+  dtrain::testing::run_world(
+      comm::parse_mesh("dp=2"),
+      [](comm::Comm& c, int) {
+        at::Tensor t = at::ones({8});
+        c.world().all_reduce(t);
+        CHECK(t.sum().item<float>() == 16.0f);
+      },
+      [](comm::WorldInfo&, comm::CommOptions& o) { o.shm = false; });
+}
+
+}  // namespace
+
+TEST_CASE("round abort: a Gloo all-reduce waiting for a peer leaves when end_round shuts the sockets") {
+  const auto errors = abandoned_all_reduce(/*shm=*/false, /*sockets=*/true);
+  MESSAGE("rank 0 (waiting in the all-reduce): " << errors[0]);
+  // Left through its connection (Gloo: "Connection closed by peer"), not
+  // after options.timeout_s.
+  CHECK(errors[0].find("Connection closed") != std::string::npos);
+  CHECK(errors[1].empty());
+  next_round_works();
+}
+
+TEST_CASE("round abort: a shared-memory all-reduce waiting for a peer leaves on the flag") {
+  if (access("/dev/shm", W_OK) != 0) {
+    dtrain::testing::skip_case(dtrain::testing::SkipKind::dev_shm, "/dev/shm is not writable here");
+    return;
+  }
+  const auto errors = abandoned_all_reduce(/*shm=*/true, /*sockets=*/false);
+  MESSAGE("rank 0 (waiting in the all-reduce): " << errors[0]);
+  CHECK(errors[0].find("a shared-memory wait left: the agent announced a new round") != std::string::npos);
+  next_round_works();
+}
