@@ -3,7 +3,7 @@
 // left): DIR/dtrain-offload-<job>-rank<r>.bin (AdamW's moments) and
 // DIR/dtrain-offload-<job>-rank<r>.params.bin (ZeRO-3's parameter shards),
 // the job name made file-safe. Also the test override that lets
-// train.offload.optimizer: host run on a CPU.
+// train.offload.optimizer and .params: host run on a CPU.
 #pragma once
 
 #include <string>
@@ -20,8 +20,9 @@ int remove_offload_files(const std::string& dir, const std::string& job, int min
 // Tests only: DTRAIN_TEST_HOST_OFFLOAD_ON_CPU=1 in the environment lets
 // train.offload.optimizer: host run on cluster.device cpu, where it keeps
 // its master and moments in host buffers of their own and copies the
-// gradients in and the parameters out as under a GPU; without it, host on a
-// CPU is refused (it would only copy memory to memory).
+// gradients in and the parameters out as under a GPU, and .params: host,
+// where ZeRO-3's shards wait in a host buffer of their own between uses;
+// without it, host on a CPU is refused (it would only copy memory to memory).
 constexpr const char* kHostOffloadOnCpuEnv = "DTRAIN_TEST_HOST_OFFLOAD_ON_CPU";
 bool host_offload_on_cpu();
 

@@ -1,7 +1,7 @@
 // The job spec's train.offload rules that need no file system: nvme needs a
 // path, params offload needs ZeRO-3 (only its parameters are shards with a
 // life between uses), host needs cluster.device cuda (the optimizer's also
-// runs on a CPU under a test override: common/offload_files.h). The path
+// params' runs on a CPU under a test override: common/offload_files.h). The path
 // itself (a writable directory with room, outside checkpoint.dir) is
 // checked at launch (launcher/offload_checks.h).
 #include <string>
@@ -20,7 +20,7 @@ void validate_offload(const JobSpec& s, const SpecOrigin& origin, Problems& prob
     if (t == OffloadTarget::nvme && o.path.empty() && !origin.any_bad({"train.offload.path"}))
       error("train.offload.path", std::string(path) + " = nvme needs train.offload.path: the directory that "
                                   "holds one file per rank; e.g. path: /scratch/dtrain-offload");
-    const bool cpu_override = std::string(path) == "train.offload.optimizer" && host_offload_on_cpu();
+    const bool cpu_override = host_offload_on_cpu();
     if (t == OffloadTarget::host && s.cluster.device == DeviceKind::cpu && !cpu_override)
       error(path, std::string(path) + " = host with cluster.device = cpu: the state is in host memory "
                   "already; use nvme (files under train.offload.path) to take it out of memory");
@@ -36,8 +36,10 @@ void validate_offload(const JobSpec& s, const SpecOrigin& origin, Problems& prob
   const bool offload_fault =
       f == FaultKind::offload_no_writeback || f == FaultKind::offload_truncate || f == FaultKind::offload_delete;
   const bool nvme = o.optimizer == OffloadTarget::nvme || o.params == OffloadTarget::nvme;
-  // offload_no_writeback also acts on host: the master never reaches the parameters.
-  const bool host_copy = f == FaultKind::offload_no_writeback && o.optimizer == OffloadTarget::host;
+  // offload_no_writeback also acts on host: the master never reaches the
+  // parameters, or the updated shards never reach their host buffer.
+  const bool host_copy = f == FaultKind::offload_no_writeback &&
+                         (o.optimizer == OffloadTarget::host || o.params == OffloadTarget::host);
   if (offload_fault && !nvme && !host_copy && !origin.any_bad({"fault.kind", "train.offload.optimizer", "train.offload.params"}))
     error("fault.kind", "fault.kind = " + to_string(f) + " acts on train.offload's files, but "
                         "train.offload.optimizer = " + to_string(o.optimizer) + " and train.offload.params = " +

@@ -65,8 +65,7 @@ void check_path(const JobSpec& spec) {
 void check_offload(const JobSpec& spec, int gpus) {
   const OffloadSpec& o = spec.train.offload;
   for (const auto& [field, target] : {std::pair{"train.offload.optimizer", o.optimizer}, {"train.offload.params", o.params}})
-    if (target == OffloadTarget::host && gpus == 0 &&
-        !(std::string(field) == "train.offload.optimizer" && host_offload_on_cpu()))
+    if (target == OffloadTarget::host && gpus == 0 && !host_offload_on_cpu())
       refuse(std::string(field) + " = host on a machine without a GPU: host memory is where the state is already",
              "use " + std::string(field) + ": nvme (files under train.offload.path), which runs everywhere");
   if (o.optimizer == OffloadTarget::nvme || o.params == OffloadTarget::nvme) check_path(spec);

@@ -136,9 +136,10 @@ void model_states(const JobSpec& spec, const std::vector<int64_t>& units, int dp
   r.param_bytes = kFloat * (z == 3 ? shard : padded);
   r.grad_bytes = kFloat * (z == 1 ? padded : shard);
   r.optimizer_bytes = 2 * kFloat * owned;
-  // train.offload.params (ZeRO-3): the shards live in a file; in memory at
-  // most three at once (one in use, one read ahead, one being written back).
-  if (z == 3 && spec.train.offload.params == OffloadTarget::nvme) {
+  // train.offload.params (ZeRO-3): the shards live in a file or a host
+  // buffer; in memory at most three at once (one in use, one read ahead,
+  // one being written back).
+  if (z == 3 && spec.train.offload.params != OffloadTarget::none) {
     r.offload_bytes += kFloat * shard;
     r.param_bytes = kFloat * std::min(shard, 3 * largest);
   }
@@ -380,8 +381,10 @@ std::string plan_to_text(const JobSpec& spec, const MemoryPlan& plan) {
                   format_bytes(double(r.need_bytes())).c_str());
     out += line;
   }
-  if (spec.train.offload.params == OffloadTarget::nvme && spec.parallel.zero == 3 && !plan.ranks.empty())
-    out += "params offload: rank 0's ZeRO-3 parameter shards live in nvme files under " + spec.train.offload.path +
+  if (spec.train.offload.params != OffloadTarget::none && spec.parallel.zero == 3 && !plan.ranks.empty())
+    out += "params offload: rank 0's ZeRO-3 parameter shards live in " +
+           (spec.train.offload.params == OffloadTarget::nvme ? "nvme files under " + spec.train.offload.path
+                                                             : std::string("a host buffer")) +
            " between uses; the params column is the most of them in memory at once (three shards)\n";
   const OffloadTarget opt = spec.train.offload.optimizer;
   if (opt != OffloadTarget::none && !plan.ranks.empty())

@@ -34,9 +34,12 @@ ModelSize model_size(const JobSpec& spec) {
   // parameter the optimizer holds, half its moments' 8 B).
   s.host_rank_bytes = where == OffloadTarget::host ? 1.5 * s.optim_rank_bytes : 0;
   s.nvme_rank_bytes = where == OffloadTarget::nvme ? s.optim_rank_bytes : 0;
-  if (spec.train.offload.params == OffloadTarget::nvme && p.zero >= 3)  // the weights' ZeRO-3 shards
-    s.nvme_rank_bytes += count.dense / split * weights;
-  s.device_rank_bytes = s.rank_bytes - (where == OffloadTarget::host ? s.optim_rank_bytes : 0) - s.nvme_rank_bytes;
+  const double shards = p.zero >= 3 ? count.dense / split * weights : 0;  // the weights' ZeRO-3 shards
+  if (spec.train.offload.params == OffloadTarget::nvme) s.nvme_rank_bytes += shards;
+  const double params_host = spec.train.offload.params == OffloadTarget::host ? shards : 0;
+  s.host_rank_bytes += params_host;
+  s.device_rank_bytes =
+      s.rank_bytes - (where == OffloadTarget::host ? s.optim_rank_bytes : 0) - s.nvme_rank_bytes - params_host;
   return s;
 }
 

@@ -131,10 +131,13 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     z.stage = spec.parallel.zero;
     z.reshard_after_forward = spec.parallel.fsdp_reshard_after_forward;
     z.prefetch = spec.parallel.fsdp_prefetch;
-    // train.offload.params nvme: the shards in a file per rank between uses.
+    // train.offload.params: the shards in a file per rank (nvme) or a host
+    // buffer (host) between uses.
     const OffloadSpec& off = spec.train.offload;
-    if (off.params == OffloadTarget::nvme) {
-      z.offload_file = offload_params_file(off.path, spec.job.name, comm.info().rank);
+    if (off.params != OffloadTarget::none) {
+      if (off.params == OffloadTarget::nvme)
+        z.offload_file = offload_params_file(off.path, spec.job.name, comm.info().rank);
+      z.offload_host = off.params == OffloadTarget::host;
       z.offload_prefetch = off.prefetch;
       z.offload_drop_writes = spec.fault.kind == FaultKind::offload_no_writeback;
     }

@@ -220,7 +220,7 @@ void offload_fault_after_step(TrainSession& s, int64_t steps_done) {
     store->drain();  // the step's writes land first, so the damage is what the next step meets
     files.emplace_back(store->file(), store->bytes());
   }
-  if (optim::OffloadFile* params = s.par.grad_sync->offloaded_params()) {
+  if (optim::OffloadFile* params = s.par.grad_sync->offloaded_params(); params && !params->file().empty()) {
     params->drain();
     files.emplace_back(params->file(), params->bytes());
   }

@@ -12,7 +12,9 @@
 // memory below two gathered units, checkpoints both ways, truncation and
 // deletion named. train.offload.optimizer: host on the CPU through its test
 // override (the GPU's copies, done synchronously): parity at dp 2, DDP and
-// ZeRO-1, control offload_no_writeback (the master never copied back).
+// ZeRO-1, control offload_no_writeback (the master never copied back); and
+// .params: host the same way at ZeRO-3 dp 2 (control: shards never copied
+// back), refused on a CPU without the override.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -305,6 +307,8 @@ TEST_CASE("bad input: train.offload refused before any worker, naming the field 
        {"train.offload.params=host", "parallel.zero=3", "cluster.device=cuda"},
        "train.offload.params = host",
        {"CUDA_VISIBLE_DEVICES="}},
+      {"params_host_cpu", {"train.offload.params=host", "parallel.zero=3"}, "train.offload.params = host with "
+                                                                            "cluster.device = cpu"},
       {"params_cuda", {"train.offload.params=nvme", "train.offload.path=" + p.dir.path(), "parallel.zero=3",
                        "cluster.device=cuda"}, "train.offload.params = nvme with cluster.device = cuda"},
       {"bucket", {"train.offload.optimizer=nvme", "train.offload.path=" + p.dir.path(), "train.offload.bucket_mb=0"},
@@ -355,6 +359,32 @@ TEST_CASE("params nvme vs none, ZeRO-3 dp 2: parity, shards out of memory, nothi
   CHECK(shards_plain >= 2 * gathered);  // the bound means something at this size
   CHECK(peak < peak_plain);             // the counting allocator sees the shards gone
   CHECK(last_metric("params_nvme", "offload_io_ms") > 0);
+}
+
+TEST_CASE("params host on a CPU (test override) vs none, ZeRO-3 dp 2: parity, shards off the device between uses") {
+  // The override runs host's path on the CPU: each shard waits in a host
+  // buffer of its own, its tensor holding zero bytes, as under nvme.
+  const std::vector<std::string> env = {std::string(dtrain::kHostOffloadOnCpuEnv) + "=1"};
+  auto& p = Parity::get();
+  const RunResult& plain = params_plain_run();
+  const RunResult run = launch(p.dir, "params_host", with(params_layout(), {"train.offload.params=host"}), env);
+  CHECK(run.output.find("parameter shards") != std::string::npos);
+  CHECK(run.output.find("in host memory between uses") != std::string::npos);
+  // The control: updated shards never copied back (the parameters never change).
+  const RunResult control = launch(
+      p.dir, "params_host_nocopy",
+      with(params_layout(), {"train.offload.params=host", "fault.kind=offload_no_writeback"}), env);
+  compare("ZeRO-3 dp2 params host (CPU override) vs none", run, &control, plain, "shards never copied back");
+  const double shards_plain = last_metric("params_plain", "param_bytes");
+  const double resident = last_metric("params_host", "param_bytes");
+  const double offloaded = last_metric("params_host", "offload_bytes");
+  const double gathered = 4.0 * double(largest_unit(plain.params) + 1);  // + 1: the padding to dp 2
+  MESSAGE("params host: shard bytes on the device " << shards_plain << " without offload, at most " << resident
+                                                    << " with; bound: two gathered units = " << 2 * gathered
+                                                    << " B; offload_bytes " << offloaded);
+  CHECK(offloaded == shards_plain);  // the host buffer holds every shard
+  CHECK(resident > 0);
+  CHECK(resident < 2 * gathered);
 }
 
 TEST_CASE("checkpoints: written with params nvme resume without it, and the reverse (1e-5)") {

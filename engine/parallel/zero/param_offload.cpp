@@ -1,20 +1,14 @@
-// ParamOffload (param_offload.h). pread/pwrite as the optimizer's offload
-// does (optim/offload_store.h): a truncated or deleted file is an error that
-// names it, never a SIGBUS. One I/O thread runs the queue in order, so a
+// ParamOffload (param_offload.h). The store (param_store.h) does the bytes'
+// reads and writes. One I/O thread runs the queue in order, so a
 // shard's read queued after its write reads what was written. Every buffer
 // comes from the shards' own (CPU) allocator, so the counting allocator sees
 // what this keeps in memory; a read's buffer becomes the shard's storage
 // without a copy, and a written one is freed by the I/O thread after its write.
 #include "engine/parallel/zero/param_offload.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <c10/core/StorageImpl.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 
 #include "common/error.h"
 
@@ -42,27 +36,8 @@ ParamOffload::ParamOffload(std::vector<at::Tensor> shards, ParamOffloadOptions o
     resident_ += shard_bytes(t);
   }
   if (!units_.empty()) allocator_ = units_.front().shard.storage().allocator();
-  // O_TRUNC: a file an earlier, killed launch left is rewritten from this run's shards.
-  fd_ = ::open(opt_.file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd_ < 0)
-    throw Error(ErrorCode::config, "train.offload.path: cannot create " + opt_.file + ": " + std::strerror(errno),
-                "point train.offload.path at a writable directory");
-  try {
-    if (::ftruncate(fd_, bytes()) != 0)
-      throw Error(ErrorCode::config, "train.offload.path: cannot size " + opt_.file + " to " +
-                                         std::to_string(bytes()) + " bytes: " + std::strerror(errno),
-                  "free space under train.offload.path");
-    for (Unit& x : units_) {
-      optim::offload_file_io(fd_, opt_.file, true, 4 * x.offset, static_cast<char*>(x.shard.data_ptr()),
-                             shard_bytes(x.shard));
-      x.dirty = false;
-      x.where = Where::memory;
-    }
-  } catch (...) {
-    ::close(fd_);
-    ::unlink(opt_.file.c_str());
-    throw;
-  }
+  store_ = opt_.host ? make_host_store(bytes()) : make_file_store(opt_.file, bytes());
+  for (Unit& x : units_) store_->io(true, 4 * x.offset, static_cast<char*>(x.shard.data_ptr()), shard_bytes(x.shard));
   for (int u = 0; u < units(); ++u) page_out(u);  // clean: freed, nothing queued
   peak_ = resident_;
   thread_ = std::thread([this] { run_io(); });
@@ -76,10 +51,6 @@ ParamOffload::~ParamOffload() {
     }
     cv_.notify_all();
     thread_.join();
-  }
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(opt_.file.c_str());  // the job's scratch: nothing stays under train.offload.path
   }
 }
 
@@ -111,12 +82,8 @@ void ParamOffload::run_io() {
     const Unit& x = units_[size_t(op.unit)];  // offset and size only: fixed after construction
     const int64_t n = shard_bytes(x.shard);
     try {
-      if (!error_) {  // after an error nothing more is read or written
-        // Before every read and write: a write past a truncated end would
-        // grow the file again, and the rest would read back as zeros.
-        check_file();
-        optim::offload_file_io(fd_, opt_.file, op.write, 4 * x.offset, static_cast<char*>(op.buffer.get()), n);
-      }
+      // After an error nothing more is read or written.
+      if (!error_) store_->io(op.write, 4 * x.offset, static_cast<char*>(op.buffer.get()), n);
     } catch (...) {
       failed = std::current_exception();
     }
@@ -211,8 +178,6 @@ void ParamOffload::drain() {
   wait_ns_ += now_ns() - t0;
   if (error_) std::rethrow_exception(error_);
 }
-
-void ParamOffload::check_file() const { optim::check_offload_file(fd_, opt_.file, bytes()); }
 
 int64_t ParamOffload::resident_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);

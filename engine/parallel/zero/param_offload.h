@@ -1,11 +1,12 @@
 // Where ZeRO-3's parameter shards live between uses under
-// train.offload.params: nvme: one file per rank, unit u's shard (the fp32
-// master the optimizer updates) at its place in it, read back by an I/O
-// thread before the unit's all-gather and written back after its update.
-// A shard away on file is a tensor whose storage holds zero bytes; reading
+// train.offload.params: a store per rank (param_store.h: a file under nvme,
+// a host buffer under host), unit u's shard (the fp32 master the optimizer
+// updates) at its place in it, read back by an I/O thread before the unit's
+// all-gather and written back after its update.
+// A shard away in its store is a tensor whose storage holds zero bytes; reading
 // it back gives that storage its bytes again, so every view of it (the
 // optimizer's pieces, the checkpoint's slices) sees the values. Owns the
-// file (created at start, removed at the end) and its buffers; not when to
+// store (a file is created at start, removed at the end) and its buffers; not when to
 // read or write (zero_sync.cpp decides).
 #pragma once
 
@@ -22,25 +23,27 @@
 #include <vector>
 
 #include "engine/optim/offload_store.h"
+#include "engine/parallel/zero/param_store.h"
 
 namespace dtrain::engine::parallel::zero {
 
 struct ParamOffloadOptions {
-  std::string file;          // the rank's file, replaced if it exists
+  std::string file;          // nvme: the rank's file, replaced if it exists
+  bool host = false;         // host: the shards in a host buffer instead (file unused)
   bool drop_writes = false;  // fault.kind offload_no_writeback: updated shards are never written back
 };
 
 class ParamOffload final : public optim::OffloadFile {
  public:
   // shards: each unit's shard, fp32, contiguous, on the CPU, each with a
-  // storage of its own. Writes their values to the file and frees them.
+  // storage of its own. Writes their values to the store and frees them.
   ParamOffload(std::vector<at::Tensor> shards, ParamOffloadOptions options);
-  ~ParamOffload() override;  // drains the queue, closes and removes the file
+  ~ParamOffload() override;  // drains the queue; a file store is closed and removed
   ParamOffload(const ParamOffload&) = delete;
   ParamOffload& operator=(const ParamOffload&) = delete;
 
   int units() const { return int(units_.size()); }
-  // Shard u in memory (read from the file unless it is there). Blocks.
+  // Shard u in memory (read from the store unless it is there). Blocks.
   void page_in(int u);
   // Queues shard u's read unless it is in memory or on its way; u out of
   // range: nothing.
@@ -55,22 +58,23 @@ class ParamOffload final : public optim::OffloadFile {
   // Every queued read and write done; rethrows the I/O thread's error.
   void drain() override;
   // Throws when the file was deleted or truncated under the job.
-  void check_file() const;
+  void check_file() const { store_->check(); }
 
-  int64_t bytes() const override { return 4 * total_; }  // the file's size
+  int64_t bytes() const override { return 4 * total_; }  // the store's size
   // Shard bytes in memory (in use, read ahead, or waiting to be written):
   // now, and the most since the last reset_peak.
   int64_t resident_bytes() const;
   int64_t peak_bytes() const;
   void reset_peak();
-  const std::string& file() const override { return opt_.file; }
+  const std::string& file() const override { return store_->file(); }  // "" under host
+  std::string where() const { return store_->where(); }
   optim::OffloadIo take_stats() override;
 
  private:
   enum class Where { file, reading, read, memory };
   struct Unit {
     at::Tensor shard;     // [S]: its storage holds 4 * S bytes when in memory, else none
-    int64_t offset = 0;   // its first element in the file
+    int64_t offset = 0;   // its first element in the store
     Where where = Where::memory;
     bool dirty = false;
     at::DataPtr buffer;   // Where::read: the bytes read, not yet the shard's
@@ -88,7 +92,7 @@ class ParamOffload final : public optim::OffloadFile {
   std::vector<Unit> units_;
   int64_t total_ = 0;  // elements
   c10::Allocator* allocator_ = nullptr;
-  int fd_ = -1;
+  std::unique_ptr<ParamStore> store_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;

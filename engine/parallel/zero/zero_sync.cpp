@@ -293,11 +293,12 @@ class ZeroSync : public GradSync {
       hooks_ = std::make_unique<GatherHooks>(s_);
       model_.set_unit_hooks(hooks_.get());
       for (size_t u = 0; u < s.units.size(); ++u) s.release(int(u));
-      if (!options.offload_file.empty()) {
+      if (options.offload_params()) {
         std::vector<at::Tensor> shards;
         for (auto& u : s.units) shards.push_back(u.param_shard);
         s.offload = std::make_unique<zero::ParamOffload>(
-            std::move(shards), zero::ParamOffloadOptions{options.offload_file, options.offload_drop_writes});
+            std::move(shards),
+            zero::ParamOffloadOptions{options.offload_file, options.offload_host, options.offload_drop_writes});
       }
     }
   }
@@ -448,7 +449,8 @@ class ZeroSync : public GradSync {
     if (s.stage() == 3)
       d += fmt::format(", reshard_after_forward {}, prefetch {}",
                        s.options.reshard_after_forward ? "on" : "off", s.options.prefetch ? "on" : "off");
-    if (s.offload) d += fmt::format("; parameter shards ({} bytes) in {} between uses", s.offload->bytes(), s.offload->file());
+    if (s.offload)
+      d += fmt::format("; parameter shards ({} bytes) in {} between uses", s.offload->bytes(), s.offload->where());
     if (s.dp->size() == 1) d += "; dp = 1: nothing to shard, this rank holds everything";
     return d;
   }
@@ -467,7 +469,7 @@ class ZeroSync : public GradSync {
     if (s.stage() < 3) s.full_all = at::zeros({padded}, opts);                 // [sum padded]
     if (s.stage() == 1) s.grad_all = at::zeros({padded}, opts);                // [sum padded]
     // Offloaded shards each own their storage: one leaves memory alone.
-    const bool own_shards = !s.options.offload_file.empty();
+    const bool own_shards = s.options.offload_params();
     if (s.stage() == 3 && !own_shards) s.param_shards_all = at::zeros({shards}, opts);  // [sum S]
     if (s.stage() > 1) s.grad_shards_all = at::zeros({shards}, opts);          // [sum S]
     s.units.resize(lu.size());
@@ -519,7 +521,7 @@ std::unique_ptr<GradSync> make_zero_sync(std::vector<std::pair<std::string, at::
   if (options.stage < 1 || options.stage > 3)
     throw Error(ErrorCode::config, "parallel.zero = " + std::to_string(options.stage) + " is not a ZeRO stage",
                 "use 0 (DDP), 1, 2 or 3");
-  if (!options.offload_file.empty() && (options.stage != 3 || !dp.device().is_cpu()))
+  if (options.offload_params() && (options.stage != 3 || !dp.device().is_cpu()))
     throw Error(ErrorCode::config, "train.offload.params needs parallel.zero = 3 on cluster.device cpu (here ZeRO-" +
                                        std::to_string(options.stage) + " on " + dp.device().str() + ")",
                 "set parallel.zero: 3 and cluster.device: cpu, or train.offload.params: none");

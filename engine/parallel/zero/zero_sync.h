@@ -32,6 +32,8 @@ struct ZeroOptions {
   // ZeRO-3, train.offload.params nvme: every unit's shard lives in this file
   // between uses (zero/param_offload.h), on a CPU device; "" = in memory.
   std::string offload_file;
+  bool offload_host = false;  // train.offload.params host: in a host buffer instead (CPU: the test override)
+  bool offload_params() const { return offload_host || !offload_file.empty(); }
   bool offload_prefetch = true;      // read the next unit's shard while this one is used
   bool offload_drop_writes = false;  // fault.kind offload_no_writeback: updates never written back
 };
