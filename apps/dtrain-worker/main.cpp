@@ -104,7 +104,8 @@ void write_error_file(const std::string& message, const std::string& code = "") 
 // dropped with it (its groups leaked, train_session.h), and run_training()
 // starts again from the new environment, restoring as a new worker would
 // (peer memory or disk). A failure with no notice within DTRAIN_ROUND_WAIT_S
-// is this worker's own: it ends the process as without a channel.
+// is this worker's own: it ends the process as without a channel; so, at
+// once, does a config, checkpoint or internal error.
 int train_rounds() {
   auto channel = dtrain::worker::RoundChannel::open_if_enabled();
   if (!channel) return dtrain::engine::trainer::run_training();
@@ -116,6 +117,15 @@ int train_rounds() {
     std::string what;
     try {
       rc = dtrain::engine::trainer::run_training();
+    } catch (const dtrain::Error& e) {
+      // Bad input, a checkpoint that does not verify, our bug: this rank's
+      // own failure, which no round change explains. Fail now, not after
+      // the wait (the agent stops the job or restarts it as without a channel).
+      if (e.code() == dtrain::ErrorCode::config || e.code() == dtrain::ErrorCode::checkpoint ||
+          e.code() == dtrain::ErrorCode::internal)
+        throw;
+      failure = std::current_exception();
+      what = e.what();
     } catch (const std::exception& e) {
       failure = std::current_exception();
       what = e.what();
