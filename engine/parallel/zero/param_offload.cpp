@@ -250,7 +250,7 @@ void ParamOffload::page_out(int u) {
     bytes.clear();
     resident_ -= n;
   } else if (write) {
-    queue_.push_back({true, u, std::move(bytes)});
+    queue_.push_back({true, u, std::move(bytes), {}, {}});
     cv_.notify_all();
   } else {
     bytes.clear();
