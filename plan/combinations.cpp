@@ -65,23 +65,10 @@ void model_rules(const JobSpec& spec, Problems& out) {
     out.push_back("model.kind = " + spec.model.kind + " is unknown; use kind gpt or llama");
 }
 
-// train.offload.params: ZeRO-3's shards in nvme files or a host buffer
-// between uses, read and written on the CPU (a GPU's shards would need a
-// copy to and from the device this engine does not make yet; host on a CPU
-// runs only under its test override, which the validator checks).
-void offload_rules(const JobSpec& spec, Problems& out) {
-  const OffloadTarget t = spec.train.offload.params;
-  if (t != OffloadTarget::none && spec.cluster.device != DeviceKind::cpu)
-    out.push_back("train.offload.params = " + to_string(t) + " with cluster.device = " +
-                  to_string(spec.cluster.device) + " is not implemented yet; use cluster.device: cpu with "
-                  "train.offload.params: nvme, or train.offload.params: none with train.offload.optimizer: " +
-                  to_string(t));
-}
-
 // In the order the engine reported them. A new parallelism adds one row
 // with its own rules.
 constexpr void (*kRules[])(const JobSpec&, Problems&) = {pipeline_rules, moe_rules, context_rules, precision_rules,
-                                                         model_rules, offload_rules};
+                                                         model_rules};
 
 }  // namespace
 

@@ -305,12 +305,14 @@ TEST_CASE("bad input: train.offload refused before any worker, naming the field 
        {"CUDA_VISIBLE_DEVICES="}},
       {"params_host_no_gpu",
        {"train.offload.params=host", "parallel.zero=3", "cluster.device=cuda"},
-       "train.offload.params = host",
+       "train.offload.params = host on a machine without a GPU",
        {"CUDA_VISIBLE_DEVICES="}},
       {"params_host_cpu", {"train.offload.params=host", "parallel.zero=3"}, "train.offload.params = host with "
                                                                             "cluster.device = cpu"},
-      {"params_cuda", {"train.offload.params=nvme", "train.offload.path=" + p.dir.path(), "parallel.zero=3",
-                       "cluster.device=cuda"}, "train.offload.params = nvme with cluster.device = cuda"},
+      {"params_nvme_no_gpu",
+       {"train.offload.params=nvme", "train.offload.path=" + p.dir.path(), "parallel.zero=3", "cluster.device=cuda"},
+       "cluster.device = cuda, but this machine shows no NVIDIA GPU",
+       {"CUDA_VISIBLE_DEVICES="}},
       {"bucket", {"train.offload.optimizer=nvme", "train.offload.path=" + p.dir.path(), "train.offload.bucket_mb=0"},
        "train.offload.bucket_mb = 0"},
   };

@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/Event.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -35,8 +36,9 @@ struct ParamOffloadOptions {
 
 class ParamOffload final : public optim::OffloadFile {
  public:
-  // shards: each unit's shard, fp32, contiguous, on the CPU, each with a
-  // storage of its own. Writes their values to the store and frees them.
+  // shards: each unit's shard, fp32, contiguous, all on the CPU or all on
+  // one GPU, each with a storage of its own. Writes their values to the
+  // store and frees them.
   ParamOffload(std::vector<at::Tensor> shards, ParamOffloadOptions options);
   ~ParamOffload() override;  // drains the queue; a file store is closed and removed
   ParamOffload(const ParamOffload&) = delete;
@@ -77,16 +79,28 @@ class ParamOffload final : public optim::OffloadFile {
     int64_t offset = 0;   // its first element in the store
     Where where = Where::memory;
     bool dirty = false;
-    at::DataPtr buffer;   // Where::read: the bytes read, not yet the shard's
+    // Where::read: the bytes read, not yet the shard's (on a GPU: device
+    // bytes whose copy from the host `ready` marks done).
+    at::DataPtr buffer;
+    at::Tensor staging;   // GPU, nvme: [S] pinned, the file's bytes before their copy up
+    std::unique_ptr<c10::Event> ready;  // GPU: `buffer`'s copy to the device
   };
   struct Op {
     bool write;
     int unit;
     at::DataPtr buffer;  // read into, or written from (freed after)
+    at::Tensor staging;  // GPU: the pinned bytes instead of `buffer`
+    std::shared_ptr<c10::Event> copied;  // GPU write: the copy down into `staging`
   };
+  struct Gpu;  // the copy stream and the caller's (none on a CPU)
   void run_io();
   void queue_read(int u);  // under mu_
   void grow(int64_t n);    // under mu_: resident_ += n, the peak follows
+  // Under mu_, GPU only: shard u's bytes up from `src` (pinned, [S]) into
+  // a device buffer on the copy stream; Where::read.
+  void copy_up(Unit& x, const at::Tensor& src);
+  // Under mu_, GPU only: the shard's changed bytes down to its store.
+  void copy_down(int u);
 
   ParamOffloadOptions opt_;
   std::vector<Unit> units_;
@@ -101,6 +115,7 @@ class ParamOffload final : public optim::OffloadFile {
   std::exception_ptr error_;
   int64_t resident_ = 0, peak_ = 0;
   int64_t io_ns_ = 0, wait_ns_ = 0;
+  std::unique_ptr<Gpu> gpu_;
   std::thread thread_;
 };
 

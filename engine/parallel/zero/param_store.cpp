@@ -1,7 +1,10 @@
 // make_file_store and make_host_store (param_store.h). The file store uses
 // the optimizer's offload I/O (optim/offload_store.h): a truncated or deleted
-// file is an error that names it, never a SIGBUS.
+// file is an error that names it, never a SIGBUS. The pinned store is one
+// page-locked tensor, so the GPU's copies to and from it are asynchronous.
 #include "engine/parallel/zero/param_store.h"
+
+#include <ATen/ops/empty.h>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -74,6 +77,27 @@ class HostStore final : public ParamStore {
   std::string none_;
 };
 
+class PinnedHostStore final : public ParamStore {
+ public:
+  explicit PinnedHostStore(int64_t elements)
+      : bytes_(at::empty({std::max<int64_t>(1, elements)}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true))) {}
+  void io(bool write, int64_t offset, char* p, int64_t n) override {
+    char* base = static_cast<char*>(bytes_.data_ptr());
+    if (write)
+      std::memcpy(base + offset, p, size_t(n));
+    else
+      std::memcpy(p, base + offset, size_t(n));
+  }
+  void check() const override {}
+  const std::string& file() const override { return none_; }
+  std::string where() const override { return "pinned host memory"; }
+  at::Tensor pinned() const override { return bytes_; }
+
+ private:
+  at::Tensor bytes_;  // [elements], page-locked
+  std::string none_;
+};
+
 }  // namespace
 
 std::unique_ptr<ParamStore> make_file_store(const std::string& file, int64_t bytes) {
@@ -81,5 +105,9 @@ std::unique_ptr<ParamStore> make_file_store(const std::string& file, int64_t byt
 }
 
 std::unique_ptr<ParamStore> make_host_store(int64_t bytes) { return std::make_unique<HostStore>(bytes); }
+
+std::unique_ptr<ParamStore> make_pinned_host_store(int64_t elements) {
+  return std::make_unique<PinnedHostStore>(elements);
+}
 
 }  // namespace dtrain::engine::parallel::zero

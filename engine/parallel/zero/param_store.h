@@ -1,8 +1,11 @@
 // Where ZeRO-3's offloaded parameter shards keep their bytes between uses
 // (param_offload.h): a file per rank (train.offload.params: nvme, pread and
-// pwrite) or a host buffer (train.offload.params: host, memcpy). Only
-// ParamOffload's I/O thread reads and writes them; offsets and sizes in bytes.
+// pwrite) or a host buffer (train.offload.params: host: memcpy on a CPU,
+// pinned and copied to and from the GPU by ParamOffload under a GPU).
+// Offsets and sizes in bytes.
 #pragma once
+
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <memory>
@@ -19,6 +22,9 @@ class ParamStore {
   virtual void check() const = 0;
   virtual const std::string& file() const = 0;  // "" when not a file
   virtual std::string where() const = 0;        // for the log: "FILE" or "host memory"
+  // The pinned host store's bytes as one fp32 tensor [elements] (the GPU's
+  // copies read and write it directly); undefined for the others.
+  virtual at::Tensor pinned() const { return {}; }
 };
 
 // Creates (or replaces) `file` at `bytes` bytes; removed when destroyed.
@@ -26,5 +32,7 @@ std::unique_ptr<ParamStore> make_file_store(const std::string& file, int64_t byt
 // `bytes` bytes of host memory of its own (not the shards' allocator's, so
 // the counting allocator sees a shard leave as it does under nvme).
 std::unique_ptr<ParamStore> make_host_store(int64_t bytes);
+// `elements` fp32 of pinned host memory: the host store under a GPU.
+std::unique_ptr<ParamStore> make_pinned_host_store(int64_t elements);
 
 }  // namespace dtrain::engine::parallel::zero

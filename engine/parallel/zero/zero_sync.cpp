@@ -521,10 +521,10 @@ std::unique_ptr<GradSync> make_zero_sync(std::vector<std::pair<std::string, at::
   if (options.stage < 1 || options.stage > 3)
     throw Error(ErrorCode::config, "parallel.zero = " + std::to_string(options.stage) + " is not a ZeRO stage",
                 "use 0 (DDP), 1, 2 or 3");
-  if (options.offload_params() && (options.stage != 3 || !dp.device().is_cpu()))
-    throw Error(ErrorCode::config, "train.offload.params needs parallel.zero = 3 on cluster.device cpu (here ZeRO-" +
-                                       std::to_string(options.stage) + " on " + dp.device().str() + ")",
-                "set parallel.zero: 3 and cluster.device: cpu, or train.offload.params: none");
+  if (options.offload_params() && options.stage != 3)
+    throw Error(ErrorCode::config, "train.offload.params needs parallel.zero = 3 (here ZeRO-" +
+                                       std::to_string(options.stage) + ")",
+                "set parallel.zero: 3, or train.offload.params: none");
   return std::make_unique<ZeroSync>(std::move(named_params), std::move(layouts), std::move(unit_of), model,
                                     dp, tp, pp, options);
 }

@@ -30,7 +30,7 @@ struct ZeroOptions {
   bool reshard_after_forward = true;  // ZeRO-3: free a unit after its forward (false: keep until backward)
   bool prefetch = true;               // ZeRO-3: gather the next unit while this one computes
   // ZeRO-3, train.offload.params nvme: every unit's shard lives in this file
-  // between uses (zero/param_offload.h), on a CPU device; "" = in memory.
+  // between uses (zero/param_offload.h), on a CPU or a GPU; "" = in memory.
   std::string offload_file;
   bool offload_host = false;  // train.offload.params host: in a host buffer instead (CPU: the test override)
   bool offload_params() const { return offload_host || !offload_file.empty(); }
