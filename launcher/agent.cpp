@@ -124,8 +124,11 @@ int Agent::run() {
         finish_goodput();
         return 0;
       }
-      if (outcome == Outcome::round_changed && in_place())
-        keep_step();  // the survivors go on in the next round, same processes
+      // The survivors go on in the next round, same processes; not after a
+      // hang: a stopped or stuck worker cannot read its channel or leave
+      // its collective, and which rank hangs is a guess: stop them all.
+      if (outcome == Outcome::round_changed && in_place() && !round_ended_by_hang())
+        keep_step();
       else
         stop_step(stop_signal_for(outcome));
       if (stop_signal_ != 0) break;

@@ -65,6 +65,7 @@ class Agent {
   // takes the live workers out of the round's group instead of stopping
   // them; the next start_step hands each its new environment (take_kept).
   bool in_place() const;
+  bool round_ended_by_hang() const;  // the rendezvous named a hang as this round's end
   void keep_step();
   std::unique_ptr<Process> take_kept(size_t slot, const WorkerSpec& spec);
   void discard_kept();  // what no slot took: SIGKILLed and reaped

@@ -27,6 +27,10 @@ void Agent::end_round_handles() {
   relay_.reset();
 }
 
+bool Agent::round_ended_by_hang() const {
+  return heartbeat_ && heartbeat_->failure().rfind("hang: ", 0) == 0;
+}
+
 void Agent::keep_step() {
   if (procs_) kept_ = procs_->release();
   size_t live = 0;

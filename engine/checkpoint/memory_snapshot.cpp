@@ -5,6 +5,7 @@
 // appear by rename, so a reader never sees half of one. Peers are reached
 // over the world's Gloo control group, which every round already has.
 #include "engine/checkpoint/memory_snapshot.h"
+#include "engine/comm/round_abort.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -67,15 +68,20 @@ void write_atomic(const std::string& dir, const std::string& name, const void* d
 }
 
 // Which node (GROUP_RANK) and local index every rank of this process's
-// world has: gathered once, the world does not change under a process.
+// world has: gathered once per world. A worker that recovers in place
+// (cluster.recover_in_place) trains several worlds in one process, one
+// per round generation (engine/comm/round_abort.h).
 struct Layout {
+  int generation = -1;           // comm::round_generation() it was gathered in
   std::vector<int> node, local;  // by global rank
   std::vector<int> nodes;        // distinct, ascending
 };
 
 const Layout& layout(const TrainState& s) {
   static Layout l;
-  if (!l.node.empty()) return l;
+  if (l.generation == comm::round_generation()) return l;
+  l = Layout{};
+  l.generation = comm::round_generation();
   const int world = s.info->world;
   at::Tensor mine = at::empty({2}, at::kLong);  // [node, local]
   mine.data_ptr<int64_t>()[0] = s.info->node_rank;

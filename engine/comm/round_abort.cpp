@@ -17,11 +17,17 @@
 namespace dtrain::engine::comm {
 namespace {
 std::atomic<bool> g_aborted{false};
+std::atomic<int> g_generation{0};  // rounds this process started after its first
 }
 
 void abort_round() { g_aborted.store(true, std::memory_order_release); }
 bool round_aborted() { return g_aborted.load(std::memory_order_acquire); }
-void clear_round_abort() { g_aborted.store(false, std::memory_order_release); }
+void clear_round_abort() {
+  g_aborted.store(false, std::memory_order_release);
+  g_generation.fetch_add(1, std::memory_order_acq_rel);
+}
+
+int round_generation() { return g_generation.load(std::memory_order_acquire); }
 
 void throw_if_round_aborted(const char* where) {
   if (!round_aborted()) return;

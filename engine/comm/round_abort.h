@@ -12,8 +12,11 @@ namespace dtrain::engine::comm {
 // sleep slice, and TrainSession leaks its groups instead of destroying them.
 void abort_round();
 bool round_aborted();
-// The next round's groups start clean.
+// The next round's groups start clean: clears the flag, counts the round.
 void clear_round_abort();
+// How many rounds this process trained before the current one (0 in a
+// process that never recovered in place): what caches of the world key on.
+int round_generation();
 // Throws dtrain::Error(worker_failed) naming `where` when the round is over.
 void throw_if_round_aborted(const char* where);
 

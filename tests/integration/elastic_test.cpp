@@ -164,9 +164,12 @@ TEST_CASE("elastic 2:3: a cut host is named; the survivors re-form on 2, same gl
   std::vector<std::unique_ptr<Child>> agents;
   {
     TagGuard tag;
+    // The restart path (recovery in place has its own case below): the
+    // survivors stop their workers and start new ones.
+    std::vector<std::string> sets = elastic_sets(run_dir);
+    sets.push_back("cluster.recover_in_place=false");
     start_three(agents, [&](int i) {
-      return start_agent(i, p.dir / "spec.yaml", elastic_sets(run_dir),
-                         p.dir / ("elastic_node" + std::to_string(i) + ".log"), tag);
+      return start_agent(i, p.dir / "spec.yaml", sets, p.dir / ("elastic_node" + std::to_string(i) + ".log"), tag);
     });
     // Cut host 2 once training is at step 6 or later (a checkpoint exists).
     const bool trained = wait_until([&] {

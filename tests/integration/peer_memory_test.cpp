@@ -116,10 +116,11 @@ Run run_and_cut(TestHosts& hosts, const std::string& name, BeforeCut before_cut)
   CHECK(agents[1]->exit_code() == 0);
   CHECK(agents[2]->exit_code() != 0);
   CHECK(has(r.out0, "rendezvous round 2 closed (restart 0): 2 nodes, world 2, mesh dp=2"));
-  // The survivors stop their blocked workers at once; the round closes
+  // The survivors keep their workers (recovery in place, the default),
+  // which restore the copies in the same process; the round closes
   // without a last call once both are back.
-  CHECK(has(r.out0, "stopping 1 worker(s) with SIGKILL now"));
-  CHECK(has(r.out1, "stopping 1 worker(s) with SIGKILL now"));
+  CHECK(has(r.out0, "keeping 1 worker(s) for the next round (cluster.recover_in_place)"));
+  CHECK(has(r.out1, "keeping 1 worker(s) for the next round (cluster.recover_in_place)"));
   // Every node's directory is gone, the cut node's too (its agent ended).
   for (const auto& d : dirs) CHECK_MESSAGE(!fs::exists(d), d);
   CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
