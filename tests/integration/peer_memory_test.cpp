@@ -54,7 +54,7 @@ std::vector<std::string> memory_sets(const std::string& run_dir) {
           "cluster.nodes=\"2:3\"", "cluster.procs_per_node=1", "parallel.dp=auto", "train.micro_batch=2",
           "train.global_batch=12", "train.grad_accum=auto", "cluster.grace_s=1",
           "cluster.rendezvous.join_timeout_s=30", "cluster.rendezvous.last_call_s=2",
-          "cluster.rendezvous.heartbeat_s=0.5",
+          "cluster.rendezvous.heartbeat_s=0.5", "cluster.recover_in_place=true",
           "cluster.rendezvous.rejoin_timeout_s=1"};  // the cut host's agent gives up soon
 }
 
@@ -116,8 +116,8 @@ Run run_and_cut(TestHosts& hosts, const std::string& name, BeforeCut before_cut)
   CHECK(agents[1]->exit_code() == 0);
   CHECK(agents[2]->exit_code() != 0);
   CHECK(has(r.out0, "rendezvous round 2 closed (restart 0): 2 nodes, world 2, mesh dp=2"));
-  // The survivors keep their workers (recovery in place, the default),
-  // which restore the copies in the same process; the round closes
+  // The survivors keep their workers (cluster.recover_in_place), which
+  // restore the copies in the same process; the round closes
   // without a last call once both are back.
   CHECK(has(r.out0, "keeping 1 worker(s) for the next round (cluster.recover_in_place)"));
   CHECK(has(r.out1, "keeping 1 worker(s) for the next round (cluster.recover_in_place)"));
