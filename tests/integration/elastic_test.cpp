@@ -154,6 +154,30 @@ std::map<int, double> resumed_on_two_hosts(const std::string& name, const std::s
   return out;
 }
 
+// The steps the re-formed round trained: it resumed from checkpoint K
+// (rank 0's output says which), so metrics.jsonl holds round 1's steps,
+// then K+1 .. kSteps; their losses, in order.
+struct Resumed {
+  int step = 0;
+  size_t first_round_steps = 0;  // lines of metrics.jsonl before the resumed ones
+  std::vector<double> losses;
+};
+
+Resumed losses_after_resume(const std::string& run_dir, const std::string& out0) {
+  const auto all = step_losses(run_dir + "/metrics.jsonl");
+  const auto at = out0.find("resuming from step ");
+  REQUIRE_MESSAGE(at != std::string::npos, out0);
+  Resumed r;
+  r.step = std::atoi(out0.c_str() + at + 19);
+  REQUIRE(all.size() > size_t(parity::kSteps - r.step));
+  r.first_round_steps = all.size() - size_t(parity::kSteps - r.step);
+  for (size_t i = r.first_round_steps; i < all.size(); ++i) {
+    CHECK(all[i].first == r.step + 1 + int(i - r.first_round_steps));
+    r.losses.push_back(all[i].second);
+  }
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("elastic 2:3: a cut host is named; the survivors re-form on 2, same global batch, to the end") {
@@ -219,20 +243,10 @@ TEST_CASE("elastic 2:3: a cut host is named; the survivors re-form on 2, same gl
       for (int pid : printed_pids(out)) CHECK_MESSAGE(!dtrain::testing::pid_alive(pid), "pid " << pid);
   }
 
-  // The re-formed round resumed from checkpoint K (rank 0 says which):
-  // metrics.jsonl holds round 1's steps, then K+1 .. kSteps.
-  const auto all = step_losses(run_dir + "/metrics.jsonl");
-  const std::string out0 = agents[0]->output();
-  const auto at = out0.find("resuming from step ");
-  REQUIRE_MESSAGE(at != std::string::npos, out0);
-  const int resumed = std::atoi(out0.c_str() + at + 19);
-  REQUIRE(all.size() > size_t(parity::kSteps - resumed));
-  const size_t second = all.size() - size_t(parity::kSteps - resumed);
-  std::vector<double> elastic;
-  for (size_t i = second; i < all.size(); ++i) {
-    CHECK(all[i].first == resumed + 1 + int(i - second));
-    elastic.push_back(all[i].second);
-  }
+  const Resumed r = losses_after_resume(run_dir, agents[0]->output());
+  const int resumed = r.step;
+  const size_t second = r.first_round_steps;
+  const std::vector<double>& elastic = r.losses;
   MESSAGE("elastic: round 1 trained " << second << " steps on 3 hosts, the survivors resumed from step "
                                       << resumed << " on 2");
   CHECK(resumed >= 2);
@@ -319,18 +333,9 @@ TEST_CASE("elastic 2:3, recover_in_place: the survivors keep their worker pids; 
                                                                                     << names(after));
     CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
   }
-  const auto all = step_losses(run_dir + "/metrics.jsonl");
-  const std::string out0 = agents[0]->output();
-  const auto at = out0.find("resuming from step ");
-  REQUIRE_MESSAGE(at != std::string::npos, out0);
-  const int resumed = std::atoi(out0.c_str() + at + 19);
-  REQUIRE(all.size() > size_t(parity::kSteps - resumed));
-  const size_t second = all.size() - size_t(parity::kSteps - resumed);
-  std::vector<double> in_place;
-  for (size_t i = second; i < all.size(); ++i) {
-    CHECK(all[i].first == resumed + 1 + int(i - second));
-    in_place.push_back(all[i].second);
-  }
+  const Resumed r = losses_after_resume(run_dir, agents[0]->output());
+  const int resumed = r.step;
+  const std::vector<double>& in_place = r.losses;
   const std::string from = run_dir + "/ckpt/step_" + std::to_string(resumed);
   hosts.heal(2);
   const auto ref = resumed_on_two_hosts("in_place_ref", from, {});
