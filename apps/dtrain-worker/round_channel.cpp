@@ -41,22 +41,30 @@ void RoundChannel::watch() {
         from = stop + 1;
       }
       got.erase(0, end + 2);
-      {
-        // The flag with the message, under the lock next() clears it under:
-        // a notice is never taken with its abort still to come.
-        std::lock_guard<std::mutex> lock(mu_);
-        pending_ = std::move(env);
-        engine::comm::abort_round();
-      }
-      const int shut = engine::comm::end_round();  // the training thread may be blocked on a socket
-      std::fprintf(stderr, "dtrain-worker: pid %d: the agent announced a new round; %d socket(s) shut down\n",
-                   static_cast<int>(::getpid()), shut);
-      cv_.notify_all();
+      end_round_until_taken(std::move(env));
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
   closed_ = true;
   cv_.notify_all();
+}
+
+// The old round ends (flag and sockets) before its successor can be taken,
+// under the lock next() takes it under: the training thread never starts
+// the new round with the old one's shutdown still to come (which would cut
+// the new round's connections). Until it is taken, the sockets are shut
+// again every 50 ms: a training thread setting up the old round may open
+// new ones after a scan, and would wait on them for its store's timeout.
+void RoundChannel::end_round_until_taken(std::vector<std::string> env) {
+  std::unique_lock<std::mutex> lock(mu_);
+  pending_ = std::move(env);
+  engine::comm::abort_round();
+  int shut = engine::comm::end_round();
+  std::fprintf(stderr, "dtrain-worker: pid %d: the agent announced a new round; %d socket(s) shut down\n",
+               static_cast<int>(::getpid()), shut);
+  cv_.notify_all();
+  while (!cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return !pending_; }))
+    engine::comm::end_round();  // quietly: sockets already shut down count again
 }
 
 std::optional<std::vector<std::string>> RoundChannel::next(double timeout_s) {
@@ -65,6 +73,7 @@ std::optional<std::vector<std::string>> RoundChannel::next(double timeout_s) {
   auto out = std::move(pending_);
   pending_.reset();
   if (out) engine::comm::clear_round_abort();  // the next round starts clean
+  if (out) cv_.notify_all();                    // the watcher stops shutting sockets
   return out;
 }
 

@@ -33,6 +33,7 @@ class RoundChannel {
 
  private:
   void watch();  // the watcher thread: reads messages, ends the round on each
+  void end_round_until_taken(std::vector<std::string> env);
 
   std::mutex mu_;
   std::condition_variable cv_;
