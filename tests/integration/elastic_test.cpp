@@ -178,6 +178,28 @@ Resumed losses_after_resume(const std::string& run_dir, const std::string& out0)
   return r;
 }
 
+// The survivors' losses vs 2 hosts resumed from the same checkpoint (the
+// reference) and vs a negative control with grad_accum fixed at 2, so that
+// the global batch shrinks to 8 with the world.
+void check_matches_two_hosts(const std::string& name, const std::string& label, const std::string& from,
+                             int resumed, const std::vector<double>& losses) {
+  const auto ref = resumed_on_two_hosts(name + "_ref", from, {});
+  const auto control = resumed_on_two_hosts(name + "_control", from, {"train.global_batch=0", "train.grad_accum=2"});
+  std::vector<double> ref_losses, control_losses;
+  for (int step = resumed + 1; step <= parity::kSteps; ++step) {
+    REQUIRE(ref.count(step));
+    REQUIRE(control.count(step));
+    ref_losses.push_back(ref.at(step));
+    control_losses.push_back(control.at(step));
+  }
+  const double diff = max_rel_diff(losses, ref_losses);
+  const double control_diff = max_rel_diff(control_losses, ref_losses);
+  MESSAGE(label << " vs 2 hosts resumed from step " << resumed << ": max loss rel diff " << diff << " (tolerance "
+                << parity::kLossRelTol << "); negative control (global batch 8) " << control_diff);
+  CHECK(diff <= parity::kLossRelTol);
+  CHECK(control_diff >= parity::kControlFactor * parity::kLossRelTol);
+}
+
 }  // namespace
 
 TEST_CASE("elastic 2:3: a cut host is named; the survivors re-form on 2, same global batch, to the end") {
@@ -253,25 +275,7 @@ TEST_CASE("elastic 2:3: a cut host is named; the survivors re-form on 2, same gl
   const std::string from = run_dir + "/ckpt/step_" + std::to_string(resumed);
 
   hosts.heal(2);
-  const auto ref = resumed_on_two_hosts("elastic_ref", from, {});
-  // Negative control: the same resume without grad_accum auto (grad_accum
-  // stays 2), so the global batch shrinks to 8 with the world.
-  const auto control = resumed_on_two_hosts("elastic_control", from,
-                                            {"train.global_batch=0", "train.grad_accum=2"});
-  std::vector<double> ref_losses, control_losses;
-  for (int step = resumed + 1; step <= parity::kSteps; ++step) {
-    REQUIRE(ref.count(step));
-    REQUIRE(control.count(step));
-    ref_losses.push_back(ref.at(step));
-    control_losses.push_back(control.at(step));
-  }
-  const double diff = max_rel_diff(elastic, ref_losses);
-  const double control_diff = max_rel_diff(control_losses, ref_losses);
-  MESSAGE("elastic vs 2 hosts resumed from step " << resumed << ": max loss rel diff " << diff
-                                                  << " (tolerance " << parity::kLossRelTol
-                                                  << "); negative control (global batch 8) " << control_diff);
-  CHECK(diff <= parity::kLossRelTol);
-  CHECK(control_diff >= parity::kControlFactor * parity::kLossRelTol);
+  check_matches_two_hosts("elastic", "elastic", from, resumed, elastic);
 }
 
 // Recovery in place: the survivors' workers are told round 2 by their agents
@@ -338,23 +342,7 @@ TEST_CASE("elastic 2:3, recover_in_place: the survivors keep their worker pids; 
   const std::vector<double>& in_place = r.losses;
   const std::string from = run_dir + "/ckpt/step_" + std::to_string(resumed);
   hosts.heal(2);
-  const auto ref = resumed_on_two_hosts("in_place_ref", from, {});
-  // Negative control: grad_accum fixed at 2, so the global batch shrinks to 8.
-  const auto control = resumed_on_two_hosts("in_place_control", from, {"train.global_batch=0", "train.grad_accum=2"});
-  std::vector<double> ref_losses, control_losses;
-  for (int step = resumed + 1; step <= parity::kSteps; ++step) {
-    REQUIRE(ref.count(step));
-    REQUIRE(control.count(step));
-    ref_losses.push_back(ref.at(step));
-    control_losses.push_back(control.at(step));
-  }
-  const double diff = max_rel_diff(in_place, ref_losses);
-  const double control_diff = max_rel_diff(control_losses, ref_losses);
-  MESSAGE("in place vs 2 hosts resumed from step " << resumed << ": max loss rel diff " << diff << " (tolerance "
-                                                   << parity::kLossRelTol << "); negative control (global batch 8) "
-                                                   << control_diff);
-  CHECK(diff <= parity::kLossRelTol);
-  CHECK(control_diff >= parity::kControlFactor * parity::kLossRelTol);
+  check_matches_two_hosts("in_place", "in place", from, resumed, in_place);
 }
 
 TEST_CASE("elastic 2:3: a node that comes back is admitted at the next round") {
