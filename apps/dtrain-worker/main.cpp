@@ -150,6 +150,10 @@ int train_rounds() {
 int main(int argc, char** argv) {
   // If the agent dies (even by SIGKILL), take the worker down with it.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // A write to a peer that is gone (a Gloo pair, a closed pipe) returns EPIPE
+  // and throws, named, instead of killing the rank by signal: what Python
+  // does for torchrun's workers.
+  ::signal(SIGPIPE, SIG_IGN);
   // A warm spare waits here, libraries loaded, for the rank a restart gives it.
   if (!dtrain::worker::wait_for_rank_if_spare()) return 0;
   keep_freed_memory_in_heap();

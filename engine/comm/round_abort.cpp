@@ -3,6 +3,7 @@
 #include "engine/comm/round_abort.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -53,6 +54,11 @@ bool connected_tcp(int fd) {
 
 int end_round() {
   abort_round();
+  // A Gloo thread that writes on a socket shut here gets EPIPE and throws;
+  // with SIGPIPE at its default it would kill the process instead (Python,
+  // c10d's usual host, ignores SIGPIPE at start-up; the agent spawns workers
+  // with it at the default).
+  ::signal(SIGPIPE, SIG_IGN);
   DIR* dir = ::opendir("/proc/self/fd");
   if (!dir) return 0;
   int shut = 0;

@@ -24,7 +24,8 @@ void throw_if_round_aborted(const char* where);
 // shutdown(SHUT_RDWR) on every connected TCP socket of the process, so a
 // Gloo op waiting on a peer throws at once (and the peer's, on its side of
 // the connection). Listening sockets stay (a new round uses new ports).
-// Returns how many sockets it shut down.
+// SIGPIPE is ignored from then on, so a write on a shut socket throws
+// instead of killing the process. Returns how many sockets it shut down.
 int end_round();
 
 }  // namespace dtrain::engine::comm
