@@ -3,7 +3,8 @@
 # same run without, on one rank of a GPT whose AdamW state is >= 1 GB
 # (LAYERS x 12 x D_MODEL^2 parameters, 8 bytes each): median step time
 # after the first step, peak RSS of the worker (/usr/bin/time's maxrss of
-# the launch: its largest process), AdamW bytes in memory and in the file
+# the launch: its largest process, reached at start-up) and its RSS during the
+# steps (metrics.jsonl's rss_bytes), AdamW bytes in memory and in the file
 # (metrics.jsonl), and the share of the file I/O hidden behind compute:
 # 1 - (time the step waited for I/O) / (time the I/O thread spent), summed
 # over the steps after the first. bucket_mb and prefetch as in the spec.
@@ -73,25 +74,30 @@ params="$(grep -o 'model gpt: [0-9]*' "$tmp/$first.log" | grep -o '[0-9]*$')"
   echo "# $params parameters (AdamW state $(python3 -c "print(f'{8 * $params / 2**30:.2f}')") GiB), $STEPS steps,"
   echo "# command: STEPS=$STEPS LAYERS=$LAYERS D_MODEL=$D_MODEL HEADS=$HEADS SEQ=$SEQ MB=$MB$([ "$ROWS" = "$ALL_ROWS" ] || echo " ROWS=\"$ROWS\"") bench/offload.sh"
   echo "# $(nproc --all) CPUs at load $(cut -d' ' -f1 /proc/loadavg), offload files on $(df --output=source "$tmp" | tail -1)"
-  printf '%-16s %12s %14s %12s %16s %16s %12s %12s %10s\n' run step_s peak_rss_MiB param_MiB optimizer_MiB offload_MiB io_ms wait_ms hidden
+  printf '%-16s %12s %14s %14s %12s %16s %16s %12s %12s %10s\n' run step_s peak_rss_MiB step_rss_MiB param_MiB \
+    optimizer_MiB offload_MiB io_ms wait_ms hidden
   for r in $ROWS; do
     step="$(metric "$r" step_time_s median)"
     rss="$(($(cat "$tmp/$r.maxrss") / 1024))"
+    step_rss="$(metric "$r" rss_bytes median)"
     par="$(metric "$r" param_bytes last)"
     opt="$(metric "$r" optimizer_bytes last)"
     off="$(metric "$r" offload_bytes last)"
     io="$(metric "$r" offload_io_ms sum)"
     wait="$(metric "$r" offload_wait_ms sum)"
-    python3 - "$r" "$step" "$rss" "$par" "$opt" "$off" "$io" "$wait" <<'PY'
+    python3 - "$r" "$step" "$rss" "$step_rss" "$par" "$opt" "$off" "$io" "$wait" <<'PY'
 import sys
-r, step, rss, par, opt, off, io, wait = sys.argv[1:]
+r, step, rss, step_rss, par, opt, off, io, wait = sys.argv[1:]
 mib = lambda v: "-" if v == "-" else f"{float(v) / 2**20:.1f}"
 hidden = "-" if io in ("-", "0") else f"{100 * (1 - float(wait) / float(io)):.0f}%"
 fmt = lambda v, p: "-" if v == "-" else f"{float(v):.{p}f}"
-print(f"{r:<16} {fmt(step, 3):>12} {rss:>14} {mib(par):>12} {mib(opt):>16} {mib(off):>16} {fmt(io, 0):>12} {fmt(wait, 0):>12} {hidden:>10}")
+print(f"{r:<16} {fmt(step, 3):>12} {rss:>14} {mib(step_rss):>14} {mib(par):>12} {mib(opt):>16} {mib(off):>16} {fmt(io, 0):>12} {fmt(wait, 0):>12} {hidden:>10}")
 PY
   done
   echo "# io_ms: the I/O threads' pread/pwrite time (reader and writer added), wait_ms: the step blocked on"
   echo "# them (steps 2..$STEPS summed);"
   echo "# hidden = 1 - wait/io. The page cache holds what the file I/O wrote: peak RSS counts the process only."
+  echo "# peak_rss: /usr/bin/time's maxrss of the whole run, start-up included (building the model and writing"
+  echo "# the offload files set it before step 1); step_rss: the worker's RSS at the end of steps 2..$STEPS (median,"
+  echo "# metrics.jsonl rss_bytes), what the steps hold."
 } | tee "$OUT"

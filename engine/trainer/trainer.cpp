@@ -8,6 +8,7 @@
 
 #include <ATen/ops/full.h>
 #include <c10/core/GradMode.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -219,6 +220,11 @@ int run_training() {
   start_timeline(s);
   Validation validation;
   if (s.spec.data.valid.active()) validation.sources = open_validation(s, s.spec.data.valid.batches);
+  // Set-up's freed heap (a model built whole before it was sharded, shards
+  // moved to an offload store, a checkpoint's read buffers) goes back to the
+  // OS: the worker keeps freed heap memory for reuse (no trim), so these
+  // pages would otherwise stay in its RSS through every step.
+  ::malloc_trim(0);
   for (; step < s.spec.train.steps; ++step) {
     timeline::begin_step(int(step + 1));  // the step's span ends after its checkpoint
     StepResult r = train_step(s, step, timer);

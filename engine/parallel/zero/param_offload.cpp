@@ -24,6 +24,8 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <malloc.h>
+
 #include <chrono>
 
 #include "common/error.h"
@@ -85,6 +87,10 @@ ParamOffload::ParamOffload(std::vector<at::Tensor> shards, ParamOffloadOptions o
     store_->io(true, 4 * x.offset, static_cast<char*>(host.data_ptr()), shard_bytes(x.shard));
   }
   for (int u = 0; u < units(); ++u) page_out(u);  // clean: freed, nothing queued
+  // The shards were heap memory, which the worker keeps for reuse (no
+  // trim): give their pages back now, before the optimizer's state and the
+  // first step's buffers are laid out around the holes.
+  ::malloc_trim(0);
   peak_ = resident_;
   thread_ = std::thread([this] { run_io(); });
 }
