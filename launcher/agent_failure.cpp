@@ -18,8 +18,21 @@ namespace dtrain::launcher {
 std::string Agent::settled_failure() const {
   // The failures of one round reach the rendezvous within moments of each
   // other, not always in the order they happened: give the others a moment.
-  const double settle = std::clamp(spec_.cluster.rendezvous.heartbeat_s, 1.0, 2.0);
-  std::this_thread::sleep_for(std::chrono::duration<double>(settle));
+  // This node beats on meanwhile: it is a member of the round until it
+  // leaves, and 3 silent intervals (its heartbeat thread ended with the
+  // round) would get it declared dead, which the rendezvous would then
+  // name as the root cause in place of its own worker's failure.
+  using Clock = std::chrono::steady_clock;
+  auto span = [](double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
+  const double interval = spec_.cluster.rendezvous.heartbeat_s;
+  const Clock::time_point until = Clock::now() + span(std::clamp(interval, 1.0, 2.0));
+  for (Clock::time_point now = Clock::now(); now < until; now = Clock::now()) {
+    try {
+      client_.heartbeat(config_.node_id, group_.round, {});
+    } catch (const Error&) {
+    }
+    std::this_thread::sleep_until(std::min(until, now + span(interval)));
+  }
   try {
     return client_.status().failure;
   } catch (const Error&) {
