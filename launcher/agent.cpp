@@ -132,6 +132,9 @@ int Agent::run() {
       else
         stop_step(stop_signal_for(outcome));
       if (stop_signal_ != 0) break;
+      // A worker that stopping showed had failed before the notice: reported as this node's failure.
+      if (outcome == Outcome::round_changed && first_failure_) outcome = Outcome::failed;
+      if (outcome == Outcome::failed && !first_failure_) outcome = Outcome::round_changed;
       if (outcome == Outcome::failed && round_moved_on()) outcome = Outcome::round_changed;
       if (outcome == Outcome::unreachable) {  // a partition: re-join when the link returns (rejoin.cpp)
         begin_rejoin();
@@ -232,6 +235,7 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   group_.node_rank = a.node_rank;
   group_.world = a.world;
   first_failure_.reset();
+  notice_at_ = 0;
   relay_ = std::make_unique<SignalRelay>();
   if (!watch_) watch_ = WorkerWatch::start(spec_.cluster.grace_s);
   procs_ = std::make_unique<ProcessGroup>(relay_->fd(), watch_.get());
@@ -362,7 +366,7 @@ Agent::Outcome Agent::monitor_step() {
     }
     switch (heartbeat_->verdict()) {
       case Heartbeat::Verdict::ok: break;
-      case Heartbeat::Verdict::round_changed: return Outcome::round_changed;
+      case Heartbeat::Verdict::round_changed: return after_round_change_notice();
       case Heartbeat::Verdict::unreachable: return Outcome::unreachable;
     }
   }
@@ -373,8 +377,12 @@ void Agent::record_exit(const ExitEvent& event, bool stopping) {
   w.exit = event.status;
   w.ended = event.when;
   if (stopping && !event.status.success()) w.error_file_text = read_error_file(w.spec.error_file);
-  if (stopping && !(first_failure_ && !w.error_file_text.empty() &&
-                    failure_time(w) < failure_time(*first_failure_))) {
+  // Failed before the failure (or the round change notice) that made the
+  // agent stop it: by its error file's time, written before it exited.
+  const bool failed_first = !event.status.success() && !w.error_file_text.empty() &&
+                            ((first_failure_ && failure_time(w) < failure_time(*first_failure_)) ||
+                             (notice_at_ > 0 && failure_time(w) < notice_at_));
+  if (stopping && !failed_first) {
     w.state = WorkerState::STOPPED;
     // Says whether it ended on its own (exit code) or by SIGKILL after grace_s.
     DTRAIN_INFO("rank {} (local rank {}, pid {}) stopped: {}", w.rank, w.local_rank, w.pid,
@@ -385,7 +393,7 @@ void Agent::record_exit(const ExitEvent& event, bool stopping) {
     w.state = WorkerState::FAILED;
     DTRAIN_ERROR("rank {} (local rank {}, pid {}) had failed first: {}", w.rank, w.local_rank,
                  w.pid, w.exit.describe());
-    first_failure_ = w;
+    if (!first_failure_ || failure_time(w) < failure_time(*first_failure_)) first_failure_ = w;
   } else if (event.status.success()) {
     w.state = WorkerState::SUCCEEDED;
   } else {

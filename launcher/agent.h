@@ -58,6 +58,10 @@ class Agent {
   rendezvous::Assignment rendezvous_step();
   void start_step(const rendezvous::Assignment& assignment, int restart);
   Outcome monitor_step();
+  // After a remote round change: this node's own workers are reaped first,
+  // and one that failed before the notice makes the round `failed` (it is
+  // reported, so the rendezvous can name it the root cause). agent_failure.cpp.
+  Outcome after_round_change_notice();
   void fill_spares();  // warm spares for the next restart (warm_spares.h)
   bool round_trains() const;  // every local rank finished a step of this round
   void stop_step(int first_signal);
@@ -116,6 +120,7 @@ class Agent {
   std::unique_ptr<Heartbeat> heartbeat_;
   WorkerGroup group_;
   std::optional<Worker> first_failure_;  // of the current round
+  double notice_at_ = 0;                 // wall time the heartbeat's round change was seen (0 = none)
   int failures_ = 0;                     // restarts this agent asked for
   std::string last_checkpoint_failure_;  // the last failure's checkpoint_failure_key ("": not one)
   int stop_signal_ = 0;                  // SIGINT/SIGTERM dtrain received

@@ -37,8 +37,10 @@ std::string Heartbeat::failure() const {
   return failure_;
 }
 
-// One beat an interval: a beat that comes back early (today every beat:
-// it asks the server not to hold it, see beat()) waits out the rest.
+// The server holds each beat up to interval_s (answering early when the
+// round moves on); one that comes back sooner without news (a failed call,
+// a server that does not hold) waits out the rest: never more than one beat
+// an interval.
 void Heartbeat::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
@@ -69,14 +71,12 @@ bool Heartbeat::beat() {
   Verdict verdict = Verdict::ok;
   std::string failure;
   try {
-    // Not held at the server (wait 0): a beat held until the round moves on
-    // told this agent of a remote failure before it had reaped its own
-    // worker that failed first, so that failure was never reported and the
-    // job named the peer it broke as the root cause (integ_root_cause_test,
-    // 2 of 8 runs). Held beats come back when the agent reports its own
-    // failures before acting on a remote one.
+    // Held at the server for up to an interval: the answer comes the moment
+    // the round moves on. It can come before the agent reaped its own worker
+    // that failed first; the agent reaps and reports such a worker before it
+    // acts on the change (Agent::after_round_change_notice).
     std::optional<rendezvous::HeartbeatReply> answer = client_.wait_heartbeat(
-        node_id_, round_, progress_ ? progress_() : std::vector<trace::RankProgress>{}, 0.0, cancel_);
+        node_id_, round_, progress_ ? progress_() : std::vector<trace::RankProgress>{}, interval_s_, cancel_);
     if (!answer) return true;  // cancelled: stopping
     const rendezvous::HeartbeatReply& reply = *answer;
     failure = reply.failure;

@@ -103,9 +103,10 @@ void write_error_file(const std::string& message, const std::string& code = "") 
 // sockets, so the pending collective throws) is left, the engine's state
 // dropped with it (its groups leaked, train_session.h), and run_training()
 // starts again from the new environment, restoring as a new worker would
-// (peer memory or disk). A failure with no notice within DTRAIN_ROUND_WAIT_S
-// is this worker's own: it ends the process as without a channel; so, at
-// once, does a config, checkpoint or internal error.
+// (peer memory or disk). A communication failure with no notice within
+// DTRAIN_ROUND_WAIT_S is this worker's own: it ends the process as without a
+// channel; so, at once, does any other failure (may_be_round_change) unless
+// a notice has already come.
 int train_rounds() {
   auto channel = dtrain::worker::RoundChannel::open_if_enabled();
   if (!channel) return dtrain::engine::trainer::run_training();
@@ -130,7 +131,7 @@ int train_rounds() {
       failure = std::current_exception();
       what = e.what();
     }
-    auto env = channel->next(failure ? wait_s : 0.0);
+    auto env = channel->next(dtrain::worker::may_be_round_change(failure) ? wait_s : 0.0);
     if (!env) {
       if (failure) std::rethrow_exception(failure);
       return rc;

@@ -11,9 +11,26 @@
 #include <cstdlib>
 #include <thread>
 
+#include <c10/util/Exception.h>
+
+#include "common/error.h"
 #include "engine/comm/round_abort.h"
 
 namespace dtrain::worker {
+
+bool may_be_round_change(std::exception_ptr failure) {
+  if (!failure) return false;
+  try {
+    std::rethrow_exception(failure);
+  } catch (const Error& e) {
+    return e.code() == ErrorCode::worker_failed || e.code() == ErrorCode::timeout ||
+           e.code() == ErrorCode::rendezvous;
+  } catch (const c10::DistError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
 
 std::shared_ptr<RoundChannel> RoundChannel::open_if_enabled() {
   const char* on = std::getenv(kRoundChannelEnv);

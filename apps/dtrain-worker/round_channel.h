@@ -20,6 +20,16 @@ inline constexpr const char* kRoundChannelEnv = "DTRAIN_ROUND_CHANNEL";
 // new round before the failure counts as its own (seconds).
 inline constexpr const char* kRoundWaitEnv = "DTRAIN_ROUND_WAIT_S";
 
+// Whether a failure of run_training() may be a round change's doing, worth
+// waiting DTRAIN_ROUND_WAIT_S for the notice: a communication error (a
+// dtrain::Error worker_failed, timeout or rendezvous, as the groups wrap
+// Gloo's; c10's distributed errors), what a peer that died or a round the
+// agent ended causes. Anything else (a config, checkpoint or internal
+// error; an exception from the model, the data or a fault) is this rank's
+// own: waiting would only hold its report, while its peers, whose
+// collectives it broke, wait for a notice its report has to cause.
+bool may_be_round_change(std::exception_ptr failure);
+
 class RoundChannel {
  public:
   // A watcher thread on stdin when DTRAIN_ROUND_CHANNEL is set, else null.
