@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/comm/round_abort.h"
 #include "engine/comm/side_group.h"
 
 namespace dtrain::engine::checkpoint {
@@ -197,6 +198,9 @@ AsyncSaveScope::~AsyncSaveScope() {
   if (f.writer.joinable()) f.writer.join();  // its collectives end with its peers' (or fail when they are gone)
   f.group = nullptr;
   f.active = false;
+  // After a round abort the group is leaked, as TrainSession's are: a c10d
+  // destructor could block on work queued on the sockets end_round shut.
+  if (comm::round_aborted()) (void)writers_.release();
   if (was_active && f.error) {
     try {
       std::rethrow_exception(f.error);

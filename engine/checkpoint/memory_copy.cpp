@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/checkpoint/memory_snapshot.h"
+#include "engine/comm/round_abort.h"
 #include "engine/comm/side_group.h"
 
 namespace dtrain::engine::checkpoint {
@@ -123,6 +124,9 @@ MemoryCopyScope::~MemoryCopyScope() {
   if (f.writer.joinable()) f.writer.join();
   f.group = nullptr;
   f.active = false;
+  // After a round abort the group is leaked, as TrainSession's are: a c10d
+  // destructor could block on work queued on the sockets end_round shut.
+  if (comm::round_aborted()) (void)writers_.release();
   f.copy = detail::MemoryCopy{};
   if (was_active && f.error) {
     try {
