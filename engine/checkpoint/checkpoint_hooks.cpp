@@ -80,10 +80,9 @@ double save_now(const TrainState& s, int64_t steps_done, bool preempted) {
 }
 
 // The in-memory copy of step `steps_done` (when due) and the poll of the one
-// in flight; the last step and preemption wait for it. Sets
-// out.memory_copy_ms; returns whether it did copy work (block_ms is reported).
-bool memory_copy_work(const TrainState& s, int64_t steps_done, bool due, bool wait, detail::PreparedSave* host,
-                      StepSave& out) {
+// in flight. Sets out.memory_copy_ms; returns whether it did copy work
+// (block_ms is reported).
+bool memory_copy_work(const TrainState& s, int64_t steps_done, bool due, detail::PreparedSave* host, StepSave& out) {
   bool worked = false;
   if (memory_copy_in_flight()) {  // no collective: has this rank's writer finished?
     out.memory_copy_ms = poll_memory_copy();
@@ -94,10 +93,8 @@ bool memory_copy_work(const TrainState& s, int64_t steps_done, bool due, bool wa
     out.memory_copy_ms = std::max(out.memory_copy_ms, start_memory_copy(s, steps_done, host));
     worked = true;
   }
-  if (memory_copy_in_flight() && (wait || (due && memory_copy_sync()))) {
-    timeline::Scope span(timeline::Kind::checkpoint);
+  if (due && memory_copy_sync()) {
     out.memory_copy_ms = std::max(out.memory_copy_ms, finish_memory_copy());
-    worked = true;
   }
   return worked;
 }
@@ -111,7 +108,10 @@ StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
   const bool last = steps_done >= s.spec->train.steps;
   const auto& c = s.spec->checkpoint;
   const bool due = !c.dir.empty() && ((c.every > 0 && steps_done % c.every == 0) || last || preempted);
-  const bool copy_due = step_finite && memory_copies_on(s) && steps_done % c.memory_every == 0;
+  // No copy at the last step or on SIGTERM: the agent removes the copies when
+  // the job stops, and the disk save comes first within cluster.grace_s.
+  const bool copy_due =
+      step_finite && memory_copies_on(s) && !preempted && !last && steps_done % c.memory_every == 0;
   const auto t0 = std::chrono::steady_clock::now();
   // One step's host copies serve both writers when an async save and a copy fall on it.
   std::optional<detail::PreparedSave> host;
@@ -119,11 +119,19 @@ StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
     timeline::Scope span(timeline::Kind::checkpoint);
     host = detail::take_snapshot(s, steps_done);
   }
-  bool worked = memory_copies_on(s) &&
-                memory_copy_work(s, steps_done, copy_due, preempted || last, host ? &*host : nullptr, out);
+  bool worked = memory_copies_on(s) && memory_copy_work(s, steps_done, copy_due, host ? &*host : nullptr, out);
+  // The end of training and preemption wait for the copy in flight, after the
+  // disk save (its failure is thrown; nothing outlives the run).
+  const auto finish_copy = [&] {
+    if (!memory_copy_in_flight() || !(preempted || last)) return;
+    timeline::Scope span(timeline::Kind::checkpoint);
+    out.memory_copy_ms = std::max(out.memory_copy_ms, finish_memory_copy());
+    worked = true;
+  };
   if (c.dir.empty()) {
     if (preempted && s.info->rank == 0)
       DTRAIN_WARN("SIGTERM: stopping after step {} without a checkpoint (checkpoint.dir is empty)", steps_done);
+    finish_copy();
     if (worked) out.block_ms = ms_since(t0);
     return out;
   }
@@ -151,6 +159,7 @@ StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
     out.write_ms = std::max(out.write_ms, finish_async_save(s));
     worked = true;
   }
+  finish_copy();
   if (worked) out.block_ms = ms_since(t0);
   fault_after_step(s.spec->fault, *s.info, steps_done);  // after the step's checkpoint, if one was due
   if (preempted && s.info->rank == 0)
