@@ -99,6 +99,40 @@ bool memory_copy_work(const TrainState& s, int64_t steps_done, bool due, detail:
   return worked;
 }
 
+// The disk save of step `steps_done` (when due: synchronous, or started in
+// the background) and the poll of an async one in flight; the last step and
+// preemption wait for the write and commit it. Sets out.write_ms; returns
+// whether it did save work (block_ms is reported).
+bool disk_save_work(const TrainState& s, int64_t steps_done, bool due, bool step_finite, bool preempted,
+                    detail::PreparedSave* host, StepSave& out) {
+  const auto& c = s.spec->checkpoint;
+  bool worked = false;
+  if (c.async && async_save_in_flight()) {  // no collective: has this rank's writer finished?
+    out.write_ms = poll_async_save(s);
+    worked = out.write_ms >= 0;
+  }
+  if (due && !step_finite) {
+    if (s.info->rank == 0) {
+      const std::string latest = dtrain::checkpoint::latest_dir(c.dir);
+      DTRAIN_WARN("checkpoint of step {} not written: the step was not finite; {}", steps_done,
+                  latest.empty() ? "no checkpoint exists yet" : "latest stays " + latest);
+    }
+  } else if (due && c.async) {
+    timeline::Scope span(timeline::Kind::checkpoint);
+    out.write_ms = std::max(out.write_ms, start_async_save(s, steps_done, host));
+    worked = true;
+  } else if (due) {
+    out.write_ms = save_now(s, steps_done, preempted);
+    worked = true;
+  }
+  if (c.async && async_save_in_flight() && (preempted || steps_done >= s.spec->train.steps)) {
+    timeline::Scope span(timeline::Kind::checkpoint);
+    out.write_ms = std::max(out.write_ms, finish_async_save(s));
+    worked = true;
+  }
+  return worked;
+}
+
 }  // namespace
 
 StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
@@ -135,30 +169,7 @@ StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
     if (worked) out.block_ms = ms_since(t0);
     return out;
   }
-  if (c.async && async_save_in_flight()) {  // no collective: has this rank's writer finished?
-    out.write_ms = poll_async_save(s);
-    worked = worked || out.write_ms >= 0;
-  }
-  if (due && !step_finite) {
-    if (s.info->rank == 0) {
-      const std::string latest = dtrain::checkpoint::latest_dir(c.dir);
-      DTRAIN_WARN("checkpoint of step {} not written: the step was not finite; {}", steps_done,
-                  latest.empty() ? "no checkpoint exists yet" : "latest stays " + latest);
-    }
-  } else if (due && c.async) {
-    timeline::Scope span(timeline::Kind::checkpoint);
-    out.write_ms = std::max(out.write_ms, start_async_save(s, steps_done, host ? &*host : nullptr));
-    worked = true;
-  } else if (due) {
-    out.write_ms = save_now(s, steps_done, preempted);
-    worked = true;
-  }
-  // The end of training and preemption wait for the write and commit it.
-  if (c.async && async_save_in_flight() && (preempted || last)) {
-    timeline::Scope span(timeline::Kind::checkpoint);
-    out.write_ms = std::max(out.write_ms, finish_async_save(s));
-    worked = true;
-  }
+  worked = disk_save_work(s, steps_done, due, step_finite, preempted, host ? &*host : nullptr, out) || worked;
   finish_copy();
   if (worked) out.block_ms = ms_since(t0);
   fault_after_step(s.spec->fault, *s.info, steps_done);  // after the step's checkpoint, if one was due
