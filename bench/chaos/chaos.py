@@ -176,7 +176,7 @@ class Campaign(FaultInjector):
         spec = (
             "job: {name: chaos, seed: 1234}\n"
             "cluster: {nodes: \"%d:%d\", procs_per_node: 1, device: cpu, backend: gloo, max_restarts: 1000,\n"
-            "          grace_s: 1, hang_timeout_s: %g,\n"
+            "          grace_s: 1, hang_timeout_s: %g%s,\n"
             "          rendezvous: {join_timeout_s: 30, last_call_s: 1, heartbeat_s: 0.5, rejoin_timeout_s: 120}}\n"
             "parallel: {dp: auto}\n"
             "model: {kind: gpt, vocab: 256, layers: 2, d_model: %d, heads: 2, seq_len: 64, dropout: 0.0}\n"
@@ -186,7 +186,7 @@ class Campaign(FaultInjector):
             "checkpoint: {dir: %s, every: %d, keep: 3%s}\n"
             "log: {dir: %s, every: 1}\n"
             "entrypoint: builtin\n"
-        ) % (max(1, n - 1), n, a.hang_timeout_s, a.d_model, a.steps, os.path.join(self.out, "text.txt"),
+        ) % (max(1, n - 1), n, a.hang_timeout_s, ", recover_in_place: true" if a.in_place else "", a.d_model, a.steps, os.path.join(self.out, "text.txt"),
              self.ckpt_dir, a.ckpt_every, ckpt_extra(a), self.run_dir)
         with open(self.spec, "w") as f:
             f.write(spec)
@@ -518,6 +518,8 @@ def main():
     p.add_argument("--memory-every", type=int, default=0,
                    help="checkpoint.memory.every: in-memory copies in a peer node's RAM every S steps (0: off)")
     p.add_argument("--memory-replicas", type=int, default=1, help="checkpoint.memory.replicas")
+    p.add_argument("--in-place", action="store_true",
+                   help="cluster.recover_in_place: survivors keep their workers across a round change")
     p.add_argument("--hang-timeout-s", type=float, default=3)
     p.add_argument("--ckpt-fs-mb", type=int, default=48, help="size of the tmpfs under checkpoint.dir")
     p.add_argument("--slow-s", type=float, default=2.0)

@@ -59,6 +59,10 @@ def sections(rank0_log):
             s = out[-1]
             if s["world"] is None and WORLD.search(line):
                 s["world"] = int(WORLD.search(line).group(1))
+            if RESUMED.search(line) and WORLD.search(line):
+                # The new run's own word on its world: a worker recovering in place
+                # may log a line of the old round's world after the header.
+                s["world"] = int(WORLD.search(line).group(1))
             for pattern, act in ((RESUMED, lambda m: s.update(restored=int(m.group(1)),
                                                                sampler=int(m.group(2)) if m.group(2) else None)),
                                  (SAVED, lambda m: s["saved"].append(int(m.group(1)))),

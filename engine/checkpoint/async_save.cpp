@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/comm/round_abort.h"
 #include "engine/comm/side_group.h"
 
 namespace dtrain::engine::checkpoint {
@@ -148,7 +149,7 @@ double poll_async_save(const TrainState&) { return collect(/*wait=*/false); }
 
 double finish_async_save(const TrainState&) { return collect(/*wait=*/true); }
 
-double start_async_save(const TrainState& s, int64_t step) {
+double start_async_save(const TrainState& s, int64_t step, detail::PreparedSave* host) {
   InFlight& f = in_flight();
   if (f.group == nullptr)
     throw Error(ErrorCode::internal, "checkpoint.async without the writers' process group",
@@ -163,13 +164,14 @@ double start_async_save(const TrainState& s, int64_t step) {
                   previous);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  f.save = detail::take_snapshot(s, step);
+  f.save = host != nullptr ? std::move(*host) : detail::take_snapshot(s, step);
   f.done.store(false);
   f.error = nullptr;
   f.write_ms = 0;
   f.active = true;
   if (s.info->rank == 0)
-    DTRAIN_INFO("checkpoint of step {} started (async): host copies taken in {:.1f} ms", step, ms_since(t0));
+    DTRAIN_INFO("checkpoint of step {} started (async): host copies {} in {:.1f} ms", step,
+                host != nullptr ? "shared with the in-memory copy" : "taken", ms_since(t0));
   const WriterJob job{f.group, s.spec->checkpoint.dir, s.spec->checkpoint.keep, s.info->rank};
   f.writer = std::thread([&f, job] {
     try {
@@ -196,6 +198,9 @@ AsyncSaveScope::~AsyncSaveScope() {
   if (f.writer.joinable()) f.writer.join();  // its collectives end with its peers' (or fail when they are gone)
   f.group = nullptr;
   f.active = false;
+  // After a round abort the group is leaked, as TrainSession's are: a c10d
+  // destructor could block on work queued on the sockets end_round shut.
+  if (comm::round_aborted()) (void)writers_.release();
   if (was_active && f.error) {
     try {
       std::rethrow_exception(f.error);

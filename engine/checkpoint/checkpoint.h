@@ -104,11 +104,13 @@ int64_t resume(const TrainState& s);
 // commit is reported is rank 0's.
 struct StepSave {
   bool stop = false;      // the loop must stop now (preempted)
-  double block_ms = -1;   // the step loop was stopped this long for checkpoints, in-memory copies
-                          // (memory_snapshot.h) included (-1: no save work)
+  double block_ms = -1;   // the step loop was stopped this long for checkpoints and in-memory
+                          // copies (memory_snapshot.h): their host copies and waits (-1: no save work)
   double write_ms = -1;   // a rank file was written in this long: this step's save when
                           // synchronous, the one committed at this step when async (the longer
                           // when the last step commits two) (-1: none)
+  double memory_copy_ms = -1;  // an in-memory copy's background time (write, send, barrier),
+                               // reported at the step its writer is found finished (-1: none)
 };
 StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite);
 
@@ -152,11 +154,13 @@ dtrain::checkpoint::Index index_of(const TrainState& s, int64_t step);
 // write time in ms of a save it waited for (-1: none). poll_async_save: no
 // collective; the write time of a save this rank's writer has finished
 // since (-1: none), its failure thrown. finish_async_save: waits for the
-// save in flight; its write time (-1: none), its failure thrown. The
+// save in flight; its write time (-1: none), its failure thrown. `host`:
+// step's copies taken already (take_snapshot; shared with the in-memory
+// copy of the same step), moved from. The
 // writers agree on a save's outcome, so a failure (an I/O error, or
 // non-finite state: then nothing is written) throws dtrain::Error on every
 // rank, and `latest` stays on the previous checkpoint.
-double start_async_save(const TrainState& s, int64_t step);
+double start_async_save(const TrainState& s, int64_t step, detail::PreparedSave* host = nullptr);
 double poll_async_save(const TrainState& s);
 double finish_async_save(const TrainState& s);
 bool async_save_in_flight();

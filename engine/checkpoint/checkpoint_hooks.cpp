@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 
 #include "common/checkpoint_dir.h"
 #include "common/log.h"
@@ -78,50 +79,99 @@ double save_now(const TrainState& s, int64_t steps_done, bool preempted) {
   return st.write_seconds * 1e3;
 }
 
+// The in-memory copy of step `steps_done` (when due) and the poll of the one
+// in flight. Sets out.memory_copy_ms; returns whether it did copy work
+// (block_ms is reported).
+bool memory_copy_work(const TrainState& s, int64_t steps_done, bool due, detail::PreparedSave* host, StepSave& out) {
+  bool worked = false;
+  if (memory_copy_in_flight()) {  // no collective: has this rank's writer finished?
+    out.memory_copy_ms = poll_memory_copy();
+    worked = out.memory_copy_ms >= 0;
+  }
+  if (due) {  // before the fault hooks: a hang after step N still lets N's copy complete
+    timeline::Scope span(timeline::Kind::checkpoint);
+    out.memory_copy_ms = std::max(out.memory_copy_ms, start_memory_copy(s, steps_done, host));
+    worked = true;
+  }
+  if (due && memory_copy_sync()) {
+    out.memory_copy_ms = std::max(out.memory_copy_ms, finish_memory_copy());
+  }
+  return worked;
+}
+
+// The disk save of step `steps_done` (when due: synchronous, or started in
+// the background) and the poll of an async one in flight; the last step and
+// preemption wait for the write and commit it. Sets out.write_ms; returns
+// whether it did save work (block_ms is reported).
+bool disk_save_work(const TrainState& s, int64_t steps_done, bool due, bool step_finite, bool preempted,
+                    detail::PreparedSave* host, StepSave& out) {
+  const auto& c = s.spec->checkpoint;
+  bool worked = false;
+  if (c.async && async_save_in_flight()) {  // no collective: has this rank's writer finished?
+    out.write_ms = poll_async_save(s);
+    worked = out.write_ms >= 0;
+  }
+  if (due && !step_finite) {
+    if (s.info->rank == 0) {
+      const std::string latest = dtrain::checkpoint::latest_dir(c.dir);
+      DTRAIN_WARN("checkpoint of step {} not written: the step was not finite; {}", steps_done,
+                  latest.empty() ? "no checkpoint exists yet" : "latest stays " + latest);
+    }
+  } else if (due && c.async) {
+    timeline::Scope span(timeline::Kind::checkpoint);
+    out.write_ms = std::max(out.write_ms, start_async_save(s, steps_done, host));
+    worked = true;
+  } else if (due) {
+    out.write_ms = save_now(s, steps_done, preempted);
+    worked = true;
+  }
+  if (c.async && async_save_in_flight() && (preempted || steps_done >= s.spec->train.steps)) {
+    timeline::Scope span(timeline::Kind::checkpoint);
+    out.write_ms = std::max(out.write_ms, finish_async_save(s));
+    worked = true;
+  }
+  return worked;
+}
+
 }  // namespace
 
 StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
   StepSave out;
   out.stop = preemption_requested(*s.control, steps_done >= s.spec->train.steps);
   const bool preempted = out.stop;
+  const bool last = steps_done >= s.spec->train.steps;
   const auto& c = s.spec->checkpoint;
-  double memory_ms = -1;  // the in-memory copy's share of block_ms
-  if (step_finite && memory_copies_on(s) && steps_done % c.memory_every == 0)
-    memory_ms = memory_snapshot(s, steps_done);  // before the fault hooks below: a hang after step N leaves N in memory
-  out.block_ms = memory_ms;
-  const bool due = (c.every > 0 && steps_done % c.every == 0) || steps_done == s.spec->train.steps;
+  const bool due = !c.dir.empty() && ((c.every > 0 && steps_done % c.every == 0) || last || preempted);
+  // No copy at the last step or on SIGTERM: the agent removes the copies when
+  // the job stops, and the disk save comes first within cluster.grace_s.
+  const bool copy_due =
+      step_finite && memory_copies_on(s) && !preempted && !last && steps_done % c.memory_every == 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  // One step's host copies serve both writers when an async save and a copy fall on it.
+  std::optional<detail::PreparedSave> host;
+  if (copy_due && due && step_finite && c.async) {
+    timeline::Scope span(timeline::Kind::checkpoint);
+    host = detail::take_snapshot(s, steps_done);
+  }
+  bool worked = memory_copies_on(s) && memory_copy_work(s, steps_done, copy_due, host ? &*host : nullptr, out);
+  // The end of training and preemption wait for the copy in flight, after the
+  // disk save (its failure is thrown; nothing outlives the run).
+  const auto finish_copy = [&] {
+    if (!memory_copy_in_flight() || !(preempted || last)) return;
+    timeline::Scope span(timeline::Kind::checkpoint);
+    out.memory_copy_ms = std::max(out.memory_copy_ms, finish_memory_copy());
+    worked = true;
+  };
   if (c.dir.empty()) {
     if (preempted && s.info->rank == 0)
       DTRAIN_WARN("SIGTERM: stopping after step {} without a checkpoint (checkpoint.dir is empty)", steps_done);
+    finish_copy();
+    if (worked) out.block_ms = ms_since(t0);
     return out;
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  bool worked = false;  // started, waited for or committed a save: block_ms is reported
-  if (c.async && async_save_in_flight()) {  // no collective: has this rank's writer finished?
-    out.write_ms = poll_async_save(s);
-    worked = out.write_ms >= 0;
-  }
-  if ((due || preempted) && !step_finite) {
-    if (s.info->rank == 0) {
-      const std::string latest = dtrain::checkpoint::latest_dir(c.dir);
-      DTRAIN_WARN("checkpoint of step {} not written: the step was not finite; {}", steps_done,
-                  latest.empty() ? "no checkpoint exists yet" : "latest stays " + latest);
-    }
-  } else if ((due || preempted) && c.async) {
-    timeline::Scope span(timeline::Kind::checkpoint);
-    out.write_ms = std::max(out.write_ms, start_async_save(s, steps_done));
-    worked = true;
-  } else if (due || preempted) {
-    out.write_ms = save_now(s, steps_done, preempted);
-    worked = true;
-  }
-  // The end of training and preemption wait for the write and commit it.
-  if (c.async && async_save_in_flight() && (preempted || steps_done >= s.spec->train.steps)) {
-    timeline::Scope span(timeline::Kind::checkpoint);
-    out.write_ms = std::max(out.write_ms, finish_async_save(s));
-    worked = true;
-  }
-  if (worked) out.block_ms = ms_since(t0) + std::max(memory_ms, 0.0);
+  worked = disk_save_work(s, steps_done, due, step_finite, preempted, host ? &*host : nullptr, out) || worked;
+  finish_copy();
+  if (worked) out.block_ms = ms_since(t0);
   fault_after_step(s.spec->fault, *s.info, steps_done);  // after the step's checkpoint, if one was due
   if (preempted && s.info->rank == 0)
     DTRAIN_INFO("preempted: stopping after step {}; `dtrain resume --ckpt {}` continues", steps_done, c.dir);

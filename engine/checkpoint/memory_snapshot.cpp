@@ -2,8 +2,9 @@
 // step_<N>/rank_<r>.safetensors (a checkpoint rank file, the same bytes a
 // disk save writes), rank_<r>.peer (present when that file is a copy sent by
 // another node) and header.json (the index without its tensor table). Files
-// appear by rename, so a reader never sees half of one. Peers are reached
-// over the world's Gloo control group, which every round already has.
+// appear by rename, so a reader never sees half of one. A copy is written
+// and sent by a writer thread (memory_copy.cpp) over its own Gloo group; a
+// restore runs on the training thread over the world's control group.
 #include "engine/checkpoint/memory_snapshot.h"
 #include "engine/comm/round_abort.h"
 
@@ -156,42 +157,62 @@ bool memory_copies_on(const TrainState& s) {
   return !s.info->memory_dir.empty() && s.spec->checkpoint.memory_on(nodes);
 }
 
-double memory_snapshot(const TrainState& s, int64_t step) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string dir = step_path(s.info->memory_dir, step);
-  const int rank = s.info->rank;
+namespace detail {
+
+MemoryCopy prepare_memory_copy(const TrainState& s, int64_t step, const PreparedSave* host) {
+  MemoryCopy c;
+  c.step = step;
+  c.root = s.info->memory_dir;
+  c.rank = s.info->rank;
+  if (host != nullptr) {  // shared: the tensors are refcounted, and neither writer changes them
+    c.keep = host->keep;
+    c.shards = host->shards;
+  } else {
+    PreparedSave p = take_snapshot(s, step);  // never aliasing live tensors: training goes on
+    c.keep = std::move(p.keep);
+    c.shards = std::move(p.shards);
+  }
+  c.index = index_of(s, step);
+  const Layout& l = layout(s);
+  const int replicas = std::min(s.spec->checkpoint.memory_replicas, int(l.nodes.size()) - 1);
+  for (int d = 1; d <= replicas; ++d) c.peers.emplace_back(peer_rank(l, c.rank, d), peer_rank(l, c.rank, -d));
+  return c;
+}
+
+uint64_t write_memory_copy(comm::Group& g, MemoryCopy& c) {
+  const std::string dir = step_path(c.root, c.step);
+  const int rank = c.rank;
   fs::create_directories(dir);
   {
     const std::string tmp = dir + "/.tmp_rank_" + std::to_string(rank);
     fs::create_directories(tmp);
-    std::vector<at::Tensor> keep;  // host copies the shards point into
-    ck::write_rank_file(tmp, rank_name(rank), detail::rank_shards(s, keep));
+    ck::write_rank_file(tmp, rank_name(rank), std::move(c.shards));
+    c.shards.clear();
+    c.keep.clear();  // written: the host copies can go
     fs::remove(dir + "/" + peer_mark(rank));  // this node's own copy now
     fs::rename(tmp + "/" + rank_name(rank), dir + "/" + rank_name(rank));
     remove_quietly(tmp);
   }
-  const std::string header = ck::index_to_json(detail::index_of(s, step));
+  const std::string header = ck::index_to_json(c.index);
   write_atomic(dir, "header.json", header.data(), header.size(), rank);
   const at::Tensor data = read_bytes(dir + "/" + rank_name(rank));
-  const Layout& l = layout(s);
-  const int replicas = std::min(s.spec->checkpoint.memory_replicas, int(l.nodes.size()) - 1);
-  for (int d = 1; d <= replicas; ++d) {
-    const int from = peer_rank(l, rank, -d);
-    const at::Tensor in = exchange(*s.control, data, peer_rank(l, rank, d), from, 2 * d);
+  int tag = 2;
+  for (const auto& [to, from] : c.peers) {
+    const at::Tensor in = exchange(g, data, to, from, tag);
+    tag += 2;
     write_atomic(dir, peer_mark(from), "", 0, rank);  // before the file: a copy is never taken for its own
     write_atomic(dir, rank_name(from), in.data_ptr(), size_t(in.numel()), rank);
   }
-  s.control->barrier();  // step `step` is complete on every node: the older ones can go
+  g.barrier();  // step `step` is complete on every node: the older ones can go
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(s.info->memory_dir, ec)) {
+  for (const auto& e : fs::directory_iterator(c.root, ec)) {
     const int64_t n = step_of(e.path().filename().string());
-    if (n >= 0 && n < step) remove_quietly(e.path().string());
+    if (n >= 0 && n < c.step) remove_quietly(e.path().string());
   }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  DTRAIN_DEBUG("in-memory copy of step {}: {} bytes here and on {} other node(s) in {:.1f} ms", step,
-               data.numel(), replicas, ms);
-  return ms;
+  return uint64_t(data.numel());
 }
+
+}  // namespace detail
 
 namespace {
 

@@ -164,10 +164,12 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
   if (tensorboard_) tensorboard_->add_record(line);
 }
 
-void MetricsLogger::record_checkpoint(int64_t step, double block_ms, double write_ms, bool print) {
+void MetricsLogger::record_checkpoint(int64_t step, double block_ms, double write_ms, double memory_copy_ms,
+                                      bool print) {
   if (!print) return;
   std::string line = fmt::format("{{\"step\": {}, \"ckpt_block_ms\": {:.3f}", step, block_ms);
   if (write_ms >= 0) line += fmt::format(", \"ckpt_write_ms\": {:.3f}", write_ms);
+  if (memory_copy_ms >= 0) line += fmt::format(", \"memory_copy_ms\": {:.3f}", memory_copy_ms);
   line += "}\n";
   if (jsonl_) {
     std::fputs(line.c_str(), jsonl_);

@@ -97,9 +97,9 @@ class MetricsLogger {
   // non-finite or evaluated one): prints and appends one JSON line.
   void record(const StepReport& report, const MemoryStats& memory, bool print);
   // A record of its own after a step's checkpoint work (on rank 0, every
-  // step that did some): {"step", "ckpt_block_ms"[, "ckpt_write_ms"]}
-  // (after_step's StepSave; write_ms < 0 is left out).
-  void record_checkpoint(int64_t step, double block_ms, double write_ms, bool print);
+  // step that did some): {"step", "ckpt_block_ms"[, "ckpt_write_ms"][, "memory_copy_ms"]}
+  // (after_step's StepSave; a time < 0 is left out).
+  void record_checkpoint(int64_t step, double block_ms, double write_ms, double memory_copy_ms, bool print);
 
  private:
   struct Timing {  // the logged interval's figures

@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/timeline.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/memory_snapshot.h"
 #include "engine/comm/traced_group.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
@@ -205,6 +206,7 @@ int run_training() {
   auto session = make_train_session();
   TrainSession& s = *session;
   const checkpoint::AsyncSaveScope async_saves(*s.comm, s.spec);  // a write in flight ends before the groups
+  const checkpoint::MemoryCopyScope memory_copies(*s.comm, s.spec);  // so does an in-memory copy
   int64_t step = maybe_load_checkpoint(s);
   if (step >= s.spec.train.steps && s.is_log_rank())
     DTRAIN_WARN("nothing to train: the checkpoint is at step {} and train.steps = {}; "
@@ -277,9 +279,11 @@ int run_training() {
     // ckpt_block_ms: the loop stopped for checkpoints (a whole synchronous
     // save; an async one's copies, wait for a previous write, commit);
     // ckpt_write_ms: the rank file's write (this step's synchronous save, or
-    // the async save committed at this step). A record of its own: the
-    // step's record is written before the save, which may crash.
-    if (saved.block_ms >= 0) metrics.record_checkpoint(step + 1, saved.block_ms, saved.write_ms, s.is_log_rank());
+    // the async save committed at this step); memory_copy_ms: an in-memory
+    // copy's background time, at the step its writer is found done. A record
+    // of its own: the step's record is written before the save, which may crash.
+    if (saved.block_ms >= 0)
+      metrics.record_checkpoint(step + 1, saved.block_ms, saved.write_ms, saved.memory_copy_ms, s.is_log_rank());
     if (const std::string path = timeline::end_step(); !path.empty() && s.is_log_rank())
       DTRAIN_INFO("log.trace: wrote {} (and every rank its own); `dtrain trace merge {} OUT.json`", path,
                   s.info.run_dir.empty() ? s.spec.log.dir : s.info.run_dir);

@@ -7,6 +7,7 @@
 // Cases skip, saying why, without namespaces; nothing outlives a case.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <regex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "tests/support/child.h"
 #include "tests/support/parity.h"
@@ -127,6 +129,32 @@ Run run_and_cut(TestHosts& hosts, const std::string& name, BeforeCut before_cut)
   return r;
 }
 
+double median(std::vector<double> v) {
+  REQUIRE(!v.empty());
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Rank 0's checkpoint records of `path` at steps with an in-memory copy and no
+// disk save: the step loop's blocking (ckpt_block_ms) over a copy's whole time
+// (memory_copy_ms, what a synchronous copy would block for), medians.
+// Background copies block for their host copies (and a wait for the copy
+// before, when one takes longer than a step): well under 1; a synchronous
+// copy (DTRAIN_MEMORY_COPY_SYNC=1) blocks for all of it: above 1.
+double copy_block_ratio(const std::string& path, int* records) {
+  std::vector<double> block, copy;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto b = line.find("\"ckpt_block_ms\": "), m = line.find("\"memory_copy_ms\": ");
+    if (b == std::string::npos || m == std::string::npos || has(line, "ckpt_write_ms")) continue;
+    block.push_back(std::strtod(line.c_str() + b + 17, nullptr));
+    copy.push_back(std::strtod(line.c_str() + m + 18, nullptr));
+  }
+  *records = int(block.size());
+  INFO(path << ": " << block.size() << " copy records");
+  return median(block) / std::max(median(copy), 1e-9);
+}
+
 double max_rel_diff(const std::map<int, double>& a, const std::map<int, double>& b, int first, int last, int shift) {
   double worst = 0;
   for (int step = first; step <= last; ++step) {
@@ -153,6 +181,13 @@ TEST_CASE("checkpoint.memory 2:3: a cut host's state comes from peer memory at a
   CHECK(has(memory.out0, "restored step 6 of rank 0 from its own node's memory on node 0"));
   CHECK(has(memory.out0, "restored step 6 of rank 1 from its own node's memory on node 1"));
   CHECK(has(memory.out0, "resuming from step 6 (in-memory copies; disk has step 4)"));
+  // The copies are made in the background: the step loop blocks for less
+  // than a copy takes (a ratio within one run, not seconds).
+  int records = 0;
+  const double ratio = copy_block_ratio(parity::Parity::get().dir / "memory/metrics.jsonl", &records);
+  MESSAGE("in-memory copies: median ckpt_block_ms / median memory_copy_ms = " << ratio << " over " << records
+                                                                             << " records (must be < 0.5)");
+  CHECK(ratio < 0.5);
 
   // Both copies of rank 2 lost: host 2 with its own, and node 0's copy removed.
   const Run disk = run_and_cut(hosts, "disk", [](const std::string& node0) {
