@@ -12,7 +12,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 : "${A:?A=build dir of the before build}" "${B:?B=build dir of the after build}"
-PP="${PP:-2}" M="${M:-4}" ROUNDS="${ROUNDS:-3}" STEPS="${STEPS:-40}"  # STEPS >= 30: the trace ends at 30 SCHEDS="${SCHEDS:-1f1b interleaved}"
+PP="${PP:-2}" M="${M:-4}" ROUNDS="${ROUNDS:-3}" STEPS="${STEPS:-40}"  # STEPS >= 30: the trace ends at 30
+SCHEDS="${SCHEDS:-1f1b interleaved}"
 PY="${DTRAIN_VENV:-$HOME/.cache/dtrain/torch-2.15.0}/bin/python"
 cd "$ROOT"
 [ -f data/corpus.txt ] || scripts/make-corpus
