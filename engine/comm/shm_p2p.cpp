@@ -94,6 +94,7 @@ struct P2pOp {
   uint64_t moved = 0;  // payload bytes copied so far (sends)
   bool head = false;   // sends: the head is in the ring
   bool done = false;
+  std::string error;  // receives: the message had another size (thrown by wait)
 };
 using OpPtr = std::shared_ptr<P2pOp>;
 
@@ -166,8 +167,8 @@ class P2pChannel {
     } else {
       std::shared_ptr<Arrival> a = *it;
       r.early.erase(it);
-      check_size(peer, op->tag, a->data.size(), op->bytes);
-      if (a->complete) take(*a, *op);
+      if (a->data.size() != op->bytes) fail(*op, peer, a->data.size());  // dropped, arrived or not
+      else if (a->complete) take(*a, *op);
       else a->waiter = op;
     }
     progress();
@@ -186,7 +187,9 @@ class P2pChannel {
       {
         std::lock_guard<std::mutex> lock(mu_);
         progress();
-        if (op->done) return;
+        if (op->done && op->error.empty()) return;
+        if (op->done)
+          throw Error(ErrorCode::internal, op->error, "a send and its receive must have the same size");
       }
       if (!spun) {  // a peer that is running answers within microseconds
         spun = true;
@@ -220,13 +223,13 @@ class P2pChannel {
     return op;
   }
 
-  void check_size(int peer, uint64_t tag, uint64_t sent, uint64_t room) const {
-    if (sent != room)
-      throw Error(ErrorCode::internal,
-                  fmt::format("recv on group {} (shared memory): rank {} sent {} bytes under tag {}, the "
-                              "receive holds {}",
-                              group_, peer, sent, tag, room),
-                  "a send and its receive must have the same size");
+  // A receive whose message has another size: its wait throws.
+  void fail(P2pOp& op, int peer, uint64_t sent) const {
+    op.error = fmt::format("recv on group {} (shared memory): rank {} sent {} bytes under tag {}, the receive "
+                           "holds {}",
+                           group_, peer, sent, op.tag, op.bytes);
+    op.done = true;
+    op.t.reset();
   }
 
   static void take(Arrival& a, P2pOp& op) {
@@ -304,8 +307,6 @@ class P2pChannel {
         copy_out(r.data, rd, reinterpret_cast<char*>(&head), kHead);
         rd += kHead;
         avail -= kHead;
-        // Published before a size error can throw: the head is consumed.
-        r.ctl->read.value.store(rd, std::memory_order_release);
         start_record(r, peer, head);
       }
       const uint64_t n = std::min(avail, r.bytes - r.got);
@@ -327,10 +328,16 @@ class P2pChannel {
     r.bytes = head.bytes;
     r.got = 0;
     auto it = std::find_if(r.posted.begin(), r.posted.end(), [&](const OpPtr& op) { return op->tag == head.tag; });
-    if (it != r.posted.end()) {
+    if (it != r.posted.end() && (*it)->bytes != head.bytes) {
+      // The receive fails; the record still leaves the ring, into a buffer nobody takes.
+      fail(**it, peer, head.bytes);
+      r.posted.erase(it);
+      r.arrival = std::make_shared<Arrival>();
+      r.arrival->data.resize(head.bytes);
+      r.dst = r.arrival->data.data();
+    } else if (it != r.posted.end()) {
       r.target = *it;
       r.posted.erase(it);
-      check_size(peer, head.tag, head.bytes, r.target->bytes);
       r.dst = r.target->data;
     } else {
       r.arrival = std::make_shared<Arrival>();

@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <future>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -209,4 +211,53 @@ TEST_CASE("shm send/recv: a receive waiting for a message leaves when the round 
   CHECK(shm_path);
   CHECK(code == dtrain::ErrorCode::worker_failed);  // not the 3-s timeout
   CHECK(message.find("new round") != std::string::npos);
+}
+
+TEST_CASE("shm send/recv: a receive of the wrong size is an error naming both sizes; the next message arrives") {
+  if (access("/dev/shm", W_OK) != 0) {
+    dtrain::testing::skip_case(dtrain::testing::SkipKind::dev_shm, "/dev/shm is not writable here");
+    return;
+  }
+  // Both orders, each fixed by an event (no sleep): the receive posted
+  // before the message arrives (tag 1), and after it is in the ring (tag 3:
+  // a shared-memory send completes without its receive). A hang guard ends
+  // a wait that never comes with a failure instead of a hang.
+  constexpr auto kHangGuard = std::chrono::seconds(60);
+  std::promise<void> posted, sent;
+  std::vector<std::string> messages_seen;
+  double next_diff = -1;
+  bool hung = false;
+  run_world(comm::parse_mesh("pp=2"), [&](comm::Comm& c, int r) {
+    comm::Group& pp = c.axis("pp");
+    const at::Tensor eight = content(1, 8, at::kFloat), four = content(2, 4, at::kFloat);
+    if (r == 0) {
+      hung |= posted.get_future().wait_for(kHangGuard) == std::future_status::timeout;
+      pp.send(eight, 1, 1)->wait();
+      pp.send(four, 1, 2)->wait();
+      pp.send(eight, 1, 3)->wait();
+      sent.set_value();
+      return;
+    }
+    at::Tensor small = at::empty({4}, at::kFloat), next = at::empty({4}, at::kFloat);
+    auto first = pp.recv(small, 0, 1);
+    posted.set_value();
+    hung |= sent.get_future().wait_for(kHangGuard) == std::future_status::timeout;
+    auto late = pp.recv(small, 0, 3);
+    for (auto& w : {first, late}) {
+      try {
+        w->wait();
+      } catch (const dtrain::Error& e) {
+        messages_seen.push_back(e.what());
+      }
+    }
+    pp.recv(next, 0, 2)->wait();
+    next_diff = (next - four).abs().max().item<double>();
+  }, [](comm::WorldInfo&, comm::CommOptions& o) { o.timeout_s = 10; });
+  for (const auto& m : messages_seen) std::printf("shm recv of the wrong size: %s\n", m.c_str());
+  std::printf("shm recv of the wrong size: the next message's max diff %g (tolerance 0)\n", next_diff);
+  CHECK(!hung);
+  REQUIRE(messages_seen.size() == 2);
+  CHECK(messages_seen[0].find("sent 32 bytes under tag 1, the receive holds 16") != std::string::npos);
+  CHECK(messages_seen[1].find("sent 32 bytes under tag 3, the receive holds 16") != std::string::npos);
+  CHECK(next_diff == 0);
 }
