@@ -10,6 +10,8 @@
 // the first op). Control is the world group when the world is Gloo, else a
 // Gloo world group of its own. Gloo groups on one node go through shared
 // memory (shm_group.h); ones that span nodes sum hierarchically (hier_group.h).
+// The pp group's send/recv go through shared memory too when its members
+// share a node (shm_p2p.h).
 // make_side_group (side_group.h) adds a Gloo world group on a pg of its own,
 // after build, for another thread's use.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -26,6 +28,8 @@
 #include "engine/comm/group_factory.h"
 #include "engine/comm/hier_group.h"
 #include "engine/comm/shm_group.h"
+#include "engine/comm/shm_p2p.h"
+#include "engine/comm/shm_segment.h"
 #include "engine/comm/side_group.h"
 #include "engine/comm/traced_group.h"
 
@@ -95,6 +99,9 @@ class CommImpl : public Comm {
   // Every Gloo group (world, axes) all-reduces through shared memory where
   // its members share a machine; set up collectively, in build's order.
   void add_shm_collectives(int64_t slot_bytes);
+  // The pp group's send/recv between neighbours (the pipeline's messages)
+  // through rings in shared memory where its members share a machine.
+  void add_shm_p2p(int64_t slot_bytes);
   // Then every Gloo group left on Gloo (it spans nodes) that has several
   // members on a node all-reduces hierarchically; groups with the same
   // members share the node and leader groups.
@@ -158,6 +165,18 @@ void CommImpl::add_shm_collectives(int64_t slot_bytes) {
   wrap(world_);
   wrap(control_);
   for (auto& entry : axes_) wrap(entry.second);
+}
+
+void CommImpl::add_shm_p2p(int64_t slot_bytes) {
+  auto it = axes_.find("pp");
+  if (it == axes_.end() || !it->second || it->second->backend() != "gloo") return;
+  std::string key = "shm_p2p/pp/";
+  for (int r : it->second->global_ranks()) key += std::to_string(r) + ",";
+  // Each direction's ring holds what the collectives stage in flight per
+  // rank (kSets x slot, 4 MiB by default): a [8, 64, 1024] fp32 activation
+  // goes in whole, so a send rarely waits for its receiver.
+  it->second = detail::with_shm_p2p(std::move(it->second), store_, key, shm_options(slot_bytes),
+                                    detail::kSets * slot_bytes);
 }
 
 // Every rank walks every group of every kind in group_defs order and joins
@@ -226,6 +245,7 @@ void CommImpl::build(const CommOptions& options) {
     axes_[axis] = detail::make_group(backend, axis, g, rank, it->second.pg, group_slot, ctx_);
   });
   if (options.shm) add_shm_collectives(options.shm_slot_bytes);
+  if (options.shm) add_shm_p2p(options.shm_slot_bytes);
   if (options.shm && options.hierarchical) add_hier_all_reduce(options.shm_slot_bytes);
   if (!info_.run_dir.empty()) {
     world_ = traced(std::move(world_), trace);

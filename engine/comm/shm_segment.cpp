@@ -56,31 +56,42 @@ std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()
 
 std::unique_ptr<Segment> open_shared(const Group& g, c10d::Store& store, const std::string& key,
                                      const ShmOptions& options, std::string& why) {
+  const int n = g.size();
+  return open_shared_bytes(g, store, key, segment_bytes(n, options.slot_bytes), kMagic, options.node,
+                           [&](char* base) {
+                             Header& h = *reinterpret_cast<Header*>(base);
+                             h.slot_bytes = static_cast<uint64_t>(options.slot_bytes);
+                             h.members = static_cast<uint32_t>(n);
+                           },
+                           why);
+}
+
+std::unique_ptr<Segment> open_shared_bytes(const Group& g, c10d::Store& store, const std::string& key,
+                                           size_t bytes, uint64_t magic, int node,
+                                           const std::function<void(char*)>& init, std::string& why) {
   const int n = g.size(), me = g.rank();
-  const size_t bytes = segment_bytes(n, options.slot_bytes);
   std::unique_ptr<Segment> seg;
   std::string name;
   uint64_t nonce = 0;
+  auto id = [](const Segment& s) { return reinterpret_cast<uint64_t*>(s.base()); };  // {magic, nonce}
   if (me == 0) {
     std::random_device rd;
     nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd();
     name = "/dtrain-" + std::to_string(getpid()) + "-" + std::to_string(nonce);
     seg = map_segment(name, O_CREAT | O_EXCL | O_RDWR, bytes, why);
     if (seg) {
-      Header& h = seg->header();
-      h.nonce = nonce;
-      h.slot_bytes = static_cast<uint64_t>(options.slot_bytes);
-      h.members = static_cast<uint32_t>(n);
-      h.magic = kMagic;
+      id(*seg)[1] = nonce;
+      init(seg->base());
+      id(*seg)[0] = magic;  // last: a mapper that sees it sees the rest
     }
     store.set(key + "/name", bytes_of(seg ? name + " " + std::to_string(nonce) : std::string("-")));
-    store.set(key + "/node", bytes_of(std::to_string(options.node)));
+    store.set(key + "/node", bytes_of(std::to_string(node)));
   } else {
     const std::string published = text_of(store.get(key + "/name"));
     const std::string node0 = text_of(store.get(key + "/node"));
     const auto space = published.find(' ');
-    if (node0 != std::to_string(options.node)) {
-      why = "its ranks are on nodes " + node0 + " and " + std::to_string(options.node);
+    if (node0 != std::to_string(node)) {
+      why = "its ranks are on nodes " + node0 + " and " + std::to_string(node);
     } else if (space == std::string::npos) {
       why = "rank 0 of the group could not create a segment";
     } else {
@@ -88,7 +99,7 @@ std::unique_ptr<Segment> open_shared(const Group& g, c10d::Store& store, const s
       nonce = std::stoull(published.substr(space + 1));
       seg = map_segment(name, O_RDWR, bytes, why);
       // Same name on another machine's /dev/shm would be another segment.
-      if (seg && (seg->header().magic != kMagic || seg->header().nonce != nonce)) {
+      if (seg && (id(*seg)[0] != magic || id(*seg)[1] != nonce)) {
         why = "segment " + name + " is not the group's (another machine)";
         seg.reset();
       }

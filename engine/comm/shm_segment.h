@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -62,6 +63,7 @@ class Segment {
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
   Header& header() const { return *static_cast<Header*>(base_); }
+  char* base() const { return static_cast<char*>(base_); }
   // Slot `index` of set `set`: 0..n-1 the ranks' staging slots, n the result.
   char* slot(int set, int index) const {
     const auto& h = header();
@@ -80,5 +82,13 @@ class Segment {
 // member has mapped it or given up.
 std::unique_ptr<Segment> open_shared(const Group& g, c10d::Store& store, const std::string& key,
                                      const ShmOptions& options, std::string& why);
+
+// The same for any layout of `bytes` whose first 16 bytes are {magic,
+// nonce} (uint64 each, as Header's): rank 0 writes the nonce, calls
+// init(base) for the rest of its header, then writes `magic` last; the
+// others check both. shm_p2p.cpp's rings use it.
+std::unique_ptr<Segment> open_shared_bytes(const Group& g, c10d::Store& store, const std::string& key,
+                                           size_t bytes, uint64_t magic, int node,
+                                           const std::function<void(char*)>& init, std::string& why);
 
 }  // namespace dtrain::engine::comm::detail
