@@ -99,7 +99,12 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 // A record that came before its receive was posted.
 struct Arrival {
   uint64_t tag = 0;
-  std::vector<char> data;
+  std::unique_ptr<char[]> data;  // uninitialised: the record fills it
+  uint64_t bytes = 0;
+  void hold(uint64_t n) {
+    data.reset(new char[n]);
+    bytes = n;
+  }
   bool complete = false;
   OpPtr waiter;  // the receive that took it while it was still arriving
 };
@@ -165,7 +170,7 @@ class P2pChannel : public ShmRings {
     } else {
       std::shared_ptr<Arrival> a = *it;
       r.early.erase(it);
-      if (a->data.size() != op->bytes) fail(*op, peer, a->data.size());  // dropped, arrived or not
+      if (a->bytes != op->bytes) fail(*op, peer, a->bytes);  // dropped, arrived or not
       else if (a->complete) take(*a, *op);
       else a->waiter = op;
     }
@@ -231,7 +236,7 @@ class P2pChannel : public ShmRings {
   }
 
   static void take(Arrival& a, P2pOp& op) {
-    if (!a.data.empty()) std::memcpy(op.data, a.data.data(), a.data.size());
+    if (a.bytes > 0) std::memcpy(op.data, a.data.get(), a.bytes);
     op.done = true;
     op.t.reset();
   }
@@ -331,8 +336,8 @@ class P2pChannel : public ShmRings {
       fail(**it, peer, head.bytes);
       r.posted.erase(it);
       r.arrival = std::make_shared<Arrival>();
-      r.arrival->data.resize(head.bytes);
-      r.dst = r.arrival->data.data();
+      r.arrival->hold(head.bytes);
+      r.dst = r.arrival->data.get();
     } else if (it != r.posted.end()) {
       r.target = *it;
       r.posted.erase(it);
@@ -340,9 +345,9 @@ class P2pChannel : public ShmRings {
     } else {
       r.arrival = std::make_shared<Arrival>();
       r.arrival->tag = head.tag;
-      r.arrival->data.resize(head.bytes);
+      r.arrival->hold(head.bytes);
       r.early.push_back(r.arrival);
-      r.dst = r.arrival->data.data();
+      r.dst = r.arrival->data.get();
     }
   }
 
