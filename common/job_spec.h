@@ -43,7 +43,8 @@ struct ClusterSpec {
   DeviceKind device = DeviceKind::cpu;             // cpu | cuda
   CommBackend backend = CommBackend::automatic;  // auto | gloo | nccl
   // Gloo groups whose ranks share a machine all-reduce through shared
-  // memory (false: over Gloo's TCP, as PyTorch does).
+  // memory, and pipeline stages on one machine send and receive through it
+  // (false: over Gloo's TCP, as PyTorch does).
   bool shm = true;
   // Gloo groups that span nodes with several ranks on a node sum in shared
   // memory per node and over Gloo between node leaders (needs shm).
