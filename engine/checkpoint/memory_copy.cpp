@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -25,16 +26,22 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-struct InFlight {
-  comm::Group* group = nullptr;   // the writers' (MemoryCopyScope's); null: no copies
-  bool active = false;            // started and not yet reported (training thread only)
-  detail::MemoryCopy copy;        // the writer's until `done`
-  std::thread writer;
+// One copy's state, shared by the training thread and its writer: a writer
+// left behind by a round abort keeps it alive on its own.
+struct Job {
+  detail::MemoryCopy copy;
   std::atomic<bool> done{false};  // the writer finished (the step is complete everywhere, or it failed)
   std::exception_ptr error;       // set by the writer before `done`
   double copy_ms = 0;             // the writer's whole time: write, exchange, barrier, drop
+};
+
+struct InFlight {
+  comm::Group* group = nullptr;  // the writers' (MemoryCopyScope's); null: no copies
+  bool active = false;           // started and not yet reported (training thread only)
+  std::shared_ptr<Job> job;
+  std::thread writer;
   ~InFlight() {
-    if (writer.joinable()) writer.join();
+    if (writer.joinable()) writer.detach();  // at exit: never wait on a peer
   }
 };
 
@@ -47,11 +54,11 @@ InFlight& in_flight() {
 // when there is nothing to report yet. Rethrows the writer's failure.
 double collect(bool wait) {
   InFlight& f = in_flight();
-  if (!f.active || (!wait && !f.done.load(std::memory_order_acquire))) return -1;
+  if (!f.active || (!wait && !f.job->done.load(std::memory_order_acquire))) return -1;
   if (f.writer.joinable()) f.writer.join();
   f.active = false;
-  if (f.error) std::rethrow_exception(f.error);
-  return f.copy_ms;
+  if (f.job->error) std::rethrow_exception(f.job->error);
+  return f.job->copy_ms;
 }
 
 }  // namespace
@@ -75,34 +82,33 @@ double start_memory_copy(const TrainState& s, int64_t step, const detail::Prepar
   double waited_for = -1;
   if (f.active) {  // at most one in flight: this copy waits for the previous one
     const auto t0 = std::chrono::steady_clock::now();
-    const int64_t previous = f.copy.step;
+    const int64_t previous = f.job->copy.step;
     waited_for = collect(/*wait=*/true);
     if (s.info->rank == 0)
       DTRAIN_INFO("in-memory copy of step {} waited {:.1f} ms for the copy of step {}", step, ms_since(t0), previous);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  f.copy = detail::prepare_memory_copy(s, step, host);
-  f.done.store(false);
-  f.error = nullptr;
-  f.copy_ms = 0;
+  auto job = std::make_shared<Job>();
+  job->copy = detail::prepare_memory_copy(s, step, host);
+  f.job = job;
   f.active = true;
   if (s.info->rank == 0)
     DTRAIN_INFO("in-memory copy of step {} started: host copies {} in {:.1f} ms", step,
                 host != nullptr ? "shared with the disk save" : "taken", ms_since(t0));
   comm::Group* g = f.group;
-  f.writer = std::thread([&f, g] {
+  f.writer = std::thread([job, g] {
     const auto w0 = std::chrono::steady_clock::now();
     try {
-      const uint64_t bytes = detail::write_memory_copy(*g, f.copy);
-      DTRAIN_DEBUG("in-memory copy of step {}: {} bytes here and on {} other node(s) in {:.1f} ms", f.copy.step,
-                   bytes, f.copy.peers.size(), ms_since(w0));
+      const uint64_t bytes = detail::write_memory_copy(*g, job->copy);
+      DTRAIN_DEBUG("in-memory copy of step {}: {} bytes here and on {} other node(s) in {:.1f} ms", job->copy.step,
+                   bytes, job->copy.peers.size(), ms_since(w0));
     } catch (...) {
-      f.error = std::current_exception();
+      job->error = std::current_exception();
     }
-    f.copy.keep.clear();  // the host copies, whatever happened
-    f.copy.shards.clear();
-    f.copy_ms = ms_since(w0);
-    f.done.store(true, std::memory_order_release);
+    job->copy.keep.clear();  // the host copies, whatever happened
+    job->copy.shards.clear();
+    job->copy_ms = ms_since(w0);
+    job->done.store(true, std::memory_order_release);
   });
   return waited_for;
 }
@@ -118,24 +124,31 @@ MemoryCopyScope::MemoryCopyScope(comm::Comm& comm, const JobSpec& spec) {
 MemoryCopyScope::~MemoryCopyScope() {
   InFlight& f = in_flight();
   const bool was_active = f.active;
-  const int64_t step = f.copy.step;
-  // Its collectives end with its peers' (or fail when they are gone, or at
-  // once when the round is ended in place: end_round shuts the sockets).
-  if (f.writer.joinable()) f.writer.join();
+  std::shared_ptr<Job> job = std::move(f.job);
   f.group = nullptr;
   f.active = false;
+  if (f.writer.joinable()) {
+    if (comm::round_aborted() && !job->done.load(std::memory_order_acquire)) {
+      // end_round shut the sockets, yet a Gloo send can stay waiting (for the
+      // group's timeout) on a pair it was posted to: the writer is left behind
+      // with its job and the leaked group below, and the next round goes on.
+      f.writer.detach();
+      DTRAIN_WARN("in-memory copy of step {} was not completed on every node: the round ended with it in "
+                  "flight; its writer is left behind", job->copy.step);
+    } else {
+      f.writer.join();  // its collectives end with its peers' (or fail when they are gone)
+    }
+  }
   // After a round abort the group is leaked, as TrainSession's are: a c10d
   // destructor could block on work queued on the sockets end_round shut.
   if (comm::round_aborted()) (void)writers_.release();
-  f.copy = detail::MemoryCopy{};
-  if (was_active && f.error) {
+  if (was_active && job && job->done.load(std::memory_order_acquire) && job->error) {
     try {
-      std::rethrow_exception(f.error);
+      std::rethrow_exception(job->error);
     } catch (const std::exception& e) {
-      DTRAIN_WARN("in-memory copy of step {} was not completed on every node: {}", step, e.what());
+      DTRAIN_WARN("in-memory copy of step {} was not completed on every node: {}", job->copy.step, e.what());
     }
   }
-  f.error = nullptr;
 }
 
 }  // namespace dtrain::engine::checkpoint
