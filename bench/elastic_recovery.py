@@ -24,14 +24,18 @@ restore, the first step: see TIMELINE).
 With --memory the spec adds checkpoint.memory {every: 1, replicas: 1}: the
 survivors restore round 2 from the copies in the nodes' memory (node 0's log:
 "restored step N of rank 2 from peer memory"), not from the disk checkpoint.
-With --in-place the spec sets cluster.recover_in_place: the survivors' workers
-get round 2's environment from their agents and train it in the same
-processes ("stopping" is then the last survivor's "keeping" line).
-With --defaults grace_s and last_call_s keep their defaults (5 s each)
-instead of 1 s. "Today" vs "now": the same command with DTRAIN_BUILD_DIR of
-the two builds.
+With --in-place the spec sets cluster.recover_in_place: true (the survivors'
+workers get round 2's environment from their agents and train it in the same
+processes; "stopping" is then the last survivor's "keeping" line), with
+--restart false (they are stopped and new workers start); with neither the
+field is absent (the build's default). With --defaults grace_s and
+last_call_s keep their defaults (5 s each) instead of 1 s. --heartbeat=S sets
+cluster.rendezvous.heartbeat_s (default 0.5; a node is declared dead after 3
+missed beats, so detection takes about 3 S). "Today" vs "now": the same
+command with DTRAIN_BUILD_DIR of the two builds.
 
-Usage: sudo bench/elastic_recovery.py [RUNS] [--memory] [--defaults] [--in-place]
+Usage: sudo bench/elastic_recovery.py [RUNS] [--memory] [--defaults] [--in-place | --restart]
+       [--heartbeat=S]
 (DTRAIN_BUILD_DIR, default build/; DTRAIN_BENCH_KEEP=1 keeps the agents' logs)
 """
 import fcntl
@@ -48,12 +52,17 @@ BUILD = os.environ.get("DTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
 DTRAIN = os.path.join(BUILD, "apps", "dtrain", "dtrain")
 TESTHOSTS = os.path.join(ROOT, "scripts", "testhosts")
 HEARTBEAT_S, LAST_CALL_S, GRACE_S = 0.5, 1.0, 1.0
+for _arg in sys.argv[1:]:
+    if _arg.startswith("--heartbeat="):
+        HEARTBEAT_S = float(_arg.split("=", 1)[1])
 DEFAULTS = "--defaults" in sys.argv
 if DEFAULTS:
     LAST_CALL_S, GRACE_S = 5.0, 5.0
 MEMORY = ", memory: {every: 1, replicas: 1}" if "--memory" in sys.argv else ""
 IN_PLACE = "--in-place" in sys.argv  # cluster.recover_in_place: the survivors keep their workers
-IN_PLACE_FIELD = " recover_in_place: true," if IN_PLACE else ""  # absent otherwise: older builds lack the field
+RESTART = "--restart" in sys.argv    # ... false: they are stopped, new workers start
+# Absent with neither (the build's default; older builds lack the field).
+IN_PLACE_FIELD = " recover_in_place: true," if IN_PLACE else " recover_in_place: false," if RESTART else ""
 POLL_S = 0.01
 
 
@@ -179,7 +188,7 @@ def round_times(log0, metrics, t0, named=None):
 # main with its spec read (its fault warning: process start, library load),
 # had its Gloo groups ("coordinates"), and rank 0 had restored its state
 # ("resuming from step"). The first step comes from metrics.jsonl.
-TIMELINE = [("named", "declared dead"), ("stopping", "keeping " if IN_PLACE else "stopping "),
+TIMELINE = [("named", "declared dead"), ("stopping", "stopping " if RESTART else "keeping " if IN_PLACE else "stopping |keeping "),
             ("formed", "rendezvous round 2 closed"),
             ("spawned", "round 2: node "), ("worker main", "FAULT INJECTION ON"),
             ("gloo ready", " coordinates "), ("restored", "resuming from step ")]
@@ -204,10 +213,11 @@ def round2_section(path):
 
 
 def last_stamp(texts, needle, after):
-    """The latest text's first stamped line holding needle at or after `after` (None: some text has none)."""
+    """The latest text's first stamped line holding needle ("a|b": either) at or after `after` (None: some text has none)."""
     found = []
     for text in texts:
-        times = [stamp(l) for l in text.splitlines() if needle in l and stamp(l) is not None]
+        times = [stamp(l) for l in text.splitlines()
+                 if any(n in l for n in needle.split("|")) and stamp(l) is not None]
         times = [x for x in times if x >= after - 0.001]
         if not times:
             return None
@@ -333,7 +343,7 @@ def main():
         g_med = {key: statistics.median(r[key] for r in grows) for key in grows[0]}
         f_med = statistics.median(fresh)
         restart = statistics.median(r["training"] - r["formed"] for r in rows)
-        print("\n3 test hosts x 1 worker, elastic 2:3, heartbeat %.1f s (dead after 3 missed), "
+        print("\n3 test hosts x 1 worker, elastic 2:3, heartbeat %g s (dead after 3 missed), "
               "grace %.1f s, last call %.1f s%s; %d runs, medians:"
               % (HEARTBEAT_S, GRACE_S, LAST_CALL_S, ", checkpoint.memory every 1" if MEMORY else "", runs))
         print("  partition -> named            %.2f s  (%.1f heartbeats)" % (med["named"], med["named"] / HEARTBEAT_S))
