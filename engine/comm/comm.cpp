@@ -27,6 +27,7 @@
 #include "engine/comm/gloo_group.h"
 #include "engine/comm/group_factory.h"
 #include "engine/comm/hier_group.h"
+#include "engine/comm/round_abort.h"
 #include "engine/comm/shm_group.h"
 #include "engine/comm/shm_p2p.h"
 #include "engine/comm/shm_segment.h"
@@ -294,20 +295,34 @@ std::unique_ptr<Comm> init_comm(const WorldInfo& info, const CommOptions& option
   so.isServer = info.rank == 0;
   so.numWorkers = info.world;
   so.waitWorkers = false;  // the groups' own rendezvous waits for everyone
-  so.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
-  c10::intrusive_ptr<c10d::Store> tcp;
-  try {
-    tcp = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    what = what.substr(0, what.find('\n'));
-    throw Error(ErrorCode::rendezvous,
-                "rank " + std::to_string(info.rank) + " cannot " +
-                    (so.isServer ? "serve" : "reach") + " the TCPStore at " + info.master_addr +
-                    ":" + std::to_string(info.master_port) + ": " + what,
-                so.isServer ? "another process holds MASTER_PORT; pick a free port"
-                            : "check MASTER_ADDR/MASTER_PORT and that rank 0 is running");
+  const std::chrono::milliseconds full(static_cast<int64_t>(options.timeout_s * 1000));
+  // A client's connect retries for the whole timeout with no socket that a
+  // round abort (round_abort.h) could shut: a worker recovering in place
+  // whose round ended while it waited for rank 0's store would wait there
+  // for good. So it tries in slices of at most 1 s, and leaves between them
+  // when the round is over.
+  const auto deadline = std::chrono::steady_clock::now() + full;
+  c10::intrusive_ptr<c10d::TCPStore> tcp;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    so.timeout = so.isServer ? full
+                             : std::max(std::chrono::milliseconds(1), std::min(left, std::chrono::milliseconds(1000)));
+    try {
+      tcp = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
+      break;
+    } catch (const std::exception& e) {
+      throw_if_round_aborted("connecting to the TCPStore");
+      if (!so.isServer && std::chrono::steady_clock::now() < deadline) continue;
+      std::string what = e.what();
+      what = what.substr(0, what.find('\n'));
+      throw Error(ErrorCode::rendezvous,
+                  "rank " + std::to_string(info.rank) + " cannot " + (so.isServer ? "serve" : "reach") +
+                      " the TCPStore at " + info.master_addr + ":" + std::to_string(info.master_port) + ": " + what,
+                  so.isServer ? "another process holds MASTER_PORT; pick a free port"
+                              : "check MASTER_ADDR/MASTER_PORT and that rank 0 is running");
+    }
   }
+  tcp->setTimeout(full);  // the store's operations wait the whole timeout
   // A restarted round must not read the previous round's keys.
   auto store = c10::make_intrusive<c10d::PrefixStore>("r" + std::to_string(info.restart), tcp);
   return init_comm_with_store(info, store, options);

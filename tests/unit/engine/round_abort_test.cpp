@@ -12,10 +12,14 @@
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "engine/comm/comm.h"
 #include "engine/comm/round_abort.h"
+#include "common/error.h"
 
 #include "tests/support/thread_world.h"
 #include "tests/support/torch_doctest.h"
@@ -100,4 +104,39 @@ TEST_CASE("round abort: a shared-memory all-reduce waiting for a peer leaves on 
   MESSAGE("rank 0 (waiting in the all-reduce): " << errors[0]);
   CHECK(errors[0].find("a shared-memory wait left: the agent announced a new round") != std::string::npos);
   next_round_works();
+}
+
+// A worker whose round ends while it waits for rank 0's store: c10d's client
+// retries its connect for the whole timeout with no socket to shut, so
+// init_comm checks the abort flag between slices of at most 1 s.
+TEST_CASE("round abort: a TCPStore client waiting for a store that is not there leaves on the flag") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);  // a port nobody listens on
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(fd);
+  comm::WorldInfo info;
+  info.rank = 1;
+  info.world = 2;
+  info.master_port = ntohs(addr.sin_port);
+  info.mesh = dtrain::mesh::make_mesh(2, 1, 1, 1);
+  info.coord = dtrain::mesh::coord_of(info.mesh, 1);
+  comm::CommOptions options;
+  options.timeout_s = 20;  // without the check the client would wait all of it, then fail as rendezvous
+  comm::abort_round();
+  std::string what = "(no error)";
+  dtrain::ErrorCode code = dtrain::ErrorCode::internal;
+  try {
+    comm::init_comm(info, options);
+  } catch (const dtrain::Error& e) {
+    what = e.what();
+    code = e.code();
+  }
+  comm::clear_round_abort();
+  MESSAGE("rank 1 connecting to port " << info.master_port << " after the round ended: " << what);
+  CHECK(code == dtrain::ErrorCode::worker_failed);
+  CHECK(what.find("connecting to the TCPStore") != std::string::npos);
 }
