@@ -76,7 +76,12 @@ Agent::Outcome Agent::after_round_change_notice() {
   // Still running after grace_s: stop_step reaps it and, by the same
   // error-file time, records it as the first failure.
   auto outcome = pending ? std::optional<Outcome>(Outcome::failed) : group_outcome();
-  if (!outcome) return Outcome::round_changed;
+  // A round change is never this node's success, even where every worker's
+  // exit reads as one (group_outcome holds "all succeeded" for no worker at
+  // all): the agent re-joins, and the rendezvous says when the job is over.
+  // Returning succeeded here made an agent leave the job as finished in the
+  // middle of a round change (integ_chaos_test's campaign, link_cut).
+  if (!outcome || *outcome == Outcome::succeeded) return Outcome::round_changed;
   if (*outcome == Outcome::failed)
     DTRAIN_WARN("the rendezvous moved to a new round, but a worker of this node had failed first: "
                 "reporting it before re-joining");
