@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# MFU at the compute-bound size (GPT d_model 512, 4 layers, 8 heads, seq 128,
+# micro_batch 4; bench/peer_ratio.sh's SIZE=compute) for DDP and ZeRO-3 at
+# RANKS ranks, one thread per rank, REPS runs each. Prints, per run, the median
+# of metrics.jsonl's `mfu` over the logged steps from step 20 on, the ranks'
+# measured matmul peak (`peak_flops`, measured by each worker at start-up) and
+# the achieved FLOP/s (mfu x peak), which does not depend on that measurement.
+#   [RANKS=2] [REPS=4] [STEPS=60] [DTRAIN_BUILD_DIR=build] bench/mfu.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
+RANKS="${RANKS:-2}" REPS="${REPS:-4}" STEPS="${STEPS:-60}"
+cd "$ROOT"
+[ -x "$BUILD/apps/dtrain/dtrain" ] || { echo "mfu: build dtrain first (scripts/build)" >&2; exit 2; }
+[ -f data/corpus.txt ] || scripts/make-corpus
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+tmp="$(mktemp -d /tmp/dtrain-mfu-XXXXXX)"
+trap 'rm -rf "$tmp"' EXIT
+echo "# bench/mfu.sh: RANKS=$RANKS REPS=$REPS STEPS=$STEPS, $(date -u +%Y-%m-%dT%H:%MZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
+for rep in $(seq "$REPS"); do
+  for z in 0 3; do
+    d="$tmp/z${z}_$rep"
+    "$BUILD/apps/dtrain/dtrain" launch configs/quickstart.yaml --set cluster.shm=true \
+      --set parallel.dp="$RANKS" --set parallel.zero="$z" --set cluster.procs_per_node="$RANKS" \
+      --set train.steps="$STEPS" --set log.every=10 --set log.dir="$d" --set checkpoint.dir='""' \
+      --set model.layers=4 --set model.d_model=512 --set model.heads=8 --set model.seq_len=128 \
+      --set train.micro_batch=4 --set train.lr=1e-3 --set train.warmup_steps=20 \
+      --set parallel.ddp.bucket_mb=1 >"$d.log" 2>&1 || { tail "$d.log" >&2; exit 1; }
+    python3 - "$d/metrics.jsonl" "$z" "$rep" <<'PY'
+import json, statistics, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+recs = [r for r in recs if r.get("step", 0) >= 20 and r.get("mfu")]
+m = statistics.median(r["mfu"] for r in recs)
+peak = recs[-1]["peak_flops"]
+print("zero %s run %s: mfu median %.3f over %d records (%s), peak_flops %.3g, achieved %.3g FLOP/s" % (
+    sys.argv[2], sys.argv[3], m, len(recs), " ".join("%.3f" % r["mfu"] for r in recs), peak, m * peak))
+PY
+  done
+done
+echo "# load at end $(cut -d' ' -f1-3 /proc/loadavg)"
