@@ -142,6 +142,7 @@ class AsyncAgents {
 
   int go() {
     out_.assign(static_cast<size_t>(run_.count), {});
+    rendezvous::detail::disable_mutex_deadlock_detection();  // as RendezvousClient does
     const TlsIdentity tls = token_tls_identity("t");
     auto credentials = rendezvous::detail::client_credentials(tls);
     grpc::ChannelArguments args = rendezvous::detail::client_channel_args(tls);

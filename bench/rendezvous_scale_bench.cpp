@@ -164,6 +164,7 @@ int run_agents_in_children(const std::string& endpoint, const Config& c, std::ve
     if (!std::fgets(line, sizeof line, ch.from) || line[0] != 'r') std::fprintf(stderr, "a child did not start\n");
   const double cpu1 = self_cpu_s();
   r.server_fds = open_fds();
+  const int64_t clock0 = dtrain::bench::steady_ns();
   for (Child& ch : children)  // the start: one byte each
     if (::write(ch.to, "g", 1) != 1) std::fprintf(stderr, "a child is gone\n");
   int failures = 0, reported = 0;
@@ -179,6 +180,11 @@ int run_agents_in_children(const std::string& endpoint, const Config& c, std::ve
       ++reported;
     }
   r.server_connect_cpu_s = cpu1 - cpu0;
+  // For a profile of the round alone: `perf record -k CLOCK_MONOTONIC`, then
+  // `perf report --time START,END` with these seconds.
+  if (std::getenv("RDZV_BENCH_WINDOW"))
+    std::printf("# round window (CLOCK_MONOTONIC s): %.6f,%.6f\n", static_cast<double>(clock0) * 1e-9,
+                static_cast<double>(dtrain::bench::steady_ns()) * 1e-9);
   r.server_round_cpu_s = self_cpu_s() - cpu1;
   r.clients_cpu_s = 0;
   for (Child& ch : children) {
