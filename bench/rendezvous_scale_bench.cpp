@@ -87,11 +87,20 @@ int open_fds() {
   return n - 3;  // ".", ".." and the directory's own descriptor
 }
 
-// --procs: a child's agents. Writes "r" when they are ready, waits for a byte
+// --procs: a child's agents (argv as spawn_child gives it). Writes "r" when they are ready, waits for a byte
 // on stdin (the start), then one line per agent ("index sent_ns done_ns
 // rank...") and "e"; its connections stay up until the next byte (or EOF),
 // so the server's CPU time up to "e" holds no teardown.
-int child_main(AgentsRun run, bool async) {
+int child_main(char** argv) {
+  dtrain::log::set_level(dtrain::log::Level::warn);
+  AgentsRun run;
+  run.endpoint = argv[2];
+  run.first = std::stoi(argv[3]);
+  run.count = std::stoi(argv[4]);
+  run.slots = std::stoi(argv[5]);
+  run.preconnect = argv[6][0] == '1';
+  const bool async = argv[7][0] == '1';
+  run.window = std::stoi(argv[8]);
   run.gate = [] {
     std::fputs("r\n", stdout);
     std::fflush(stdout);
@@ -301,17 +310,7 @@ int main(int argc, char** argv) {
   Config c;
   int reps = 3;
   bool state_only = false;
-  if (argc == 9 && !std::strcmp(argv[1], "--child")) {
-    dtrain::log::set_level(dtrain::log::Level::warn);
-    AgentsRun run;
-    run.endpoint = argv[2];
-    run.first = std::stoi(argv[3]);
-    run.count = std::stoi(argv[4]);
-    run.slots = std::stoi(argv[5]);
-    run.preconnect = argv[6][0] == '1';
-    run.window = std::stoi(argv[8]);
-    return child_main(run, argv[7][0] == '1');
-  }
+  if (argc == 9 && !std::strcmp(argv[1], "--child")) return child_main(argv);
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--preconnect")) c.preconnect = true;
     else if (!std::strcmp(argv[i], "--async")) c.async = true;
