@@ -70,6 +70,9 @@ inline grpc::ChannelArguments client_channel_args(const TlsIdentity& tls) {
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // long-polls send no data
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  // No bandwidth-delay probing (as the server): each probe is a ping the
+  // server reads and answers, per reply.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   return args;
 }
 
