@@ -152,7 +152,7 @@ class Pipeline : public Schedule {
     auto post_ahead = [&] {
       for (; next_post < recvs_.size() && next_post < consumed + kRecvAhead; ++next_post) {
         const Action& r = actions_[recvs_[next_post]];
-        at::Tensor buf = recv_buffer(act_options);  // [B, T, C]
+        at::Tensor buf = at::empty(activation_, act_options);  // [B, T, C]
         comm::WorkPtr w = pp_.recv(buf, pipeline::peer(spec_, stage_.rank, r).rank,
                                    tag(r.micro, r.chunk, r.op == Op::recv_grad));
         posted.emplace(next_post, std::make_pair(buf, std::move(w)));
@@ -348,18 +348,6 @@ class Pipeline : public Schedule {
   // A message's tag, from the receiving side's (micro-batch, chunk) and
   // its direction (activation forward, gradient backward).
   int tag(int micro, int chunk, bool grad) const { return (micro * stage_.chunks + chunk) * 2 + (grad ? 1 : 0); }
-  // A receive buffer [B, T, C]: one of the pool's whose storage nothing else
-  // holds any more (its micro-batch's backward is through, its autograd
-  // graph gone, its receive done), else a new one the pool keeps. Handed out
-  // as a fresh tensor on that storage (no grad, no autograd state of an
-  // earlier micro-batch's leaf), so the pool stays at the most buffers in
-  // flight at once instead of one allocation per message.
-  at::Tensor recv_buffer(const at::TensorOptions& options) {
-    for (const at::Tensor& b : recv_pool_)
-      if (b.storage().use_count() == 1) return b.detach();
-    recv_pool_.push_back(at::empty(activation_, options));
-    return recv_pool_.back().detach();
-  }
 
   pipeline::PlanSpec spec_;
   comm::Group& pp_;
@@ -370,7 +358,6 @@ class Pipeline : public Schedule {
   std::vector<size_t> recvs_;  // indices of the receive actions in actions_, in order
   std::vector<std::pair<int, int>> send_to_;  // per send action, in order: (peer rank, tag)
   at::Tensor inputs_, targets_;
-  std::vector<at::Tensor> recv_pool_;  // receive buffers (recv_buffer)
   double simulated_bubble_ = 0;
   int steps_seen_ = 0, timed_steps_ = 0;
   double idle_s_ = 0, run_s_ = 0;  // summed over the timed steps
