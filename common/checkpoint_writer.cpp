@@ -1,6 +1,8 @@
 // write_rank_file and write_index (checkpoint_writer.h).
 #include "common/checkpoint_writer.h"
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include "common/checkpoint_dir.h"
@@ -42,9 +44,11 @@ void write_index(const std::string& dir, Index index) {
   }
   const std::string path = dir + "/" + kIndexFile;
   {
+    errno = 0;  // a full disk must read as one ("No space left on device"), not a bare failure
     std::ofstream out(path, std::ios::trunc);
     out << index_to_json(index);
-    if (!out.flush()) throw Error(ErrorCode::checkpoint, "cannot write " + path);
+    if (!out.flush())
+      throw Error(ErrorCode::checkpoint, "cannot write " + path + (errno ? std::string(": ") + std::strerror(errno) : ""));
   }
   fsync_path(path);
 }

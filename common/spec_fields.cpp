@@ -31,6 +31,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("cluster.recover_in_place", cluster.recover_in_place),
       DTRAIN_FIELD("cluster.grace_s", cluster.grace_s),
       DTRAIN_FIELD("cluster.hang_timeout_s", cluster.hang_timeout_s),
+      DTRAIN_FIELD("cluster.hang_timeout_steps", cluster.hang_timeout_steps),
       DTRAIN_FIELD("cluster.memory_per_rank", cluster.memory_per_rank),
       DTRAIN_FIELD("cluster.rendezvous.endpoint", cluster.rendezvous.endpoint),
       DTRAIN_FIELD("cluster.rendezvous.join_timeout_s", cluster.rendezvous.join_timeout_s),

@@ -92,6 +92,12 @@ void check_ranges(const Checker& c) {
   c.at_least("cluster.grace_s", s.cluster.grace_s, 0.0, "seconds between SIGTERM and SIGKILL");
   c.at_least("cluster.hang_timeout_s", s.cluster.hang_timeout_s, 0.0,
              "seconds without any collective completing, e.g. 300; 0 turns hang detection off");
+  c.at_least("cluster.hang_timeout_steps", s.cluster.hang_timeout_steps, 0.0,
+             "a number of steps, e.g. 5 (it shortens cluster.hang_timeout_s); 0 = off");
+  if (s.cluster.hang_timeout_steps > 0 && s.cluster.hang_timeout_s <= 0)
+    c.error("cluster.hang_timeout_steps", "cluster.hang_timeout_steps = " + str(s.cluster.hang_timeout_steps) +
+                                              " needs cluster.hang_timeout_s > 0 (its upper bound, and the bound "
+                                              "until every rank has timed a step); e.g. hang_timeout_s: 300");
   c.at_least("cluster.rendezvous.join_timeout_s", s.cluster.rendezvous.join_timeout_s, 1,
              "seconds an agent waits for the round, e.g. 60");
   c.at_least("cluster.rendezvous.last_call_s", s.cluster.rendezvous.last_call_s, 0.0,

@@ -63,14 +63,14 @@ std::vector<int> group_members(const mesh::Mesh& m, const std::string& group, in
 
 HangReport attribute_hang(const mesh::Mesh& mesh, const std::map<int, trace::RankProgress>& ranks,
                           const std::map<int, RankWhere>& where, double stalled_s,
-                          double hang_timeout_s) {
+                          double hang_timeout_s, const std::string& bound_name) {
   HangReport h;
   // The collective (group, seq) most ranks wait in; ties: the lowest seq.
   std::map<std::pair<std::string, uint64_t>, std::vector<int>> waits;
   for (const auto& [rank, p] : ranks)
     if (p.waiting && p.pending.seq > 0) waits[{p.pending.group, p.pending.seq}].push_back(rank);
   h.text = "hang: no rank completed a collective for " + seconds(stalled_s) +
-           " (cluster.hang_timeout_s = " + seconds(hang_timeout_s) + ")";
+           " (" + bound_name + " = " + seconds(hang_timeout_s) + ")";
   if (waits.empty()) {
     h.text += "; no rank is inside a collective (all compute, or all stopped)";
     return h;

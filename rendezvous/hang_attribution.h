@@ -29,7 +29,7 @@ struct HangReport {
 // mesh: the round's; ranks: by global rank (ranks not reported are unknown).
 HangReport attribute_hang(const mesh::Mesh& mesh, const std::map<int, trace::RankProgress>& ranks,
                           const std::map<int, RankWhere>& where, double stalled_s,
-                          double hang_timeout_s);
+                          double hang_timeout_s, const std::string& bound_name = "cluster.hang_timeout_s");
 
 // The global ranks of the group named `group` ("world", "control", a mesh
 // axis) that holds `rank`.

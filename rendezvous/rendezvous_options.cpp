@@ -17,6 +17,7 @@ ServerOptions server_options_from_spec(const JobSpec& spec, std::string token, b
   o.last_call_s = spec.cluster.rendezvous.last_call_s;
   o.heartbeat_s = spec.cluster.rendezvous.heartbeat_s;
   o.hang_timeout_s = spec.cluster.hang_timeout_s;
+  o.hang_timeout_steps = spec.cluster.hang_timeout_steps;
   // Start-up (process, LibTorch, connecting the groups) is bounded as an
   // agent's wait for a round is: as long, and never below the hang timeout.
   o.startup_timeout_s = std::max(double(spec.cluster.rendezvous.join_timeout_s), spec.cluster.hang_timeout_s);

@@ -20,6 +20,7 @@ struct ServerOptions {
   double last_call_s = 5.0;       // elastic: close at min after this long
   double heartbeat_s = 2.0;       // agents beat this often; 3 misses = dead
   double hang_timeout_s = 0;      // no rank completes a collective this long = hang (0 = off)
+  double hang_timeout_steps = 0;  // > 0: ... or this many of the slowest step (round_hang.cpp)
   // With hang_timeout_s on: a rank that has completed no collective this long
   // after its round closed hangs in start-up (0 = no bound).
   double startup_timeout_s = 0;

@@ -16,14 +16,40 @@ namespace dtrain::rendezvous {
 using detail::seconds_between;
 using detail::seconds_text;
 
+// The stall that makes a hang: hang_timeout_s, or with hang_timeout_steps
+// that many of the slowest rank's last step (a hang is named in a few steps,
+// not a fixed bound sized for the slowest job). Step-relative only once every
+// rank has timed a step in its process and while none is saving (a
+// synchronous save, or the wait behind one, may take several steps); never
+// under two heartbeats (progress arrives with them) nor over hang_timeout_s.
+// `name` says which bound it was, for the report.
+static double hang_bound(const ServerOptions& o, const std::map<int, trace::RankProgress>& progress,
+                         std::string* name) {
+  *name = "cluster.hang_timeout_s";
+  if (o.hang_timeout_steps <= 0) return o.hang_timeout_s;
+  int64_t slowest_ns = 0;
+  for (const auto& [rank, p] : progress) {
+    if (p.last_step_ns <= 0 || p.done_step <= p.start_step || p.phase == "checkpoint") return o.hang_timeout_s;
+    slowest_ns = std::max(slowest_ns, p.last_step_ns);
+  }
+  const double step_s = double(slowest_ns) * 1e-9;
+  const double bound = std::max(o.hang_timeout_steps * step_s, 2 * o.heartbeat_s);
+  if (progress.empty() || bound >= o.hang_timeout_s) return o.hang_timeout_s;
+  *name = "cluster.hang_timeout_steps " + detail::seconds_text(o.hang_timeout_steps) + " x the slowest step " +
+          std::to_string(int(step_s * 1e3)) + " ms, at least 2 heartbeats";
+  return bound;
+}
+
 // The closed round hangs when some rank waits in a collective and no rank
-// completed one for hang_timeout_s: named, then handled as a worker failure
+// completed one for the bound above: named, then handled as a worker failure
 // (a restart while max_restarts allow, else every agent gives up).
 void RoundState::check_hang(TimePoint now) {
   if (options_.hang_timeout_s <= 0 || !last_closed_) return;
   if (!all_started_) return check_startup(now);
   const double stalled = seconds_between(last_progress_, now);
-  if (stalled < options_.hang_timeout_s) return;
+  std::string bound_name;
+  const double bound = hang_bound(options_, progress_, &bound_name);
+  if (stalled < bound) return;
   bool waiting = std::any_of(progress_.begin(), progress_.end(),
                              [](const auto& kv) { return kv.second.waiting; });
   if (!waiting) return;
@@ -33,8 +59,7 @@ void RoundState::check_hang(TimePoint now) {
   for (const RankPlacement& r : last_closed_->placement.ranks)
     if (auto it = by_node.find(r.node); it != by_node.end())
       where[r.rank] = {r.node, it->second->info.host, it->second->info.hostname};
-  declare_hang(attribute_hang(last_closed_->placement.mesh, progress_, where, stalled,
-                              options_.hang_timeout_s).text);
+  declare_hang(attribute_hang(last_closed_->placement.mesh, progress_, where, stalled, bound, bound_name).text);
 }
 
 // A rank stopped (or stuck) before its first collective never reports

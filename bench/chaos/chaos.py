@@ -71,6 +71,7 @@ class Metrics:
     def __init__(self, path):
         self.path = path
         self.records = []  # (seen_at, step, loss, slowest_rank, step_time_s, straggler_ratio, offset)
+        self.ckpt = []  # (seen_at, step, ckpt_block_ms): the step loop stopped for a save or copy
         self.lock = threading.Lock()
         self.offset = 0
         self.stop = False
@@ -97,6 +98,9 @@ class Metrics:
                     r = json.loads(line.decode(errors="replace"))
                 except ValueError:
                     continue
+                if "ckpt_block_ms" in r and "step" in r:
+                    with self.lock:
+                        self.ckpt.append((now, int(r["step"]), float(r["ckpt_block_ms"])))
                 if "loss" not in r or "step" not in r:
                     continue
                 with self.lock:
@@ -186,7 +190,9 @@ class Campaign(FaultInjector):
             "checkpoint: {dir: %s, every: %d, keep: 3%s}\n"
             "log: {dir: %s, every: 1}\n"
             "entrypoint: builtin\n"
-        ) % (max(1, n - 1), n, a.hang_timeout_s, ", recover_in_place: true" if a.in_place else "", a.d_model, a.steps, os.path.join(self.out, "text.txt"),
+        ) % (max(1, n - 1), n, a.hang_timeout_s,
+             (", hang_timeout_steps: %g" % a.hang_timeout_steps if a.hang_timeout_steps > 0 else "") +
+             (", recover_in_place: true" if a.in_place else ""), a.d_model, a.steps, os.path.join(self.out, "text.txt"),
              self.ckpt_dir, a.ckpt_every, ckpt_extra(a), self.run_dir)
         with open(self.spec, "w") as f:
             f.write(spec)
@@ -521,6 +527,8 @@ def main():
     p.add_argument("--in-place", action="store_true",
                    help="cluster.recover_in_place: survivors keep their workers across a round change")
     p.add_argument("--hang-timeout-s", type=float, default=3)
+    p.add_argument("--hang-timeout-steps", type=float, default=0,
+                   help="cluster.hang_timeout_steps: a hang after this many of the slowest step (0: off)")
     p.add_argument("--ckpt-fs-mb", type=int, default=48, help="size of the tmpfs under checkpoint.dir")
     p.add_argument("--slow-s", type=float, default=2.0)
     p.add_argument("--slow-stop-ms", type=float, default=40,

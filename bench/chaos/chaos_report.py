@@ -62,6 +62,56 @@ def by_kind(c, summary):
     return "\n".join(rows)
 
 
+def wall_breakdown(c, summary):
+    """Where the wall time went, adding up to it: each step record (by the time
+    it was seen, less its step_time_s) gives the time between steps; that and
+    a step trained again go to the fault last injected before the step began
+    (or to "before the first fault"); before the first step is start-up, after the last
+    the end (the final save, the agents' exit)."""
+    recs = sorted(c.metrics.snapshot(), key=lambda r: r[0])
+    if not recs:
+        return "- wall breakdown: no step records"
+    faults = sorted(c.faults, key=lambda f: f["at"])
+    rows = {}
+    def add(key, col, v):
+        rows.setdefault(key, [0.0, 0.0, 0])[col] += v
+    seen, prev = set(), None
+    productive = 0.0
+    for r in recs:
+        begin = r[0] - r[4]
+        owner = [f for f in faults if f["at"] <= begin]
+        key = "after " + owner[-1]["kind"] if owner else "before the first fault"
+        if prev is not None:
+            add(key, 0, begin - prev)
+        if r[1] in seen:
+            add(key, 1, r[4])
+            add(key, 2, 1)
+        else:
+            seen.add(r[1])
+            productive += r[4]
+        prev = r[0]
+    startup = recs[0][0] - recs[0][4] - c.t0
+    end = c.t_end - recs[-1][0]
+    first_block = {}
+    for _, step, ms in getattr(c.metrics, "ckpt", []):
+        first_block.setdefault(step, ms)
+    block = sum(first_block.values()) / 1000.0
+    out = ["| where | between steps (s) | steps redone (n, s) | total (s) | % of wall |", "|---|---|---|---|---|"]
+    wall = c.t_end - c.t0
+    out.append("| productive steps | | | %.1f | %.1f |" % (productive, 100 * productive / wall))
+    out.append("| start-up (launch to the first step) | | | %.1f | %.1f |" % (startup, 100 * startup / wall))
+    total = productive + startup + end
+    for key in sorted(rows):
+        gap, redo, n = rows[key]
+        total += gap + redo
+        out.append("| %s | %.1f | %d, %.1f | %.1f | %.1f |" % (key, gap, n, redo, gap + redo,
+                                                                       100 * (gap + redo) / wall))
+    out.append("| end (last step seen to the agents' exit) | | | %.1f | %.1f |" % (end, 100 * end / wall))
+    out.append("| sum (= wall %.1f s) | | | %.1f | |" % (wall, total))
+    return "\n".join(out + ["", "- of the time between steps, the step loop stopped for checkpoints and "
+                             "in-memory copies %.1f s (ckpt_block_ms over %d steps, rank 0)" % (block, len(first_block))])
+
+
 def write_results(c, summary):
     rows = ["| # | at (s) | fault | host | step | detect (s) | train again (s) | steps redone | named correctly | "
             "named as |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -70,7 +120,7 @@ def write_results(c, summary):
             n, c.elapsed(f["at"]), f["kind"], f["host"], f["step_at"], fmt_s(f, "detected"),
             fmt_s(f, "trained"), f.get("redone", "-"), "yes" if f.get("correct") else "no", f.get("named", "-").replace("|", "/").replace("\n", " / ")))
     lines = ["# Chaos campaign (seed %d, %d hosts, %d faults)" % (c.a.seed, c.a.hosts, len(c.faults)), "",
-             "\n".join(rows), "", by_kind(c, summary), "",
+             "\n".join(rows), "", by_kind(c, summary), "", wall_breakdown(c, summary), "",
              "- wall time %.1f s, productive step time %.1f s: goodput %.1f%%" % (
                  summary["wall_s"], summary["productive_s"], 100 * summary["goodput"]),
              goodput_line(summary),

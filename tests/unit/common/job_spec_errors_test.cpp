@@ -126,6 +126,9 @@ TEST_CASE("spec errors: zero and negative sizes") {
   CHECK(has(error_of("model: {dropout: -0.1}"), "model.dropout = -0.1: must be in [0, 1)"));
   CHECK(has(error_of("train: {grad_clip: -1}"), "train.grad_clip = -1.0: must be >= 0"));
   CHECK(has(error_of("cluster: {max_restarts: -1}"), "cluster.max_restarts = -1: must be >= 0"));
+  CHECK(has(error_of("cluster: {hang_timeout_steps: 3}"),
+            "cluster.hang_timeout_steps = 3.0 needs cluster.hang_timeout_s > 0"));
+  CHECK(error_of("cluster: {hang_timeout_s: 60, hang_timeout_steps: 3}") == "");
   CHECK(has(error_of("train: {lr: 1.0e-4, min_lr: 1.0e-3}"), "train.min_lr = 0.001: larger"));
   CHECK(has(error_of("cluster: {nodes: \"4:2\"}"), "cluster.nodes = 4:2"));
   CHECK(has(error_of("entrypoint: []"), "entrypoint is empty"));

@@ -47,6 +47,7 @@ const std::vector<Example> kExamples = {
     {"cluster.recover_in_place", "true"},
     {"cluster.grace_s", "7.5"},
     {"cluster.hang_timeout_s", "90.5"},
+    {"cluster.hang_timeout_steps", "4.5", {"cluster.hang_timeout_s=60"}},
     {"cluster.memory_per_rank", "80GiB"},
     {"cluster.rendezvous.endpoint", "node0:1234"},
     {"cluster.rendezvous.join_timeout_s", "30"},

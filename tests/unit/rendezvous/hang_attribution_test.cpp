@@ -3,6 +3,9 @@
 // the others wait in, what it did last, and when a stall becomes a hang.
 #include <doctest/doctest.h>
 
+#include <array>
+#include <string>
+
 #include "rendezvous/hang_attribution.h"
 #include "rendezvous/round_state.h"
 
@@ -196,4 +199,68 @@ TEST_CASE("round: no start-up bound while no rank reports progress (an entrypoin
   s.heartbeat("n0", s.round(), t0 + std::chrono::seconds(1), {});
   s.poll(t0 + std::chrono::seconds(600));
   CHECK_FALSE(s.open());
+}
+
+namespace {
+
+// The stall (s) after which a 3-node round is declared hung: ranks 0 and 1
+// wait in all_reduce #11 from t = 1 s, rank 2 is in `phase2`; each rank's
+// last step took step_ms[rank] (0: no step timed yet). Beats every 0.5 s.
+double stall_at_hang(double steps, const char* phase2, std::array<int64_t, 3> step_ms, std::string* failure) {
+  ServerOptions o;
+  o.token = "t";
+  o.min_nodes = o.max_nodes = 3;
+  o.mesh.size(dtrain::mesh::Axis::dp) = 3;
+  o.heartbeat_s = 0.5;
+  o.hang_timeout_s = 5;
+  o.hang_timeout_steps = steps;
+  RoundState s(o);
+  TimePoint t0{};
+  for (int i = 0; i < 3; ++i) {
+    JoinInfo j;
+    j.node_id = "n" + std::to_string(i);
+    j.host = "10.0.0." + std::to_string(i);
+    j.node_rank = i;
+    CHECK_FALSE(s.join(j, uint64_t(i + 1), t0, TimePoint::max()));
+  }
+  REQUIRE(s.poll(t0).size() == 3);
+  const uint64_t round = s.round();
+  for (int ms = 500; ms <= 10000; ms += 500) {
+    // Until 1 s all wait in #10; then #10 is done (the last progress) and 0, 1 wait in #11.
+    const uint64_t done = ms >= 1000 ? 10 : 9;
+    TimePoint t = t0 + milliseconds(ms);
+    for (int r = 0; r < 3; ++r) {
+      RankProgress p = rank_at(r, r < 2 ? done + 1 : 10, done, 6, r < 2 ? "backward" : phase2);
+      p.start_step = 2;
+      p.done_step = step_ms[size_t(r)] > 0 ? 5 : 2;
+      p.last_step_ns = step_ms[size_t(r)] * 1000000;
+      s.heartbeat("n" + std::to_string(r), round, t, {p});
+    }
+    s.poll(t);
+    if (s.open()) {
+      *failure = s.status(t).failure;
+      return (ms - 1000) / 1000.0;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("round: cluster.hang_timeout_steps names a hang after that many of the slowest step, within its bounds") {
+  std::string failure;
+  // 3 x the slowest step (500 ms) = 1.5 s of stall, not hang_timeout_s's 5 s.
+  CHECK(stall_at_hang(3, "forward", {400, 500, 300}, &failure) == 1.5);
+  CHECK(failure.find("(cluster.hang_timeout_steps 3 x the slowest step 500 ms, at least 2 heartbeats = 1.5 s)") !=
+        std::string::npos);
+  CHECK(failure.find("rank(s) 0,1 wait in dp all_reduce #11") != std::string::npos);
+  // Off: the fixed bound.
+  CHECK(stall_at_hang(0, "forward", {400, 500, 300}, &failure) == 5);
+  CHECK(failure.find("(cluster.hang_timeout_s = 5.0 s)") != std::string::npos);
+  // Never over hang_timeout_s (3 x 2 s), never under two heartbeats (3 x 0.1 s).
+  CHECK(stall_at_hang(3, "forward", {400, 2000, 300}, &failure) == 5);
+  CHECK(stall_at_hang(3, "forward", {100, 100, 100}, &failure) == 1);
+  // The fixed bound while a rank saves, or before every rank timed a step.
+  CHECK(stall_at_hang(3, "checkpoint", {400, 500, 300}, &failure) == 5);
+  CHECK(stall_at_hang(3, "forward", {400, 500, 0}, &failure) == 5);
 }
