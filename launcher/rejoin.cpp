@@ -39,10 +39,24 @@ void Agent::begin_rejoin() {
 
 rendezvous::Assignment Agent::rejoin(const rendezvous::JoinInfo& info) {
   const double limit = spec_.cluster.rendezvous.rejoin_timeout_s;
+  const double poll_s = std::clamp(spec_.cluster.rendezvous.heartbeat_s, 0.1, 1.0);
   std::string last;
   for (int attempt = 1;; ++attempt) {
     const double left = limit - seconds_since(rejoin_since_);
     if (left <= 0) break;
+    // Each attempt on a new connection (RendezvousClient::reconnect: the one
+    // that lived through the partition holds the server's replies back for
+    // seconds), and only once it is up: a connection attempt made while the
+    // link is down waits for the kernel's next SYN (1 s, 3 s, 7 s, ...), so
+    // a fresh one is opened every poll_s until one succeeds.
+    client_.reconnect();
+    if (!client_.wait_connected(std::min(poll_s, left))) {
+      last = "no connection to " + config_.endpoint + " within " + fmt::format("{:g}", poll_s) + " s";
+      if (attempt == 1 || attempt % 10 == 0)
+        DTRAIN_WARN("re-join attempt {} failed ({:.1f} s of {:g} s used): {}", attempt,
+                    seconds_since(rejoin_since_), limit, last);
+      continue;
+    }
     // One attempt waits at most join_timeout_s (less near the end): a join
     // that reaches the server returns as soon as the round closes.
     const double wait = std::max(1.0, std::min<double>(spec_.cluster.rendezvous.join_timeout_s, left));
@@ -61,8 +75,7 @@ rendezvous::Assignment Agent::rejoin(const rendezvous::JoinInfo& info) {
                   seconds_since(rejoin_since_), limit, last);
     }
     // A link that is down fails a join at once: do not spin on it.
-    std::this_thread::sleep_for(std::chrono::duration<double>(
-        std::clamp(spec_.cluster.rendezvous.heartbeat_s, 0.1, 1.0)));
+    std::this_thread::sleep_for(std::chrono::duration<double>(poll_s));
   }
   rejoining_ = false;
   throw Error(ErrorCode::rendezvous,

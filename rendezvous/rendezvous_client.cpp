@@ -1,9 +1,10 @@
-// RendezvousClient: one TLS channel per agent, a deadline on every call, and
+// RendezvousClient: one TLS channel per agent at a time (reconnect() opens a new one), a deadline on every call, and
 // the single place where grpc::Status becomes dtrain::Error (status_to_error,
 // tls_error).
 #include "rendezvous/rendezvous_client.h"
 
 #include <chrono>
+#include <mutex>
 
 #include "common/error.h"
 #include "rendezvous/grpc_options.h"
@@ -76,8 +77,30 @@ Error tls_error(const grpc::Status& s, const ClientOptions& o) {
 
 struct RendezvousClient::Impl {
   ClientOptions options;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<pb::Rendezvous::Stub> stub;
+  // The connection calls use; reconnect() swaps in a new one while other
+  // threads' calls finish on the one they took (conn()).
+  struct Conn {
+    std::shared_ptr<grpc::Channel> channel;
+    std::shared_ptr<pb::Rendezvous::Stub> stub;
+  };
+  mutable std::mutex conn_mutex;
+  Conn current;
+
+  Conn conn() const {
+    std::lock_guard<std::mutex> lock(conn_mutex);
+    return current;
+  }
+  void open_connection() {
+    // A channel of its own subchannel pool: a second channel with the same
+    // arguments would otherwise share the first one's TCP connection.
+    grpc::ChannelArguments args = detail::client_channel_args(options.tls);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    Conn c;
+    c.channel = grpc::CreateCustomChannel(options.endpoint, detail::client_credentials(options.tls), args);
+    c.stub = pb::Rendezvous::NewStub(c.channel);
+    std::lock_guard<std::mutex> lock(conn_mutex);
+    current = std::move(c);
+  }
 
   void set_auth(pb::Auth* auth) const {
     auth->set_job(options.job);
@@ -111,6 +134,9 @@ struct RendezvousClient::Impl {
 // failure (unlike "connection refused": the server not up yet) ends the wait.
 // True when connected; false at the deadline.
 bool RendezvousClient::Impl::check_handshake(std::chrono::system_clock::time_point deadline) const {
+  const Conn c = conn();
+  const auto& channel = c.channel;
+  const auto& stub = c.stub;
   for (;;) {
     grpc_connectivity_state state = channel->GetState(true);
     if (state == GRPC_CHANNEL_READY) return true;
@@ -146,7 +172,7 @@ Error RendezvousClient::Impl::join_timeout(const grpc::Status& s, const std::str
   set_auth(req.mutable_auth());
   grpc::ClientContext ctx;
   ctx.set_deadline(deadline_after(std::min(options.call_timeout_s, 2.0)));
-  grpc::Status st = stub->Status(&ctx, req, &reply);
+  grpc::Status st = conn().stub->Status(&ctx, req, &reply);
   if (!st.ok())
     return Error(ErrorCode::timeout,
                  head + "no answer from the rendezvous server at " + options.endpoint +
@@ -166,13 +192,22 @@ RendezvousClient::RendezvousClient(ClientOptions options) : impl_(std::make_uniq
   detail::disable_mutex_deadlock_detection();
   TlsIdentity& tls = impl_->options.tls;
   if (tls.derived()) tls = token_tls_identity(impl_->options.token);
-  impl_->channel = grpc::CreateCustomChannel(impl_->options.endpoint,
-                                             detail::client_credentials(tls),
-                                             detail::client_channel_args(tls));
-  impl_->stub = pb::Rendezvous::NewStub(impl_->channel);
+  impl_->open_connection();
 }
 
 RendezvousClient::~RendezvousClient() = default;
+
+void RendezvousClient::reconnect() { impl_->open_connection(); }
+
+bool RendezvousClient::wait_connected(double timeout_s) {
+  const auto c = impl_->conn();
+  const auto deadline = deadline_after(timeout_s);
+  for (;;) {
+    const grpc_connectivity_state state = c.channel->GetState(true);
+    if (state == GRPC_CHANNEL_READY) return true;
+    if (!c.channel->WaitForStateChange(state, deadline)) return false;
+  }
+}
 
 Assignment RendezvousClient::join(const JoinInfo& info, double timeout_s) {
   pb::JoinRequest req;
@@ -189,7 +224,7 @@ Assignment RendezvousClient::join(const JoinInfo& info, double timeout_s) {
   // the deadline: wait, so the timeout is reported as one ("joined K of M").
   ctx.set_wait_for_ready(!connected);
   ctx.set_deadline(deadline_after(timeout_s + detail::kJoinDeadlineGraceS));
-  grpc::Status s = impl_->stub->Join(&ctx, req, &reply);
+  grpc::Status s = impl_->conn().stub->Join(&ctx, req, &reply);
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
     throw impl_->join_timeout(s, sent.node_id, timeout_s);
   if (!s.ok()) impl_->fail(s, "join");
@@ -225,7 +260,7 @@ std::optional<HeartbeatReply> RendezvousClient::wait_heartbeat(
     if (cancel.cancelled_) return std::nullopt;
     cancel.in_flight_ = &ctx;
   }
-  grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &reply);
+  grpc::Status s = impl_->conn().stub->Heartbeat(&ctx, req, &reply);
   {
     std::lock_guard<std::mutex> lock(cancel.mutex_);
     cancel.in_flight_ = nullptr;
@@ -242,7 +277,7 @@ void RendezvousClient::report_failure(const FailureReport& report) {
   impl_->set_auth(req.mutable_auth());
   grpc::ClientContext ctx;
   impl_->short_call(ctx);
-  grpc::Status s = impl_->stub->ReportFailure(&ctx, req, &reply);
+  grpc::Status s = impl_->conn().stub->ReportFailure(&ctx, req, &reply);
   if (!s.ok()) impl_->fail(s, "report_failure");
 }
 
@@ -254,7 +289,7 @@ void RendezvousClient::leave(const std::string& node_id, bool success) {
   req.set_success(success);
   grpc::ClientContext ctx;
   impl_->short_call(ctx);
-  grpc::Status s = impl_->stub->Leave(&ctx, req, &reply);
+  grpc::Status s = impl_->conn().stub->Leave(&ctx, req, &reply);
   if (!s.ok()) impl_->fail(s, "leave");
 }
 
@@ -265,7 +300,7 @@ ServerStatus RendezvousClient::status(bool with_placement) {
   req.set_placement(with_placement);
   grpc::ClientContext ctx;
   impl_->short_call(ctx);
-  grpc::Status s = impl_->stub->Status(&ctx, req, &reply);
+  grpc::Status s = impl_->conn().stub->Status(&ctx, req, &reply);
   if (!s.ok()) impl_->fail(s, "status");
   return detail::from_proto(reply);
 }

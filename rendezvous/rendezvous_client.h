@@ -60,6 +60,15 @@ class RendezvousClient {
   void leave(const std::string& node_id, bool success);
   // with_placement: also the last closed round's whole placement.
   ServerStatus status(bool with_placement = false);
+  // Later calls go over a new connection (calls in flight finish on theirs).
+  // After a partition the old TCP connection is no use: each segment lost
+  // while the link was down doubled its retransmission timeout, so a reply
+  // the server queued on it then (a held heartbeat's answer) holds every
+  // later reply, a join's included, for up to seconds after the link
+  // returns; a node re-admitted that late is declared dead again at once.
+  void reconnect();
+  // Waits up to timeout_s for the current connection to be up; false if not.
+  bool wait_connected(double timeout_s);
 
  private:
   struct Impl;

@@ -6,7 +6,9 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -17,6 +19,16 @@ namespace dtrain::engine::comm::detail {
 [[noreturn]] void rethrow_comm_error(const std::string& group, const std::string& op);
 c10d::ReduceOp to_c10d(ReduceOp op);
 
+// Waits for a Gloo collective, leaving with dtrain::Error(worker_failed)
+// once the round is over (recovery in place, round_abort.h). Shutting the
+// process's sockets down does not always reach a Gloo op: a send already
+// handed to a pair can wait in UnboundBuffer::waitSend for good (seen in a
+// checkpoint's barrier after a round change; c10d's wait() has no way out).
+// So the op's future signals a condition variable, and the wait checks the
+// round's flag every 50 ms. Then work->wait() gives the op's result or
+// error. Ops without a future (point-to-point) wait as before.
+void wait_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op);
+
 class DoneWork : public Work {
  public:
   void wait() override {}
@@ -26,15 +38,17 @@ class DoneWork : public Work {
 // makes the current CUDA stream wait for the op (the host does not block).
 class C10dWork : public Work {
  public:
+  // abortable: a Gloo op (wait_unless_round_ends); NCCL's wait() does not block the host.
   C10dWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string group,
-           std::string op)
+           std::string op, bool abortable = false)
       : work_(std::move(work)), finish_(std::move(finish)), group_(std::move(group)),
-        op_(std::move(op)) {}
+        op_(std::move(op)), abortable_(abortable) {}
 
   void wait() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
     try {
+      if (abortable_) wait_unless_round_ends(work_, op_.c_str());
       work_->wait();
     } catch (...) {
       done_ = true;
@@ -50,6 +64,7 @@ class C10dWork : public Work {
   c10::intrusive_ptr<c10d::Work> work_;
   std::function<void()> finish_;
   std::string group_, op_;
+  bool abortable_ = false;
 };
 
 }  // namespace dtrain::engine::comm::detail

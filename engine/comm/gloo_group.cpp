@@ -12,8 +12,38 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "engine/comm/round_abort.h"
 
 namespace dtrain::engine::comm::detail {
+
+void wait_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op) {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  try {
+    future = work->getFuture();
+  } catch (const c10::Error&) {
+    return;  // no future (send, recv): work->wait() as before
+  }
+  if (!future) return;
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto done = std::make_shared<Done>();  // outlives this wait if the round ends first
+  future->addCallback([done](c10::ivalue::Future&) {
+    {
+      std::lock_guard<std::mutex> lock(done->mu);
+      done->done = true;
+    }
+    done->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(done->mu);
+  while (!done->cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return done->done; })) {
+    lock.unlock();
+    throw_if_round_aborted(op);
+    lock.lock();
+  }
+}
 
 namespace {
 
@@ -71,7 +101,7 @@ void GlooGroup::check(const at::Tensor& t, const char* op) const {
 
 WorkPtr GlooGroup::gloo_work(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish,
                              const char* op, bool async) {
-  auto w = std::make_shared<C10dWork>(std::move(work), std::move(finish), name_, op);
+  auto w = std::make_shared<C10dWork>(std::move(work), std::move(finish), name_, op, /*abortable=*/true);
   if (!async) w->wait();
   return w;
 }
@@ -202,7 +232,9 @@ void GlooGroup::barrier() {
   ring_thread_.drain();
   if (size() == 1) return;
   try {
-    pg_->barrier()->wait();
+    auto work = pg_->barrier();
+    wait_unless_round_ends(work, "barrier");
+    work->wait();
   } catch (...) {
     rethrow_comm_error(name_, "barrier");
   }

@@ -95,6 +95,17 @@ TEST_CASE("round abort: a Gloo all-reduce waiting for a peer leaves when end_rou
   next_round_works();
 }
 
+// A Gloo op that no shut socket reaches (a send already handed to its pair
+// can wait in UnboundBuffer::waitSend for good): it leaves on the flag alone,
+// not after options.timeout_s (30 s).
+TEST_CASE("round abort: a Gloo all-reduce waiting for a peer leaves on the flag alone") {
+  const auto errors = abandoned_all_reduce(/*shm=*/false, /*sockets=*/false);
+  MESSAGE("rank 0 (waiting in the all-reduce): " << errors[0]);
+  CHECK(errors[0].find("all_reduce left: the agent announced a new round") != std::string::npos);
+  CHECK(errors[1].empty());
+  next_round_works();
+}
+
 TEST_CASE("round abort: a shared-memory all-reduce waiting for a peer leaves on the flag") {
   if (access("/dev/shm", W_OK) != 0) {
     dtrain::testing::skip_case(dtrain::testing::SkipKind::dev_shm, "/dev/shm is not writable here");
