@@ -35,6 +35,18 @@ RankProgress rank_at(int rank, uint64_t entered, uint64_t done, int64_t step, co
   return p;
 }
 
+// Nodes n0..n2 (hosts 10.0.0.0-2, node ranks 0-2) join at t0 and the round closes.
+void join_three(RoundState& s, TimePoint t0) {
+  for (int i = 0; i < 3; ++i) {
+    JoinInfo j;
+    j.node_id = "n" + std::to_string(i);
+    j.host = "10.0.0." + std::to_string(i);
+    j.node_rank = i;
+    CHECK_FALSE(s.join(j, uint64_t(i + 1), t0, TimePoint::max()));
+  }
+  REQUIRE(s.poll(t0).size() == 3);
+}
+
 }  // namespace
 
 TEST_CASE("hang: the rank that never entered the collective is named with its last one") {
@@ -83,14 +95,7 @@ TEST_CASE("round: a stall longer than hang_timeout_s while ranks wait is a failu
   o.hang_timeout_s = 5;
   RoundState s(o);
   TimePoint t0{};
-  for (int i = 0; i < 3; ++i) {
-    JoinInfo j;
-    j.node_id = "n" + std::to_string(i);
-    j.host = "10.0.0." + std::to_string(i);
-    j.node_rank = i;
-    CHECK_FALSE(s.join(j, uint64_t(i + 1), t0, TimePoint::max()));
-  }
-  REQUIRE(s.poll(t0).size() == 3);
+  join_three(s, t0);
   const uint64_t round = s.round();
   auto beat = [&](int sec, uint64_t e0, uint64_t d0, uint64_t e2) {
     TimePoint t = t0 + std::chrono::seconds(sec);
@@ -149,14 +154,7 @@ TEST_CASE("round: a rank that completes no collective within startup_timeout_s o
     o.startup_timeout_s = startup;
     RoundState s(o);
     TimePoint t0{};
-    for (int i = 0; i < 3; ++i) {
-      JoinInfo j;
-      j.node_id = "n" + std::to_string(i);
-      j.host = "10.0.0." + std::to_string(i);
-      j.node_rank = i;
-      CHECK_FALSE(s.join(j, uint64_t(i + 1), t0, TimePoint::max()));
-    }
-    REQUIRE(s.poll(t0).size() == 3);
+    join_three(s, t0);
     const uint64_t round = s.round();
     auto beat = [&](int sec) {
       TimePoint t = t0 + std::chrono::seconds(sec);
@@ -216,14 +214,7 @@ double stall_at_hang(double steps, const char* phase2, std::array<int64_t, 3> st
   o.hang_timeout_steps = steps;
   RoundState s(o);
   TimePoint t0{};
-  for (int i = 0; i < 3; ++i) {
-    JoinInfo j;
-    j.node_id = "n" + std::to_string(i);
-    j.host = "10.0.0." + std::to_string(i);
-    j.node_rank = i;
-    CHECK_FALSE(s.join(j, uint64_t(i + 1), t0, TimePoint::max()));
-  }
-  REQUIRE(s.poll(t0).size() == 3);
+  join_three(s, t0);
   const uint64_t round = s.round();
   for (int ms = 500; ms <= 10000; ms += 500) {
     // Until 1 s all wait in #10; then #10 is done (the last progress) and 0, 1 wait in #11.
