@@ -172,10 +172,14 @@ int Agent::run() {
   return 128 + stop_signal_;
 }
 
+// SIGKILL at once where SIGTERM cannot help: a node is gone, or the round
+// ended on a hang (the ranks wait in a collective that cannot finish, one of
+// them perhaps stopped: none reaches its SIGTERM save, and grace_s would be
+// lost whole).
 int Agent::stop_signal_for(Outcome outcome) const {
   if (outcome == Outcome::signaled) return stop_signal_;
   if (outcome == Outcome::round_changed && heartbeat_ &&
-      heartbeat_->failure().find("declared dead") != std::string::npos)
+      (heartbeat_->failure().find("declared dead") != std::string::npos || round_ended_by_hang()))
     return SIGKILL;
   return SIGTERM;
 }
@@ -418,8 +422,9 @@ std::optional<Agent::Outcome> Agent::group_outcome() const {
 void Agent::stop_step(int first_signal) {
   const bool now = first_signal == SIGKILL;
   if (procs_ && procs_->running() > 0 && now)
-    DTRAIN_INFO("stopping {} worker(s) with SIGKILL now: a node is gone, so their collectives cannot "
-                "finish (nor a save on SIGTERM)", procs_->running());
+    DTRAIN_INFO("stopping {} worker(s) with SIGKILL now: {}, so their collectives cannot finish (nor a "
+                "save on SIGTERM)", procs_->running(),
+                round_ended_by_hang() ? "the round ended on a hang" : "a node is gone");
   else if (procs_ && procs_->running() > 0)
     DTRAIN_INFO("stopping {} worker(s): {}, SIGKILL after {} s", procs_->running(),
                 signal_name(first_signal), spec_.cluster.grace_s);
