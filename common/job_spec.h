@@ -64,7 +64,7 @@ struct ClusterSpec {
   double grace_s = 5.0;          // SIGTERM -> SIGKILL grace period when stopping workers
   double hang_timeout_s = 0;     // no rank completes a collective this long: a hang (0 = off)
   // > 0: a hang already after this many of the slowest rank's last step (at
-  // least 2 heartbeats, at most hang_timeout_s; not while a rank saves).
+  // least 4 heartbeats, at most hang_timeout_s; not while a rank saves).
   double hang_timeout_steps = 0;
   // Memory one rank may use ("80GiB", "512MiB", bytes); empty = unchecked.
   // A spec whose predicted peak (`dtrain plan`) exceeds it is refused.

@@ -21,7 +21,10 @@ using detail::seconds_text;
 // not a fixed bound sized for the slowest job). Step-relative only once every
 // rank has timed a step in its process and while none is saving (a
 // synchronous save, or the wait behind one, may take several steps); never
-// under two heartbeats (progress arrives with them) nor over hang_timeout_s.
+// under four heartbeats nor over hang_timeout_s. Four: one more than the
+// three missed beats that name a lost node, so a cut link or a dead agent
+// (whose peers wait in a collective too) is named as that, not as a hang;
+// and progress only arrives with the beats.
 // `name` says which bound it was, for the report.
 static double hang_bound(const ServerOptions& o, const std::map<int, trace::RankProgress>& progress,
                          std::string* name) {
@@ -33,10 +36,10 @@ static double hang_bound(const ServerOptions& o, const std::map<int, trace::Rank
     slowest_ns = std::max(slowest_ns, p.last_step_ns);
   }
   const double step_s = double(slowest_ns) * 1e-9;
-  const double bound = std::max(o.hang_timeout_steps * step_s, 2 * o.heartbeat_s);
+  const double bound = std::max(o.hang_timeout_steps * step_s, 4 * o.heartbeat_s);
   if (progress.empty() || bound >= o.hang_timeout_s) return o.hang_timeout_s;
   *name = "cluster.hang_timeout_steps " + detail::seconds_text(o.hang_timeout_steps) + " x the slowest step " +
-          std::to_string(int(step_s * 1e3)) + " ms, at least 2 heartbeats";
+          std::to_string(int(step_s * 1e3)) + " ms, at least 4 heartbeats";
   return bound;
 }
 

@@ -240,17 +240,19 @@ double stall_at_hang(double steps, const char* phase2, std::array<int64_t, 3> st
 
 TEST_CASE("round: cluster.hang_timeout_steps names a hang after that many of the slowest step, within its bounds") {
   std::string failure;
-  // 3 x the slowest step (500 ms) = 1.5 s of stall, not hang_timeout_s's 5 s.
-  CHECK(stall_at_hang(3, "forward", {400, 500, 300}, &failure) == 1.5);
-  CHECK(failure.find("(cluster.hang_timeout_steps 3 x the slowest step 500 ms, at least 2 heartbeats = 1.5 s)") !=
+  // 5 x the slowest step (500 ms) = 2.5 s of stall, not hang_timeout_s's 5 s.
+  CHECK(stall_at_hang(5, "forward", {400, 500, 300}, &failure) == 2.5);
+  CHECK(failure.find("(cluster.hang_timeout_steps 5 x the slowest step 500 ms, at least 4 heartbeats = 2.5 s)") !=
         std::string::npos);
   CHECK(failure.find("rank(s) 0,1 wait in dp all_reduce #11") != std::string::npos);
   // Off: the fixed bound.
   CHECK(stall_at_hang(0, "forward", {400, 500, 300}, &failure) == 5);
   CHECK(failure.find("(cluster.hang_timeout_s = 5.0 s)") != std::string::npos);
-  // Never over hang_timeout_s (3 x 2 s), never under two heartbeats (3 x 0.1 s).
+  // Never over hang_timeout_s (3 x 2 s), never under four heartbeats (3 x 0.5 s,
+  // 3 x 0.1 s): a node that misses three beats is named lost first.
   CHECK(stall_at_hang(3, "forward", {400, 2000, 300}, &failure) == 5);
-  CHECK(stall_at_hang(3, "forward", {100, 100, 100}, &failure) == 1);
+  CHECK(stall_at_hang(3, "forward", {400, 500, 300}, &failure) == 2);
+  CHECK(stall_at_hang(3, "forward", {100, 100, 100}, &failure) == 2);
   // The fixed bound while a rank saves, or before every rank timed a step.
   CHECK(stall_at_hang(3, "checkpoint", {400, 500, 300}, &failure) == 5);
   CHECK(stall_at_hang(3, "forward", {400, 500, 0}, &failure) == 5);
