@@ -479,9 +479,13 @@ def checks(c, shm_before):
             goodput_json = json.load(f)
     except (OSError, ValueError):
         pass
+    # Rounds the rendezvous opened on a hang (each agent logs each round once), against the hangs
+    # injected: more means a hang named where none was injected, or a fault first named as one.
+    hang_rounds = set(re.findall(r"round (\d+) opens: hang in round", "\n".join(ag.text() for ag in c.all_agents)))
     return {"max_redo_loss_rel_diff": worst, "redone_records": redone, "missing_steps": missing,
             "wall_s": wall, "productive_s": productive, "goodput": productive / wall if wall > 0 else 0,
-            "new_shm": new_shm, "goodput_json": goodput_json}
+            "new_shm": new_shm, "goodput_json": goodput_json, "hang_rounds": len(hang_rounds),
+            "hang_faults": sum(1 for f in c.faults if f["kind"] == "hang")}
 
 
 def keep_final(c):

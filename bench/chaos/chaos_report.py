@@ -132,6 +132,8 @@ def write_results(c, summary):
              "- named otherwise (detected and recovered, but the fault's own explanation never appeared): %s"
              % (", ".join("#%d %s" % (n, f["kind"]) for n, f in enumerate(c.faults, 1) if not f.get("correct"))
                 or "none"),
+             "- rounds opened on a hang: %d, hangs injected: %d (more rounds: a hang named where none was "
+             "injected, or another fault first named a hang)" % (summary["hang_rounds"], summary["hang_faults"]),
              "- problems: %s" % ("; ".join(c.problems) if c.problems else "none"), ""]
     with open(os.path.join(c.out, "chaos.md"), "w") as f:
         f.write("\n".join(lines))
