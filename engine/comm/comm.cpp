@@ -32,6 +32,7 @@
 #include "engine/comm/shm_p2p.h"
 #include "engine/comm/shm_segment.h"
 #include "engine/comm/side_group.h"
+#include "engine/comm/store_wait.h"
 #include "engine/comm/traced_group.h"
 
 namespace dtrain::engine::comm {
@@ -304,6 +305,12 @@ std::unique_ptr<Comm> init_comm(const WorldInfo& info, const CommOptions& option
   const auto deadline = std::chrono::steady_clock::now() + full;
   c10::intrusive_ptr<c10d::TCPStore> tcp;
   for (;;) {
+    // Not before rank 0's store listens: c10d's client, refused, would sleep
+    // its backoff (0.25-0.75 s) before its next try (store_wait.h).
+    if (!so.isServer)
+      detail::wait_for_listener(info.master_addr, info.master_port,
+                                std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1)));
+    throw_if_round_aborted("connecting to the TCPStore");
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     so.timeout = so.isServer ? full
                              : std::max(std::chrono::milliseconds(1), std::min(left, std::chrono::milliseconds(1000)));
