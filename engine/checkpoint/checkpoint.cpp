@@ -346,19 +346,7 @@ void install_preemption_handler() {
 // after step k+1, so its latency hides behind a step's compute (a 1-float
 // collective costs milliseconds on a loaded machine). All ranks read the
 // same reduced value, so they stop after the same step.
-namespace {
-struct PreemptionPoll {
-  at::Tensor flag;  // [1]
-  comm::WorkPtr work;
-};
-PreemptionPoll& preemption_poll() {
-  static PreemptionPoll poll;
-  return poll;
-}
-}  // namespace
-
-bool preemption_requested(comm::Group& control, bool last) {
-  PreemptionPoll& p = preemption_poll();
+bool preemption_requested(comm::Group& control, PreemptionPoll& p, bool last) {
   bool stop = false;
   if (p.work) {
     p.work->wait();

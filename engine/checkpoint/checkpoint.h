@@ -24,6 +24,17 @@
 
 namespace dtrain::engine::checkpoint {
 
+// The SIGTERM poll of one run (preemption_requested): the flag's
+// all-reduce in flight on the run's control group. The run's, not the
+// process's: a worker recovering in place (cluster.recover_in_place) trains
+// its next round in the same process, and a round that ended between a
+// poll's start and its wait left that all-reduce failed with the round's
+// sockets (waited in the next round, it failed that round at its first step).
+struct PreemptionPoll {
+  at::Tensor flag;  // [1]
+  comm::WorkPtr work;
+};
+
 // The training state a checkpoint holds, as references into the trainer's
 // objects (nothing is owned).
 struct TrainState {
@@ -35,6 +46,7 @@ struct TrainState {
   data::DistributedSampler* sampler = nullptr;
   const optim::LrSchedule* schedule = nullptr;
   c10::Device device = c10::Device(c10::DeviceType::CPU);  // where params live; its RNG is saved too
+  PreemptionPoll* preemption = nullptr;  // the run's SIGTERM poll (after_step; the trainer's session)
 };
 
 struct SaveStats {
@@ -79,11 +91,11 @@ int64_t load_model(const TrainState& s, const std::string& dir);
 // SIGTERM sets a flag instead of killing: the trainer finishes the step,
 // saves and exits 0. preemption_requested is collective over `world`, once
 // after every step (any rank's signal stops every rank after the same step):
-// it returns the flags as of the previous step, and starts the poll of this
-// one unless `last`. So a stop comes at most two steps after the signal;
-// cluster.grace_s must cover two steps and a save.
+// it returns the flags as of the previous step (`poll`'s), and starts the
+// poll of this one unless `last`. So a stop comes at most two steps after the
+// signal; cluster.grace_s must cover two steps and a save.
 void install_preemption_handler();
-bool preemption_requested(comm::Group& control, bool last);
+bool preemption_requested(comm::Group& control, PreemptionPoll& poll, bool last);
 
 // The trainer's two hooks.
 // resume: installs the SIGTERM handler, cleans leftover .tmp, and loads

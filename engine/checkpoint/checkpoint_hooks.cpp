@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "common/checkpoint_dir.h"
+#include "common/error.h"
 #include "common/log.h"
 #include "common/timeline.h"
 #include "engine/checkpoint/checkpoint.h"
@@ -136,8 +137,11 @@ bool disk_save_work(const TrainState& s, int64_t steps_done, bool due, bool step
 }  // namespace
 
 StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite) {
+  if (s.preemption == nullptr)
+    throw Error(ErrorCode::internal, "checkpoint::after_step without the run's SIGTERM poll",
+                "the trainer's TrainState points at its session's PreemptionPoll");
   StepSave out;
-  out.stop = preemption_requested(*s.control, steps_done >= s.spec->train.steps);
+  out.stop = preemption_requested(*s.control, *s.preemption, steps_done >= s.spec->train.steps);
   const bool preempted = out.stop;
   const bool last = steps_done >= s.spec->train.steps;
   const auto& c = s.spec->checkpoint;

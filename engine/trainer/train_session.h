@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/comm/comm.h"
 #include "engine/data/dataset.h"
 #include "engine/data/sampler.h"
@@ -41,6 +42,9 @@ struct TrainSession {
   at::Tensor inputs_dev, targets_dev;  // the same on `device` (== inputs/targets on the CPU)
   DevicePeak peak;             // the ranks' measured matmul peak (MFU's denominator)
   double flops_per_step = 0;   // model FLOPs of one step (MFU's numerator, per step)
+  // This run's SIGTERM poll, its all-reduce in flight on comm's control
+  // group: a run after a round abort starts with none (checkpoint.h).
+  checkpoint::PreemptionPoll preemption;
 
   bool is_log_rank() const { return info.rank == 0; }
   MemoryStats memory() const;

@@ -147,7 +147,7 @@ double global_mean_loss(TrainSession& s, double local_loss_sum) {
 // latest (model, optimizer, step, sampler position, RNG states).
 checkpoint::TrainState checkpoint_state(TrainSession& s) {
   return {&s.spec,    &s.info,           &s.comm->control(), s.state.get(),
-          s.optimizer.get(), s.sampler.get(), &s.schedule,       s.device};
+          s.optimizer.get(), s.sampler.get(), &s.schedule,       s.device, &s.preemption};
 }
 
 int64_t maybe_load_checkpoint(TrainSession& s) { return checkpoint::resume(checkpoint_state(s)); }

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/comm/comm.h"
 #include "engine/comm/round_abort.h"
 #include "common/error.h"
@@ -150,4 +151,59 @@ TEST_CASE("round abort: a TCPStore client waiting for a store that is not there 
   MESSAGE("rank 1 connecting to port " << info.master_port << " after the round ended: " << what);
   CHECK(code == dtrain::ErrorCode::worker_failed);
   CHECK(what.find("connecting to the TCPStore") != std::string::npos);
+}
+
+// The SIGTERM poll's all-reduce starts after one step and is waited after
+// the next (checkpoint.h): a round that ends between the two leaves it
+// failed, with the round's sockets. Each run has its own poll, so the next
+// round of a worker recovering in place starts without it (a process-wide
+// poll made the re-join case's grow round fail at its first step: 'all_reduce
+// on group world failed: Connection closed by peer', a peer of the old round).
+TEST_CASE("round abort: the SIGTERM poll a round left in flight does not reach the next round") {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::atomic<bool> posted{false};
+  dtrain::engine::checkpoint::PreemptionPoll old_poll;  // rank 0's in the old round
+  comm::Group* old_control = nullptr;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      comm::WorldInfo info;
+      info.rank = r;
+      info.world = 2;
+      info.mesh = comm::parse_mesh("dp=2");
+      info.coord = dtrain::mesh::coord_of(info.mesh, r);
+      comm::CommOptions options;
+      options.shm = false;
+      options.timeout_s = 5;  // bounds the old poll's wait should no shut socket reach it
+      auto c = comm::init_comm_with_store(info, store, options);
+      if (r == 0) {  // its poll of the step before the round ended
+        CHECK(!dtrain::engine::checkpoint::preemption_requested(c->control(), old_poll, /*last=*/false));
+        old_control = &c->control();
+        posted = true;
+      } else {  // rank 1 got the notice before it posted its own
+        while (!posted) std::this_thread::yield();
+        comm::end_round();
+      }
+      (void)c.release();  // leaked, as TrainSession does
+    });
+  for (auto& t : threads) t.join();
+  comm::clear_round_abort();  // the new round starts (RoundChannel::next)
+  // What the old round left: waiting on it fails (the premise).
+  std::string old_error = "(none)";
+  try {
+    dtrain::engine::checkpoint::preemption_requested(*old_control, old_poll, /*last=*/true);
+  } catch (const std::exception& e) {
+    old_error = e.what();
+  }
+  MESSAGE("the old round's poll, waited: " << old_error.substr(0, old_error.find('\n')));
+  CHECK(old_error != "(none)");
+  // The new round's polls, one per run as each session holds its own.
+  dtrain::testing::run_world(
+      comm::parse_mesh("dp=2"),
+      [](comm::Comm& c, int) {
+        dtrain::engine::checkpoint::PreemptionPoll poll;
+        for (int step = 1; step <= 3; ++step)
+          CHECK(!dtrain::engine::checkpoint::preemption_requested(c.control(), poll, /*last=*/step == 3));
+      },
+      [](comm::WorldInfo&, comm::CommOptions& o) { o.shm = false; });
 }
