@@ -54,7 +54,8 @@ def by_kind(c, summary):
         detect = [f["detected"] - f["at"] for f in fs]
         restart = [max(0.0, f["trained"] - f["detected"]) for f in fs]
         redone = sum(f.get("redone", 0) for f in fs)
-        lost = sum(f["trained"] - f["at"] for f in fs) + redone * step_s
+        # A fault that never stopped training (a failed save it trained past) loses no wall time here.
+        lost = sum(0.0 if f.get("no_stop") else f["trained"] - f["at"] for f in fs) + redone * step_s
         total += lost
         rows.append("| %s | %d | %.2f | %.2f | %d | %.2f | %.1f |" % (
             kind, len(fs), sum(detect) / len(fs), sum(restart) / len(fs), redone, redone * step_s, lost))

@@ -35,6 +35,7 @@ struct InFlight {
   std::atomic<bool> done{false};   // the writer finished (committed or failed)
   std::exception_ptr error;        // set by the writer before `done`
   double write_ms = 0;             // this rank's file
+  int failed_in_row = 0;           // saves in a row that failed on I/O while training went on
   ~InFlight() {
     if (writer.joinable()) writer.join();
   }
@@ -109,6 +110,10 @@ void write_and_commit(const WriterJob& job, detail::PreparedSave& p, double& wri
   }
   write_ms = ms_since(w0);
   if (agree(g, own ? 1.0f : 0.0f) > 0) {
+    if (job.rank == 0) {  // every writer is past its write: the partial step frees its space
+      std::error_code ec;
+      std::filesystem::remove_all(p.dir, ec);
+    }
     if (own) std::rethrow_exception(own);
     peer_failed(p.step, "failed to write its file", p.dir);
   }
@@ -130,14 +135,50 @@ void write_and_commit(const WriterJob& job, detail::PreparedSave& p, double& wri
                 job.root, ck::step_dir_name(p.step), double(bytes) / 1e6, write_ms, ms_since(c0));
 }
 
+// Whether a failed save may leave training going on: an I/O failure of the
+// write or the commit (a full or failing disk), which every writer met in
+// the same save (they agree on its outcome), with the previous `latest`
+// intact. Not non-finite state (config: the run diverged) nor our bug.
+bool io_failure(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    return e.code() == ErrorCode::checkpoint;
+  } catch (...) {
+    return false;
+  }
+}
+
 // Joins a finished (or, with `wait`, any) writer; returns its write time,
-// or -1 when there is nothing to report yet. Rethrows the writer's failure.
-double collect(bool wait) {
+// or -1 when there is nothing to report yet. Rethrows the writer's failure,
+// except (with `tolerate`) an I/O failure, fewer than kMaxFailedSaves in a
+// row: then it warns and training goes on (the in-memory copies and the
+// previous checkpoint still hold the state; the next save tries again).
+double collect(bool wait, bool tolerate, const TrainState& s) {
   InFlight& f = in_flight();
   if (!f.active || (!wait && !f.done.load(std::memory_order_acquire))) return -1;
   if (f.writer.joinable()) f.writer.join();
   f.active = false;
-  if (f.error) std::rethrow_exception(f.error);
+  if (!f.error) {
+    f.failed_in_row = 0;
+    return f.write_ms;
+  }
+  if (!tolerate || !io_failure(f.error) || ++f.failed_in_row >= kMaxFailedSaves) std::rethrow_exception(f.error);
+  try {
+    std::rethrow_exception(f.error);
+  } catch (const std::exception& e) {
+    if (s.info->rank == 0) {
+      const std::string latest = dtrain::checkpoint::latest_dir(s.spec->checkpoint.dir);
+      DTRAIN_ERROR("checkpoint of step {} failed: {}; training goes on ({}; {} failed save(s) in a row, the job "
+                   "stops at {}; the next save {} tries again)",
+                   f.save.step, std::string(e.what()).substr(0, std::string(e.what()).find('\n')),
+                   latest.empty() ? "no checkpoint exists yet" : "latest stays " + latest, f.failed_in_row,
+                   kMaxFailedSaves,
+                   s.spec->checkpoint.every > 0 ? "at step " + std::to_string(f.save.step + s.spec->checkpoint.every)
+                                                : "at the end");
+    }
+  }
+  f.error = nullptr;
   return f.write_ms;
 }
 
@@ -145,9 +186,9 @@ double collect(bool wait) {
 
 bool async_save_in_flight() { return in_flight().active; }
 
-double poll_async_save(const TrainState&) { return collect(/*wait=*/false); }
+double poll_async_save(const TrainState& s) { return collect(/*wait=*/false, /*tolerate=*/true, s); }
 
-double finish_async_save(const TrainState&) { return collect(/*wait=*/true); }
+double finish_async_save(const TrainState& s) { return collect(/*wait=*/true, /*tolerate=*/false, s); }
 
 double start_async_save(const TrainState& s, int64_t step, detail::PreparedSave* host) {
   InFlight& f = in_flight();
@@ -158,7 +199,7 @@ double start_async_save(const TrainState& s, int64_t step, detail::PreparedSave*
   if (f.active) {  // at most one in flight: this save waits for the previous one
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t previous = f.save.step;
-    committed = collect(/*wait=*/true);
+    committed = collect(/*wait=*/true, /*tolerate=*/true, s);
     if (s.info->rank == 0)
       DTRAIN_INFO("checkpoint: the save of step {} waited {:.1f} ms for the write of step {}", step, ms_since(t0),
                   previous);
@@ -190,6 +231,7 @@ AsyncSaveScope::AsyncSaveScope(comm::Comm& comm, const JobSpec& spec) {
   if (!spec.checkpoint.async || spec.checkpoint.dir.empty()) return;
   writers_ = comm::make_side_group(comm, "checkpoint");
   in_flight().group = writers_.get();
+  in_flight().failed_in_row = 0;
 }
 
 AsyncSaveScope::~AsyncSaveScope() {

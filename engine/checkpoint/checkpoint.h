@@ -171,7 +171,12 @@ dtrain::checkpoint::Index index_of(const TrainState& s, int64_t step);
 // copy of the same step), moved from. The
 // writers agree on a save's outcome, so a failure (an I/O error, or
 // non-finite state: then nothing is written) throws dtrain::Error on every
-// rank, and `latest` stays on the previous checkpoint.
+// rank, and `latest` stays on the previous checkpoint. An I/O failure (a
+// full disk) met while training goes on (start_async_save's wait, the poll)
+// is logged and training goes on with the next save, unless it is the
+// kMaxFailedSaves-th in a row; the wait at the end of training and on
+// SIGTERM (finish_async_save) throws every failure.
+inline constexpr int kMaxFailedSaves = 3;
 double start_async_save(const TrainState& s, int64_t step, detail::PreparedSave* host = nullptr);
 double poll_async_save(const TrainState& s);
 double finish_async_save(const TrainState& s);

@@ -186,3 +186,61 @@ TEST_CASE("checkpoint.async with a checkpoint.dir that cannot be made: exit 2 na
   CHECK(r.output.find("checkpoint.dir = " + bad) != std::string::npos);
   CHECK_FALSE(fs::exists(f.dir / "refused/rank_0.log"));  // no worker ever started
 }
+
+namespace {
+
+// A tmpfs of `bytes` at `dir` for the life of the object: a disk that fills up.
+struct SmallTmpfs {
+  std::string dir;
+  bool mounted = false;
+  SmallTmpfs(const std::string& d, uint64_t bytes) : dir(d) {
+    fs::create_directories(dir);
+    mounted = std::system(("mount -t tmpfs -o size=" + std::to_string(bytes) + " dtrain-test-full " + dir).c_str()) == 0;
+  }
+  ~SmallTmpfs() {
+    if (mounted) (void)std::system(("umount -l " + dir).c_str());
+  }
+};
+
+uint64_t dir_bytes(const std::string& dir) {
+  uint64_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) n += e.file_size();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint.async on a full disk: a failed save is logged and training goes on; the 3rd in a row stops") {
+  Fixture f;
+  // One checkpoint's size, from a run on a roomy disk.
+  Run sized = f.run("sized", {"checkpoint.async=true", "train.steps=10"});
+  INFO(sized.output);
+  REQUIRE(sized.code == 0);
+  const uint64_t one = dir_bytes(f.dir / "sized/ckpt/step_10");
+  REQUIRE(one > 0);
+  // Room for one checkpoint and half of another: the save of step 2 commits,
+  // each later one runs out of space half-way (its partial files removed).
+  const std::string root = f.dir / "full/ckpt";
+  SmallTmpfs disk(root, one * 3 / 2);
+  REQUIRE_MESSAGE(disk.mounted, "mount -t tmpfs needs root (the tests run as root)");
+  Run r = f.run("full", {"checkpoint.async=true", "checkpoint.every=2", "checkpoint.dir=" + root}, {}, "",
+                /*keep_ckpt_dir=*/true);
+  INFO(r.output);
+  MESSAGE("one checkpoint " << one << " bytes; tmpfs " << one * 3 / 2 << " bytes; trained to step "
+                            << (r.losses.empty() ? 0 : r.losses.rbegin()->first) << ", exit " << r.code);
+  CHECK(r.code != 0);  // the third failed save in a row stops the job
+  CHECK(r.output.find("No space left on device") != std::string::npos);
+  CHECK(r.output.find("training goes on (latest stays " + root + "/step_2; 1 failed save(s) in a row") !=
+        std::string::npos);
+  CHECK(r.output.find("2 failed save(s) in a row") != std::string::npos);
+  CHECK(r.output.find("3 failed save(s) in a row") == std::string::npos);  // the 3rd is thrown, not logged
+  // Training went on past the two failed saves (of steps 4 and 6), up to the third's (8).
+  CHECK(r.losses.count(8) == 1);
+  CHECK(read_latest(root) == "step_2");
+  CHECK(fs::exists(root + "/step_2/index.json"));
+  for (int s : {4, 6, 8}) {
+    CHECK_FALSE(fs::exists(root + "/step_" + std::to_string(s)));
+    CHECK_FALSE(fs::exists(root + "/step_" + std::to_string(s) + ".tmp"));  // its space given back
+  }
+}
