@@ -57,10 +57,10 @@ struct ClusterSpec {
   // rank for the next restart (~190 MB each on CPU; false: none).
   bool warm_spares = true;
   // On a round change the surviving workers keep their processes: the agent
-  // sends them the new round's environment (builtin engine only). Off by
-  // default: a worker in the TCPStore's connect retry cannot be told of the
-  // next round and stays stuck (docs/ARCHITECTURE.md, Recovery in place).
-  bool recover_in_place = false;
+  // sends them the new round's environment (builtin engine only; false: the
+  // survivors' workers are stopped and new ones start, the restart path;
+  // docs/ARCHITECTURE.md, Recovery in place).
+  bool recover_in_place = true;
   double grace_s = 5.0;          // SIGTERM -> SIGKILL grace period when stopping workers
   double hang_timeout_s = 0;     // no rank completes a collective this long: a hang (0 = off)
   // > 0: a hang already after this many of the slowest rank's last step (at

@@ -105,8 +105,13 @@ void write_error_file(const std::string& message, const std::string& code = "") 
 // starts again from the new environment, restoring as a new worker would
 // (peer memory or disk). A communication failure with no notice within
 // DTRAIN_ROUND_WAIT_S is this worker's own: it ends the process as without a
-// channel; so, at once, does any other failure (may_be_round_change) unless
-// a notice has already come.
+// channel; so does any other failure (may_be_round_change) unless a notice
+// has already come, or (its own error: config, checkpoint, internal) comes
+// within kNoticeGraceS.
+// How long a worker whose round failed on its own error (config, checkpoint,
+// internal) waits for a notice already on its way before failing.
+constexpr double kNoticeGraceS = 0.5;
+
 int train_rounds() {
   auto channel = dtrain::worker::RoundChannel::open_if_enabled();
   if (!channel) return dtrain::engine::trainer::run_training();
@@ -116,22 +121,28 @@ int train_rounds() {
     int rc = 0;
     std::exception_ptr failure;
     std::string what;
+    bool own = false;  // a failure no round change explains, unless a notice is on its way
     try {
       rc = dtrain::engine::trainer::run_training();
     } catch (const dtrain::Error& e) {
       // Bad input, a checkpoint that does not verify, our bug: this rank's
       // own failure, which no round change explains. Fail now, not after
-      // the wait (the agent stops the job or restarts it as without a channel).
-      if (e.code() == dtrain::ErrorCode::config || e.code() == dtrain::ErrorCode::checkpoint ||
-          e.code() == dtrain::ErrorCode::internal)
-        throw;
+      // the wait (the agent stops the job or restarts it as without a
+      // channel), unless a newer round's notice is already there or on its
+      // way (the agent writes the round's spec file, then the notice: a
+      // worker that began the round before reads the newer spec, 'the file
+      // holds another round's spec').
+      own = e.code() == dtrain::ErrorCode::config || e.code() == dtrain::ErrorCode::checkpoint ||
+            e.code() == dtrain::ErrorCode::internal;
       failure = std::current_exception();
       what = e.what();
     } catch (const std::exception& e) {
       failure = std::current_exception();
       what = e.what();
     }
-    auto env = channel->next(dtrain::worker::may_be_round_change(failure) ? wait_s : 0.0);
+    auto env = channel->next(own                                            ? kNoticeGraceS
+                             : dtrain::worker::may_be_round_change(failure) ? wait_s
+                                                                            : 0.0);
     if (!env) {
       if (failure) std::rethrow_exception(failure);
       return rc;

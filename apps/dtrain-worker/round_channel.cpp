@@ -3,6 +3,7 @@
 // that only a closed socket interrupts.
 #include "apps/dtrain-worker/round_channel.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -44,6 +45,12 @@ void RoundChannel::watch() {
   std::string got;
   char buf[16384];
   for (;;) {
+    // While a notice waits to be taken, the old round's sockets are shut
+    // again every 50 ms, and a newer notice read meanwhile replaces it: two
+    // round changes in quick succession (a node lost, then one joining) give
+    // the worker the newest round, not the one its agent has moved past
+    // (whose spec file the agent has already overwritten).
+    if (!wait_for_input_or_taken()) continue;
     ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -58,7 +65,7 @@ void RoundChannel::watch() {
         from = stop + 1;
       }
       got.erase(0, end + 2);
-      end_round_until_taken(std::move(env));
+      end_round_with(std::move(env));
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -69,19 +76,34 @@ void RoundChannel::watch() {
 // The old round ends (flag and sockets) before its successor can be taken,
 // under the lock next() takes it under: the training thread never starts
 // the new round with the old one's shutdown still to come (which would cut
-// the new round's connections). Until it is taken, the sockets are shut
-// again every 50 ms: a training thread setting up the old round may open
-// new ones after a scan, and would wait on them for its store's timeout.
-void RoundChannel::end_round_until_taken(std::vector<std::string> env) {
-  std::unique_lock<std::mutex> lock(mu_);
+// the new round's connections). A notice not yet taken is replaced.
+void RoundChannel::end_round_with(std::vector<std::string> env) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool replaced = pending_.has_value();
   pending_ = std::move(env);
   engine::comm::abort_round();
   int shut = engine::comm::end_round();
-  std::fprintf(stderr, "dtrain-worker: pid %d: the agent announced a new round; %d socket(s) shut down\n",
-               static_cast<int>(::getpid()), shut);
+  std::fprintf(stderr, "dtrain-worker: pid %d: the agent announced a new round%s; %d socket(s) shut down\n",
+               static_cast<int>(::getpid()), replaced ? " (replacing one not yet taken)" : "", shut);
   cv_.notify_all();
-  while (!cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return !pending_; }))
-    engine::comm::end_round();  // quietly: sockets already shut down count again
+}
+
+// True when stdin has data to read. While a notice waits to be taken, it
+// wakes every 50 ms to shut the old round's sockets again (quietly): a
+// training thread setting up the old round may open new ones after a scan,
+// and would wait on them for its store's timeout.
+bool RoundChannel::wait_for_input_or_taken() {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!pending_) return true;  // nothing to take: block in read()
+      engine::comm::end_round();
+    }
+    pollfd p{STDIN_FILENO, POLLIN, 0};
+    const int r = ::poll(&p, 1, 50);
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return true;  // read() reports it
+  }
 }
 
 std::optional<std::vector<std::string>> RoundChannel::next(double timeout_s) {

@@ -310,7 +310,8 @@ class Campaign(FaultInjector):
             # Start it again once the survivors have re-formed without it.
             self.wait(lambda: self.last_round()[1] == self.a.hosts - 1, limit, "the survivors to re-form")
             self.start_agent(f["host"])
-        if f["kind"] == "full_disk" and got and "training goes on" in got:
+        if f["kind"] == "full_disk" and got and re.search(r"No space left on device; training goes on",
+                                                          self.new_text(f["mark"])):
             # The save failed and training never stopped (an I/O failure of an
             # async save, fewer than 3 in a row): no round change to wait for.
             f["trained"], f["redone"], f["correct"], f["no_stop"] = f["detected"], 0, True, True

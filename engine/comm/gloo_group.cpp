@@ -16,14 +16,14 @@
 
 namespace dtrain::engine::comm::detail {
 
-void wait_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op) {
+bool wait_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op) {
   c10::intrusive_ptr<c10::ivalue::Future> future;
   try {
     future = work->getFuture();
   } catch (const c10::Error&) {
-    return;  // no future (send, recv): work->wait() as before
+    return false;  // no future (send, recv): wait_p2p_unless_round_ends
   }
-  if (!future) return;
+  if (!future) return false;
   struct Done {
     std::mutex mu;
     std::condition_variable cv;
@@ -42,6 +42,19 @@ void wait_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const ch
     lock.unlock();
     throw_if_round_aborted(op);
     lock.lock();
+  }
+  return true;
+}
+
+void wait_p2p_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op) {
+  // Registered before the round's flag is read: an end_round() after the
+  // read finds the abort registered (Gloo keeps it for the coming wait).
+  RoundEndAbort guard([work] { work->abort(); });
+  throw_if_round_aborted(op);
+  if (!work->wait()) {  // false: aborted (Gloo's waitSend/waitRecv returned without the data)
+    throw_if_round_aborted(op);
+    throw Error(ErrorCode::worker_failed, std::string(op) + " was aborted before it completed",
+                "see the other ranks' errors");
   }
 }
 

@@ -11,6 +11,8 @@
 #include <cstdlib>
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "common/error.h"
@@ -19,9 +21,39 @@ namespace dtrain::engine::comm {
 namespace {
 std::atomic<bool> g_aborted{false};
 std::atomic<int> g_generation{0};  // rounds this process started after its first
+
+// The live RoundEndAborts' callbacks, by id.
+struct Aborts {
+  std::mutex mu;
+  uint64_t next = 0;
+  std::map<uint64_t, std::function<void()>> live;
+};
+Aborts& aborts() {
+  static Aborts* a = new Aborts();  // never destroyed: a detached watcher may use it at exit
+  return *a;
+}
+}  // namespace
+
+void abort_round() {
+  g_aborted.store(true, std::memory_order_release);
+  Aborts& a = aborts();
+  std::lock_guard<std::mutex> lock(a.mu);
+  for (auto& [id, abort] : a.live) abort();
 }
 
-void abort_round() { g_aborted.store(true, std::memory_order_release); }
+RoundEndAbort::RoundEndAbort(std::function<void()> abort) {
+  Aborts& a = aborts();
+  std::lock_guard<std::mutex> lock(a.mu);
+  id_ = a.next++;
+  a.live.emplace(id_, std::move(abort));
+}
+
+RoundEndAbort::~RoundEndAbort() {
+  Aborts& a = aborts();
+  std::lock_guard<std::mutex> lock(a.mu);
+  a.live.erase(id_);
+}
+
 bool round_aborted() { return g_aborted.load(std::memory_order_acquire); }
 void clear_round_abort() {
   g_aborted.store(false, std::memory_order_release);
@@ -69,6 +101,7 @@ int end_round() {
     if (connected_tcp(int(fd)) && ::shutdown(int(fd), SHUT_RDWR) == 0) ++shut;
   }
   ::closedir(dir);
+  abort_round();  // again: a wait registered since the first call
   return shut;
 }
 

@@ -6,10 +6,14 @@
 // no abort).
 #pragma once
 
+#include <cstdint>
+#include <functional>
+
 namespace dtrain::engine::comm {
 
 // Marks the round as over: every shared-memory wait throws within its
-// sleep slice, and TrainSession leaks its groups instead of destroying them.
+// sleep slice, every live RoundEndAbort is called, and TrainSession leaks
+// its groups instead of destroying them.
 void abort_round();
 bool round_aborted();
 // The next round's groups start clean: clears the flag, counts the round.
@@ -27,5 +31,22 @@ void throw_if_round_aborted(const char* where);
 // SIGPIPE is ignored from then on, so a write on a shut socket throws
 // instead of killing the process. Returns how many sockets it shut down.
 int end_round();
+
+// A blocking wait that no socket's shutdown ends (a Gloo send or recv waits
+// on its buffer's condition variable, up to the group's timeout, 300 s by
+// default: seen in a memory copy's send to a node that was gone): while one
+// of these is alive, abort_round() (and so end_round()) calls its `abort`
+// (from the watcher's thread), which wakes the wait (c10d's
+// SendWork/RecvWork::abort).
+class RoundEndAbort {
+ public:
+  explicit RoundEndAbort(std::function<void()> abort);
+  ~RoundEndAbort();
+  RoundEndAbort(const RoundEndAbort&) = delete;
+  RoundEndAbort& operator=(const RoundEndAbort&) = delete;
+
+ private:
+  uint64_t id_;
+};
 
 }  // namespace dtrain::engine::comm

@@ -427,13 +427,15 @@ TEST_CASE("elastic 2:3: a cut host's agent re-joins when its link returns; the j
   constexpr int kRejoinSteps = 100;
   std::vector<std::string> sets = elastic_sets(run_dir);
   // 100 steps of >= 100 ms: round 2 is still training when host 2 is back.
-  // The restart path. In place, round 3 once failed at its first step with
-  // 'Connection closed by peer' (a wait on the SIGTERM poll round 2 left in
-  // flight: fixed, each run has its own now), and once hung at the round 2 -> 3
-  // change (node 0's worker got the notice and never continued; not yet
-  // understood), so this case stays on the restart path until that is found.
+  // In place (the default, set here explicitly): the survivors' workers
+  // train rounds 1, 2 and 3 in their processes. Round 3 once failed at its
+  // first step with 'Connection closed by peer' (a wait on the SIGTERM poll
+  // round 2 left in flight: fixed, each run has its own now). Once, in 10
+  // runs in session 42, it hung at the round 2 -> 3 change (node 0's worker
+  // got the notice and never continued); not seen again in 27 runs
+  // (2026-12-03, 17 of them beside a build), cause unknown.
   sets.insert(sets.end(), {"cluster.rendezvous.rejoin_timeout_s=120", "fault.ms=100",
-                           "train.steps=" + std::to_string(kRejoinSteps), "cluster.recover_in_place=false"});
+                           "train.steps=" + std::to_string(kRejoinSteps), "cluster.recover_in_place=true"});
   std::vector<std::unique_ptr<Child>> agents;
   start_three(agents, [&](int i) {
     return start_agent(i, p.dir / "spec.yaml", sets, p.dir / ("partition_rejoin" + std::to_string(i) + ".log"), tag);

@@ -7,6 +7,8 @@
 #include <ATen/ops/ones.h>
 
 #include <atomic>
+#include <chrono>
+#include <utility>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,6 +74,54 @@ std::vector<std::string> abandoned_all_reduce(bool shm, bool sockets) {
   return errors;
 }
 
+// World 2 over Gloo's TCP: rank 0 waits in a recv from rank 1 (or a send to
+// it, of a tensor larger than the socket buffers), and rank 1, instead of
+// the matching op, sets the round's flag only (no socket is shut). Rank 0's
+// error and how long its wait took, in seconds.
+std::pair<std::string, double> abandoned_p2p(bool send) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::string error;
+  double waited = -1;
+  std::atomic<bool> ready{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      comm::WorldInfo info;
+      info.rank = r;
+      info.world = 2;
+      info.mesh = comm::parse_mesh("dp=2");
+      info.coord = dtrain::mesh::coord_of(info.mesh, r);
+      comm::CommOptions options;
+      options.shm = false;
+      options.timeout_s = 30;  // what the wait would take without the abort
+      std::unique_ptr<comm::Comm> c;
+      try {
+        c = comm::init_comm_with_store(info, store, options);
+        if (r == 0) {
+          at::Tensor t = at::ones({send ? 64 << 20 : 1024});  // 256 MB: more than the sockets hold
+          ready = true;
+          const auto t0 = std::chrono::steady_clock::now();
+          try {
+            (send ? c->world().send(t, 1) : c->world().recv(t, 1))->wait();
+          } catch (const std::exception& e) {
+            error = e.what();
+          }
+          waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        } else {
+          while (!ready) std::this_thread::yield();
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 is in its wait
+          comm::abort_round();
+        }
+      } catch (const std::exception& e) {
+        if (r == 0) error = e.what();
+      }
+      (void)c.release();  // leaked, as TrainSession does after a round abort
+    });
+  for (auto& t : threads) t.join();
+  comm::clear_round_abort();
+  return {error, waited};
+}
+
 // The next round: a fresh world of 2 in this process sums correctly.
 void next_round_works() {
   dtrain::testing::run_world(
@@ -104,6 +154,21 @@ TEST_CASE("round abort: a Gloo all-reduce waiting for a peer leaves on the flag 
   MESSAGE("rank 0 (waiting in the all-reduce): " << errors[0]);
   CHECK(errors[0].find("all_reduce left: the agent announced a new round") != std::string::npos);
   CHECK(errors[1].empty());
+  next_round_works();
+}
+
+// A Gloo send or recv has no future to wait on, and no shut socket wakes
+// its wait (seen: a memory copy's send to a node that was gone waited the
+// group's 300 s): the round's flag aborts it (c10d's SendWork/RecvWork::abort).
+TEST_CASE("round abort: a Gloo recv or send waiting for a peer leaves on the flag, not after the timeout") {
+  for (bool send : {false, true}) {
+    CAPTURE(send);
+    const auto [error, waited] = abandoned_p2p(send);
+    MESSAGE((send ? "send" : "recv") << " waited " << waited << " s (the group's timeout: 30 s): " << error);
+    CHECK(error.find(std::string(send ? "send" : "recv") + " left: the agent announced a new round") !=
+          std::string::npos);
+    CHECK(waited < 10);
+  }
   next_round_works();
 }
 
