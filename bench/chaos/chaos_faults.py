@@ -33,6 +33,18 @@ def is_worker(pid):
     return bool(args) and os.path.basename(args[0].decode(errors="replace")) == "dtrain-worker"
 
 
+def idle_spare(pid):
+    """A warm spare waiting for its rank: its main thread blocks in read(0, ...)
+    (/proc/PID/syscall: number 0 on x86-64, first argument fd 0). A worker that
+    trains never reads stdin on its main thread (in place, a watcher thread does)."""
+    try:
+        with open("/proc/%d/syscall" % pid) as f:
+            fields = f.read().split()
+    except OSError:
+        return False
+    return len(fields) >= 2 and fields[0] == "0" and int(fields[1], 16) == 0
+
+
 def fill(path):
     """Fills the file system holding path (ENOSPC is the point)."""
     block = b"\0" * (1 << 20)
@@ -50,7 +62,9 @@ class FaultInjector:
     metrics, marks(), last_round(), wait() and new_text()."""
 
     def worker_of(self, i):
-        pids = [p for p in netns_pids(i) if is_worker(p)]
+        """The host's training worker, not an idle warm spare (which has the same
+        name: killing one stops no training, so no fault would be named)."""
+        pids = [p for p in netns_pids(i) if is_worker(p) and not idle_spare(p)]
         return pids[0] if pids else None
 
     def throttle(self, pid):
