@@ -7,6 +7,7 @@
 #include <ATen/ops/ones.h>
 
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <utility>
 #include <string>
@@ -33,45 +34,61 @@ namespace comm = dtrain::engine::comm;
 
 namespace {
 
-// World 2: rank 0 all-reduces while rank 1, instead of joining it, ends the
-// round (end_round(), or only the flag) and returns. Each rank's error ("" = none).
-std::vector<std::string> abandoned_all_reduce(bool shm, bool sockets) {
+// Rank r of a world of 2 (dp=2) over `store`; timeout_s: what a wait would
+// take without the abort.
+std::unique_ptr<comm::Comm> rank_of_two(int r, const c10::intrusive_ptr<c10d::HashStore>& store, bool shm,
+                                        double timeout_s = 30) {
+  comm::WorldInfo info;
+  info.rank = r;
+  info.world = 2;
+  info.mesh = comm::parse_mesh("dp=2");
+  info.coord = dtrain::mesh::coord_of(info.mesh, r);
+  comm::CommOptions options;
+  options.shm = shm;
+  options.timeout_s = timeout_s;
+  return comm::init_comm_with_store(info, store, options);
+}
+
+// Runs body(rank, comm) on the 2 ranks of a world as threads; each rank's
+// error ("" = none). The Comms are leaked (sockets shut under them), as
+// TrainSession leaks them after a round abort.
+std::vector<std::string> on_two_ranks(bool shm, const std::function<void(int, comm::Comm&)>& body) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(2);
-  std::atomic<bool> ready{false};
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
-      comm::WorldInfo info;
-      info.rank = r;
-      info.world = 2;
-      info.mesh = comm::parse_mesh("dp=2");
-      info.coord = dtrain::mesh::coord_of(info.mesh, r);
-      comm::CommOptions options;
-      options.shm = shm;
-      options.timeout_s = 30;  // what the op would wait without the abort
       std::unique_ptr<comm::Comm> c;
       try {
-        c = comm::init_comm_with_store(info, store, options);
-        at::Tensor t = at::ones({1024});
-        if (r == 0) {
-          ready = true;
-          c->world().all_reduce(t);
-        } else {
-          while (!ready) std::this_thread::yield();
-          if (sockets)
-            comm::end_round();
-          else
-            comm::abort_round();
-        }
+        c = rank_of_two(r, store, shm);
+        body(r, *c);
       } catch (const std::exception& e) {
         errors[size_t(r)] = e.what();
       }
-      (void)c.release();  // sockets shut under it: leaked, as TrainSession does
+      (void)c.release();
     });
   for (auto& t : threads) t.join();
   comm::clear_round_abort();
   return errors;
+}
+
+// World 2: rank 0 all-reduces while rank 1, instead of joining it, ends the
+// round (end_round(), or only the flag) and returns. Each rank's error ("" = none).
+std::vector<std::string> abandoned_all_reduce(bool shm, bool sockets) {
+  std::atomic<bool> ready{false};
+  return on_two_ranks(shm, [&](int r, comm::Comm& c) {
+    at::Tensor t = at::ones({1024});
+    if (r == 0) {
+      ready = true;
+      c.world().all_reduce(t);
+    } else {
+      while (!ready) std::this_thread::yield();
+      if (sockets)
+        comm::end_round();
+      else
+        comm::abort_round();
+    }
+  });
 }
 
 // World 2 over Gloo's TCP: rank 0 waits in a recv from rank 1 (or a send to
@@ -79,47 +96,27 @@ std::vector<std::string> abandoned_all_reduce(bool shm, bool sockets) {
 // the matching op, sets the round's flag only (no socket is shut). Rank 0's
 // error and how long its wait took, in seconds.
 std::pair<std::string, double> abandoned_p2p(bool send) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::string error;
   double waited = -1;
   std::atomic<bool> ready{false};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      comm::WorldInfo info;
-      info.rank = r;
-      info.world = 2;
-      info.mesh = comm::parse_mesh("dp=2");
-      info.coord = dtrain::mesh::coord_of(info.mesh, r);
-      comm::CommOptions options;
-      options.shm = false;
-      options.timeout_s = 30;  // what the wait would take without the abort
-      std::unique_ptr<comm::Comm> c;
+  const auto errors = on_two_ranks(/*shm=*/false, [&](int r, comm::Comm& c) {
+    if (r == 0) {
+      at::Tensor t = at::ones({send ? 64 << 20 : 1024});  // 256 MB: more than the sockets hold
+      ready = true;
+      const auto t0 = std::chrono::steady_clock::now();
       try {
-        c = comm::init_comm_with_store(info, store, options);
-        if (r == 0) {
-          at::Tensor t = at::ones({send ? 64 << 20 : 1024});  // 256 MB: more than the sockets hold
-          ready = true;
-          const auto t0 = std::chrono::steady_clock::now();
-          try {
-            (send ? c->world().send(t, 1) : c->world().recv(t, 1))->wait();
-          } catch (const std::exception& e) {
-            error = e.what();
-          }
-          waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        } else {
-          while (!ready) std::this_thread::yield();
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 is in its wait
-          comm::abort_round();
-        }
-      } catch (const std::exception& e) {
-        if (r == 0) error = e.what();
+        (send ? c.world().send(t, 1) : c.world().recv(t, 1))->wait();
+      } catch (...) {
+        waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        throw;
       }
-      (void)c.release();  // leaked, as TrainSession does after a round abort
-    });
-  for (auto& t : threads) t.join();
-  comm::clear_round_abort();
-  return {error, waited};
+      waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      while (!ready) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 is in its wait
+      comm::abort_round();
+    }
+  });
+  return {errors[0], waited};
 }
 
 // The next round: a fresh world of 2 in this process sums correctly.
@@ -232,15 +229,8 @@ TEST_CASE("round abort: the SIGTERM poll a round left in flight does not reach t
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
-      comm::WorldInfo info;
-      info.rank = r;
-      info.world = 2;
-      info.mesh = comm::parse_mesh("dp=2");
-      info.coord = dtrain::mesh::coord_of(info.mesh, r);
-      comm::CommOptions options;
-      options.shm = false;
-      options.timeout_s = 5;  // bounds the old poll's wait should no shut socket reach it
-      auto c = comm::init_comm_with_store(info, store, options);
+      // 5 s bounds the old poll's wait should no shut socket reach it.
+      auto c = rank_of_two(r, store, /*shm=*/false, /*timeout_s=*/5);
       if (r == 0) {  // its poll of the step before the round ended
         CHECK(!dtrain::engine::checkpoint::preemption_requested(c->control(), old_poll, /*last=*/false));
         old_control = &c->control();
