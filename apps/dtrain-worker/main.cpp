@@ -98,6 +98,10 @@ void write_error_file(const std::string& message, const std::string& code = "") 
   std::abort();
 }
 
+// How long a worker whose round failed on its own error (config, checkpoint,
+// internal) waits for a notice already on its way before failing.
+constexpr double kNoticeGraceS = 0.5;
+
 // Training, round after round in this process when the agent recovers in
 // place (round_channel.h): a round the agent ends (its notice shuts the
 // sockets, so the pending collective throws) is left, the engine's state
@@ -108,10 +112,6 @@ void write_error_file(const std::string& message, const std::string& code = "") 
 // channel; so does any other failure (may_be_round_change) unless a notice
 // has already come, or (its own error: config, checkpoint, internal) comes
 // within kNoticeGraceS.
-// How long a worker whose round failed on its own error (config, checkpoint,
-// internal) waits for a notice already on its way before failing.
-constexpr double kNoticeGraceS = 0.5;
-
 int train_rounds() {
   auto channel = dtrain::worker::RoundChannel::open_if_enabled();
   if (!channel) return dtrain::engine::trainer::run_training();

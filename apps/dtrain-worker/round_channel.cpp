@@ -50,7 +50,7 @@ void RoundChannel::watch() {
     // round changes in quick succession (a node lost, then one joining) give
     // the worker the newest round, not the one its agent has moved past
     // (whose spec file the agent has already overwritten).
-    if (!wait_for_input_or_taken()) continue;
+    wait_for_input_or_taken();
     ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -88,21 +88,21 @@ void RoundChannel::end_round_with(std::vector<std::string> env) {
   cv_.notify_all();
 }
 
-// True when stdin has data to read. While a notice waits to be taken, it
+// Returns when stdin has data to read (or read() has an error to report).
+// While a notice waits to be taken, it
 // wakes every 50 ms to shut the old round's sockets again (quietly): a
 // training thread setting up the old round may open new ones after a scan,
 // and would wait on them for its store's timeout.
-bool RoundChannel::wait_for_input_or_taken() {
+void RoundChannel::wait_for_input_or_taken() {
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!pending_) return true;  // nothing to take: block in read()
+      if (!pending_) return;  // nothing to take: block in read()
       engine::comm::end_round();
     }
     pollfd p{STDIN_FILENO, POLLIN, 0};
     const int r = ::poll(&p, 1, 50);
-    if (r > 0) return true;
-    if (r < 0 && errno != EINTR) return true;  // read() reports it
+    if (r > 0 || (r < 0 && errno != EINTR)) return;  // data, or an error read() reports
   }
 }
 

@@ -44,7 +44,7 @@ class RoundChannel {
  private:
   void watch();  // the watcher thread: reads messages, ends the round on each
   void end_round_with(std::vector<std::string> env);
-  bool wait_for_input_or_taken();
+  void wait_for_input_or_taken();
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -168,10 +168,11 @@ double collect(bool wait, bool tolerate, const TrainState& s) {
     std::rethrow_exception(f.error);
   } catch (const std::exception& e) {
     if (s.info->rank == 0) {
+      const std::string what = e.what();
       const std::string latest = dtrain::checkpoint::latest_dir(s.spec->checkpoint.dir);
       DTRAIN_ERROR("checkpoint of step {} failed: {}; training goes on ({}; {} failed save(s) in a row, the job "
                    "stops at {}; the next save {} tries again)",
-                   f.save.step, std::string(e.what()).substr(0, std::string(e.what()).find('\n')),
+                   f.save.step, what.substr(0, what.find('\n')),
                    latest.empty() ? "no checkpoint exists yet" : "latest stays " + latest, f.failed_in_row,
                    kMaxFailedSaves,
                    s.spec->checkpoint.every > 0 ? "at step " + std::to_string(f.save.step + s.spec->checkpoint.every)

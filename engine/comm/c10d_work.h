@@ -26,13 +26,11 @@ c10d::ReduceOp to_c10d(ReduceOp op);
 // checkpoint's barrier after a round change; c10d's wait() has no way out).
 // So the op's future signals a condition variable, and the wait checks the
 // round's flag every 50 ms. Then work->wait() gives the op's result or
-// error. Ops without a future (point-to-point) wait as before.
-// Returns false for an op without a future (point-to-point), which it leaves
-// to wait_p2p_unless_round_ends.
-bool wait_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op);
-// A send's or recv's work->wait(), ended by the round's end (end_round
-// aborts it: c10d's SendWork/RecvWork::abort); then it throws worker_failed.
-void wait_p2p_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op);
+// error. An op without a future (send, recv) waits in work->wait() with a
+// RoundEndAbort that aborts it when the round ends (c10d's
+// SendWork/RecvWork::abort: no shut socket wakes that wait either).
+// Either way: the op's result, its error, or worker_failed when the round ends.
+void wait_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op);
 
 class DoneWork : public Work {
  public:
@@ -53,8 +51,8 @@ class C10dWork : public Work {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
     try {
-      if (abortable_ && !wait_unless_round_ends(work_, op_.c_str()))
-        wait_p2p_unless_round_ends(work_, op_.c_str());
+      if (abortable_)
+        wait_unless_round_ends(work_, op_.c_str());
       else
         work_->wait();
     } catch (...) {

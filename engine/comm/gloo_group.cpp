@@ -16,14 +16,30 @@
 
 namespace dtrain::engine::comm::detail {
 
-bool wait_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op) {
+namespace {
+
+// A send's or recv's wait (no future): aborted when the round ends.
+void wait_p2p_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op) {
+  // Registered before the round's flag is read: an end_round() after the
+  // read finds the abort registered (Gloo keeps it for the coming wait).
+  RoundEndAbort guard([work] { work->abort(); });
+  throw_if_round_aborted(op);
+  if (!work->wait()) {  // false: aborted (Gloo's waitSend/waitRecv returned without the data)
+    throw_if_round_aborted(op);
+    throw Error(ErrorCode::worker_failed, std::string(op) + " was aborted before it completed",
+                "see the other ranks' errors");
+  }
+}
+
+}  // namespace
+
+void wait_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op) {
   c10::intrusive_ptr<c10::ivalue::Future> future;
   try {
     future = work->getFuture();
   } catch (const c10::Error&) {
-    return false;  // no future (send, recv): wait_p2p_unless_round_ends
   }
-  if (!future) return false;
+  if (!future) return wait_p2p_unless_round_ends(work, op);  // send, recv
   struct Done {
     std::mutex mu;
     std::condition_variable cv;
@@ -43,19 +59,8 @@ bool wait_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const ch
     throw_if_round_aborted(op);
     lock.lock();
   }
-  return true;
-}
-
-void wait_p2p_unless_round_ends(const c10::intrusive_ptr<c10d::Work>& work, const char* op) {
-  // Registered before the round's flag is read: an end_round() after the
-  // read finds the abort registered (Gloo keeps it for the coming wait).
-  RoundEndAbort guard([work] { work->abort(); });
-  throw_if_round_aborted(op);
-  if (!work->wait()) {  // false: aborted (Gloo's waitSend/waitRecv returned without the data)
-    throw_if_round_aborted(op);
-    throw Error(ErrorCode::worker_failed, std::string(op) + " was aborted before it completed",
-                "see the other ranks' errors");
-  }
+  lock.unlock();
+  work->wait();  // the op's result or error
 }
 
 namespace {
@@ -247,7 +252,6 @@ void GlooGroup::barrier() {
   try {
     auto work = pg_->barrier();
     wait_unless_round_ends(work, "barrier");
-    work->wait();
   } catch (...) {
     rethrow_comm_error(name_, "barrier");
   }
