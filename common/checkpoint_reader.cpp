@@ -107,18 +107,22 @@ void CheckpointReader::check_headers() {
 }
 
 std::vector<uint8_t> CheckpointReader::read_shard(const TensorEntry& t, const Shard& s) {
+  std::vector<uint8_t> buf(shard_info(t, s).nbytes());  // bounded by the file's size (safetensors::File)
+  read_shard_into(t, s, buf.data());
+  return buf;
+}
+
+void CheckpointReader::read_shard_into(const TensorEntry& t, const Shard& s, void* dst) {
   safetensors::File& f = file(s.file);
   const safetensors::TensorInfo& info = shard_info(t, s);
-  std::vector<uint8_t> buf(info.nbytes());  // bounded by the file's size (safetensors::File)
-  f.read(info, buf.data());
-  const uint32_t crc = crc32c(buf.data(), buf.size());
+  f.read(info, dst);
+  const uint32_t crc = crc32c(dst, info.nbytes());
   if (crc != s.crc32c) {
     char msg[64];
     std::snprintf(msg, sizeof msg, "checksum mismatch: crc32c %08x, index says %08x", crc, s.crc32c);
     fail(f.path() + ": tensor " + t.name + ": " + msg,
          "the file is corrupt (bit flip or partial copy); use another checkpoint");
   }
-  return buf;
 }
 
 void CheckpointReader::read_region(const std::string& name, const std::vector<Range>& region, void* dst) {
@@ -138,6 +142,11 @@ void CheckpointReader::read_region(const std::string& name, const std::vector<Ra
       n *= in[d].second - in[d].first;
     }
     if (empty && !region.empty()) continue;
+    if (!region.empty() && in == region && in == s.slice) {  // the shard is the region: read in place
+      read_shard_into(t, s, dst);
+      got = want;
+      break;
+    }
     std::vector<uint8_t> buf = read_shard(t, s);
     copy_intersection(buf.data(), s.slice, static_cast<uint8_t*>(dst), region, in, elem);
     got += region.empty() ? 1 : n;

@@ -48,6 +48,9 @@ class CheckpointReader {
   const safetensors::TensorInfo& shard_info(const TensorEntry& t, const Shard& s);
   // Reads one shard's bytes and checks its dtype, shape and checksum.
   std::vector<uint8_t> read_shard(const TensorEntry& t, const Shard& s);
+  // The same into dst (shard_info's nbytes); on a checksum mismatch dst
+  // holds the bad bytes and it throws.
+  void read_shard_into(const TensorEntry& t, const Shard& s, void* dst);
   std::string dir_;
   Index index_;
   std::map<std::string, std::unique_ptr<safetensors::File>> files_;

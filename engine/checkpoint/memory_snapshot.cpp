@@ -9,12 +9,19 @@
 #include "engine/comm/round_abort.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -239,8 +246,9 @@ std::vector<Held> held_here(const std::string& root) {
 }
 
 struct Holder {
-  int rank = -1;  // new rank whose node holds the shard
+  int rank = -1;  // new rank whose node holds the shard: the one that sends it
   bool peer = false;
+  std::vector<int> here;  // every new rank whose node holds it (they read it there)
 };
 
 // Every rank's holdings -> step -> old rank -> holder (an own copy before a
@@ -260,9 +268,132 @@ std::map<int64_t, std::map<int64_t, Holder>> gather_holdings(const TrainState& s
       if (h[0] < 0) continue;
       (*worlds)[h[0]] = h[2];
       Holder& got = out[h[0]][h[1]];
-      if (got.rank < 0 || (got.peer && h[3] == 0)) got = {q, h[3] != 0};
+      if (got.rank < 0 || (got.peer && h[3] == 0)) {
+        got.rank = q;
+        got.peer = h[3] != 0;
+      }
+      got.here.push_back(q);
     }
   return out;
+}
+
+// A file of the node's RAM directory mapped, so that a restore sends a held
+// shard and receives a missing one without copying it in between: read-only
+// (an existing file) or a new file of n bytes reserved up front (a full
+// /dev/shm is an error here, not a SIGBUS on a page later).
+class Mapped {
+ public:
+  static Mapped open_read(const std::string& path) {
+    Mapped m(path, ::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    if (::fstat(m.fd_, &st) != 0) m.fail("cannot stat");
+    m.map(size_t(st.st_size), PROT_READ);
+    return m;
+  }
+  static Mapped create(const std::string& path, size_t n) {
+    Mapped m(path, ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (n > 0) {
+      const int err = ::posix_fallocate(m.fd_, 0, off_t(n));
+      if (err != 0) {
+        errno = err;
+        m.fail("cannot reserve " + std::to_string(n) + " bytes for");
+      }
+    }
+    m.map(n, PROT_READ | PROT_WRITE);
+    return m;
+  }
+  Mapped(Mapped&& o) noexcept : path_(std::move(o.path_)), fd_(o.fd_), data_(o.data_), n_(o.n_) {
+    o.fd_ = -1;
+    o.data_ = nullptr;
+  }
+  Mapped& operator=(Mapped&&) = delete;
+  ~Mapped() {
+    if (data_ != nullptr) ::munmap(data_, n_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  at::Tensor bytes() const {  // [n] uint8 over the mapping (empty for an empty file)
+    return n_ == 0 ? at::empty({0}, at::kByte) : at::from_blob(data_, {int64_t(n_)}, at::kByte);
+  }
+
+ private:
+  Mapped(std::string path, int fd) : path_(std::move(path)), fd_(fd) {
+    if (fd_ < 0) fail("cannot open");
+  }
+  void map(size_t n, int prot) {
+    n_ = n;
+    if (n == 0) return;
+    void* p = ::mmap(nullptr, n, prot, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) fail("cannot map");
+    data_ = p;
+  }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(ErrorCode::checkpoint, what + " the in-memory copy " + path_ + ": " + std::strerror(errno),
+                "is /dev/shm full? free memory or lower checkpoint.memory.replicas");
+  }
+  std::string path_;
+  int fd_ = -1;
+  void* data_ = nullptr;
+  size_t n_ = 0;
+};
+
+bool holds(const Holder& h, int rank) { return std::find(h.here.begin(), h.here.end(), rank) != h.here.end(); }
+
+// Every old rank's file of step `held` into `dir`: a rank whose node holds
+// the file links it (no copy); each other rank receives it from the file's
+// holder, point to point, all transfers in flight at once. A broadcast would
+// send every file to every node and make each write it again.
+void gather_shards(comm::Group& g, const std::map<int64_t, Holder>& shards, const std::string& held,
+                   const std::string& dir) {
+  const int me = g.rank();
+  constexpr int kTagBase = 4096;  // far below comm::kMaxUserTag; two per old rank (size, bytes)
+  struct Incoming {
+    int64_t r;
+    at::Tensor size;
+    std::unique_ptr<Mapped> file;  // <dir>/.<name>.tmp<rank>, renamed once received
+    comm::WorkPtr work;
+  };
+  std::vector<Incoming> incoming;
+  std::vector<std::unique_ptr<Mapped>> sent;  // mapped until their sends complete
+  std::vector<at::Tensor> outgoing;
+  std::vector<comm::WorkPtr> sends;
+  for (const auto& [r, h] : shards) {
+    const int tag = kTagBase + 2 * int(r);
+    if (holds(h, me)) {
+      std::error_code ec;
+      fs::create_hard_link(held + "/" + rank_name(r), dir + "/" + rank_name(r), ec);
+      if (ec) fs::copy_file(held + "/" + rank_name(r), dir + "/" + rank_name(r));  // throws naming both
+    } else {
+      Incoming in{r, at::empty({1}, at::kLong), nullptr, {}};
+      in.work = g.recv(in.size, h.rank, tag);
+      incoming.push_back(std::move(in));
+    }
+    if (h.rank != me) continue;
+    at::Tensor data;  // read once, sent to every rank whose node lacks it
+    for (int q = 0; q < g.size(); ++q) {
+      if (holds(h, q)) continue;
+      if (!data.defined()) {
+        sent.push_back(std::make_unique<Mapped>(Mapped::open_read(held + "/" + rank_name(r))));
+        data = sent.back()->bytes();
+        outgoing.push_back(at::full({1}, data.numel(), at::kLong));
+        outgoing.push_back(data);
+      }
+      sends.push_back(g.send(outgoing[outgoing.size() - 2], q, tag));
+      sends.push_back(g.send(data, q, tag + 1));
+    }
+  }
+  const auto tmp_of = [&](int64_t r) { return dir + "/." + rank_name(r) + ".tmp" + std::to_string(me); };
+  for (auto& in : incoming) {
+    in.work->wait();
+    in.file = std::make_unique<Mapped>(Mapped::create(tmp_of(in.r), size_t(in.size.item<int64_t>())));
+    at::Tensor data = in.file->bytes();
+    in.work = g.recv(data, shards.at(in.r).rank, kTagBase + 2 * int(in.r) + 1);
+  }
+  for (auto& in : incoming) {
+    in.work->wait();
+    in.file.reset();  // unmapped and closed: the bytes are in the file
+    fs::rename(tmp_of(in.r), dir + "/" + rank_name(in.r));
+  }
+  for (auto& w : sends) w->wait();
 }
 
 }  // namespace
@@ -271,6 +402,7 @@ int64_t restore_from_memory(const TrainState& s, int64_t disk_step) {
   const auto t0 = std::chrono::steady_clock::now();
   std::map<int64_t, int64_t> worlds;
   const auto holdings = gather_holdings(s, &worlds);
+  const auto t_agreed = std::chrono::steady_clock::now();  // every rank is here
   int64_t step = -1;
   std::string missing;  // of the newest step that memory holds only in part
   for (auto it = holdings.rbegin(); it != holdings.rend() && it->first >= disk_step; ++it) {
@@ -297,11 +429,8 @@ int64_t restore_from_memory(const TrainState& s, int64_t disk_step) {
   fs::create_directories(dir);
   const std::string held = step_path(s.info->memory_dir, step);
   const auto& shards = holdings.at(step);
-  for (const auto& [r, h] : shards) {
-    at::Tensor data = h.rank == s.info->rank ? read_bytes(held + "/" + rank_name(r)) : at::Tensor();
-    data = broadcast_bytes(*s.control, data, h.rank);
-    write_atomic(dir, rank_name(r), data.data_ptr(), size_t(data.numel()), s.info->rank);
-  }
+  gather_shards(*s.control, shards, held, dir);
+  const auto t_gathered = std::chrono::steady_clock::now();
   const int header_from = shards.begin()->second.rank;
   at::Tensor header = header_from == s.info->rank ? read_bytes(held + "/header.json") : at::Tensor();
   header = broadcast_bytes(*s.control, header, header_from);
@@ -309,6 +438,7 @@ int64_t restore_from_memory(const TrainState& s, int64_t disk_step) {
                                                        size_t(header.numel())),
                                            held + "/header.json"));
   const int64_t got = load(s, dir);
+  const auto t_loaded = std::chrono::steady_clock::now();
   remove_quietly(dir);
   s.control->barrier();  // every holder has sent its shards
   drop_newer(s.info->memory_dir, step);
@@ -316,9 +446,12 @@ int64_t restore_from_memory(const TrainState& s, int64_t disk_step) {
     for (const auto& [r, h] : shards)
       DTRAIN_INFO("restored step {} of rank {} from {} memory on node {}", step, r, h.peer ? "peer" : "its own node's",
                   l.node[size_t(h.rank)]);
-    DTRAIN_INFO("resuming from step {} (in-memory copies; disk has {}) in {:.3f} s", got,
+    const auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    DTRAIN_INFO("resuming from step {} (in-memory copies; disk has {}) in {:.3f} s: {:.3f} s until every rank "
+                "was here, {:.3f} s gathering the files, {:.3f} s loading", got,
                 disk_step < 0 ? "none" : "step " + std::to_string(disk_step),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                secs(t0, std::chrono::steady_clock::now()), secs(t0, t_agreed), secs(t_agreed, t_gathered),
+                secs(t_gathered, t_loaded));
   }
   return got;
 }

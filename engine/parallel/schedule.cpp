@@ -4,6 +4,7 @@
 #include "engine/parallel/schedule.h"
 
 #include "common/timeline.h"
+#include "engine/comm/round_abort.h"
 #include "engine/comm/traced_group.h"
 #include "engine/parallel/autocast_scope.h"
 
@@ -25,12 +26,15 @@ class NoPipeline : public Schedule {
       batches.micro_batch(micro, inputs_, targets_);  // [B, T] each
       parts.model->set_dropout_position({options.seed, options.step, batches.global_rows(), batches.row_begin(micro)});
       at::Tensor loss;
+      // A round the agent ended: leave now, not at the step's next wait.
+      comm::throw_if_round_aborted("the step's forward");
       comm::trace_phase(trace::Phase::forward);
       {
         timeline::Scope span(timeline::Kind::forward, micro);
         AutocastScope autocast(type, options.bf16);
         loss = parts.model->loss(inputs_, targets_);  // [] fp32 mean over B*T
       }
+      comm::throw_if_round_aborted("the step's backward");
       comm::trace_phase(trace::Phase::backward);
       {
         timeline::Scope span(timeline::Kind::backward, micro);

@@ -9,6 +9,9 @@
 #include <ATen/ops/full.h>
 
 #include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "engine/doctor/engine_facts.h"
 
@@ -26,7 +29,14 @@ DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int loca
   // Short: every worker start pays it. bf16 on a CPU without bf16 units runs
   // at a few GFLOP/s, so its matrix is smaller.
   const int n = !device.is_cpu() ? 4096 : dtype == at::kBFloat16 ? 256 : 512;
-  p.measured_gflops = doctor::measure_gemm_gflops(dtype, n, device.is_cpu() ? 0.06 : 0.3, device);
+  // Once per process and kind: a worker that recovers in place (a new round,
+  // the same device) keeps its first figure and starts training sooner.
+  static std::map<std::pair<int, std::string>, double> measured;
+  const auto key = std::make_pair(int(dtype), device.str());
+  auto it = measured.find(key);
+  if (it == measured.end())
+    it = measured.emplace(key, doctor::measure_gemm_gflops(dtype, n, device.is_cpu() ? 0.06 : 0.3, device)).first;
+  p.measured_gflops = it->second;
   cpu_set_t set;
   CPU_ZERO(&set);
   p.cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : int(::sysconf(_SC_NPROCESSORS_ONLN));

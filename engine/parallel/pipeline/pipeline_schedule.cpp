@@ -26,6 +26,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/timeline.h"
+#include "engine/comm/round_abort.h"
 #include "engine/comm/traced_group.h"
 #include "engine/parallel/autocast_scope.h"
 #include "engine/parallel/pipeline/split_backward.h"
@@ -169,6 +170,7 @@ class Pipeline : public Schedule {
     };
     post_ahead();
     for (const Action& a : actions_) {
+      comm::throw_if_round_aborted("the pipeline schedule");  // a round the agent ended: leave at once
       const int64_t action_begin = timeline::recording() ? timeline::now_ns() : 0;
       Micro& m = micro[{a.micro, a.chunk}];
       const bool first = stage_.first(a.chunk), last = stage_.last(a.chunk);

@@ -4,6 +4,7 @@
 // another model is refused with the tensor and both shapes.
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randn_like.h>
@@ -118,5 +119,47 @@ TEST_CASE("engine checkpoint: save, then load restores everything bit for bit") 
     CHECK(msg.find("tensor model/wte.weight is F32 [256, 16] in the checkpoint but F32 [256, 32] in the model") !=
           std::string::npos);
   }
+  fs::remove_all(dir);
+}
+
+// take_snapshot's host copies (checkpoint.cpp's pool): they never alias the
+// live state, hold the state as of the snapshot, and a set no save or copy
+// holds any more is written again instead of a new one allocated.
+TEST_CASE("engine checkpoint: snapshot copies are the state of their step and reuse freed buffers") {
+  const std::string dir = fs::temp_directory_path() / ("dtrain-ckpt-snap-" + std::to_string(::getpid()));
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  Rig rig(dir, 16, store);
+  rig.train_a_bit(1);
+  const auto first_param = [&](const checkpoint::detail::PreparedSave& p) {
+    for (size_t i = 0; i < p.shards.size(); ++i)
+      if (p.shards[i].entry.name == "model/" + rig.params[0].first) return p.keep[i];
+    FAIL("no model/" << rig.params[0].first << " in the snapshot");
+    return at::Tensor();
+  };
+  const at::Tensor live = rig.params[0].second;
+  auto a = checkpoint::detail::take_snapshot(rig.state(), 1);
+  at::Tensor a0 = first_param(a);
+  CHECK(a0.data_ptr() != live.data_ptr());
+  CHECK(at::equal(a0, live));
+  const at::Tensor at_1 = live.detach().clone();
+
+  rig.train_a_bit(1);  // a held snapshot keeps step 1's numbers; a second one is another set
+  CHECK(at::equal(a0, at_1));
+  CHECK(!at::equal(live, at_1));
+  auto b = checkpoint::detail::take_snapshot(rig.state(), 2);
+  const at::Tensor b0 = first_param(b);
+  CHECK(b0.data_ptr() != a0.data_ptr());
+  CHECK(at::equal(b0, live));
+
+  const void* freed = a0.data_ptr();  // a's set, once nothing but the pool holds it, is reused
+  a = {};
+  a0 = at::Tensor();
+  const at::Tensor blocker = at::empty_like(live);  // where malloc would put a freed copy again
+  rig.train_a_bit(1);
+  auto c = checkpoint::detail::take_snapshot(rig.state(), 3);
+  const at::Tensor c0 = first_param(c);
+  CHECK(c0.data_ptr() == freed);
+  CHECK(at::equal(c0, live));
+  CHECK(!at::equal(b0, live));  // b still holds step 2
   fs::remove_all(dir);
 }
