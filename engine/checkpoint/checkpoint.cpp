@@ -19,7 +19,9 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <future>
 #include <mutex>
+#include <thread>
 #include <unistd.h>
 
 #include "common/checkpoint_dir.h"
@@ -228,16 +230,14 @@ bool alike(const std::vector<at::Tensor>& set, const std::vector<at::Tensor>& li
   return true;
 }
 
-// Copies of `live` (contiguous CPU tensors) that alias nothing live.
-std::vector<at::Tensor> host_copies(const std::vector<at::Tensor>& live) {
+// Buffers for copies of `live` (CPU tensors), contiguous, aliasing nothing
+// live: a free pooled set, or a new one (pooled while there is room).
+std::vector<at::Tensor> host_buffers(const std::vector<at::Tensor>& live) {
   auto& pool = snapshot_pool();
   for (auto& set : pool)
-    if (alike(set, live) && unused(set)) {
-      for (size_t i = 0; i < live.size(); ++i) set[i].copy_(live[i]);
-      return set;
-    }
+    if (alike(set, live) && unused(set)) return set;
   std::vector<at::Tensor> fresh;
-  for (const auto& t : live) fresh.push_back(t.clone(at::MemoryFormat::Contiguous));
+  for (const auto& t : live) fresh.push_back(at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous)));
   if (pool.size() < kPooledSets) {
     pool.push_back(fresh);
   } else {
@@ -248,6 +248,35 @@ std::vector<at::Tensor> host_copies(const std::vector<at::Tensor>& live) {
       }
   }
   return fresh;
+}
+
+// The host copies being taken in the background, for wait_for_host_copies
+// (the training thread's only).
+std::vector<std::shared_future<void>>& copies_in_flight() {
+  static std::vector<std::shared_future<void>> v;
+  return v;
+}
+
+// Copies from[i] into to[i] on a thread of its own; the references are
+// dropped when it is done (the pool sees the buffers free once every writer
+// has dropped them too).
+std::shared_future<void> copy_in_background(std::vector<at::Tensor> from, std::vector<at::Tensor> to) {
+  auto task = std::make_shared<std::packaged_task<void()>>([from = std::move(from), to = std::move(to)]() mutable {
+    for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+    from.clear();
+    to.clear();
+  });
+  std::shared_future<void> done = task->get_future().share();
+  std::thread([task] { (*task)(); }).detach();
+  copies_in_flight().push_back(done);
+  return done;
+}
+
+// Whether this rank's host copies may be taken while the next step runs:
+// its state says it stays put until the optimizer (StateProvider), lives in
+// host memory and is not paged by an offload store.
+bool copy_while_training(const TrainState& s) {
+  return s.state->stable_until_optimizer() && s.optimizer->offload_store() == nullptr;
 }
 
 PreparedSave snapshot(const TrainState& s, const std::vector<parallel::StateEntry>& entries, int64_t step,
@@ -266,10 +295,15 @@ PreparedSave snapshot(const TrainState& s, const std::vector<parallel::StateEntr
         live.push_back(i);
         tensors.push_back(p.keep[i]);
       }
-    const std::vector<at::Tensor> copies = host_copies(tensors);
+    const std::vector<at::Tensor> copies = host_buffers(tensors);
     for (size_t j = 0; j < live.size(); ++j) {
       p.keep[live[j]] = copies[j];
       p.shards[live[j]].data = copies[j].data_ptr();
+    }
+    if (copy_while_training(s)) {
+      p.copied = copy_in_background(std::move(tensors), copies);
+    } else {
+      for (size_t j = 0; j < live.size(); ++j) p.keep[live[j]].copy_(tensors[j]);
     }
   }
   if (s.info->rank == 0) p.index = index_header(s, step);  // the state as of this step
@@ -297,12 +331,14 @@ PreparedSave take_snapshot(const TrainState& s, int64_t step) {
 }
 
 std::string first_nonfinite_copy(const PreparedSave& p) {
+  wait_copied(p);
   std::vector<parallel::StateEntry> entries;
   for (size_t i = 0; i < p.keep.size(); ++i) entries.push_back({p.shards[i].entry.name, {}, {}, p.keep[i], ""});
   return first_nonfinite(entries);
 }
 
 uint64_t write_prepared(PreparedSave& p) {
+  wait_copied(p);
   const uint64_t bytes = ck::write_rank_file(p.dir, p.file, std::move(p.shards), p.options);
   p.shards.clear();
   p.keep.clear();  // the host copies are written: free them
@@ -324,7 +360,25 @@ void commit_prepared(const TrainState& s, PreparedSave& p) {
   s.control->barrier();  // committed: nobody runs ahead of `latest`
 }
 
+void wait_copied(const PreparedSave& p) {
+  if (p.copied.valid()) p.copied.get();
+}
+
 }  // namespace detail
+
+double wait_for_host_copies() {
+  auto& copies = detail::copies_in_flight();
+  if (copies.empty()) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool waited = false;
+  for (const auto& c : copies)
+    if (c.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      waited = true;
+      c.wait();  // a failed copy is the writers' to report (wait_copied)
+    }
+  copies.clear();
+  return waited ? std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() : 0.0;
+}
 
 SaveStats save(const TrainState& s, int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();

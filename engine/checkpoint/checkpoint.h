@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 #include <utility>
@@ -125,6 +126,13 @@ struct StepSave {
                                // reported at the step its writer is found finished (-1: none)
 };
 StepSave after_step(const TrainState& s, int64_t steps_done, bool step_finite);
+// Training thread, before anything changes the state (the gradient sync's
+// finish, the optimizer): waits for the host copies of a checkpoint or
+// in-memory copy still being taken in the background (a state whose
+// StateProvider is stable_until_optimizer, on a CPU, is copied while the
+// next step's forward and backward run). Returns the milliseconds waited:
+// the step loop stopped for a checkpoint, not the step's own time.
+double wait_for_host_copies();
 
 // The pieces of save(), shared with the asynchronous save.
 namespace detail {
@@ -135,7 +143,13 @@ struct PreparedSave {
   std::vector<dtrain::checkpoint::ShardData> shards;
   dtrain::checkpoint::Index index;          // rank 0: the header as of `step`
   safetensors::WriteOptions options;        // the crash_during_save fault
+  // Valid when the host copies are being taken in the background (they are
+  // complete once it is ready; its get() rethrows a failed copy): every
+  // reader of `keep` waits for it (wait_copied).
+  std::shared_future<void> copied;
 };
+// Blocks until p's host copies are complete (at once when they were taken in place).
+void wait_copied(const PreparedSave& p);
 // Collective: the finiteness check, step_<N>.tmp made, host copies taken
 // (`copy`: never aliasing live CPU tensors, for a write that overlaps training).
 PreparedSave prepare_save(const TrainState& s, int64_t step, bool copy);

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <system_error>
 
@@ -117,19 +118,86 @@ int peer_rank(const Layout& l, int rank, int d) {
   return -1;
 }
 
-// Sends `data` to `to` while receiving `from`'s bytes (two tags: size, bytes).
-at::Tensor exchange(comm::Group& g, const at::Tensor& data, int to, int from, int tag) {
+// A file of the node's RAM directory mapped, so that a restore sends a held
+// shard and receives a missing one without copying it in between: read-only
+// (an existing file) or a new file of n bytes reserved up front (a full
+// /dev/shm is an error here, not a SIGBUS on a page later).
+class Mapped {
+ public:
+  static Mapped open_read(const std::string& path) {
+    Mapped m(path, ::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    if (::fstat(m.fd_, &st) != 0) m.fail("cannot stat");
+    m.map(size_t(st.st_size), PROT_READ);
+    return m;
+  }
+  static Mapped create(const std::string& path, size_t n) {
+    Mapped m(path, ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (n > 0) {
+      const int err = ::posix_fallocate(m.fd_, 0, off_t(n));
+      if (err != 0) {
+        errno = err;
+        m.fail("cannot reserve " + std::to_string(n) + " bytes for");
+      }
+    }
+    m.map(n, PROT_READ | PROT_WRITE);
+    return m;
+  }
+  Mapped(Mapped&& o) noexcept : path_(std::move(o.path_)), fd_(o.fd_), data_(o.data_), n_(o.n_) {
+    o.fd_ = -1;
+    o.data_ = nullptr;
+  }
+  Mapped& operator=(Mapped&&) = delete;
+  ~Mapped() {
+    if (data_ != nullptr) ::munmap(data_, n_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  at::Tensor bytes() const {  // [n] uint8 over the mapping (empty for an empty file)
+    return n_ == 0 ? at::empty({0}, at::kByte) : at::from_blob(data_, {int64_t(n_)}, at::kByte);
+  }
+
+ private:
+  Mapped(std::string path, int fd) : path_(std::move(path)), fd_(fd) {
+    if (fd_ < 0) fail("cannot open");
+  }
+  void map(size_t n, int prot) {
+    n_ = n;
+    if (n == 0) return;
+    void* p = ::mmap(nullptr, n, prot, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) fail("cannot map");
+    data_ = p;
+  }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(ErrorCode::checkpoint, what + " the in-memory copy " + path_ + ": " + std::strerror(errno),
+                "is /dev/shm full? free memory or lower checkpoint.memory.replicas");
+  }
+  std::string path_;
+  int fd_ = -1;
+  void* data_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Sends `data` to `to` while receiving `from`'s bytes (two tags: size,
+// bytes) straight into <dir>/<name>: a mapped file under a name of this
+// rank's, renamed once whole, after `before_rename` (the peer mark).
+void exchange_into(comm::Group& g, const at::Tensor& data, int to, int from, int tag, const std::string& dir,
+                   const std::string& name, int rank, const std::function<void()>& before_rename) {
   at::Tensor size_out = at::full({1}, data.numel(), at::kLong), size_in = at::empty({1}, at::kLong);
   auto a = g.send(size_out, to, tag);
   auto b = g.recv(size_in, from, tag);
   a->wait();
   b->wait();
-  at::Tensor in = at::empty({size_in.item<int64_t>()}, at::kByte);
-  a = g.send(data, to, tag + 1);
-  b = g.recv(in, from, tag + 1);
-  a->wait();
-  b->wait();
-  return in;
+  const std::string tmp = dir + "/." + name + ".tmp" + std::to_string(rank);
+  {
+    Mapped in = Mapped::create(tmp, size_t(size_in.item<int64_t>()));
+    at::Tensor bytes = in.bytes();
+    a = g.send(data, to, tag + 1);
+    b = g.recv(bytes, from, tag + 1);
+    a->wait();
+    b->wait();
+  }
+  before_rename();
+  fs::rename(tmp, dir + "/" + name);
 }
 
 // `root`'s bytes on every rank.
@@ -174,10 +242,12 @@ MemoryCopy prepare_memory_copy(const TrainState& s, int64_t step, const Prepared
   if (host != nullptr) {  // shared: the tensors are refcounted, and neither writer changes them
     c.keep = host->keep;
     c.shards = host->shards;
+    c.copied = host->copied;
   } else {
     PreparedSave p = take_snapshot(s, step);  // never aliasing live tensors: training goes on
     c.keep = std::move(p.keep);
     c.shards = std::move(p.shards);
+    c.copied = p.copied;
   }
   c.index = index_of(s, step);
   const Layout& l = layout(s);
@@ -193,6 +263,7 @@ uint64_t write_memory_copy(comm::Group& g, MemoryCopy& c) {
   {
     const std::string tmp = dir + "/.tmp_rank_" + std::to_string(rank);
     fs::create_directories(tmp);
+    if (c.copied.valid()) c.copied.get();  // the host copies, taken in the background, are complete
     ck::write_rank_file(tmp, rank_name(rank), std::move(c.shards));
     c.shards.clear();
     c.keep.clear();  // written: the host copies can go
@@ -202,21 +273,24 @@ uint64_t write_memory_copy(comm::Group& g, MemoryCopy& c) {
   }
   const std::string header = ck::index_to_json(c.index);
   write_atomic(dir, "header.json", header.data(), header.size(), rank);
-  const at::Tensor data = read_bytes(dir + "/" + rank_name(rank));
+  const Mapped mine = Mapped::open_read(dir + "/" + rank_name(rank));  // sent as it lies in RAM
+  const at::Tensor data = mine.bytes();
   int tag = 2;
   for (const auto& [to, from] : c.peers) {
-    const at::Tensor in = exchange(g, data, to, from, tag);
+    const int peer = from;
+    exchange_into(g, data, to, from, tag, dir, rank_name(from), rank, [&] {
+      write_atomic(dir, peer_mark(peer), "", 0, rank);  // before the file: a copy is never taken for its own
+    });
     tag += 2;
-    write_atomic(dir, peer_mark(from), "", 0, rank);  // before the file: a copy is never taken for its own
-    write_atomic(dir, rank_name(from), in.data_ptr(), size_t(in.numel()), rank);
   }
+  const uint64_t bytes = uint64_t(data.numel());
   g.barrier();  // step `step` is complete on every node: the older ones can go
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(c.root, ec)) {
     const int64_t n = step_of(e.path().filename().string());
     if (n >= 0 && n < c.step) remove_quietly(e.path().string());
   }
-  return uint64_t(data.numel());
+  return bytes;
 }
 
 }  // namespace detail
@@ -276,65 +350,6 @@ std::map<int64_t, std::map<int64_t, Holder>> gather_holdings(const TrainState& s
     }
   return out;
 }
-
-// A file of the node's RAM directory mapped, so that a restore sends a held
-// shard and receives a missing one without copying it in between: read-only
-// (an existing file) or a new file of n bytes reserved up front (a full
-// /dev/shm is an error here, not a SIGBUS on a page later).
-class Mapped {
- public:
-  static Mapped open_read(const std::string& path) {
-    Mapped m(path, ::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    struct stat st {};
-    if (::fstat(m.fd_, &st) != 0) m.fail("cannot stat");
-    m.map(size_t(st.st_size), PROT_READ);
-    return m;
-  }
-  static Mapped create(const std::string& path, size_t n) {
-    Mapped m(path, ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    if (n > 0) {
-      const int err = ::posix_fallocate(m.fd_, 0, off_t(n));
-      if (err != 0) {
-        errno = err;
-        m.fail("cannot reserve " + std::to_string(n) + " bytes for");
-      }
-    }
-    m.map(n, PROT_READ | PROT_WRITE);
-    return m;
-  }
-  Mapped(Mapped&& o) noexcept : path_(std::move(o.path_)), fd_(o.fd_), data_(o.data_), n_(o.n_) {
-    o.fd_ = -1;
-    o.data_ = nullptr;
-  }
-  Mapped& operator=(Mapped&&) = delete;
-  ~Mapped() {
-    if (data_ != nullptr) ::munmap(data_, n_);
-    if (fd_ >= 0) ::close(fd_);
-  }
-  at::Tensor bytes() const {  // [n] uint8 over the mapping (empty for an empty file)
-    return n_ == 0 ? at::empty({0}, at::kByte) : at::from_blob(data_, {int64_t(n_)}, at::kByte);
-  }
-
- private:
-  Mapped(std::string path, int fd) : path_(std::move(path)), fd_(fd) {
-    if (fd_ < 0) fail("cannot open");
-  }
-  void map(size_t n, int prot) {
-    n_ = n;
-    if (n == 0) return;
-    void* p = ::mmap(nullptr, n, prot, MAP_SHARED, fd_, 0);
-    if (p == MAP_FAILED) fail("cannot map");
-    data_ = p;
-  }
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(ErrorCode::checkpoint, what + " the in-memory copy " + path_ + ": " + std::strerror(errno),
-                "is /dev/shm full? free memory or lower checkpoint.memory.replicas");
-  }
-  std::string path_;
-  int fd_ = -1;
-  void* data_ = nullptr;
-  size_t n_ = 0;
-};
 
 bool holds(const Holder& h, int rank) { return std::find(h.here.begin(), h.here.end(), rank) != h.here.end(); }
 

@@ -70,6 +70,7 @@ struct MemoryCopy {
   std::vector<dtrain::checkpoint::ShardData> shards;
   dtrain::checkpoint::Index index;          // as of `step`
   std::vector<std::pair<int, int>> peers;   // (send to, receive from) for the 1st, 2nd, ... next node
+  std::shared_future<void> copied;          // PreparedSave::copied: `keep` is complete once ready
 };
 // Training thread: the state as of `step` (collective the first time per world).
 MemoryCopy prepare_memory_copy(const TrainState& s, int64_t step, const PreparedSave* host);

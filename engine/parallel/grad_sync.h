@@ -68,6 +68,10 @@ class StateProvider {
   virtual std::vector<StateEntry> save_entries() = 0;
   // Where this rank reads into on resume (every element it holds).
   virtual std::vector<StateEntry> load_entries() = 0;
+  // Whether save_entries' tensors keep their values and memory through the
+  // next step's forward and backward (only its gradient sync's finish and the
+  // optimizer change them): a checkpoint may then copy them while that step runs.
+  virtual bool stable_until_optimizer() const { return false; }
 };
 
 class GradSync {

@@ -45,6 +45,7 @@ struct StepResult {
   int64_t dp_bytes_sent = 0, tp_bytes_sent = 0, ep_bytes_sent = 0, cp_bytes_sent = 0;
   parallel::SyncStats sync;
   double data_s = 0;  // of step_s, reading samples (get_batch) on this rank
+  double copy_wait_s = 0;  // not in step_s: waiting for a checkpoint's host copies (wait_for_host_copies)
 };
 
 // Micro-batches from the sampler: this dp rank's slice of the step's global
@@ -105,6 +106,9 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   SamplerBatches batches(s);
   StepResult r;
   r.local_loss_sum = s.par.schedule->run(s.par.parts, *s.par.grad_sync, batches, opt);
+  // The state changes from here on: host copies of the last checkpoint still
+  // being taken in the background (during this step's forward and backward) end first.
+  r.copy_wait_s = checkpoint::wait_for_host_copies() * 1e-3;
   int64_t span_begin = timeline::recording() ? timeline::now_ns() : 0;
   r.sync = s.par.grad_sync->finish();
   if (span_begin != 0) timeline::record(timeline::Kind::grad_sync, span_begin);
@@ -124,7 +128,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   s.par.grad_sync->zero();
   if (span_begin != 0) timeline::record(timeline::Kind::optimizer, span_begin);
   s.sampler->advance();
-  r.step_s = timer.stop_s();
+  r.step_s = timer.stop_s() - r.copy_wait_s;
   r.data_s = batches.data_s;
   r.blocked_s = double(comm::trace_blocked_ns() - blocked_ns) * 1e-9;
   r.dp_bytes_sent = int64_t(s.dp->bytes_sent());
@@ -275,15 +279,18 @@ int run_training() {
     comm::trace_phase(trace::Phase::checkpoint);
     const auto save_start = std::chrono::steady_clock::now();  // the blocking part of a save, for goodput
     const checkpoint::StepSave saved = maybe_save_checkpoint(s, step + 1, r.finite);
-    comm::trace_checkpoint_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count());
+    comm::trace_checkpoint_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count() +
+                             r.copy_wait_s);
     // ckpt_block_ms: the loop stopped for checkpoints (a whole synchronous
     // save; an async one's copies, wait for a previous write, commit);
     // ckpt_write_ms: the rank file's write (this step's synchronous save, or
     // the async save committed at this step); memory_copy_ms: an in-memory
     // copy's background time, at the step its writer is found done. A record
     // of its own: the step's record is written before the save, which may crash.
-    if (saved.block_ms >= 0)
-      metrics.record_checkpoint(step + 1, saved.block_ms, saved.write_ms, saved.memory_copy_ms, s.is_log_rank());
+    // The wait for the last copies (r.copy_wait_s) counts as this step's.
+    if (saved.block_ms >= 0 || r.copy_wait_s > 0)
+      metrics.record_checkpoint(step + 1, std::max(saved.block_ms, 0.0) + r.copy_wait_s * 1e3, saved.write_ms,
+                                saved.memory_copy_ms, s.is_log_rank());
     if (const std::string path = timeline::end_step(); !path.empty() && s.is_log_rank())
       DTRAIN_INFO("log.trace: wrote {} (and every rank its own); `dtrain trace merge {} OUT.json`", path,
                   s.info.run_dir.empty() ? s.spec.log.dir : s.info.run_dir);

@@ -34,6 +34,8 @@ class ReplicatedState : public StateProvider {
     return dp_writer_ ? entries(/*owned_only=*/true) : std::vector<StateEntry>{};
   }
   std::vector<StateEntry> load_entries() override { return entries(false); }
+  // Parameters and moments: only AdamW's step writes them.
+  bool stable_until_optimizer() const override { return true; }
 
  private:
   std::vector<StateEntry> entries(bool owned_only) {

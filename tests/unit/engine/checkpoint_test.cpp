@@ -122,9 +122,11 @@ TEST_CASE("engine checkpoint: save, then load restores everything bit for bit") 
   fs::remove_all(dir);
 }
 
-// take_snapshot's host copies (checkpoint.cpp's pool): they never alias the
-// live state, hold the state as of the snapshot, and a set no save or copy
-// holds any more is written again instead of a new one allocated.
+// take_snapshot's host copies (checkpoint.cpp's pool): taken in the
+// background for a state that stays put until the optimizer, they never
+// alias the live state, hold the state as of the snapshot once
+// wait_for_host_copies returns, and a set no save or copy holds any more is
+// written again instead of a new one allocated.
 TEST_CASE("engine checkpoint: snapshot copies are the state of their step and reuse freed buffers") {
   const std::string dir = fs::temp_directory_path() / ("dtrain-ckpt-snap-" + std::to_string(::getpid()));
   auto store = c10::make_intrusive<c10d::HashStore>();
@@ -138,6 +140,8 @@ TEST_CASE("engine checkpoint: snapshot copies are the state of their step and re
   };
   const at::Tensor live = rig.params[0].second;
   auto a = checkpoint::detail::take_snapshot(rig.state(), 1);
+  CHECK(a.copied.valid());  // DDP's state stays put until the optimizer: copied while the next step runs
+  checkpoint::wait_for_host_copies();  // what the trainer does before the state changes
   at::Tensor a0 = first_param(a);
   CHECK(a0.data_ptr() != live.data_ptr());
   CHECK(at::equal(a0, live));
@@ -147,6 +151,7 @@ TEST_CASE("engine checkpoint: snapshot copies are the state of their step and re
   CHECK(at::equal(a0, at_1));
   CHECK(!at::equal(live, at_1));
   auto b = checkpoint::detail::take_snapshot(rig.state(), 2);
+  checkpoint::wait_for_host_copies();
   const at::Tensor b0 = first_param(b);
   CHECK(b0.data_ptr() != a0.data_ptr());
   CHECK(at::equal(b0, live));
@@ -157,6 +162,7 @@ TEST_CASE("engine checkpoint: snapshot copies are the state of their step and re
   const at::Tensor blocker = at::empty_like(live);  // where malloc would put a freed copy again
   rig.train_a_bit(1);
   auto c = checkpoint::detail::take_snapshot(rig.state(), 3);
+  checkpoint::wait_for_host_copies();
   const at::Tensor c0 = first_param(c);
   CHECK(c0.data_ptr() == freed);
   CHECK(at::equal(c0, live));
