@@ -2,7 +2,7 @@
 // (checkpoint.h). Tensor names: "model/<param>", "optim/exp_avg/<param>",
 // "optim/exp_avg_sq/<param>", "rng/{cpu,cuda}/rank_<r>". Which rank writes
 // which model/optimizer slice is the layout's StateProvider's business (under
-// DDP: dp rank 0 writes everything); every rank writes its RNG states.
+// DDP: the dp replicas split it by bytes); every rank writes its RNG states.
 #include "engine/checkpoint/checkpoint.h"
 
 #include <ATen/Context.h>

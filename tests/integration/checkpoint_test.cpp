@@ -31,8 +31,9 @@ using namespace dtrain::testing::ckpt_run;
 using dtrain::testing::read_latest;
 using dtrain::testing::read_safetensors_f32;
 
-// `ckpt merge --with-optimizer` of a DDP checkpoint (rank 0's shard holds
-// every full model and AdamW tensor): the merged file holds each of them,
+// `ckpt merge --with-optimizer` of a DDP checkpoint (its rank files hold
+// every full model and AdamW tensor once, the dp replicas splitting them by
+// bytes): the merged file holds each of them,
 // renamed, with the same bytes, and its model part is `params`, the plain
 // merge (without the flag) of the same checkpoint, which holds the model only.
 void check_merge_with_optimizer(const TempDir& dir, const std::string& step_dir,
@@ -43,7 +44,10 @@ void check_merge_with_optimizer(const TempDir& dir, const std::string& step_dir,
       merged + ".log", 60);
   INFO(output);
   REQUIRE(code == 0);
-  const auto shard = read_safetensors_f32(step_dir + "/rank_0.safetensors");
+  std::map<std::string, std::vector<float>> shard;  // every rank file's tensors
+  for (const auto& e : fs::directory_iterator(step_dir))
+    if (e.path().extension() == ".safetensors")
+      for (auto& [name, v] : read_safetensors_f32(e.path().string())) shard[name] = std::move(v);
   const auto m = read_safetensors_f32(merged);
   REQUIRE(!params.empty());
   CHECK(m.size() == 3 * params.size());
@@ -328,7 +332,7 @@ TEST_CASE("bad checkpoints refuse to load and fail `ckpt inspect`, naming the fi
        {"rank_0.safetensors: truncated: tensor"},
        "rank_0.safetensors: truncated"},
       {"missing rank file", [](const std::string& d) { fs::remove(d + "/rank_1.safetensors"); }, {},
-       {"rank_1.safetensors is missing", "rng/cpu/rank_1"},
+       {"rank_1.safetensors is missing (the index lists it as holding"},
        "rank_1.safetensors"},
       {"another model", [](const std::string&) {}, {"model.d_model=64"},
        {"does not match this run's model", "d_model=32", "tensor model/wte.weight is F32 [256, 32] in the "

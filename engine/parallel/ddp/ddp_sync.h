@@ -1,5 +1,6 @@
 // DdpSync: Ddp behind the GradSync interface, and the checkpoint view of a
-// replicated model (every dp rank holds everything; dp rank 0 writes it).
+// replicated model (every dp rank holds everything; the dp ranks split the
+// writing, about 1/dp each).
 #pragma once
 
 #include <memory>
