@@ -259,12 +259,22 @@ std::vector<std::shared_future<void>>& copies_in_flight() {
 
 // Copies from[i] into to[i] on a thread of its own; the references are
 // dropped when it is done (the pool sees the buffers free once every writer
-// has dropped them too).
-std::shared_future<void> copy_in_background(std::vector<at::Tensor> from, std::vector<at::Tensor> to) {
-  auto task = std::make_shared<std::packaged_task<void()>>([from = std::move(from), to = std::move(to)]() mutable {
-    for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+// has dropped them too). With `log`, says how long the copy of `step` took.
+std::shared_future<void> copy_in_background(std::vector<at::Tensor> from, std::vector<at::Tensor> to, int64_t step,
+                                            bool log) {
+  auto task = std::make_shared<std::packaged_task<void()>>([from = std::move(from), to = std::move(to), step,
+                                                            log]() mutable {
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t bytes = 0;
+    for (size_t i = 0; i < to.size(); ++i) {
+      to[i].copy_(from[i]);
+      bytes += to[i].numel() * int64_t(to[i].element_size());
+    }
     from.clear();
     to.clear();
+    if (log)
+      DTRAIN_INFO("host copies of step {} taken in the background: {:.1f} MB in {:.1f} ms", step, double(bytes) / 1e6,
+                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   });
   std::shared_future<void> done = task->get_future().share();
   std::thread([task] { (*task)(); }).detach();
@@ -301,7 +311,7 @@ PreparedSave snapshot(const TrainState& s, const std::vector<parallel::StateEntr
       p.shards[live[j]].data = copies[j].data_ptr();
     }
     if (copy_while_training(s)) {
-      p.copied = copy_in_background(std::move(tensors), copies);
+      p.copied = copy_in_background(std::move(tensors), copies, step, s.info->rank == 0);
     } else {
       for (size_t j = 0; j < live.size(); ++j) p.keep[live[j]].copy_(tensors[j]);
     }

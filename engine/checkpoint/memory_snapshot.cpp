@@ -1,5 +1,6 @@
 // The in-memory copies of memory_snapshot.h. A node's directory holds
-// step_<N>/rank_<r>.safetensors (a checkpoint rank file, the same bytes a
+// step_<N>.<id>/rank_<r>.safetensors (<id>: the copy's, drawn by its
+// writers; a checkpoint rank file, the same bytes a
 // disk save writes), rank_<r>.peer (present when that file is a copy sent by
 // another node) and header.json (the index without its tensor table). Files
 // appear by rename, so a reader never sees half of one. A copy is written
@@ -26,7 +27,9 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <system_error>
+#include <tuple>
 
 #include "common/checkpoint_index.h"
 #include "common/checkpoint_writer.h"
@@ -39,18 +42,28 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kMaxHeld = 64;  // (step, rank) entries one rank reports at a restore
-constexpr int kFields = 4;    // of each: step, old rank, old world, 1 = a copy from a peer
+constexpr int kFields = 5;    // of each: step, copy id, old rank, old world, 1 = a copy from a peer
 
-std::string step_path(const std::string& root, int64_t step) { return root + "/step_" + std::to_string(step); }
+// A copy's directory: step_<N>.<id>, the id drawn by the writers for that
+// copy. Two copies of one step number (a timeline abandoned by a restore and
+// the one after it; a node cut off keeps the old one) never share a
+// directory, and a restore never mixes their files.
+std::string step_path(const std::string& root, int64_t step, int64_t id) {
+  return root + "/step_" + std::to_string(step) + "." + std::to_string(id);
+}
 std::string rank_name(int64_t r) { return "rank_" + std::to_string(r) + ".safetensors"; }
 std::string peer_mark(int64_t r) { return "rank_" + std::to_string(r) + ".peer"; }
 
-// step_<N> -> N; -1 for anything else.
-int64_t step_of(const std::string& name) {
-  if (name.rfind("step_", 0) != 0 || name.size() == 5) return -1;
-  for (size_t i = 5; i < name.size(); ++i)
-    if (name[i] < '0' || name[i] > '9') return -1;
-  return std::stoll(name.substr(5));
+// step_<N>.<id> -> {N, id}; {-1, -1} for anything else.
+std::pair<int64_t, int64_t> copy_of(const std::string& name) {
+  const size_t dot = name.find('.');
+  const auto digits = [](const std::string& x) {
+    return !x.empty() && x.size() <= 18 && std::all_of(x.begin(), x.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (name.rfind("step_", 0) != 0 || dot == std::string::npos) return {-1, -1};
+  const std::string step = name.substr(5, dot - 5), id = name.substr(dot + 1);
+  if (!digits(step) || !digits(id)) return {-1, -1};
+  return {std::stoll(step), std::stoll(id)};
 }
 
 at::Tensor read_bytes(const std::string& path) {  // [n] uint8
@@ -214,15 +227,29 @@ void remove_quietly(const std::string& path) {
   fs::remove_all(path, ec);
 }
 
-// Drops the steps of `root` newer than `step`: after a restore they belong to
-// a timeline that was abandoned, and a later copy of the same step number
-// must not find another world's files beside its own.
-void drop_newer(const std::string& root, int64_t step) {
+// Drops the copies of `root` newer than `step`, and other copies of `step`
+// than `keep` (-1: none of them goes): after a restore they belong to a
+// timeline that was abandoned.
+void drop_newer(const std::string& root, int64_t step, int64_t keep = -1) {
   std::error_code ec;
   std::vector<std::string> stale;
-  for (const auto& e : fs::directory_iterator(root, ec))
-    if (step_of(e.path().filename().string()) > step) stale.push_back(e.path().string());
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const auto [n, id] = copy_of(e.path().filename().string());
+    if (n > step || (keep >= 0 && n == step && id != keep)) stale.push_back(e.path().string());
+  }
   for (const auto& d : stale) remove_quietly(d);
+}
+
+// The id of the copy the writers of `g` are making: rank 0's draw, the same on every writer.
+int64_t agree_copy_id(comm::Group& g) {
+  int64_t mine = 0;
+  if (g.rank() == 0) {
+    std::random_device rd;
+    mine = int64_t(((uint64_t(rd()) << 32) | uint64_t(rd())) % uint64_t(999999999999999999LL));
+  }
+  at::Tensor id = at::full({1}, mine, at::kLong);
+  g.broadcast(id, 0);
+  return id.item<int64_t>();
 }
 
 }  // namespace
@@ -257,7 +284,8 @@ MemoryCopy prepare_memory_copy(const TrainState& s, int64_t step, const Prepared
 }
 
 uint64_t write_memory_copy(comm::Group& g, MemoryCopy& c) {
-  const std::string dir = step_path(c.root, c.step);
+  const int64_t id = agree_copy_id(g);
+  const std::string dir = step_path(c.root, c.step, id);
   const int rank = c.rank;
   fs::create_directories(dir);
   {
@@ -284,12 +312,14 @@ uint64_t write_memory_copy(comm::Group& g, MemoryCopy& c) {
     tag += 2;
   }
   const uint64_t bytes = uint64_t(data.numel());
-  g.barrier();  // step `step` is complete on every node: the older ones can go
+  g.barrier();  // step `step` is complete on every node: the older ones (and older copies of it) can go
   std::error_code ec;
+  std::vector<std::string> stale;
   for (const auto& e : fs::directory_iterator(c.root, ec)) {
-    const int64_t n = step_of(e.path().filename().string());
-    if (n >= 0 && n < c.step) remove_quietly(e.path().string());
+    const auto [n, other] = copy_of(e.path().filename().string());
+    if (n >= 0 && (n < c.step || (n == c.step && other != id))) stale.push_back(e.path().string());
   }
+  for (const auto& d : stale) remove_quietly(d);
   return bytes;
 }
 
@@ -297,14 +327,15 @@ uint64_t write_memory_copy(comm::Group& g, MemoryCopy& c) {
 
 namespace {
 
-using Held = std::array<int64_t, kFields>;  // step, old rank, old world, peer copy
+using Held = std::array<int64_t, kFields>;  // step, copy id, old rank, old world, peer copy
+using CopyKey = std::pair<int64_t, int64_t>;  // step, copy id
 
 // What this node's directory holds, newest steps first.
 std::vector<Held> held_here(const std::string& root) {
   std::vector<Held> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec)) {
-    const int64_t step = step_of(e.path().filename().string());
+    const auto [step, id] = copy_of(e.path().filename().string());
     const std::string dir = e.path().string();
     if (step < 0 || !fs::exists(dir + "/header.json")) continue;
     std::ifstream in(dir + "/header.json");
@@ -312,7 +343,7 @@ std::vector<Held> held_here(const std::string& root) {
     const int64_t world = ck::index_from_json(text, dir + "/header.json").world;
     for (int64_t r = 0; r < world; ++r)
       if (fs::exists(dir + "/" + rank_name(r)))
-        out.push_back({step, r, world, fs::exists(dir + "/" + peer_mark(r)) ? 1 : 0});
+        out.push_back({step, id, r, world, fs::exists(dir + "/" + peer_mark(r)) ? 1 : 0});
   }
   std::sort(out.begin(), out.end(), [](const Held& a, const Held& b) { return a[0] > b[0]; });
   if (out.size() > size_t(kMaxHeld)) out.resize(size_t(kMaxHeld));
@@ -325,26 +356,27 @@ struct Holder {
   std::vector<int> here;  // every new rank whose node holds it (they read it there)
 };
 
-// Every rank's holdings -> step -> old rank -> holder (an own copy before a
-// peer's, then the lowest rank), and each step's old world.
-std::map<int64_t, std::map<int64_t, Holder>> gather_holdings(const TrainState& s, std::map<int64_t, int64_t>* worlds) {
+// Every rank's holdings -> (step, copy id) -> old rank -> holder (an own
+// copy before a peer's, then the lowest rank), and each copy's old world.
+std::map<CopyKey, std::map<int64_t, Holder>> gather_holdings(const TrainState& s, std::map<CopyKey, int64_t>* worlds) {
   const std::vector<Held> mine = held_here(s.info->memory_dir);
   at::Tensor t = at::full({kMaxHeld * kFields}, -1, at::kLong);
   for (size_t i = 0; i < mine.size(); ++i)
     for (int f = 0; f < kFields; ++f) t.data_ptr<int64_t>()[i * kFields + size_t(f)] = mine[i][size_t(f)];
   at::Tensor all = at::empty({s.info->world * kMaxHeld * kFields}, at::kLong);
   s.control->all_gather(t, all);
-  std::map<int64_t, std::map<int64_t, Holder>> out;
+  std::map<CopyKey, std::map<int64_t, Holder>> out;
   const int64_t* p = all.data_ptr<int64_t>();
   for (int q = 0; q < s.info->world; ++q)
     for (int i = 0; i < kMaxHeld; ++i) {
       const int64_t* h = p + (int64_t(q) * kMaxHeld + i) * kFields;
       if (h[0] < 0) continue;
-      (*worlds)[h[0]] = h[2];
-      Holder& got = out[h[0]][h[1]];
-      if (got.rank < 0 || (got.peer && h[3] == 0)) {
+      const CopyKey key{h[0], h[1]};
+      (*worlds)[key] = h[3];
+      Holder& got = out[key][h[2]];
+      if (got.rank < 0 || (got.peer && h[4] == 0)) {
         got.rank = q;
-        got.peer = h[3] != 0;
+        got.peer = h[4] != 0;
       }
       got.here.push_back(q);
     }
@@ -415,19 +447,19 @@ void gather_shards(comm::Group& g, const std::map<int64_t, Holder>& shards, cons
 
 int64_t restore_from_memory(const TrainState& s, int64_t disk_step) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::map<int64_t, int64_t> worlds;
+  std::map<CopyKey, int64_t> worlds;
   const auto holdings = gather_holdings(s, &worlds);
   const auto t_agreed = std::chrono::steady_clock::now();  // every rank is here
-  int64_t step = -1;
+  int64_t step = -1, id = -1;
   std::string missing;  // of the newest step that memory holds only in part
-  for (auto it = holdings.rbegin(); it != holdings.rend() && it->first >= disk_step; ++it) {
-    if (int64_t(it->second.size()) == worlds[it->first]) {
-      step = it->first;
+  for (auto it = holdings.rbegin(); it != holdings.rend() && it->first.first >= disk_step; ++it) {
+    if (int64_t(it->second.size()) == worlds[it->first]) {  // every old rank of this one copy
+      std::tie(step, id) = it->first;
       break;
     }
     for (int64_t r = 0; r < worlds[it->first] && missing.empty(); ++r)
       if (!it->second.count(r))
-        missing = "step " + std::to_string(it->first) + " of rank " + std::to_string(r);
+        missing = "step " + std::to_string(it->first.first) + " of rank " + std::to_string(r);
   }
   if (step < 0) {
     drop_newer(s.info->memory_dir, disk_step);  // every rank has read its node's holdings (the all-gather)
@@ -442,8 +474,8 @@ int64_t restore_from_memory(const TrainState& s, int64_t disk_step) {
   const std::string dir = s.info->memory_dir + "/restore_rank_" + std::to_string(s.info->rank);
   remove_quietly(dir);
   fs::create_directories(dir);
-  const std::string held = step_path(s.info->memory_dir, step);
-  const auto& shards = holdings.at(step);
+  const std::string held = step_path(s.info->memory_dir, step, id);
+  const auto& shards = holdings.at({step, id});
   gather_shards(*s.control, shards, held, dir);
   const auto t_gathered = std::chrono::steady_clock::now();
   const int header_from = shards.begin()->second.rank;
@@ -456,7 +488,7 @@ int64_t restore_from_memory(const TrainState& s, int64_t disk_step) {
   const auto t_loaded = std::chrono::steady_clock::now();
   remove_quietly(dir);
   s.control->barrier();  // every holder has sent its shards
-  drop_newer(s.info->memory_dir, step);
+  drop_newer(s.info->memory_dir, step, id);
   if (s.info->rank == 0) {
     for (const auto& [r, h] : shards)
       DTRAIN_INFO("restored step {} of rank {} from {} memory on node {}", step, r, h.peer ? "peer" : "its own node's",

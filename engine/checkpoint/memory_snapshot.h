@@ -25,7 +25,7 @@ bool memory_copies_on(const TrainState& s);
 // at the same step. Waits for the copy still in flight (rank 0 says how
 // long; its failure is thrown), takes this rank's host copies (or shares
 // `host`'s: an async disk save's copies of the same step) and hands the rest
-// to this rank's copy writer: <dir>/step_<step>/rank_<r>.safetensors on its
+// to this rank's copy writer: <dir>/step_<step>.<id>/rank_<r>.safetensors on its
 // node and on the peers', sent over the writers' own Gloo group
 // (MemoryCopyScope's), then the writers' barrier, then older steps are
 // dropped. So an older step goes only when the newer one is complete on

@@ -84,6 +84,16 @@ struct Run {
   std::map<int, double> losses;
 };
 
+// The directory of a copy of `step` in a node's memory directory
+// (step_<N>.<id>), "" when there is none yet.
+std::string copy_dir(const std::string& root, int step) {
+  std::error_code ec;
+  const std::string prefix = "step_" + std::to_string(step) + ".";
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) return e.path().string();
+  return "";
+}
+
 // One elastic run: three agents, host 2 cut once every node holds step 6 in
 // memory; `before_cut` runs then (with node 0's directory). Host 2 is healed after.
 template <typename BeforeCut>
@@ -99,10 +109,10 @@ Run run_and_cut(TestHosts& hosts, const std::string& name, BeforeCut before_cut)
   std::vector<std::string> dirs(3);
   const bool held = wait_until([&] {
     for (int i = 0; i < 3; ++i) dirs[size_t(i)] = memory_dir(agents[size_t(i)]->output());
-    const std::string step = "/step_" + std::to_string(kHangStep);
-    return !dirs[0].empty() && fs::exists(dirs[0] + step + "/rank_2.safetensors") &&
-           fs::exists(dirs[0] + step + "/rank_2.peer") && !dirs[2].empty() &&
-           fs::exists(dirs[2] + step + "/rank_2.safetensors");
+    if (dirs[0].empty() || dirs[2].empty()) return false;
+    const std::string step0 = copy_dir(dirs[0], kHangStep), step2 = copy_dir(dirs[2], kHangStep);
+    return !step0.empty() && fs::exists(step0 + "/rank_2.safetensors") && fs::exists(step0 + "/rank_2.peer") &&
+           !step2.empty() && fs::exists(step2 + "/rank_2.safetensors");
   }, 120);
   REQUIRE_MESSAGE(held, agents[0]->output());
   before_cut(dirs[0]);
