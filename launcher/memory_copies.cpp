@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
 #include "common/log.h"
 
@@ -33,6 +34,14 @@ std::unique_ptr<MemoryCopies> MemoryCopies::create(const std::string& job, const
     return nullptr;
   }
   return std::unique_ptr<MemoryCopies>(new MemoryCopies(dir));
+}
+
+int MemoryCopies::clear() {
+  std::error_code ec;
+  std::vector<std::filesystem::path> entries;
+  for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) entries.push_back(e.path());
+  for (const auto& e : entries) std::filesystem::remove_all(e, ec);
+  return int(entries.size());
 }
 
 MemoryCopies::~MemoryCopies() {

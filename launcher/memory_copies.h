@@ -20,6 +20,8 @@ class MemoryCopies {
   MemoryCopies& operator=(const MemoryCopies&) = delete;
 
   const std::string& dir() const { return dir_; }
+  // Removes everything in the directory (it stays); returns how many entries went.
+  int clear();
 
  private:
   explicit MemoryCopies(std::string dir) : dir_(std::move(dir)) {}

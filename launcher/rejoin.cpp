@@ -65,6 +65,17 @@ rendezvous::Assignment Agent::rejoin(const rendezvous::JoinInfo& info) {
       rejoining_ = false;
       DTRAIN_INFO("re-joined the rendezvous {:.1f} s after losing it (attempt {}): round {}, node {} of {}",
                   seconds_since(rejoin_since_), attempt, a.round, a.node_rank, a.num_nodes);
+      // The others may have trained on without this node: from a restore
+      // of an older step, on a smaller world. Its in-memory copies are then
+      // another timeline's, and one of them can be complete and newer than
+      // theirs (a copy this node finished receiving as the link went), which
+      // a restore would take by its step number. They go: the nodes that
+      // stayed hold the copies the next restore needs (or disk does).
+      if (memory_)
+        if (const int n = memory_->clear(); n > 0)
+          DTRAIN_INFO("dropped this node's in-memory copies ({} entries in {}): they predate the cut, and the "
+                      "others may have trained on without this node; the next restore uses the others' copies "
+                      "or disk", n, memory_->dir());
       return a;
     } catch (const Error& e) {
       // The server answered something else (a refusal, a round that timed

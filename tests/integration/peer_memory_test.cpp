@@ -220,6 +220,91 @@ TEST_CASE("checkpoint.memory 2:3: a cut host's state comes from peer memory at a
   CHECK(control >= parity::kControlFactor * parity::kLossRelTol);
 }
 
+// A host cut off keeps the copies it held; the survivors restore, train on
+// without it and make new ones. Its copies are then another timeline's, and
+// one can be complete and newer than any of theirs (each node holds every
+// rank's file at replicas 2 on 3 nodes; a copy it finished receiving as the
+// link went). Planted here: host 2's newest complete copy renamed to a far
+// step. Its agent drops its copies when it re-joins, so round 3 resumes from
+// the survivors' newest state. Negative control (run once by hand, with the
+// drop in launcher/rejoin.cpp removed): round 3 took the planted copy and
+// resumed from host 2's old step, behind the survivors.
+TEST_CASE("checkpoint.memory 2:3: a host that re-joins after a cut drops its copies; round 3 resumes from the "
+          "survivors' newest state, not a newer-numbered copy of the cut host's") {
+  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
+    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
+    return;
+  }
+  auto& p = parity::Parity::get();
+  TestHosts hosts(3);
+  TagGuard tag;
+  const std::string run_dir = p.dir / "rejoin_drop";
+  constexpr int kRejoinSteps = 80;
+  std::vector<std::string> sets = memory_sets(run_dir);
+  for (auto& s : sets) {  // paced steps (>= 100 ms: round 2 trains while host 2 is cut), not a hang
+    if (s.rfind("fault.kind=", 0) == 0) s = "fault.kind=slow";
+    if (s.rfind("fault.rank=", 0) == 0) s = "fault.rank=0";
+    if (s.rfind("fault.step=", 0) == 0) s = "fault.step=1";
+    if (s.rfind("checkpoint.memory.replicas=", 0) == 0) s = "checkpoint.memory.replicas=2";
+    if (s.rfind("cluster.rendezvous.rejoin_timeout_s=", 0) == 0) s = "cluster.rendezvous.rejoin_timeout_s=120";
+  }
+  sets.insert(sets.end(), {"fault.ms=100", "train.steps=" + std::to_string(kRejoinSteps)});
+  std::vector<std::unique_ptr<Child>> agents;
+  auto log = [&](int i) { return p.dir / ("rejoin_drop_node" + std::to_string(i) + ".log"); };
+  agents.push_back(start_agent(0, sets, log(0), tag));
+  REQUIRE_MESSAGE(wait_until([&] { return has(agents[0]->output(), "listening on port"); }, 30), agents[0]->output());
+  for (int i = 1; i < 3; ++i) agents.push_back(start_agent(i, sets, log(i), tag));
+  auto out = [&](int i) { return agents[size_t(i)]->output(); };
+  const std::string metrics = run_dir + "/metrics.jsonl";
+  REQUIRE_MESSAGE(wait_until([&] { return losses_by_step(metrics).size() >= 6; }, 180), out(0));
+  const std::string dir2 = memory_dir(out(2));
+  REQUIRE_MESSAGE(!dir2.empty(), out(2));
+  hosts.cut(2);
+  REQUIRE_MESSAGE(wait_until([&] { return has(out(2), "re-joining for up to 120 s"); }, 60), out(2));
+  REQUIRE_MESSAGE(wait_until([&] { return has(out(0), "round 2 closed (restart 0): 2 nodes"); }, 60), out(0));
+  // Host 2's newest complete copy (every rank's file of world 3), renamed
+  // far ahead of any step the survivors will reach.
+  int old_step = -1;
+  std::string newest;
+  for (const auto& e : fs::directory_iterator(dir2)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) != 0) continue;
+    bool complete = fs::exists(e.path() / "header.json");
+    for (int r = 0; r < 3; ++r) complete = complete && fs::exists(e.path() / ("rank_" + std::to_string(r) + ".safetensors"));
+    const int step = std::atoi(name.c_str() + 5);
+    if (complete && step > old_step) {
+      old_step = step;
+      newest = e.path().string();
+    }
+  }
+  REQUIRE_MESSAGE(old_step > 0, "no complete copy in " << dir2);
+  const std::string planted = dir2 + "/step_99999" + newest.substr(newest.rfind('.'));
+  fs::rename(newest, planted);
+  // The survivors train past host 2's step before the link returns.
+  REQUIRE_MESSAGE(wait_until([&] { return losses_by_step(metrics).rbegin()->first >= old_step + 4; }, 120), out(0));
+  hosts.heal(2);
+  REQUIRE_MESSAGE(wait_until([&] { return has(out(0), "round 3 closed (restart 0): 3 nodes"); }, 90),
+                  "node 0:\n" << out(0) << "\nnode 2:\n" << out(2));
+  for (int i = 0; i < 3; ++i) {
+    INFO("node " << i << ":\n" << out(i));
+    REQUIRE(agents[size_t(i)]->wait(180));
+    CHECK(agents[size_t(i)]->exit_code() == 0);
+  }
+  const std::string out0 = out(0), out2 = out(2);
+  INFO("node 0:\n" << out0 << "\nnode 2:\n" << out2);
+  CHECK(has(out2, "re-joined the rendezvous "));
+  CHECK(has(out2, "dropped this node's in-memory copies ("));
+  const auto at = out0.rfind("resuming from step ");
+  REQUIRE(at != std::string::npos);
+  const int resumed = std::atoi(out0.c_str() + at + 19);
+  MESSAGE("re-join after a cut: host 2's newest copy was of step " << old_step << " (planted as step 99999); round 3 "
+          "resumed from step " << resumed << " (must be after it)");
+  CHECK(resumed > old_step);
+  CHECK(losses_by_step(metrics).rbegin()->first == kRejoinSteps);
+  CHECK(!fs::exists(dir2));
+  CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
+}
+
 TEST_CASE("checkpoint.memory bad input: every < 0 is refused naming the field; one node warns and keeps none") {
   auto& p = parity::Parity::get();
   const std::string dtrain = dtrain::testing::dtrain_bin();
