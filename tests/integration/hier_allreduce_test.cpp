@@ -1,8 +1,10 @@
 // The hierarchical all-reduce across real hosts (scripts/testhosts): 2 test
 // hosts x 2 workers train the parity fixture's DDP spec with it (the default)
 // and with flat Gloo (cluster.hier_allreduce=false); they must agree within
-// 1e-6 (another addition order, so not bit-exact), and a run without
-// gradient sync must miss by >= 100x that. Skips, saying why, where network
+// 1e-6 in loss and gradient norm and within the parity tests' 1e-5 in the
+// parameters (another addition order, so not bit-exact: after 20 AdamW steps
+// one bias element differed by 1.08e-6 on an AMD EPYC machine, loss rel 3e-8),
+// and a run without gradient sync must miss by >= 100x each. Skips, saying why, where network
 // namespaces cannot be made.
 #include <doctest/doctest.h>
 
@@ -70,7 +72,7 @@ std::string hier_describe(const parity::Diffs& d) {
 
 }  // namespace
 
-TEST_CASE("2 test hosts x 2 workers: hierarchical all-reduce (shm + Gloo) matches flat Gloo within 1e-6") {
+TEST_CASE("2 test hosts x 2 workers: hierarchical all-reduce (shm + Gloo) matches flat Gloo (loss, grad norm 1e-6; params 1e-5)") {
   static const std::string why = TestHosts::unavailable_reason();
   if (!why.empty()) {
     dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
@@ -86,13 +88,13 @@ TEST_CASE("2 test hosts x 2 workers: hierarchical all-reduce (shm + Gloo) matche
   const parity::Diffs c = parity::differences(control, flat);
   MESSAGE("hierarchical vs flat Gloo, 2 hosts x 2 workers: loss " << flat.losses.front() << " -> "
           << flat.losses.back() << "\n  parity:           " << hier_describe(d) << " (tol " << kTol
-          << " each)\n  negative control: " << hier_describe(c) << " (no gradient sync; must miss by >= "
-          << 100 * kTol << ")");
+          << " loss and grad norm, " << parity::kParamAbsTol << " params)\n  negative control: "
+          << hier_describe(c) << " (no gradient sync; must miss by >= 100x each)");
   CHECK(flat.losses.back() < flat.losses.front() - 0.1);
   CHECK(d.loss_rel <= kTol);
   CHECK(d.norm_rel <= kTol);
-  CHECK(d.param_abs <= kTol);
+  CHECK(d.param_abs <= parity::kParamAbsTol);
   CHECK(c.loss_rel >= 100 * kTol);
   CHECK(c.norm_rel >= 100 * kTol);
-  CHECK(c.param_abs >= 100 * kTol);
+  CHECK(c.param_abs >= 100 * parity::kParamAbsTol);
 }
