@@ -450,14 +450,7 @@ TEST_CASE("elastic 2:3: a cut host's agent re-joins when its link returns; the j
   // trying; the survivors re-form on 2; the link returns; host 2 is admitted.
   REQUIRE_MESSAGE(wait_until([&] { return has(out(2), "re-joining for up to 120 s"); }, 60), out(2));
   REQUIRE_MESSAGE(wait_until([&] { return has(out(0), "round 2 closed (restart 0): 2 nodes"); }, 60), out(0));
-  hosts.heal(2);
-  REQUIRE_MESSAGE(wait_until([&] { return has(out(0), "round 3 closed (restart 0): 3 nodes"); }, 90),
-                  "node 0:\n" << out(0) << "\nnode 2:\n" << out(2));
-  for (int i = 0; i < 3; ++i) {
-    INFO("node " << i << ":\n" << out(i));
-    REQUIRE(agents[size_t(i)]->wait(180));
-    CHECK(agents[size_t(i)]->exit_code() == 0);
-  }
+  dtrain::testing::heal_and_finish(hosts, 2, agents, "round 3 closed (restart 0): 3 nodes");
   const std::string out0 = out(0), out2 = out(2);
   INFO("node 0:\n" << out0 << "\nnode 2:\n" << out2);
   CHECK(has(out0, "rendezvous round 1 closed (restart 0): 3 nodes"));

@@ -282,14 +282,7 @@ TEST_CASE("checkpoint.memory 2:3: a host that re-joins after a cut drops its cop
   fs::rename(newest, planted);
   // The survivors train past host 2's step before the link returns.
   REQUIRE_MESSAGE(wait_until([&] { return losses_by_step(metrics).rbegin()->first >= old_step + 4; }, 120), out(0));
-  hosts.heal(2);
-  REQUIRE_MESSAGE(wait_until([&] { return has(out(0), "round 3 closed (restart 0): 3 nodes"); }, 90),
-                  "node 0:\n" << out(0) << "\nnode 2:\n" << out(2));
-  for (int i = 0; i < 3; ++i) {
-    INFO("node " << i << ":\n" << out(i));
-    REQUIRE(agents[size_t(i)]->wait(180));
-    CHECK(agents[size_t(i)]->exit_code() == 0);
-  }
+  dtrain::testing::heal_and_finish(hosts, 2, agents, "round 3 closed (restart 0): 3 nodes");
   const std::string out0 = out(0), out2 = out(2);
   INFO("node 0:\n" << out0 << "\nnode 2:\n" << out2);
   CHECK(has(out2, "re-joined the rendezvous "));

@@ -9,7 +9,10 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <doctest/doctest.h>
+
 #include <cstdio>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -85,5 +88,21 @@ class TestHosts {
   int n_ = 0;
   int lock_fd_ = -1;
 };
+
+// After a cut: heals host `host`'s link, waits (90 s) for node 0 to log
+// `closed` (the round that admits the host again), then for every agent to
+// exit 0 (180 s each), printing the logs where one does not.
+inline void heal_and_finish(TestHosts& hosts, int host, const std::vector<std::unique_ptr<Child>>& agents,
+                            const std::string& closed) {
+  hosts.heal(host);
+  auto out = [&](size_t i) { return agents[i]->output(); };
+  REQUIRE_MESSAGE(wait_until([&] { return out(0).find(closed) != std::string::npos; }, 90),
+                  "node 0:\n" << out(0) << "\nnode " << host << ":\n" << out(size_t(host)));
+  for (size_t i = 0; i < agents.size(); ++i) {
+    INFO("node " << i << ":\n" << out(i));
+    REQUIRE(agents[i]->wait(180));
+    CHECK(agents[i]->exit_code() == 0);
+  }
+}
 
 }  // namespace dtrain::testing
