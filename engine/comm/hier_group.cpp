@@ -1,7 +1,8 @@
 // The hierarchical all-reduce (hier_group.h). Stages of one all-reduce of t,
 // all on the links' thread, in submission order (the same on every member):
-//   1. node:    t = sum of the node's members' t (shared memory: in the
-//               node's member order, whatever the arrival order);
+//   1. node:    the leader's t = sum of the node's members' t (shared
+//               memory: in the node's member order, whatever the arrival
+//               order; the others' t unchanged, no copy out of the sum);
 //   2. leaders: t = Gloo all-reduce of the node sums over the leaders
 //               (its fixed ring order; the node order is the group order);
 //   3. node:    the leader's t to every member of its node (shared memory).
@@ -28,7 +29,8 @@ struct HierLinks {
   TaskThread thread;               // runs the stages; destroyed first (declared last)
 
   void all_reduce(at::Tensor& t) {
-    node->all_reduce(t);
+    // Only the leader needs the node's sum: no one copies it out.
+    if (!shm_reduce_to_first(*node, t)) node->all_reduce(t);
     if (leaders) leaders->all_reduce(t);
     node->broadcast(t, 0, /*async=*/false);
   }

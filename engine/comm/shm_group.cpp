@@ -5,7 +5,7 @@
 //   1. every rank copies its part of the chunk into its slot and arrives
 //      (all_reduce, all_gather: its piece; reduce_scatter: its n pieces,
 //      one for each rank's block; broadcast: the root its piece, the others
-//      nothing);
+//      nothing; reduce: every rank but rank 0 its piece);
 //   2. the last to arrive (already running: no one waits to be scheduled)
 //      marks the set done; for all_reduce it first reduces slots 0..n-1 in
 //      rank order into the result slot (the same addition order whatever the
@@ -14,7 +14,8 @@
 //      again) and counts itself consumed: all_reduce copies the result slot
 //      out, all_gather copies every rank's slot to its place, reduce_scatter
 //      reduces its own block from every slot, in rank order, into its output,
-//      broadcast copies the root's slot out.
+//      broadcast copies the root's slot out, reduce adds slots 1..n-1 in
+//      rank order into rank 0's own tensor (the others take nothing).
 // A set is staged again (chunk c + kSets) only once every rank consumed it.
 // Waits spin briefly, then sleep on a futex in the segment, so a machine
 // with more ranks than cores gives its cores to the ranks that compute.
@@ -59,7 +60,7 @@ bool shm_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kInt || t == at::kLong;
 }
 
-enum class ShmOp { all_reduce, all_gather, reduce_scatter, broadcast };
+enum class ShmOp { all_reduce, all_gather, reduce_scatter, broadcast, reduce };
 
 const char* op_name(ShmOp op) {
   switch (op) {
@@ -67,6 +68,7 @@ const char* op_name(ShmOp op) {
     case ShmOp::all_gather: return "all_gather";
     case ShmOp::reduce_scatter: return "reduce_scatter";
     case ShmOp::broadcast: return "broadcast";
+    case ShmOp::reduce: return "reduce";
   }
   return "?";
 }
@@ -134,6 +136,24 @@ class ShmChannel {
       chunks.push_back(stage_chunk({0, ShmOp::broadcast, data + off * es, elems, root, t.scalar_type(), ReduceOp::sum},
                                    [&](char* slot) {
                                      if (me_ == root) std::memcpy(slot, data + off * es, size_t(elems * es));
+                                   }));
+    }
+    return chunks;
+  }
+
+  // reduce (sum) to rank 0: t of every rank added into rank 0's t; rank 0
+  // stages nothing (its t is the accumulator), the others' t stay as they are.
+  std::vector<ChunkPtr> stage_reduce(const at::Tensor& t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t es = static_cast<int64_t>(t.element_size());
+    const int64_t per_chunk = slot_bytes() / es;
+    char* data = static_cast<char*>(t.data_ptr());
+    std::vector<ChunkPtr> chunks;
+    for (int64_t off = 0; off < t.numel(); off += per_chunk) {
+      const int64_t elems = std::min(per_chunk, t.numel() - off);
+      chunks.push_back(stage_chunk({0, ShmOp::reduce, data + off * es, elems, 0, t.scalar_type(), ReduceOp::sum},
+                                   [&](char* slot) {
+                                     if (me_ != 0) std::memcpy(slot, data + off * es, size_t(elems * es));
                                    }));
     }
     return chunks;
@@ -265,6 +285,12 @@ void ShmChannel::consume(Chunk& c) {
     std::memcpy(c.dst, seg_->slot(set, n_), bytes);
   } else if (c.op == ShmOp::broadcast) {
     if (me_ != c.stride) std::memcpy(c.dst, seg_->slot(set, static_cast<int>(c.stride)), bytes);
+  } else if (c.op == ShmOp::reduce) {
+    if (me_ == 0) {  // rank 0's own piece, then slots 1..n-1: rank order
+      auto opts = at::TensorOptions().dtype(c.dtype);
+      at::Tensor acc = at::from_blob(c.dst, {c.elems}, opts);
+      for (int j = 1; j < n_; ++j) acc.add_(at::from_blob(seg_->slot(set, j), {c.elems}, opts));
+    }
   } else if (c.op == ShmOp::all_gather) {
     for (int j = 0; j < n_; ++j) std::memcpy(c.dst + j * c.stride, seg_->slot(set, j), bytes);
   } else {
@@ -336,6 +362,13 @@ class ShmGroup : public ForwardingGroup {
     if (!async) work->wait();
     return work;
   }
+  // shm_reduce_to_first (shm_group.h).
+  bool reduce_to_first(at::Tensor& t) {
+    if (!shm_dtype(t.scalar_type()) || !t.device().is_cpu() || !t.is_contiguous() || t.numel() == 0) return false;
+    if (rank() != 0) bytes_ += static_cast<uint64_t>(t.nbytes());
+    ShmWork(channel_, t, channel_->stage_reduce(t)).wait();
+    return true;
+  }
   uint64_t bytes_sent() const override { return inner_->bytes_sent() + bytes_.load(); }
   void reset_bytes_sent() override {
     inner_->reset_bytes_sent();
@@ -356,6 +389,11 @@ class ShmGroup : public ForwardingGroup {
 };
 
 }  // namespace
+
+bool shm_reduce_to_first(Group& g, at::Tensor& t) {
+  auto* shm = dynamic_cast<ShmGroup*>(&g);
+  return shm != nullptr && shm->reduce_to_first(t);
+}
 
 std::unique_ptr<Group> with_shm_collectives(std::unique_ptr<Group> inner,
                                            const c10::intrusive_ptr<c10d::Store>& store,

@@ -43,4 +43,12 @@ std::unique_ptr<Group> with_shm_collectives(std::unique_ptr<Group> inner,
                                            const c10::intrusive_ptr<c10d::Store>& store,
                                            const std::string& key, const ShmOptions& options);
 
+// Sum (in member order) of every member's t into member 0's t, the others'
+// t unchanged, through the segment of `g` (a group with_shm_collectives
+// gave shared memory; every member calls it, in the same order as the
+// group's other collectives): no member copies a result out. False, with
+// nothing done, where `g` has no segment or t is not a contiguous CPU
+// tensor of a dtype the segment adds (the caller all-reduces instead).
+bool shm_reduce_to_first(Group& g, at::Tensor& t);
+
 }  // namespace dtrain::engine::comm::detail
