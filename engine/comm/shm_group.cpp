@@ -94,17 +94,7 @@ class ShmChannel {
 
   // all_reduce: stages every chunk of t (contiguous, CPU) in place.
   std::vector<ChunkPtr> stage_all_reduce(const at::Tensor& t, ReduceOp op) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const int64_t es = static_cast<int64_t>(t.element_size());
-    const int64_t per_chunk = slot_bytes() / es;
-    char* data = static_cast<char*>(t.data_ptr());
-    std::vector<ChunkPtr> chunks;
-    for (int64_t off = 0; off < t.numel(); off += per_chunk) {
-      const int64_t elems = std::min(per_chunk, t.numel() - off);
-      chunks.push_back(stage_chunk({0, ShmOp::all_reduce, data + off * es, elems, 0, t.scalar_type(), op},
-                                   [&](char* slot) { std::memcpy(slot, data + off * es, size_t(elems * es)); }));
-    }
-    return chunks;
+    return stage_in_place(t, ShmOp::all_reduce, 0, op, /*stages=*/true);
   }
 
   // all_gather: in [m] -> out [n m], rank j's piece at j m.
@@ -126,37 +116,13 @@ class ShmChannel {
 
   // broadcast: t [m] of rank `root` to every rank's t; only the root stages.
   std::vector<ChunkPtr> stage_broadcast(const at::Tensor& t, int root) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const int64_t es = static_cast<int64_t>(t.element_size());
-    const int64_t per_chunk = slot_bytes() / es;
-    char* data = static_cast<char*>(t.data_ptr());
-    std::vector<ChunkPtr> chunks;
-    for (int64_t off = 0; off < t.numel(); off += per_chunk) {
-      const int64_t elems = std::min(per_chunk, t.numel() - off);
-      chunks.push_back(stage_chunk({0, ShmOp::broadcast, data + off * es, elems, root, t.scalar_type(), ReduceOp::sum},
-                                   [&](char* slot) {
-                                     if (me_ == root) std::memcpy(slot, data + off * es, size_t(elems * es));
-                                   }));
-    }
-    return chunks;
+    return stage_in_place(t, ShmOp::broadcast, root, ReduceOp::sum, /*stages=*/me_ == root);
   }
 
   // reduce (sum) to rank 0: t of every rank added into rank 0's t; rank 0
   // stages nothing (its t is the accumulator), the others' t stay as they are.
   std::vector<ChunkPtr> stage_reduce(const at::Tensor& t) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const int64_t es = static_cast<int64_t>(t.element_size());
-    const int64_t per_chunk = slot_bytes() / es;
-    char* data = static_cast<char*>(t.data_ptr());
-    std::vector<ChunkPtr> chunks;
-    for (int64_t off = 0; off < t.numel(); off += per_chunk) {
-      const int64_t elems = std::min(per_chunk, t.numel() - off);
-      chunks.push_back(stage_chunk({0, ShmOp::reduce, data + off * es, elems, 0, t.scalar_type(), ReduceOp::sum},
-                                   [&](char* slot) {
-                                     if (me_ != 0) std::memcpy(slot, data + off * es, size_t(elems * es));
-                                   }));
-    }
-    return chunks;
+    return stage_in_place(t, ShmOp::reduce, 0, ReduceOp::sum, /*stages=*/me_ != 0);
   }
 
   // reduce_scatter (sum): in [n m] -> out [m] = sum over ranks of block rank.
@@ -189,6 +155,24 @@ class ShmChannel {
   int64_t slot_bytes() const { return static_cast<int64_t>(seg_->header().slot_bytes); }
 
  private:
+  // The chunks of t (contiguous, CPU), whose result goes back into t; this
+  // rank copies each into its slot where `stages`.
+  std::vector<ChunkPtr> stage_in_place(const at::Tensor& t, ShmOp op, int64_t stride, ReduceOp reduce,
+                                       bool stages) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t es = static_cast<int64_t>(t.element_size());
+    const int64_t per_chunk = slot_bytes() / es;
+    char* data = static_cast<char*>(t.data_ptr());
+    std::vector<ChunkPtr> chunks;
+    for (int64_t off = 0; off < t.numel(); off += per_chunk) {
+      const int64_t elems = std::min(per_chunk, t.numel() - off);
+      chunks.push_back(stage_chunk({0, op, data + off * es, elems, stride, t.scalar_type(), reduce},
+                                   [&](char* slot) {
+                                     if (stages) std::memcpy(slot, data + off * es, size_t(elems * es));
+                                   }));
+    }
+    return chunks;
+  }
   ChunkPtr stage_chunk(Chunk chunk, const std::function<void(char*)>& fill);
   void consume(Chunk& c);
   void reduce_into_result(int set, int64_t elems, at::ScalarType dtype, ReduceOp op);
