@@ -311,8 +311,7 @@ class ShmGroup : public ForwardingGroup {
   std::string path() const override { return "shm"; }
 
   WorkPtr all_reduce(at::Tensor& t, bool async, ReduceOp op) override {
-    if (!shm_dtype(t.scalar_type()) || !t.device().is_cpu() || !t.is_contiguous())
-      return inner_->all_reduce(t, async, op);
+    if (!summable(t)) return inner_->all_reduce(t, async, op);
     const int n = size();
     bytes_ += static_cast<uint64_t>(2 * (n - 1) * static_cast<int64_t>(t.nbytes()) / n);
     auto work = std::make_shared<ShmWork>(channel_, t, channel_->stage_all_reduce(t, op));
@@ -348,7 +347,7 @@ class ShmGroup : public ForwardingGroup {
   }
   // shm_reduce_to_first (shm_group.h).
   bool reduce_to_first(at::Tensor& t) {
-    if (!shm_dtype(t.scalar_type()) || !t.device().is_cpu() || !t.is_contiguous() || t.numel() == 0) return false;
+    if (!summable(t) || t.numel() == 0) return false;
     if (rank() != 0) bytes_ += static_cast<uint64_t>(t.nbytes());
     ShmWork(channel_, t, channel_->stage_reduce(t)).wait();
     return true;
@@ -360,6 +359,10 @@ class ShmGroup : public ForwardingGroup {
   }
 
  private:
+  // A tensor the segment adds in place: contiguous on the CPU, a shm dtype.
+  static bool summable(const at::Tensor& t) {
+    return shm_dtype(t.scalar_type()) && t.device().is_cpu() && t.is_contiguous();
+  }
   // Both tensors non-empty, contiguous on the CPU, in one dtype the segment
   // reduces (anything else, and wrong sizes: the inner group, which checks).
   bool eligible(const at::Tensor& in, const at::Tensor& out) const {

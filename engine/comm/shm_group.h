@@ -2,7 +2,8 @@
 // share one machine (NCCL's SHM transport and DeepSpeed's CPU shm all-reduce
 // do the same): a Group decorator whose all_reduce (sum, max, min),
 // all_gather and reduce_scatter (sum) on fp32, fp64, int32 and int64 (and
-// broadcast, of any dtype) copy
+// broadcast, of any dtype; and a sum to the first member alone,
+// shm_reduce_to_first) copy
 // into a /dev/shm segment and reduce there, with no socket, no Gloo thread
 // and no kernel copy: the call stages the tensor (async too: it waits only
 // when every staging set is still being read), and wait() takes the result
