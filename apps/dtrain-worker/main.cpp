@@ -30,6 +30,7 @@
 #include "engine/model/attention_bench.h"
 #include "engine/trainer/current_step.h"
 #include "engine/trainer/evaluation.h"
+#include "engine/trainer/mfu.h"
 #include "engine/trainer/trainer.h"
 
 namespace {
@@ -157,6 +158,21 @@ int train_rounds() {
   }
 }
 
+// A warm spare measures the matmul rate its rank's MFU needs (mfu.h) from the
+// round's spec it started with (same precision and device every round), so
+// that the restart which takes it does not. Best effort: anything wrong
+// here is found again, and reported, once the spare has its rank.
+void premeasure_if_spare() {
+  const char* spare = std::getenv("DTRAIN_WARM_SPARE");
+  const char* spec = std::getenv("DTRAIN_SPEC");
+  if (!spare || !*spare || !spec || !*spec) return;
+  try {
+    at::set_num_threads(1);  // the per-thread rate, as the rank runs
+    dtrain::engine::trainer::premeasure_cpu_peak(dtrain::load_job_spec(spec));
+  } catch (const std::exception&) {
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -166,7 +182,9 @@ int main(int argc, char** argv) {
   // and throws, named, instead of killing the rank by signal: what Python
   // does for torchrun's workers.
   ::signal(SIGPIPE, SIG_IGN);
-  // A warm spare waits here, libraries loaded, for the rank a restart gives it.
+  // A warm spare waits here, libraries loaded and its matmul rate measured,
+  // for the rank a restart gives it.
+  premeasure_if_spare();
   if (!dtrain::worker::wait_for_rank_if_spare()) return 0;
   keep_freed_memory_in_heap();
   std::set_terminate(terminate_with_error_file);

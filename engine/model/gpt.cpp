@@ -322,16 +322,16 @@ void GptImpl::build_param(const std::string& name, at::Tensor& p, ParamInit& ini
   for (int64_t d : shape) n *= d;
   whole_params_ += n;
   if (scope.keeps && !scope.keeps(name)) {  // another stage's: only the generator moves
-    init.skip(name, n);
+    if (scope.draw) init.skip(name, n);
     p.set_data(at::empty({0}, p.options()));
     return;
   }
   if (expert) {
-    init.rows(name, p, n, int64_t(scope.ep_rank) * p.size(0));
+    if (scope.draw) init.rows(name, p, n, int64_t(scope.ep_rank) * p.size(0));
     cut_shapes_[name] = shape;
     return;
   }
-  init.whole(name, p);
+  if (scope.draw) init.whole(name, p);
   if (!scope.slice) return;
   at::Tensor local = scope.slice(name, p);
   if (local.is_same(p)) return;

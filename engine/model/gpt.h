@@ -168,6 +168,9 @@ struct BuildScope {
   // Experts [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size) of every
   // MoE block, built and drawn alone (never the whole [E, ...]).
   int ep_rank = 0, ep_size = 1;
+  // false: the weights are not drawn from the seed (they keep LibTorch's
+  // module defaults), for a caller that loads every one of them next.
+  bool draw = true;
 };
 
 class GptImpl : public torch::nn::Module {

@@ -49,7 +49,8 @@ model::BuildScope build_scope(const JobSpec& spec, const mesh::Coord& coord) {
   return scope;
 }
 
-Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model) {
+Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model,
+                         const ParallelizeOptions& options) {
   Parallelized out;
   // The layout faults of the spec's fault section: first launch only.
   const auto fault = [&](FaultKind kind) { return spec.fault.kind == kind && comm.info().restart == 0; };
@@ -156,6 +157,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     dopt.bucket_mb = spec.parallel.ddp_bucket_mb;
     dopt.overlap = spec.parallel.ddp_overlap;
     dopt.reduce_bf16 = spec.parallel.reduce_dtype == ReduceDtype::bf16;
+    dopt.sync_initial_params = options.sync_initial_params;
     out.grad_sync = make_ddp_sync(named, layouts, replicas, tp, pp, dopt);
   }
   if (moe)  // the experts' gradients over edp, wrapped around the dense sync; counters over the real dp

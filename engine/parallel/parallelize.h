@@ -57,6 +57,12 @@ model::BuildScope build_scope(const JobSpec& spec, const mesh::Coord& coord);
 // `model` is the full model, initialised identically on every rank, or
 // built by build_scope() for this rank; already on this rank's device.
 // Collective over the groups it uses.
-Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model);
+struct ParallelizeOptions {
+  // false: the replicas' weights are not made equal (DDP's broadcast from dp
+  // rank 0 is skipped) because the caller loads every one of them next.
+  bool sync_initial_params = true;
+};
+Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model,
+                         const ParallelizeOptions& options = {});
 
 }  // namespace dtrain::engine::parallel

@@ -22,21 +22,34 @@ double model_flops_per_step(double params, const ModelSpec& m, double tokens_per
          12.0 * double(m.layers) * double(m.d_model) * double(m.seq_len) * tokens_per_step;
 }
 
-DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
-                               comm::Group& control) {
-  DevicePeak p;
+namespace {
+
+// This process's matmul rate for `spec`'s precision on `device`. Short:
+// every worker start pays it. bf16 on a CPU without bf16 units runs at a
+// few GFLOP/s, so its matrix is smaller. Once per process and kind: a worker
+// that recovers in place (a new round, the same device) keeps its first
+// figure and starts training sooner; so does a warm spare that measured it.
+double matmul_gflops(const JobSpec& spec, c10::Device device) {
   const auto dtype = spec.train.precision == Precision::bf16 ? at::kBFloat16 : at::kFloat;
-  // Short: every worker start pays it. bf16 on a CPU without bf16 units runs
-  // at a few GFLOP/s, so its matrix is smaller.
   const int n = !device.is_cpu() ? 4096 : dtype == at::kBFloat16 ? 256 : 512;
-  // Once per process and kind: a worker that recovers in place (a new round,
-  // the same device) keeps its first figure and starts training sooner.
   static std::map<std::pair<int, std::string>, double> measured;
   const auto key = std::make_pair(int(dtype), device.str());
   auto it = measured.find(key);
   if (it == measured.end())
     it = measured.emplace(key, doctor::measure_gemm_gflops(dtype, n, device.is_cpu() ? 0.06 : 0.3, device)).first;
-  p.measured_gflops = it->second;
+  return it->second;
+}
+
+}  // namespace
+
+void premeasure_cpu_peak(const JobSpec& spec) {
+  if (spec.cluster.device == DeviceKind::cpu) (void)matmul_gflops(spec, c10::Device(c10::DeviceType::CPU));
+}
+
+DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
+                               comm::Group& control) {
+  DevicePeak p;
+  p.measured_gflops = matmul_gflops(spec, device);
   cpu_set_t set;
   CPU_ZERO(&set);
   p.cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : int(::sysconf(_SC_NPROCESSORS_ONLN));

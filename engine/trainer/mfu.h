@@ -29,4 +29,10 @@ struct DevicePeak {
 DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
                                comm::Group& control);
 
+// The rate measure_device_peak takes, measured now for `spec`'s precision
+// when it trains on the CPU (one thread): a warm spare measures while it
+// waits for a rank, so that a restart does not (the figure is kept per
+// process). Nothing for cluster.device cuda (a spare touches no GPU).
+void premeasure_cpu_peak(const JobSpec& spec);
+
 }  // namespace dtrain::engine::trainer

@@ -7,11 +7,13 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
+#include "common/checkpoint_dir.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/offload_files.h"
@@ -101,9 +103,60 @@ void offload_optimizer(const JobSpec& spec, const comm::WorldInfo& info, const c
   optimizer.offload(opt, o.prefetch);
 }
 
+// The model, its parallel layout, the optimizer and the checkpoint's view of
+// them. `draw`: the initial weights drawn from job.seed and made the same on
+// every replica; false when a restore overwrites every one of them
+// (draw_init), which skips the draws and the data-parallel broadcast.
+void build_model(TrainSession& s, bool draw) {
+  const JobSpec& spec = s.spec;
+  // Initialised on the CPU from job.seed (the same numbers on every device
+  // and every rank), built as this rank's share only (its stage, its tp
+  // slices, its experts), moved, then laid out by parallelize.
+  model::BuildScope scope = parallel::build_scope(spec, s.info.coord);
+  scope.draw = draw;
+  model::Gpt model(gpt_config(spec.model), spec.job.seed, scope);
+  model->to(s.device);
+  model->train();
+  s.model_params = model->whole_num_params();  // the whole model, before any split
+  s.flops_per_step = model_flops_per_step(double(s.model_params), spec.model,
+                                          double(spec.global_batch()) * double(spec.model.seq_len));
+  // train.offload's files of ranks beyond this world (an earlier, larger
+  // launch killed before it could remove them) go; each rank replaces its own.
+  const OffloadSpec& off = spec.train.offload;
+  if (s.info.rank == 0 && (off.optimizer == OffloadTarget::nvme || off.params == OffloadTarget::nvme))
+    remove_offload_files(off.path, spec.job.name, s.info.world);
+  parallel::ParallelizeOptions popt;
+  popt.sync_initial_params = draw;
+  s.par = parallel::parallelize(spec, *s.comm, std::move(model), popt);
+  s.optimizer = make_optimizer(spec, s.par.grad_sync->optimizer_params());
+  offload_optimizer(spec, s.info, s.device, *s.optimizer);
+  s.state = s.par.grad_sync->state(*s.optimizer);
+}
+
+// Whether the weights are drawn: yes unless `may_skip` and every rank
+// expects to restore its whole state (a collective: the layouts'
+// broadcasts stay matched): the checkpoint `dtrain resume` names, one on
+// disk, or in a restarted round the nodes' in-memory copies. Where the
+// restore then finds nothing to load, run_training builds it again, drawn
+// (rebuild_drawn).
+bool draw_init(TrainSession& s, bool may_skip) {
+  if (!may_skip) return true;
+  const int nodes = s.info.world / std::max(1, s.info.local_world);
+  bool on_disk = false;
+  try {  // a `latest` that names no step is refused by the resume, as before; here: draw
+    on_disk = !s.spec.checkpoint.dir.empty() && !dtrain::checkpoint::latest_dir(s.spec.checkpoint.dir).empty();
+  } catch (const std::exception&) {
+  }
+  const bool expect = !s.info.resume_from.empty() || on_disk ||
+                      (s.info.restart > 0 && !s.info.memory_dir.empty() && s.spec.checkpoint.memory_on(nodes));
+  at::Tensor t = at::full({1}, expect ? 1.0 : 0.0, at::TensorOptions().dtype(at::kDouble));  // [1]
+  s.comm->control().all_reduce(t, /*async=*/false, comm::ReduceOp::min);
+  return t.item<double>() < 0.5;
+}
+
 }  // namespace
 
-std::unique_ptr<TrainSession> make_train_session() {
+std::unique_ptr<TrainSession> make_train_session(bool skip_init_if_restoring) {
   auto s = std::make_unique<TrainSession>();
   s->info = comm::WorldInfo::from_env();
   if (s->info.spec_path.empty())
@@ -165,24 +218,11 @@ std::unique_ptr<TrainSession> make_train_session() {
       // the tail data.valid.split holds out is never drawn.
       training_windows(spec, s->data->num_samples()), spec.job.seed, s->info.mesh.dp(), s->info.coord[mesh::Axis::dp],
       spec.train.micro_batch, spec.train.grad_accum, /*shuffle=*/!s->data->orders_itself());
-  // Initialised on the CPU from job.seed (the same numbers on every device
-  // and every rank), built as this rank's share only (its stage, its tp
-  // slices, its experts), moved, then laid out by parallelize.
-  model::Gpt model(gpt_config(spec.model), spec.job.seed, parallel::build_scope(spec, s->info.coord));
-  model->to(s->device);
-  model->train();
-  const int64_t model_params = model->whole_num_params();  // the whole model, before any split
-  s->flops_per_step = model_flops_per_step(double(model_params), spec.model,
-                                           double(spec.global_batch()) * double(spec.model.seq_len));
-  // train.offload's files of ranks beyond this world (an earlier, larger
-  // launch killed before it could remove them) go; each rank replaces its own.
-  const OffloadSpec& off = spec.train.offload;
-  if (s->info.rank == 0 && (off.optimizer == OffloadTarget::nvme || off.params == OffloadTarget::nvme))
-    remove_offload_files(off.path, spec.job.name, s->info.world);
-  s->par = parallel::parallelize(spec, *s->comm, std::move(model));
-  s->optimizer = make_optimizer(spec, s->par.grad_sync->optimizer_params());
-  offload_optimizer(spec, s->info, s->device, *s->optimizer);
-  s->state = s->par.grad_sync->state(*s->optimizer);
+  s->init_skipped = !draw_init(*s, skip_init_if_restoring);
+  build_model(*s, /*draw=*/!s->init_skipped);
+  if (s->init_skipped && s->is_log_rank())
+    DTRAIN_INFO("initial weights not drawn: every rank restores its state next (a checkpoint or in-memory copy)");
+  const int64_t model_params = s->model_params;
   s->schedule.lr = spec.train.lr;
   s->schedule.min_lr = spec.train.min_lr;
   s->schedule.warmup_steps = spec.train.warmup_steps;
@@ -233,6 +273,14 @@ void offload_fault_after_step(TrainSession& s, int64_t steps_done) {
     else
       std::filesystem::resize_file(file, bytes / 2, ec);
   }
+}
+
+void rebuild_drawn(TrainSession& s) {
+  s.state.reset();
+  s.optimizer.reset();
+  s.par = parallel::Parallelized();
+  build_model(s, /*draw=*/true);
+  s.init_skipped = false;
 }
 
 TrainSession::~TrainSession() {

@@ -42,6 +42,10 @@ struct TrainSession {
   at::Tensor inputs_dev, targets_dev;  // the same on `device` (== inputs/targets on the CPU)
   DevicePeak peak;             // the ranks' measured matmul peak (MFU's denominator)
   double flops_per_step = 0;   // model FLOPs of one step (MFU's numerator, per step)
+  int64_t model_params = 0;    // the whole model's, before any split
+  // The weights were not drawn: a restore was expected to overwrite them
+  // all (make_train_session's skip_init_if_restoring).
+  bool init_skipped = false;
   // This run's SIGTERM poll, its all-reduce in flight on comm's control
   // group: a run after a round abort starts with none (checkpoint.h).
   checkpoint::PreemptionPoll preemption;
@@ -62,7 +66,16 @@ struct TrainSession {
 // device (cuda:LOCAL_RANK for cluster.device cuda), builds the groups
 // (collective) and everything else. Throws dtrain::Error(config) for the combinations
 // this engine does not run (plan/combinations.h: ZeRO-3 or MoE with pp, fp16, ...).
-std::unique_ptr<TrainSession> make_train_session();
+// `skip_init_if_restoring`: where every rank expects to restore a checkpoint
+// or in-memory copy (one on disk, `dtrain resume`, a restarted round with
+// checkpoint.memory), the initial weights are not drawn nor broadcast
+// (init_skipped); a caller whose restore then loads nothing calls
+// rebuild_drawn before training.
+std::unique_ptr<TrainSession> make_train_session(bool skip_init_if_restoring = false);
+
+// The model, layout, optimizer and state of `s` built again with the weights
+// drawn from job.seed (collective over the layout's groups).
+void rebuild_drawn(TrainSession& s);
 
 // fault.kind offload_truncate / offload_delete: rank fault.rank truncates
 // or deletes its train.offload file after step fault.step (first launch).

@@ -207,11 +207,17 @@ struct Validation {
 }  // namespace
 
 int run_training() {
-  auto session = make_train_session();
+  auto session = make_train_session(/*skip_init_if_restoring=*/true);
   TrainSession& s = *session;
   const checkpoint::AsyncSaveScope async_saves(*s.comm, s.spec);  // a write in flight ends before the groups
   const checkpoint::MemoryCopyScope memory_copies(*s.comm, s.spec);  // so does an in-memory copy
   int64_t step = maybe_load_checkpoint(s);
+  if (s.init_skipped && step == 0) {  // nothing restored after all (the same on every rank): draw, look again
+    if (s.is_log_rank())
+      DTRAIN_INFO("no checkpoint or in-memory copy was restored: the weights are drawn from job.seed after all");
+    rebuild_drawn(s);
+    step = maybe_load_checkpoint(s);
+  }
   if (step >= s.spec.train.steps && s.is_log_rank())
     DTRAIN_WARN("nothing to train: the checkpoint is at step {} and train.steps = {}; "
                 "raise train.steps (--set train.steps=N) or remove checkpoint.dir = {} "

@@ -320,3 +320,60 @@ TEST_CASE("checkpoint.memory bad input: every < 0 is refused naming the field; o
   CHECK_MESSAGE(has(out, "checkpoint.memory.replicas = 1 is ignored on a single node (cluster.nodes = 1)"), out);
   CHECK_MESSAGE(!has(out, "keeps its in-memory copies"), out);
 }
+
+// A restarted round with checkpoint.memory expects its state from the nodes'
+// copies and builds its model without drawing the weights (train_session.h);
+// a rank killed after step 2, before the first copy (every 10) and with no
+// checkpoint on disk, leaves nothing to restore: the weights are drawn after
+// all, and the run from step 1 equals a fault-free one, step for step.
+// Negative control (run once by hand, with rebuild_drawn's call in
+// trainer.cpp removed): the restarted run trained from LibTorch's module
+// defaults; max loss rel diff 0.106 (10^4 x kLossRelTol), and this case failed.
+TEST_CASE("checkpoint.memory 2 nodes: a restart before any copy or checkpoint draws the weights after all and "
+          "trains as a fault-free run") {
+  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
+    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
+    return;
+  }
+  TestHosts hosts(2);
+  auto& p = parity::Parity::get();
+  const auto run = [&](const std::string& name, bool fault) {
+    const std::string run_dir = p.dir / name;
+    std::vector<std::string> sets = {
+        "log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt", "checkpoint.every=100", "checkpoint.keep=2",
+        "checkpoint.memory.every=10", "checkpoint.memory.replicas=1", "cluster.nodes=2", "cluster.procs_per_node=1",
+        "parallel.dp=auto", "train.micro_batch=2", "train.global_batch=12", "train.grad_accum=auto",
+        "cluster.max_restarts=1", "cluster.recover_in_place=true", "cluster.grace_s=1",
+        "cluster.rendezvous.join_timeout_s=30", "cluster.rendezvous.last_call_s=1",
+        "cluster.rendezvous.heartbeat_s=0.5"};
+    if (fault) sets.insert(sets.end(), {"fault.kind=kill_after_step", "fault.rank=1", "fault.step=2"});
+    TagGuard tag;
+    std::vector<std::unique_ptr<Child>> agents;
+    auto log = [&](int i) { return p.dir / (name + "_node" + std::to_string(i) + ".log"); };
+    agents.push_back(start_agent(0, sets, log(0), tag));
+    REQUIRE_MESSAGE(wait_until([&] { return has(agents[0]->output(), "listening on port"); }, 30),
+                    agents[0]->output());
+    agents.push_back(start_agent(1, sets, log(1), tag));
+    for (auto& a : agents) {
+      INFO("node 0:\n" << agents[0]->output() << "\nnode 1:\n" << agents[1]->output());
+      REQUIRE(a->wait(180));
+      CHECK(a->exit_code() == 0);
+    }
+    CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
+    return Run{agents[0]->output(), agents[1]->output(), "", losses_by_step(run_dir + "/metrics.jsonl")};
+  };
+  const Run clean = run("draw_clean", false);
+  const Run restarted = run("draw_after_all", true);
+  INFO("restarted, node 0:\n" << restarted.out0);
+  CHECK_FALSE(has(clean.out0, "initial weights not drawn"));
+  CHECK(has(restarted.out0, "rendezvous round 2 closed (restart 1)"));
+  CHECK(has(restarted.out0, "initial weights not drawn: every rank restores its state next"));
+  CHECK(has(restarted.out0, "no checkpoint or in-memory copy was restored: the weights are drawn from job.seed after all"));
+  const double diff = max_rel_diff(restarted.losses, clean.losses, 1, parity::kSteps, 0);
+  const double control = max_rel_diff(restarted.losses, clean.losses, 2, parity::kSteps, -1);
+  MESSAGE("restart before any copy vs fault-free, steps 1.." << parity::kSteps << ": max loss rel diff " << diff
+                                                             << " (tolerance " << parity::kLossRelTol
+                                                             << "); negative control (one step off) " << control);
+  CHECK(diff <= parity::kLossRelTol);
+  CHECK(control >= parity::kControlFactor * parity::kLossRelTol);
+}

@@ -186,13 +186,13 @@ Ddp::Ddp(std::vector<std::pair<std::string, at::Tensor>> named_params, comm::Gro
       s.offset_of[i] = bucket.offsets[k];
       // Initial parameters from dp rank 0: pack into the (still unused)
       // bucket, broadcast, unpack.
-      slot.copy_(p.reshape({-1}));
+      if (options.sync_initial_params) slot.copy_(p.reshape({-1}));
     }
-    if (dp.size() > 1) dp.broadcast(bucket.flat, /*root=*/0)->wait();
+    if (options.sync_initial_params && dp.size() > 1) dp.broadcast(bucket.flat, /*root=*/0)->wait();
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       at::Tensor& p = s.params[bucket.params[k]];
       at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[k], p.numel());
-      p.copy_(slot.view(p.sizes()));
+      if (options.sync_initial_params) p.copy_(slot.view(p.sizes()));
       p.mutable_grad() = slot.view(p.sizes());  // [param shape] view into the bucket
     }
     bucket.flat.zero_();

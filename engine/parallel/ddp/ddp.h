@@ -23,6 +23,7 @@ struct DdpOptions {
   double bucket_mb = kDefaultBucketMb;  // bucket capacity; a bucket closes once it reaches this
   bool overlap = true;                  // false: all-reduce every bucket after backward
   bool reduce_bf16 = false;             // parallel.reduce_dtype bf16: all-reduce a bf16 copy of each bucket
+  bool sync_initial_params = true;      // false: no broadcast from dp rank 0 (a restore loads them all next)
 };
 
 // What one synchronised step cost: GradSync's figures (grad_sync.h).
