@@ -45,8 +45,10 @@ TESTHOSTS = os.path.join(SOURCE, "scripts", "testhosts")
 KINDS = ["kill_worker", "kill_agent", "hang", "slow_rank", "link_cut", "full_disk", "corrupt_ckpt"]
 RDZV_PORT = 29400
 # The agents' first word on any fault: a worker's failure, a round change's
-# reason, a lost node, a hang, a skipped checkpoint, a full disk.
+# reason, a lost node, a hang, a skipped checkpoint (or one found corrupt
+# after a restore from memory), a full disk.
 ANY_CAUSE = (r"because: [^\n]*|failed: [^\n]*|lost node [^\n]*|hang: [^\n]*|checkpoint: skipped[^\n]*|"
+             r"checkpoint: step_\d+ does not verify[^\n]*|"
              r"No space left on device")
 
 

@@ -133,7 +133,9 @@ class FaultInjector:
         if f["kind"] == "full_disk":
             return r"[^\n]*No space left on device", "full disk"
         if f["kind"] == "corrupt_ckpt":
-            return r"checkpoint: skipped step_\d+: [^\n]*", "corrupt checkpoint"
+            # A restart from disk skips it; one from the nodes' memory
+            # (newer) verifies it after, in the background, and names it.
+            return r"checkpoint: (skipped step_\d+: |step_\d+ does not verify: )[^\n]*", "corrupt checkpoint"
         if f["kind"] in ("kill_agent", "link_cut"):  # the node rank may differ from the host's index
             return r"lost node \d+: id '%s:" % re.escape(addr(h)), "lost node"
         return None, None

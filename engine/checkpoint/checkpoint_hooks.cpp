@@ -27,14 +27,33 @@ int64_t disk_step(const std::string& dir) {
 int64_t resume(const TrainState& s) {
   install_preemption_handler();
   std::string dir = prepare_resume(s);
-  if (!s.info->resume_from.empty() && s.info->restart == 0)
-    dir = dtrain::checkpoint::resolve(s.info->resume_from);  // explicit: a corrupt one is refused by load
-  else if (!dir.empty())  // automatic: past a corrupt `latest` to the newest that verifies,
-    dir = newest_verified(s, dir, /*fall_back=*/s.info->resume_from.empty());  // unless begun explicitly
-  // A re-formed round: the newest state the nodes hold in memory, unless
-  // disk has a newer one (an explicit `dtrain resume` reads its checkpoint).
-  if (memory_copies_on(s) && (s.info->resume_from.empty() || s.info->restart > 0)) {
-    const int64_t step = restore_from_memory(s, dir.empty() ? -1 : disk_step(dir));
+  // An explicit `dtrain resume` reads its checkpoint; a re-formed round the
+  // newest state the nodes hold in memory, unless disk has a newer one.
+  const bool explicit_first = !s.info->resume_from.empty() && s.info->restart == 0;
+  const bool memory = !explicit_first && memory_copies_on(s);
+  if (explicit_first) {
+    dir = dtrain::checkpoint::resolve(s.info->resume_from);  // a corrupt one is refused by load
+  } else if (!dir.empty()) {
+    // Memory first: a copy at least as new as `latest` needs no disk read
+    // (rank 0 verifying every shard of `latest` held up every rank's
+    // restart); `latest` is verified after, off the restart's path.
+    if (memory) {
+      const int64_t step = restore_from_memory(s, disk_step(dir));
+      if (step >= 0) {
+        if (s.info->rank == 0) verify_in_background(dir);
+        return step;
+      }
+    }
+    // Past a corrupt `latest` to the newest that verifies, unless begun
+    // explicitly; memory again when that one is older than `latest`.
+    const std::string verified = newest_verified(s, dir, /*fall_back=*/s.info->resume_from.empty());
+    if (memory && verified != dir) {
+      const int64_t step = restore_from_memory(s, disk_step(verified));
+      if (step >= 0) return step;
+    }
+    dir = verified;
+  } else if (memory) {
+    const int64_t step = restore_from_memory(s, -1);
     if (step >= 0) return step;
   }
   if (dir.empty() && !s.info->init_from.empty()) {

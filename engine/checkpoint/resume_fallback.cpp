@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "common/checkpoint_dir.h"
@@ -45,6 +46,39 @@ int64_t choose(const std::string& root, int64_t latest_step, bool fall_back, std
 }
 
 }  // namespace
+
+namespace {
+std::thread& verifier() {
+  static std::thread t;
+  return t;
+}
+}  // namespace
+
+void verify_in_background(const std::string& latest_dir) {
+  std::thread& t = verifier();
+  if (t.joinable()) t.join();
+  t = std::thread([latest_dir] {
+    std::string why;
+    try {
+      ck::CheckpointReader reader(latest_dir);
+      reader.verify_all();
+      return;
+    } catch (const Error& e) {
+      why = e.message();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    std::error_code ec;
+    if (!std::filesystem::exists(latest_dir, ec)) return;  // pruned meanwhile (checkpoint.keep): nothing to say
+    DTRAIN_WARN("checkpoint: {} does not verify: {} (the restore came from the nodes' memory and did not read it; "
+                "a restart from disk will skip it)",
+                std::filesystem::path(latest_dir).filename().string(), why);
+  });
+}
+
+BackgroundVerifyScope::~BackgroundVerifyScope() {
+  if (verifier().joinable()) verifier().join();
+}
 
 std::string newest_verified(const TrainState& s, const std::string& latest, bool fall_back) {
   const std::string root = s.spec->checkpoint.dir;

@@ -19,4 +19,20 @@ namespace dtrain::engine::checkpoint {
 // what the user named). Collective over s.control.
 std::string newest_verified(const TrainState& s, const std::string& latest, bool fall_back);
 
+// After a restore from the nodes' memory at a step no older than disk's
+// `latest`, which the restore did not read: `latest_dir` verified on a
+// thread of its own, off the restart's path, and named when it does not
+// verify (the warning a fallback would print); a later restart from disk
+// skips it then. One at a time: the next call waits for the one before.
+void verify_in_background(const std::string& latest_dir);
+
+// Waits for verify_in_background's thread: run_training's end (every path).
+class BackgroundVerifyScope {
+ public:
+  BackgroundVerifyScope() = default;
+  BackgroundVerifyScope(const BackgroundVerifyScope&) = delete;
+  BackgroundVerifyScope& operator=(const BackgroundVerifyScope&) = delete;
+  ~BackgroundVerifyScope();
+};
+
 }  // namespace dtrain::engine::checkpoint

@@ -20,6 +20,7 @@
 #include "common/timeline.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/checkpoint/memory_snapshot.h"
+#include "engine/checkpoint/resume_fallback.h"
 #include "engine/comm/traced_group.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
@@ -211,6 +212,7 @@ int run_training() {
   TrainSession& s = *session;
   const checkpoint::AsyncSaveScope async_saves(*s.comm, s.spec);  // a write in flight ends before the groups
   const checkpoint::MemoryCopyScope memory_copies(*s.comm, s.spec);  // so does an in-memory copy
+  const checkpoint::BackgroundVerifyScope disk_check;  // and a check of disk's `latest` after a restore from memory
   int64_t step = maybe_load_checkpoint(s);
   if (s.init_skipped && step == 0) {  // nothing restored after all (the same on every rank): draw, look again
     if (s.is_log_rank())

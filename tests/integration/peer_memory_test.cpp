@@ -175,6 +175,38 @@ double max_rel_diff(const std::map<int, double>& a, const std::map<int, double>&
   return worst;
 }
 
+// Two agents on test hosts 0 and 1 (cluster.nodes 2, one rank each,
+// checkpoint.memory every 10, disk every 100, one restart allowed) with
+// `extra` sets; `during(run_dir)` runs once both have started. Both must
+// end with 0 and leave no process.
+template <typename During>
+Run two_node_run(const std::string& name, const std::vector<std::string>& extra, During during) {
+  auto& p = parity::Parity::get();
+  const std::string run_dir = p.dir / name;
+  std::vector<std::string> sets = {
+      "log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt", "checkpoint.every=100", "checkpoint.keep=5",
+      "checkpoint.memory.every=10", "checkpoint.memory.replicas=1", "cluster.nodes=2", "cluster.procs_per_node=1",
+      "parallel.dp=auto", "train.micro_batch=2", "train.global_batch=12", "train.grad_accum=auto",
+      "cluster.max_restarts=1", "cluster.recover_in_place=true", "cluster.grace_s=1",
+      "cluster.rendezvous.join_timeout_s=30", "cluster.rendezvous.last_call_s=1",
+      "cluster.rendezvous.heartbeat_s=0.5"};
+  sets.insert(sets.end(), extra.begin(), extra.end());  // later sets win
+  TagGuard tag;
+  std::vector<std::unique_ptr<Child>> agents;
+  auto log = [&](int i) { return p.dir / (name + "_node" + std::to_string(i) + ".log"); };
+  agents.push_back(start_agent(0, sets, log(0), tag));
+  REQUIRE_MESSAGE(wait_until([&] { return has(agents[0]->output(), "listening on port"); }, 30), agents[0]->output());
+  agents.push_back(start_agent(1, sets, log(1), tag));
+  during(run_dir);
+  for (auto& a : agents) {
+    INFO("node 0:\n" << agents[0]->output() << "\nnode 1:\n" << agents[1]->output());
+    REQUIRE(a->wait(180));
+    CHECK(a->exit_code() == 0);
+  }
+  CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
+  return Run{agents[0]->output(), agents[1]->output(), "", losses_by_step(run_dir + "/metrics.jsonl")};
+}
+
 }  // namespace
 
 TEST_CASE("checkpoint.memory 2:3: a cut host's state comes from peer memory at a step newer than disk; "
@@ -336,34 +368,10 @@ TEST_CASE("checkpoint.memory 2 nodes: a restart before any copy or checkpoint dr
     return;
   }
   TestHosts hosts(2);
-  auto& p = parity::Parity::get();
-  const auto run = [&](const std::string& name, bool fault) {
-    const std::string run_dir = p.dir / name;
-    std::vector<std::string> sets = {
-        "log.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/ckpt", "checkpoint.every=100", "checkpoint.keep=2",
-        "checkpoint.memory.every=10", "checkpoint.memory.replicas=1", "cluster.nodes=2", "cluster.procs_per_node=1",
-        "parallel.dp=auto", "train.micro_batch=2", "train.global_batch=12", "train.grad_accum=auto",
-        "cluster.max_restarts=1", "cluster.recover_in_place=true", "cluster.grace_s=1",
-        "cluster.rendezvous.join_timeout_s=30", "cluster.rendezvous.last_call_s=1",
-        "cluster.rendezvous.heartbeat_s=0.5"};
-    if (fault) sets.insert(sets.end(), {"fault.kind=kill_after_step", "fault.rank=1", "fault.step=2"});
-    TagGuard tag;
-    std::vector<std::unique_ptr<Child>> agents;
-    auto log = [&](int i) { return p.dir / (name + "_node" + std::to_string(i) + ".log"); };
-    agents.push_back(start_agent(0, sets, log(0), tag));
-    REQUIRE_MESSAGE(wait_until([&] { return has(agents[0]->output(), "listening on port"); }, 30),
-                    agents[0]->output());
-    agents.push_back(start_agent(1, sets, log(1), tag));
-    for (auto& a : agents) {
-      INFO("node 0:\n" << agents[0]->output() << "\nnode 1:\n" << agents[1]->output());
-      REQUIRE(a->wait(180));
-      CHECK(a->exit_code() == 0);
-    }
-    CHECK(dtrain::testing::tagged_pids(tag.tag()).empty());
-    return Run{agents[0]->output(), agents[1]->output(), "", losses_by_step(run_dir + "/metrics.jsonl")};
-  };
-  const Run clean = run("draw_clean", false);
-  const Run restarted = run("draw_after_all", true);
+  const std::vector<std::string> fault = {"fault.kind=kill_after_step", "fault.rank=1", "fault.step=2"};
+  const auto none = [](const std::string&) {};
+  const Run clean = two_node_run("draw_clean", {}, none);
+  const Run restarted = two_node_run("draw_after_all", fault, none);
   INFO("restarted, node 0:\n" << restarted.out0);
   CHECK_FALSE(has(clean.out0, "initial weights not drawn"));
   CHECK(has(restarted.out0, "rendezvous round 2 closed (restart 1)"));
@@ -376,4 +384,46 @@ TEST_CASE("checkpoint.memory 2 nodes: a restart before any copy or checkpoint dr
                                                              << "); negative control (one step off) " << control);
   CHECK(diff <= parity::kLossRelTol);
   CHECK(control >= parity::kControlFactor * parity::kLossRelTol);
+}
+
+// A restore from the nodes' memory at a step no older than disk's `latest`
+// does not read `latest` (rank 0 verifying every shard of it held up every
+// rank's restart); it is verified after, in the background, and named when
+// it does not verify. Here step_4 is corrupted while rank 1 hangs after
+// step 6: the restart restores step 6 from memory, then names step_4.
+// Negative control (run once by hand on the order before: rank 0 verified
+// disk first): "checkpoint: skipped step_4", then "no checkpoint ... verifies"
+// and the job failed, though every node held step 6 in memory.
+TEST_CASE("checkpoint.memory 2 nodes: a restore from memory does not read disk's latest first; a corrupt one is "
+          "named after, in the background") {
+  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
+    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
+    return;
+  }
+  TestHosts hosts(2);
+  int corrupted = 0;
+  const Run r = two_node_run(
+      "verify_after", {"checkpoint.every=4", "checkpoint.memory.every=1", "fault.kind=hang", "fault.rank=1",
+                       "fault.step=6", "cluster.hang_timeout_s=3"},
+      [&](const std::string& run_dir) {
+        // Rank 1 stops after step 6 (its copy made); step_4 is on disk by then.
+        REQUIRE(wait_until([&] { return losses_by_step(run_dir + "/metrics.jsonl").count(6) > 0; }, 120));
+        for (const auto& e : fs::directory_iterator(run_dir + "/ckpt/step_4")) {
+          if (e.path().extension() != ".safetensors") continue;
+          std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+          f.seekg(-1, std::ios::end);
+          char c = 0;
+          f.get(c);
+          f.seekp(-1, std::ios::end);
+          f.put(static_cast<char>(c ^ 0x5a));
+          ++corrupted;
+        }
+      });
+  INFO("node 0:\n" << r.out0);
+  CHECK(corrupted == 2);
+  CHECK(has(r.out0, "resuming from step 6 (in-memory copies; disk has step 4)"));
+  CHECK(has(r.out0, "checkpoint: step_4 does not verify: "));
+  CHECK(has(r.out0, "checksum mismatch"));
+  CHECK_FALSE(has(r.out0, "checkpoint: skipped step_4"));
+  CHECK(r.losses.rbegin()->first == parity::kSteps);
 }
