@@ -61,6 +61,12 @@ struct ClusterSpec {
   // survivors' workers are stopped and new ones start, the restart path;
   // docs/ARCHITECTURE.md, Recovery in place).
   bool recover_in_place = true;
+  // With recover_in_place, a round change takes the model and optimizer
+  // state from the surviving workers' memory as they left it (no step
+  // redone, nothing read) where every rank holds the whole state (pure data
+  // parallel, CPU); false: from the in-memory copies or disk, as a new
+  // worker would (engine/checkpoint/live_state.h).
+  bool live_recovery = true;
   double grace_s = 5.0;          // SIGTERM -> SIGKILL grace period when stopping workers
   double hang_timeout_s = 0;     // no rank completes a collective this long: a hang (0 = off)
   // > 0: a hang already after this many of the slowest rank's last step (at

@@ -29,6 +29,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("cluster.max_restarts", cluster.max_restarts),
       DTRAIN_FIELD("cluster.warm_spares", cluster.warm_spares),
       DTRAIN_FIELD("cluster.recover_in_place", cluster.recover_in_place),
+      DTRAIN_FIELD("cluster.live_recovery", cluster.live_recovery),
       DTRAIN_FIELD("cluster.grace_s", cluster.grace_s),
       DTRAIN_FIELD("cluster.hang_timeout_s", cluster.hang_timeout_s),
       DTRAIN_FIELD("cluster.hang_timeout_steps", cluster.hang_timeout_steps),

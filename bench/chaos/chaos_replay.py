@@ -37,7 +37,7 @@ SECTION = re.compile(r"^===== dtrain: .*, round (\d+), restart (\d+), rank 0 ===
 WORLD = re.compile(r"\]\[rank 0/(\d+)\]")
 # From disk (with the sampler's position) or from checkpoint.memory's copies
 # (none logged: such a step was never saved, the round that trained through it counts).
-RESUMED = re.compile(r"resuming from step (\d+) \((?:.*, sampler at (\d+) samples\)|in-memory copies)")
+RESUMED = re.compile(r"resuming from step (\d+) \((?:.*, sampler at (\d+) samples\)|in-memory copies|live state)")
 SAVED = re.compile(r"checkpoint \S*/step_(\d+) (?:saved|committed \(async\))")
 STEP = re.compile(r"\] step (\d+)/\d+ \| loss")
 GBS = re.compile(r"GBS = micro_batch\((\d+)\) x grad_accum\((\d+)\) x dp\((\d+)\)")

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <thread>
 
 #include "common/checkpoint_dir.h"
@@ -27,17 +28,23 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-struct InFlight {
-  comm::Group* group = nullptr;    // the writers' (AsyncSaveScope's); null: no async saves
-  bool active = false;             // started and not yet reported (training thread only)
+// One save, shared by the training thread and its writer: a writer left
+// behind by a round's end (AsyncSaveScope) keeps its own.
+struct SaveJob {
   detail::PreparedSave save;       // the writer's until `done`
-  std::thread writer;
   std::atomic<bool> done{false};   // the writer finished (committed or failed)
   std::exception_ptr error;        // set by the writer before `done`
   double write_ms = 0;             // this rank's file
+};
+
+struct InFlight {
+  comm::Group* group = nullptr;    // the writers' (AsyncSaveScope's); null: no async saves
+  bool active = false;             // started and not yet reported (training thread only)
+  std::shared_ptr<SaveJob> job = std::make_shared<SaveJob>();
+  std::thread writer;
   int failed_in_row = 0;           // saves in a row that failed on I/O while training went on
   ~InFlight() {
-    if (writer.joinable()) writer.join();
+    if (writer.joinable()) writer.detach();  // at exit: never wait on a peer
   }
 };
 
@@ -156,31 +163,32 @@ bool io_failure(std::exception_ptr error) {
 // previous checkpoint still hold the state; the next save tries again).
 double collect(bool wait, bool tolerate, const TrainState& s) {
   InFlight& f = in_flight();
-  if (!f.active || (!wait && !f.done.load(std::memory_order_acquire))) return -1;
+  SaveJob& j = *f.job;
+  if (!f.active || (!wait && !j.done.load(std::memory_order_acquire))) return -1;
   if (f.writer.joinable()) f.writer.join();
   f.active = false;
-  if (!f.error) {
+  if (!j.error) {
     f.failed_in_row = 0;
-    return f.write_ms;
+    return j.write_ms;
   }
-  if (!tolerate || !io_failure(f.error) || ++f.failed_in_row >= kMaxFailedSaves) std::rethrow_exception(f.error);
+  if (!tolerate || !io_failure(j.error) || ++f.failed_in_row >= kMaxFailedSaves) std::rethrow_exception(j.error);
   try {
-    std::rethrow_exception(f.error);
+    std::rethrow_exception(j.error);
   } catch (const std::exception& e) {
     if (s.info->rank == 0) {
       const std::string what = e.what();
       const std::string latest = dtrain::checkpoint::latest_dir(s.spec->checkpoint.dir);
       DTRAIN_ERROR("checkpoint of step {} failed: {}; training goes on ({}; {} failed save(s) in a row, the job "
                    "stops at {}; the next save {} tries again)",
-                   f.save.step, what.substr(0, what.find('\n')),
+                   j.save.step, what.substr(0, what.find('\n')),
                    latest.empty() ? "no checkpoint exists yet" : "latest stays " + latest, f.failed_in_row,
                    kMaxFailedSaves,
-                   s.spec->checkpoint.every > 0 ? "at step " + std::to_string(f.save.step + s.spec->checkpoint.every)
+                   s.spec->checkpoint.every > 0 ? "at step " + std::to_string(j.save.step + s.spec->checkpoint.every)
                                                 : "at the end");
     }
   }
-  f.error = nullptr;
-  return f.write_ms;
+  j.error = nullptr;
+  return j.write_ms;
 }
 
 }  // namespace
@@ -199,31 +207,30 @@ double start_async_save(const TrainState& s, int64_t step, detail::PreparedSave*
   double committed = -1;
   if (f.active) {  // at most one in flight: this save waits for the previous one
     const auto t0 = std::chrono::steady_clock::now();
-    const int64_t previous = f.save.step;
+    const int64_t previous = f.job->save.step;
     committed = collect(/*wait=*/true, /*tolerate=*/true, s);
     if (s.info->rank == 0)
       DTRAIN_INFO("checkpoint: the save of step {} waited {:.1f} ms for the write of step {}", step, ms_since(t0),
                   previous);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  f.save = host != nullptr ? std::move(*host) : detail::take_snapshot(s, step);
-  f.done.store(false);
-  f.error = nullptr;
-  f.write_ms = 0;
+  auto j = std::make_shared<SaveJob>();
+  j->save = host != nullptr ? std::move(*host) : detail::take_snapshot(s, step);
+  f.job = j;
   f.active = true;
   if (s.info->rank == 0)
     DTRAIN_INFO("checkpoint of step {} started (async): host copies {} in {:.1f} ms", step,
                 host != nullptr ? "shared with the in-memory copy" : "taken", ms_since(t0));
   const WriterJob job{f.group, s.spec->checkpoint.dir, s.spec->checkpoint.keep, s.info->rank};
-  f.writer = std::thread([&f, job] {
+  f.writer = std::thread([j, job] {
     try {
-      write_and_commit(job, f.save, f.write_ms);
+      write_and_commit(job, j->save, j->write_ms);
     } catch (...) {
-      f.error = std::current_exception();
+      j->error = std::current_exception();
     }
-    f.save.keep.clear();  // the host copies, whatever happened
-    f.save.shards.clear();
-    f.done.store(true, std::memory_order_release);
+    j->save.keep.clear();  // the host copies, whatever happened
+    j->save.shards.clear();
+    j->done.store(true, std::memory_order_release);
   });
   return committed;
 }
@@ -238,17 +245,36 @@ AsyncSaveScope::AsyncSaveScope(comm::Comm& comm, const JobSpec& spec) {
 AsyncSaveScope::~AsyncSaveScope() {
   InFlight& f = in_flight();
   const bool was_active = f.active;
-  if (f.writer.joinable()) f.writer.join();  // its collectives end with its peers' (or fail when they are gone)
+  std::shared_ptr<SaveJob> j = f.job;
+  if (f.writer.joinable()) {
+    if (comm::leaving_round() && !j->done.load(std::memory_order_acquire)) {
+      // The round ended (or a failure unwinds the trainer) with the write in
+      // flight: a Gloo op of the writer can stay waiting, for the group's
+      // timeout, on a pair a cut link left half open, which no shut socket
+      // wakes (comm::leaving_round). The writer is left behind with its job
+      // and the leaked group below, and the next round goes on; it commits
+      // nothing, its peers left the collective it waits in.
+      f.writer.detach();
+      DTRAIN_WARN("checkpoint of step {} was not committed: the round ended with its write in flight; its writer "
+                  "is left behind", j->save.step);
+      f.job = std::make_shared<SaveJob>();
+      f.group = nullptr;
+      f.active = false;
+      (void)writers_.release();
+      return;
+    }
+    f.writer.join();  // its collectives end with its peers' (or fail when they are gone)
+  }
   f.group = nullptr;
   f.active = false;
   // After a round abort the group is leaked, as TrainSession's are: a c10d
   // destructor could block on work queued on the sockets end_round shut.
-  if (comm::round_aborted()) (void)writers_.release();
-  if (was_active && f.error) {
+  if (comm::leaving_round()) (void)writers_.release();
+  if (was_active && j->error) {
     try {
-      std::rethrow_exception(f.error);
+      std::rethrow_exception(j->error);
     } catch (const std::exception& e) {
-      DTRAIN_WARN("checkpoint of step {} was not committed: {}", f.save.step, e.what());
+      DTRAIN_WARN("checkpoint of step {} was not committed: {}", j->save.step, e.what());
     }
   }
 }

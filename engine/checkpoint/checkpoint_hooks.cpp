@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/timeline.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/live_state.h"
 #include "engine/checkpoint/resume_fallback.h"
 #include "engine/checkpoint/memory_snapshot.h"
 
@@ -31,6 +32,13 @@ int64_t resume(const TrainState& s) {
   // newest state the nodes hold in memory, unless disk has a newer one.
   const bool explicit_first = !s.info->resume_from.empty() && s.info->restart == 0;
   const bool memory = !explicit_first && memory_copies_on(s);
+  if (!explicit_first) {  // a round after one that ended under its workers: the survivors' own state
+    const int64_t step = restore_from_live(s, dir.empty() ? -1 : disk_step(dir));
+    if (step >= 0) {
+      if (s.info->rank == 0 && !dir.empty()) verify_in_background(dir);
+      return step;
+    }
+  }
   if (explicit_first) {
     dir = dtrain::checkpoint::resolve(s.info->resume_from);  // a corrupt one is refused by load
   } else if (!dir.empty()) {

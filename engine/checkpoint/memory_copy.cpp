@@ -128,7 +128,7 @@ MemoryCopyScope::~MemoryCopyScope() {
   f.group = nullptr;
   f.active = false;
   if (f.writer.joinable()) {
-    if (comm::round_aborted() && !job->done.load(std::memory_order_acquire)) {
+    if (comm::leaving_round() && !job->done.load(std::memory_order_acquire)) {
       // end_round shut the sockets, yet a Gloo send can stay waiting (for the
       // group's timeout) on a pair it was posted to: the writer is left behind
       // with its job and the leaked group below, and the next round goes on.
@@ -141,7 +141,7 @@ MemoryCopyScope::~MemoryCopyScope() {
   }
   // After a round abort the group is leaked, as TrainSession's are: a c10d
   // destructor could block on work queued on the sockets end_round shut.
-  if (comm::round_aborted()) (void)writers_.release();
+  if (comm::leaving_round()) (void)writers_.release();
   if (was_active && job && job->done.load(std::memory_order_acquire) && job->error) {
     try {
       std::rethrow_exception(job->error);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <exception>
 
 #include <atomic>
 #include <map>
@@ -55,6 +56,7 @@ RoundEndAbort::~RoundEndAbort() {
 }
 
 bool round_aborted() { return g_aborted.load(std::memory_order_acquire); }
+bool leaving_round() { return round_aborted() || std::uncaught_exceptions() > 0; }
 void clear_round_abort() {
   g_aborted.store(false, std::memory_order_release);
   g_generation.fetch_add(1, std::memory_order_acq_rel);

@@ -16,6 +16,15 @@ namespace dtrain::engine::comm {
 // its groups instead of destroying them.
 void abort_round();
 bool round_aborted();
+
+// Whether an object destroyed now must not wait for the round's pending
+// collective work: the round was aborted, or an exception is unwinding its
+// owner (a collective failed before the agent's notice came, e.g. a peer's
+// connection reset when a cut link returned). Either way another op of the
+// same groups may wait on a pair the cut left half open, for the group's
+// timeout, and c10d's ProcessGroupGloo destructor joins the thread that
+// waits: a worker kept in place once sat there past the start-up bound.
+bool leaving_round();
 // The next round's groups start clean: clears the flag, counts the round.
 void clear_round_abort();
 // How many rounds this process trained before the current one (0 in a

@@ -284,7 +284,7 @@ void rebuild_drawn(TrainSession& s) {
 }
 
 TrainSession::~TrainSession() {
-  if (comm && comm::round_aborted()) (void)comm.release();  // see the declaration
+  if (comm && comm::leaving_round()) (void)comm.release();  // see the declaration
 }
 
 MemoryStats TrainSession::memory() const {

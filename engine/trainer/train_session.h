@@ -46,6 +46,12 @@ struct TrainSession {
   // The weights were not drawn: a restore was expected to overwrite them
   // all (make_train_session's skip_init_if_restoring).
   bool init_skipped = false;
+  // The optimizer state, parameters and sampler are those after
+  // `steps_applied` steps (false while a restore or an update changes them):
+  // what a round that ends under the loop keeps (checkpoint/live_state.h).
+  bool state_settled = false;
+  int64_t steps_applied = 0;
+  int64_t steps_recorded = 0;  // steps whose metrics this rank recorded (rank 0 writes them)
   // This run's SIGTERM poll, its all-reduce in flight on comm's control
   // group: a run after a round abort starts with none (checkpoint.h).
   checkpoint::PreemptionPoll preemption;
@@ -56,9 +62,10 @@ struct TrainSession {
   TrainSession() = default;
   TrainSession(const TrainSession&) = delete;
   TrainSession& operator=(const TrainSession&) = delete;
-  // After a round abort (comm/round_abort.h) the groups are leaked, not
-  // destroyed: their sockets are shut down under pending work, and a
-  // destructor that waits for that work must not hold up the next round.
+  // After a round abort, or while an exception unwinds the trainer
+  // (comm::leaving_round), the groups are leaked, not destroyed: their
+  // sockets are shut down or reset under pending work, and a destructor that
+  // waits for that work must not hold up the next round.
   ~TrainSession();
 };
 

@@ -13,12 +13,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <memory>
 
 #include "common/log.h"
 #include "common/timeline.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/live_state.h"
 #include "engine/checkpoint/memory_snapshot.h"
 #include "engine/checkpoint/resume_fallback.h"
 #include "engine/comm/traced_group.h"
@@ -122,6 +124,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   // sync: every rank skips the same updates, so weights and optimizer state
   // stay finite and identical across replicas.
   r.finite = std::isfinite(r.grad_norm);
+  s.state_settled = false;  // until the sampler has moved too
   if (r.finite) {
     s.optimizer->step(r.lr);
     s.par.grad_sync->after_optimizer_step();
@@ -129,6 +132,8 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   s.par.grad_sync->zero();
   if (span_begin != 0) timeline::record(timeline::Kind::optimizer, span_begin);
   s.sampler->advance();
+  s.steps_applied = step + 1;
+  s.state_settled = true;
   r.step_s = timer.stop_s() - r.copy_wait_s;
   r.data_s = batches.data_s;
   r.blocked_s = double(comm::trace_blocked_ns() - blocked_ns) * 1e-9;
@@ -220,6 +225,20 @@ int run_training() {
     rebuild_drawn(s);
     step = maybe_load_checkpoint(s);
   }
+  s.steps_applied = step;
+  s.steps_recorded = step;
+  s.state_settled = true;
+  // A round that ends under the loop (recovery in place: its notice makes a
+  // collective throw) leaves the state as the last completed step left it;
+  // kept for the next round of this process (checkpoint/live_state.h).
+  struct KeepOnUnwind {
+    TrainSession& s;
+    const int uncaught = std::uncaught_exceptions();
+    ~KeepOnUnwind() {
+      if (std::uncaught_exceptions() > uncaught && s.state_settled)
+        checkpoint::keep_live_state(checkpoint_state(s), s.steps_applied, s.steps_recorded);
+    }
+  } keep_on_unwind{s};
   if (step >= s.spec.train.steps && s.is_log_rank())
     DTRAIN_WARN("nothing to train: the checkpoint is at step {} and train.steps = {}; "
                 "raise train.steps (--set train.steps=N) or remove checkpoint.dir = {} "
@@ -280,6 +299,7 @@ int run_training() {
                     st.slowest_rank, st.slowest_s * 1e3, st.ratio, st.median_s * 1e3);
     }
     metrics.record(report, logged ? s.memory() : MemoryStats{}, s.is_log_rank());
+    s.steps_recorded = step + 1;
     comm::trace_step_done(step + 1, r.step_s);
     if (logged) comm::trace_logged(report.loss, report.straggler_ratio);
     if (memory_check.due(step + 1)) memory_check.compare(s.memory(), s.is_log_rank());

@@ -293,7 +293,10 @@ TEST_CASE("elastic 2:3, recover_in_place: the survivors keep their worker pids; 
   {
     TagGuard tag;
     std::vector<std::string> sets = elastic_sets(run_dir);
-    sets.insert(sets.end(), {"cluster.recover_in_place=true", "cluster.warm_spares=false"});
+    // The survivors restore from disk here (its reference resumes a 2-host
+    // run from the same checkpoint); their live state is peer_memory_test's.
+    sets.insert(sets.end(), {"cluster.recover_in_place=true", "cluster.warm_spares=false",
+                             "cluster.live_recovery=false"});
     start_three(agents, [&](int i) {
       return start_agent(i, p.dir / "spec.yaml", sets, p.dir / ("in_place_node" + std::to_string(i) + ".log"), tag);
     });

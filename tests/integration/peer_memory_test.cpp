@@ -57,7 +57,10 @@ std::vector<std::string> memory_sets(const std::string& run_dir) {
           "train.global_batch=12", "train.grad_accum=auto", "cluster.grace_s=1",
           "cluster.rendezvous.join_timeout_s=30", "cluster.rendezvous.last_call_s=2",
           "cluster.rendezvous.heartbeat_s=0.5", "cluster.recover_in_place=true",
-          "cluster.rendezvous.rejoin_timeout_s=1"};  // the cut host's agent gives up soon
+          "cluster.rendezvous.rejoin_timeout_s=1",  // the cut host's agent gives up soon
+          // These cases restore from the copies; the survivors' live state
+          // (cluster.live_recovery) is the live cases'.
+          "cluster.live_recovery=false"};
 }
 
 // The directory an agent said it keeps its copies in.
@@ -97,15 +100,18 @@ std::string copy_dir(const std::string& root, int step) {
 // One elastic run: three agents, host 2 cut once every node holds step 6 in
 // memory; `before_cut` runs then (with node 0's directory). Host 2 is healed after.
 template <typename BeforeCut>
-Run run_and_cut(TestHosts& hosts, const std::string& name, BeforeCut before_cut) {
+Run run_and_cut(TestHosts& hosts, const std::string& name, BeforeCut before_cut,
+                const std::vector<std::string>& extra = {}) {
   auto& p = parity::Parity::get();
   const std::string run_dir = p.dir / name;
   TagGuard tag;
   std::vector<std::unique_ptr<Child>> agents;
   auto log = [&](int i) { return p.dir / (name + "_node" + std::to_string(i) + ".log"); };
-  agents.push_back(start_agent(0, memory_sets(run_dir), log(0), tag));
+  std::vector<std::string> sets = memory_sets(run_dir);
+  sets.insert(sets.end(), extra.begin(), extra.end());  // later sets win
+  agents.push_back(start_agent(0, sets, log(0), tag));
   REQUIRE_MESSAGE(wait_until([&] { return has(agents[0]->output(), "listening on port"); }, 30), agents[0]->output());
-  for (int i = 1; i < 3; ++i) agents.push_back(start_agent(i, memory_sets(run_dir), log(i), tag));
+  for (int i = 1; i < 3; ++i) agents.push_back(start_agent(i, sets, log(i), tag));
   std::vector<std::string> dirs(3);
   const bool held = wait_until([&] {
     for (int i = 0; i < 3; ++i) dirs[size_t(i)] = memory_dir(agents[size_t(i)]->output());
@@ -176,7 +182,8 @@ double max_rel_diff(const std::map<int, double>& a, const std::map<int, double>&
 }
 
 // Two agents on test hosts 0 and 1 (cluster.nodes 2, one rank each,
-// checkpoint.memory every 10, disk every 100, one restart allowed) with
+// checkpoint.memory every 10, disk every 100, one restart allowed, restores
+// from copies or disk: cluster.live_recovery false) with
 // `extra` sets; `during(run_dir)` runs once both have started. Both must
 // end with 0 and leave no process.
 template <typename During>
@@ -189,7 +196,7 @@ Run two_node_run(const std::string& name, const std::vector<std::string>& extra,
       "parallel.dp=auto", "train.micro_batch=2", "train.global_batch=12", "train.grad_accum=auto",
       "cluster.max_restarts=1", "cluster.recover_in_place=true", "cluster.grace_s=1",
       "cluster.rendezvous.join_timeout_s=30", "cluster.rendezvous.last_call_s=1",
-      "cluster.rendezvous.heartbeat_s=0.5"};
+      "cluster.rendezvous.heartbeat_s=0.5", "cluster.live_recovery=false"};
   sets.insert(sets.end(), extra.begin(), extra.end());  // later sets win
   TagGuard tag;
   std::vector<std::unique_ptr<Child>> agents;
@@ -426,4 +433,70 @@ TEST_CASE("checkpoint.memory 2 nodes: a restore from memory does not read disk's
   CHECK(has(r.out0, "checksum mismatch"));
   CHECK_FALSE(has(r.out0, "checkpoint: skipped step_4"));
   CHECK(r.losses.rbegin()->first == parity::kSteps);
+}
+
+// cluster.live_recovery (the default): the round after a cut takes the
+// survivors' state as they left it, in place, instead of the copies. Host 2
+// is cut as in the memory case (rank 2 stopped after step 6, the survivors
+// wait in step 7): both survivors hold step 6, nothing is sent, nothing is
+// read, and the losses equal those of the run that restored step 6 from the
+// copies, step for step. Negative control: one step off.
+TEST_CASE("cluster.live_recovery 2:3: after a cut the survivors keep their own state (nothing read, nothing "
+          "sent); losses equal a restore from the in-memory copies") {
+  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
+    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
+    return;
+  }
+  TestHosts hosts(3);
+  const Run live = run_and_cut(hosts, "live_cut", [](const std::string&) {}, {"cluster.live_recovery=true"});
+  INFO("node 0:\n" << live.out0);
+  CHECK(has(live.out0, "resuming from step 6 (live state: kept in place by rank(s) 0,1, sent by rank 0 to rank(s) "
+                       "none"));
+  CHECK_FALSE(has(live.out0, "restored step"));
+  const Run memory = run_and_cut(hosts, "live_cut_ref", [](const std::string&) {});
+  CHECK(has(memory.out0, "resuming from step 6 (in-memory copies; disk has step 4)"));
+  const double diff = max_rel_diff(live.losses, memory.losses, kHangStep + 1, parity::kSteps, 0);
+  const double control = max_rel_diff(live.losses, memory.losses, kHangStep + 1, parity::kSteps, -1);
+  MESSAGE("live state vs in-memory copies after the cut, steps " << kHangStep + 1 << ".." << parity::kSteps
+                                                                 << ": max loss rel diff " << diff << " (tolerance "
+                                                                 << parity::kLossRelTol
+                                                                 << "); negative control (one step off) " << control);
+  CHECK(diff <= parity::kLossRelTol);
+  CHECK(control >= parity::kControlFactor * parity::kLossRelTol);
+}
+
+// cluster.live_recovery with a killed rank: its replacement (a warm spare)
+// receives the survivor's state at the last step both completed; no copy
+// exists yet (every 10) and disk has none, yet no step is redone and the
+// run equals a fault-free one, step for step. Negative control: one step off.
+TEST_CASE("cluster.live_recovery 2 nodes: a killed rank's replacement receives the survivor's state; no step "
+          "redone; the run equals a fault-free one") {
+  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
+    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
+    return;
+  }
+  TestHosts hosts(2);
+  const auto none = [](const std::string&) {};
+  const Run clean = two_node_run("live_clean", {"cluster.live_recovery=true"}, none);
+  const Run killed = two_node_run(
+      "live_kill", {"cluster.live_recovery=true", "fault.kind=kill_after_step", "fault.rank=1", "fault.step=3"},
+      none);
+  INFO("killed, node 0:\n" << killed.out0);
+  CHECK(has(killed.out0, "rendezvous round 2 closed (restart 1)"));
+  CHECK(has(killed.out0, "resuming from step 3 (live state: kept in place by rank(s) 0, sent by rank 0 to rank(s) 1"));
+  CHECK_FALSE(has(killed.out0, "drawn from job.seed after all"));
+  // Steps 1..kSteps each logged once: none redone.
+  std::ifstream in(parity::Parity::get().dir / "live_kill/metrics.jsonl");
+  int records = 0;
+  for (std::string line; std::getline(in, line);)
+    if (has(line, "\"loss\": ")) ++records;
+  CHECK(records == parity::kSteps);
+  const double diff = max_rel_diff(killed.losses, clean.losses, 1, parity::kSteps, 0);
+  const double control = max_rel_diff(killed.losses, clean.losses, 2, parity::kSteps, -1);
+  MESSAGE("live recovery of a killed rank vs fault-free, steps 1.." << parity::kSteps << ": max loss rel diff "
+                                                                    << diff << " (tolerance " << parity::kLossRelTol
+                                                                    << "); negative control (one step off) "
+                                                                    << control);
+  CHECK(diff <= parity::kLossRelTol);
+  CHECK(control >= parity::kControlFactor * parity::kLossRelTol);
 }

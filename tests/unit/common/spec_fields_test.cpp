@@ -45,6 +45,7 @@ const std::vector<Example> kExamples = {
     {"cluster.max_restarts", "3"},
     {"cluster.warm_spares", "false"},
     {"cluster.recover_in_place", "false"},
+    {"cluster.live_recovery", "false"},
     {"cluster.grace_s", "7.5"},
     {"cluster.hang_timeout_s", "90.5"},
     {"cluster.hang_timeout_steps", "4.5", {"cluster.hang_timeout_s=60"}},
