@@ -9,8 +9,8 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <chrono>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +22,7 @@ namespace {
 
 struct Kept {
   bool valid = false;
+  int64_t lineage = 0;  // the restore it trained on from (lineage() then)
   int64_t step = -1, recorded = -1, optimizer_step = 0, consumed = 0;
   bool log_rank = false;  // rank 0 of the round it was kept in: the one that wrote metrics.jsonl
   int64_t signature = 0;
@@ -31,6 +32,17 @@ struct Kept {
 Kept& kept() {
   static Kept k;
   return k;
+}
+
+// A Lamport clock of restores: every restore of a round (restore_from_live
+// runs in each) sets it to one past the largest any of its ranks knew, so
+// every rank of a round shares it and a later round's is larger. Two states
+// of one step are the same state only when they share it: a worker dropped
+// from a round by a short link cut keeps a step that the survivors then
+// trained again in a smaller world (the same sums in another order).
+int64_t& lineage() {
+  static int64_t n = 0;
+  return n;
 }
 
 // Every entry is its whole global tensor, contiguous, on the CPU: this rank
@@ -79,6 +91,7 @@ void keep_live_state(const TrainState& s, int64_t steps_done, int64_t steps_reco
     const std::vector<parallel::StateEntry> entries = s.state->load_entries();
     if (!eligible(s, entries)) return;
     Kept k;
+    k.lineage = lineage();
     k.step = steps_done;
     k.recorded = steps_recorded;
     k.log_rank = s.info->rank == 0;
@@ -103,40 +116,51 @@ int64_t restore_from_live(const TrainState& s, int64_t disk_step) {
   const bool ok = eligible(s, entries);
   const int64_t sig = signature(entries);
   const bool usable = ok && mine.valid && mine.signature == sig;
-  const int64_t live = usable ? mine.step : -1;
   comm::Group& g = *s.control;
-  // [newest step kept, signature, -signature, some rank not eligible,
-  //  newest step kept with its metrics recorded, -(steps recorded by a kept
-  //  log rank)]
-  constexpr int64_t kNone = std::numeric_limits<int64_t>::min() / 2;
-  at::Tensor agree = at::tensor({live, sig, -sig, int64_t(ok ? 0 : 1), usable ? mine.recorded : -1,
-                                 usable && mine.log_rank ? -mine.recorded : kNone},
-                                at::kLong);
+  // 1. [newest lineage kept, signature, -signature, some rank not eligible,
+  //     newest lineage known]: the state is taken from the newest lineage only.
+  at::Tensor agree =
+      at::tensor({usable ? mine.lineage : int64_t(-1), sig, -sig, int64_t(ok ? 0 : 1), lineage()}, at::kLong);
   g.all_reduce(agree, /*async=*/false, comm::ReduceOp::max);
   const int64_t* a = agree.data_ptr<int64_t>();
-  const int64_t step = a[0];
-  if (step < 0 || step < disk_step || a[1] != -a[2] || a[3] != 0) return -1;
+  const int64_t newest = a[0];
+  lineage() = std::max(a[4], newest) + 1;  // this round's, whatever it restores from
+  if (newest < 0 || a[1] != -a[2] || a[3] != 0) return -1;
+  // 2. Per rank (a sum: each fills its own slot): its step of the newest
+  //    lineage + 1 (0: none), the steps it recorded + 1, whether it was the
+  //    log rank (the writer of metrics.jsonl).
+  const bool current = usable && mine.lineage == newest;
+  const int n = g.size();
+  at::Tensor slots = at::zeros({3, n}, at::kLong);  // [3, world]
+  int64_t* sl = slots.data_ptr<int64_t>();
+  sl[g.rank()] = current ? mine.step + 1 : 0;
+  sl[n + g.rank()] = current ? mine.recorded + 1 : 0;
+  sl[2 * n + g.rank()] = current && mine.log_rank ? 1 : 0;
+  g.all_reduce(slots);
+  int64_t step = -1;
+  for (int r = 0; r < n; ++r) step = std::max(step, sl[r] - 1);
+  bool recorded = false, log_rank_recorded = true;
+  int root = -1;
+  std::vector<int> holders, receivers;
+  for (int r = 0; r < n; ++r) {
+    const bool h = sl[r] - 1 == step;
+    (h ? holders : receivers).push_back(r);
+    if (h && root < 0) root = r;
+    if (h && sl[n + r] - 1 == step) recorded = true;
+    if (sl[2 * n + r] == 1 && sl[n + r] - 1 < step) log_rank_recorded = false;
+  }
+  if (step < 0 || step < disk_step) return -1;
   // Some rank that kept the step recorded its metrics, and a kept log rank
-  // (the writer of metrics.jsonl) recorded it too.
-  if (a[4] != step || (a[5] != kNone && -a[5] < step)) {
+  // recorded it too.
+  if (!recorded || !log_rank_recorded) {
     if (s.info->rank == 0)
       DTRAIN_WARN("live state of step {} not taken: the round ended in that step's logging, before its metrics "
                   "were recorded; restoring an older copy instead (the step is redone)", step);
     return -1;
   }
-
-  at::Tensor have = at::zeros({g.size()}, at::kLong);
-  have.data_ptr<int64_t>()[g.rank()] = live == step ? 1 : 0;
-  g.all_reduce(have);
-  int root = -1;
-  std::vector<int> holders, receivers;
-  for (int r = 0; r < g.size(); ++r) {
-    const bool h = have.data_ptr<int64_t>()[r] != 0;
-    (h ? holders : receivers).push_back(r);
-    if (h && root < 0) root = r;
-  }
+  const bool have = current && mine.step == step;
   c10::NoGradGuard no_grad;
-  if (live == step)
+  if (have)
     for (size_t i = 0; i < entries.size(); ++i) entries[i].tensor.copy_(mine.tensors[i]);
   at::Tensor meta = at::tensor({mine.optimizer_step, mine.consumed}, at::kLong);
   mine = Kept{};  // the old round's memory goes before any receive
@@ -146,7 +170,7 @@ int64_t restore_from_live(const TrainState& s, int64_t disk_step) {
   if (g.rank() == root) {
     for (int q : receivers)
       for (size_t i = 0; i < entries.size(); ++i) works.push_back(g.send(entries[i].tensor, q, kTagBase + int(i)));
-  } else if (live != step) {
+  } else if (!have) {
     for (size_t i = 0; i < entries.size(); ++i) works.push_back(g.recv(entries[i].tensor, root, kTagBase + int(i)));
   }
   for (auto& w : works) w->wait();
