@@ -53,22 +53,7 @@ std::string spec_value(const std::string& yaml, const std::string& section, cons
   return "";
 }
 
-// Flips the last byte of every rank file of a checkpoint step (tensor data,
-// not the header): its checksum no longer matches the index.
-int corrupt_step(const std::string& dir) {
-  int n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() != ".safetensors") continue;
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-1, std::ios::end);
-    char c = 0;
-    f.get(c);
-    f.seekp(-1, std::ios::end);
-    f.put(static_cast<char>(c ^ 0x5a));
-    ++n;
-  }
-  return n;
-}
+using dtrain::testing::corrupt_step;
 
 }  // namespace
 

@@ -415,16 +415,7 @@ TEST_CASE("checkpoint.memory 2 nodes: a restore from memory does not read disk's
       [&](const std::string& run_dir) {
         // Rank 1 stops after step 6 (its copy made); step_4 is on disk by then.
         REQUIRE(wait_until([&] { return losses_by_step(run_dir + "/metrics.jsonl").count(6) > 0; }, 120));
-        for (const auto& e : fs::directory_iterator(run_dir + "/ckpt/step_4")) {
-          if (e.path().extension() != ".safetensors") continue;
-          std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-          f.seekg(-1, std::ios::end);
-          char c = 0;
-          f.get(c);
-          f.seekp(-1, std::ios::end);
-          f.put(static_cast<char>(c ^ 0x5a));
-          ++corrupted;
-        }
+        corrupted = dtrain::testing::corrupt_step(run_dir + "/ckpt/step_4");
       });
   INFO("node 0:\n" << r.out0);
   CHECK(corrupted == 2);

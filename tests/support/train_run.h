@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -48,6 +50,24 @@ inline std::string word_salad(size_t bytes, const std::vector<std::string>& word
   }
   text.resize(bytes);
   return text;
+}
+
+// Flips the last byte of every rank file of a checkpoint step (tensor data,
+// not the header): its checksum no longer matches the index. Returns how
+// many files it changed.
+inline int corrupt_step(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    char c = 0;
+    f.get(c);
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x5a));
+    ++n;
+  }
+  return n;
 }
 
 // The step dir a checkpoint root's `latest` names ("step_20"), "" when none.
