@@ -88,6 +88,10 @@ struct RankProgress {
   int64_t tokens_per_step = 0;
   double loss = 0, straggler_ratio = 0;
   bool has_loss = false;
+  // The worker process's CPU time (user + system), read by its agent from
+  // /proc, not from the trace (0 = unknown): a rank that computes slowly
+  // gains some between beats, a stopped or stuck one none.
+  int64_t cpu_ns = 0;
   double tokens_per_s() const { return last_step_ns > 0 ? double(tokens_per_step) * 1e9 / double(last_step_ns) : 0; }
 };
 

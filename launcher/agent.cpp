@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/collective_trace.h"
 #include "launcher/failure_origin.h"
+#include "launcher/process.h"
 #include "launcher/root_cause.h"
 #include "launcher/round_spec.h"
 #include "launcher/worker_env.h"
@@ -306,13 +307,17 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   if (!spares_) fill_spares();
   group_.state = WorkerState::HEALTHY;
   SignalRelay* relay = relay_.get();
-  std::vector<std::string> traces;  // the builtin engine's collective traces of this node's ranks
-  for (const auto& w : group_.workers) traces.push_back(trace::trace_path(config_.run_dir, w.rank));
+  // The builtin engine's collective traces of this node's ranks, with each
+  // rank's CPU time (a slow rank is told from a stuck one by it).
+  std::vector<std::pair<std::string, pid_t>> traces;
+  for (const auto& w : group_.workers) traces.emplace_back(trace::trace_path(config_.run_dir, w.rank), w.pid);
   progress_ = [traces] {
     std::vector<trace::RankProgress> out;
-    for (const auto& path : traces) {
+    for (const auto& [path, pid] : traces) {
       trace::RankProgress p;
-      if (trace::read_progress(path, &p)) out.push_back(std::move(p));
+      if (!trace::read_progress(path, &p)) continue;
+      p.cpu_ns = pid > 0 ? process_cpu_ns(pid) : 0;
+      out.push_back(std::move(p));
     }
     return out;
   };

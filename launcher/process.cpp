@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "common/error.h"
@@ -46,6 +48,25 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 }
 
 }  // namespace
+
+int64_t process_cpu_ns(pid_t pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[1024];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  // After the command name (in parentheses, may hold spaces or ')'): state is
+  // field 3, utime and stime fields 14 and 15.
+  const char* p = std::strrchr(buf, ')');
+  if (!p) return 0;
+  unsigned long long utime = 0, stime = 0;
+  if (std::sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2) return 0;
+  static const long ticks = ::sysconf(_SC_CLK_TCK);
+  return int64_t((utime + stime) * (1'000'000'000LL / (ticks > 0 ? ticks : 100)));
+}
 
 Process::Process(const WorkerSpec& spec, int stdin_fd) {
   if (spec.argv.empty()) throw Error(ErrorCode::config, "entrypoint is empty", "give a command");

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -12,6 +13,10 @@
 #include "launcher/worker.h"
 
 namespace dtrain::launcher {
+
+// CPU time (user + system) `pid` has used, in ns, from /proc/<pid>/stat
+// (clock-tick resolution); 0 when it is gone.
+int64_t process_cpu_ns(pid_t pid);
 
 class Process {
  public:

@@ -247,6 +247,7 @@ void to_proto(const trace::RankProgress& p, pb::RankProgressInfo* out) {
   out->set_has_loss(p.has_loss);
   out->set_loss(p.loss);
   out->set_straggler_ratio(p.straggler_ratio);
+  out->set_cpu_ns(p.cpu_ns);
   for (const auto& [group, seq] : p.group_entered) {
     out->add_group_names(group);
     out->add_group_entered(seq);
@@ -273,6 +274,7 @@ trace::RankProgress from_proto(const pb::RankProgressInfo& p) {
   out.has_loss = p.has_loss();
   out.loss = p.loss();
   out.straggler_ratio = p.straggler_ratio();
+  out.cpu_ns = p.cpu_ns();
   return out;
 }
 

@@ -150,6 +150,8 @@ std::vector<JoinOutcome> RoundState::close_round(TimePoint now) {
   last_closed_ = closed;
   progress_.clear();  // the new round's workers start their traces afresh
   progress_node_.clear();
+  beat_at_.clear();
+  computing_at_.clear();
   all_started_ = false;
   closed_at_ = now;
   failure_.clear();   // told to every member of the failed round before it re-joined

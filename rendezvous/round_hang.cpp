@@ -51,8 +51,25 @@ void RoundState::check_hang(TimePoint now) {
   if (!all_started_) return check_startup(now);
   const double stalled = seconds_between(last_progress_, now);
   std::string bound_name;
-  const double bound = hang_bound(options_, progress_, &bound_name);
+  double bound = hang_bound(options_, progress_, &bound_name);
   if (stalled < bound) return;
+  // The step-relative bound is for ranks that stopped: one still computing
+  // outside a collective (CPU time growing, seen in the last 2.5 beats) is
+  // slow, a straggler, and gets the whole hang_timeout_s. Once it stops
+  // computing too, the stall counts from the last completed collective.
+  if (bound < options_.hang_timeout_s) {
+    std::string computing;
+    for (const auto& [rank, at] : computing_at_) {
+      auto p = progress_.find(rank);
+      if (p != progress_.end() && !p->second.waiting && seconds_between(at, now) <= 2.5 * options_.heartbeat_s)
+        computing += (computing.empty() ? "" : ",") + std::to_string(rank);
+    }
+    if (!computing.empty()) {
+      bound = options_.hang_timeout_s;
+      if (stalled < bound) return;
+      bound_name = "rank(s) " + computing + " still computing, so not " + bound_name + ", but cluster.hang_timeout_s";
+    }
+  }
   bool waiting = std::any_of(progress_.begin(), progress_.end(),
                              [](const auto& kv) { return kv.second.waiting; });
   if (!waiting) return;

@@ -241,6 +241,12 @@ HeartbeatReply RoundState::heartbeat(const std::string& node_id, uint64_t round,
     for (const trace::RankProgress& p : ranks) {
       auto it = progress_.find(p.rank);
       if (it == progress_.end() || it->second.completed != p.completed) last_progress_ = now;
+      if (it != progress_.end() && !p.waiting && p.cpu_ns > 0 && it->second.cpu_ns > 0) {
+        const double wall_s = seconds_between(beat_at_[p.rank], now);
+        if (double(p.cpu_ns - it->second.cpu_ns) * 1e-9 >= kComputingShare * wall_s && wall_s > 0)
+          computing_at_[p.rank] = now;
+      }
+      beat_at_[p.rank] = now;
       progress_[p.rank] = p;
       progress_node_[p.rank] = node_id;
     }

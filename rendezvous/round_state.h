@@ -137,6 +137,13 @@ class RoundState {
   // any rank last completed one.
   std::map<int, trace::RankProgress> progress_;
   std::map<int, std::string> progress_node_;  // the node id whose heartbeat carried each rank
+  std::map<int, TimePoint> beat_at_;      // when each rank's progress last arrived
+  // When each rank was last seen computing: outside a collective, its CPU
+  // time grew by >= kComputingShare of the wall time between two beats. A
+  // slow rank keeps others waiting as a stopped one does; only this tells
+  // them apart (round_hang.cpp).
+  std::map<int, TimePoint> computing_at_;
+  static constexpr double kComputingShare = 0.02;
   TimePoint last_progress_{};
   // Every rank has completed a collective: start-up (loading LibTorch, a
   // slow rank's set-up) is never taken for a hang; it has a bound of its

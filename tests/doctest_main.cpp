@@ -66,6 +66,9 @@ REGISTER_LISTENER("dtrain_skips", 1, SkipListener);
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into ctest's pipe: a program killed by a signal keeps
+  // what it printed up to the case that died.
+  std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
   program_name = argc > 0 ? argv[0] : "test";
   if (auto slash = program_name.rfind('/'); slash != std::string::npos) program_name.erase(0, slash + 1);
   doctest::Context context(argc, argv);

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <functional>
 #include <string>
 
 #include "rendezvous/hang_attribution.h"
@@ -204,7 +205,9 @@ namespace {
 // The stall (s) after which a 3-node round is declared hung: ranks 0 and 1
 // wait in all_reduce #11 from t = 1 s, rank 2 is in `phase2`; each rank's
 // last step took step_ms[rank] (0: no step timed yet). Beats every 0.5 s.
-double stall_at_hang(double steps, const char* phase2, std::array<int64_t, 3> step_ms, std::string* failure) {
+// cpu2_ms(t): rank 2's CPU time (ms) at t ms, as its agent reads it (none: 0, unknown).
+double stall_at_hang(double steps, const char* phase2, std::array<int64_t, 3> step_ms, std::string* failure,
+                     const std::function<int64_t(int)>& cpu2_ms = nullptr) {
   ServerOptions o;
   o.token = "t";
   o.min_nodes = o.max_nodes = 3;
@@ -225,6 +228,8 @@ double stall_at_hang(double steps, const char* phase2, std::array<int64_t, 3> st
       p.start_step = 2;
       p.done_step = step_ms[size_t(r)] > 0 ? 5 : 2;
       p.last_step_ns = step_ms[size_t(r)] * 1000000;
+      p.cpu_ns = 1000000000 + ms * 1000000LL;  // the waiting ranks poll: CPU time grows, they wait
+      if (r == 2) p.cpu_ns = cpu2_ms ? (1000 + cpu2_ms(ms)) * 1000000LL : 0;
       s.heartbeat("n" + std::to_string(r), round, t, {p});
     }
     s.poll(t);
@@ -256,4 +261,28 @@ TEST_CASE("round: cluster.hang_timeout_steps names a hang after that many of the
   // The fixed bound while a rank saves, or before every rank timed a step.
   CHECK(stall_at_hang(3, "checkpoint", {400, 500, 300}, &failure) == 5);
   CHECK(stall_at_hang(3, "forward", {400, 500, 0}, &failure) == 5);
+}
+
+// A slow rank keeps the others waiting as a stopped one does; its CPU time,
+// which its agent reads from /proc, tells them apart: the step-relative bound
+// is for ranks that stopped, a rank still computing gets hang_timeout_s.
+TEST_CASE("round: a rank whose CPU time still grows is slow, not hung: hang_timeout_steps waits for it") {
+  std::string failure;
+  // Stopped (SIGSTOP, a deadlock): no CPU time between beats, named after 5 x 500 ms.
+  CHECK(stall_at_hang(5, "backward", {400, 500, 300}, &failure, [](int) { return 0; }) == 2.5);
+  CHECK(failure.find("x the slowest step 500 ms, at least 4 heartbeats = 2.5 s)") != std::string::npos);
+  // Computing at 10% of a core (a rank stopped 50 ms of every 60): only the
+  // whole hang_timeout_s names it, and says why the step bound did not.
+  CHECK(stall_at_hang(5, "backward", {400, 500, 300}, &failure, [](int ms) { return ms / 10; }) == 5);
+  MESSAGE("a rank computing at 10% of a core: " << failure);
+  CHECK(failure.find("(rank(s) 2 still computing, so not cluster.hang_timeout_steps 5 x the slowest step 500 ms, "
+                     "at least 4 heartbeats, but cluster.hang_timeout_s = 5.0 s)") != std::string::npos);
+  // Under 2% of the wall time (a stuck rank's helper threads): stopped.
+  CHECK(stall_at_hang(5, "backward", {400, 500, 300}, &failure, [](int ms) { return ms / 100; }) == 2.5);
+  // Computing until t = 3 s, then stuck: named 2.5 beats after its last
+  // computing beat (t = 4.5 s, a stall of 3.5 s since the last collective).
+  CHECK(stall_at_hang(5, "backward", {400, 500, 300}, &failure,
+                      [](int ms) { return std::min(ms, 3000) / 10; }) == 3.5);
+  // Unknown CPU time (an agent that does not read it): the step bound, as before.
+  CHECK(stall_at_hang(5, "backward", {400, 500, 300}, &failure) == 2.5);
 }
