@@ -49,21 +49,25 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 
 }  // namespace
 
-int64_t process_cpu_ns(pid_t pid) {
+std::string proc_stat_fields(pid_t pid) {
   const std::string path = "/proc/" + std::to_string(pid) + "/stat";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
+  if (fd < 0) return "";
   char buf[1024];
   const ssize_t n = ::read(fd, buf, sizeof buf - 1);
   ::close(fd);
-  if (n <= 0) return 0;
+  if (n <= 0) return "";
   buf[n] = '\0';
-  // After the command name (in parentheses, may hold spaces or ')'): state is
-  // field 3, utime and stime fields 14 and 15.
-  const char* p = std::strrchr(buf, ')');
-  if (!p) return 0;
+  const char* close_paren = std::strrchr(buf, ')');
+  return close_paren ? std::string(close_paren + 1) : "";
+}
+
+int64_t process_cpu_ns(pid_t pid) {
+  // State is field 3, utime and stime fields 14 and 15.
+  const std::string fields = proc_stat_fields(pid);
   unsigned long long utime = 0, stime = 0;
-  if (std::sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2) return 0;
+  if (std::sscanf(fields.c_str(), " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2)
+    return 0;
   static const long ticks = ::sysconf(_SC_CLK_TCK);
   return int64_t((utime + stime) * (1'000'000'000LL / (ticks > 0 ? ticks : 100)));
 }

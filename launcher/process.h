@@ -14,6 +14,10 @@
 
 namespace dtrain::launcher {
 
+// /proc/<pid>/stat after the command name (which is in parentheses and may
+// hold spaces or ')'): " <state> <ppid> <pgrp> <session> ..."; "" when it is gone.
+std::string proc_stat_fields(pid_t pid);
+
 // CPU time (user + system) `pid` has used, in ns, from /proc/<pid>/stat
 // (clock-tick resolution); 0 when it is gone.
 int64_t process_cpu_ns(pid_t pid);

@@ -2,6 +2,7 @@
 // /proc/<pid>/stat, whose fields after the command name are state, ppid,
 // pgrp and session.
 #include "launcher/session_signal.h"
+#include "launcher/process.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,20 +19,10 @@ namespace {
 
 // Session id of `pid` (-1 when it is gone or a zombie).
 pid_t live_session_of(pid_t pid) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  char buf[512];
-  ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
-  if (n <= 0) return -1;
-  buf[n] = '\0';
-  // The command name is in parentheses and may hold spaces or ')'.
-  const char* close_paren = std::strrchr(buf, ')');
-  if (!close_paren) return -1;
+  const std::string fields = proc_stat_fields(pid);
   char state = 0;
   int ppid = 0, pgrp = 0, session = 0;
-  if (std::sscanf(close_paren + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) != 4) return -1;
+  if (std::sscanf(fields.c_str(), " %c %d %d %d", &state, &ppid, &pgrp, &session) != 4) return -1;
   if (state == 'Z' || state == 'X') return -1;
   return static_cast<pid_t>(session);
 }
