@@ -27,7 +27,8 @@ bool fusable(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, cons
   return p.numel() == g.numel();
 }
 
-kernel::AdamWScalars make_fused_step(bool decay, double lr, const AdamWOptions& o, int64_t step) {
+kernel::AdamWScalars make_fused_step(bool decay, double lr, const AdamWOptions& o, int64_t step,
+                                     double grad_scale) {
   const double bias_correction1 = 1.0 - std::pow(o.beta1, double(step));
   const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, double(step)));
   const bool wd = decay && o.weight_decay != 0.0;
@@ -38,7 +39,8 @@ kernel::AdamWScalars make_fused_step(bool decay, double lr, const AdamWOptions& 
                               float(1.0 - o.beta2),
                               float(bias_correction2_sqrt),
                               float(o.eps),
-                              float(-(lr / bias_correction1))};
+                              float(-(lr / bias_correction1)),
+                              float(grad_scale)};
 }
 
 // One piece of an nvme bucket: params[begin, end) with its moments at m and
@@ -111,7 +113,8 @@ AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, AdamWOptio
 
 AdamW::~AdamW() = default;
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_scale) {
+  grad_scale_ = grad_scale;
   if (store_) return step_offloaded(lr);
   if (m_.size() != params_.size())
     throw Error(ErrorCode::internal, "AdamW: allocate_state false but the moments were never offloaded");
@@ -130,7 +133,7 @@ void AdamW::step(double lr) {
     if (opt_.fused && fusable(p, g, m_[i], v_[i])) {
       ++loops_;
       kernel::adamw_run(p.data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(),
-                  v_[i].data_ptr<float>(), p.numel(), make_fused_step(decay_[i], lr, opt_, step_));
+                  v_[i].data_ptr<float>(), p.numel(), make_fused_step(decay_[i], lr, opt_, step_, grad_scale_));
       continue;
     }
     step_one_unfused(i, lr);
@@ -147,6 +150,7 @@ void AdamW::step_one_unfused(size_t i, double lr) {
   const double bias_correction1 = 1.0 - std::pow(b1, double(step_));
   const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(b2, double(step_)));
   const double step_size = lr / bias_correction1;
+  if (grad_scale_ != 1.0) g.mul_(grad_scale_);  // in place, as the fused paths' product
   if (decay_[i] && opt_.weight_decay != 0.0) p.mul_(1.0 - lr * opt_.weight_decay);  // decoupled decay
   m_[i].mul_(b1).add_(g, 1.0 - b1);                                     // m = b1 m + (1 - b1) g
   v_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);                              // v = b2 v + (1 - b2) g^2
@@ -182,7 +186,7 @@ void AdamW::step_runs(double lr) {
         break;
       len += params_[j].numel();
     }
-    const kernel::AdamWScalars ks = make_fused_step(decay_[i], lr, opt_, step_);
+    const kernel::AdamWScalars ks = make_fused_step(decay_[i], lr, opt_, step_, grad_scale_);
     kernel::adamw_run(params_[i].data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(),
                       v_[i].data_ptr<float>(), len, ks);
     ++loops_;
@@ -278,7 +282,7 @@ void AdamW::step_offloaded(double lr) {
   if (host_) {
     HostUpdate::StepArgs args{
         [&](size_t i) { return grads_.empty() ? params_[i].grad() : grads_[i]; },
-        [&](size_t i) { return make_fused_step(decay_[i], lr, opt_, step_); },
+        [&](size_t i) { return make_fused_step(decay_[i], lr, opt_, step_, grad_scale_); },
         [&](int64_t i) { page_to(i, open); }};
     return host_->step(*store_, params_, args);
   }
@@ -292,7 +296,7 @@ void AdamW::step_offloaded(double lr) {
       const at::Tensor& g = grads_.empty() ? p.grad() : grads_[pc.param];
       if (!g.defined()) continue;
       page_to(int64_t(pc.param), open);
-      offloaded_piece(p, g, pc.begin, pc.end, m + pc.at, v + pc.at, make_fused_step(decay_[pc.param], lr, opt_, step_));
+      offloaded_piece(p, g, pc.begin, pc.end, m + pc.at, v + pc.at, make_fused_step(decay_[pc.param], lr, opt_, step_, grad_scale_));
     }
     store_->release(b);
     if (b + depth < nb) store_->prefetch(b + depth);
@@ -323,22 +327,6 @@ double LrSchedule::at(int64_t step) const {
   return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (lr - min_lr);
 }
 
-namespace {
-
-// Sum of squares of n floats, accumulated in fp64 in one read of the data
-// (at::sum(g * g, kDouble) writes g * g and then an fp64 copy of it first).
-// Eight independent accumulators so the compiler can keep several in
-// flight; their order is fixed, so the result is the same on every call.
-double sq_sum_fp32(const float* p, int64_t n) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += double(p[i + j]) * double(p[i + j]);
-  for (; i < n; ++i) acc[0] += double(p[i]) * double(p[i]);
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-}  // namespace
 
 double local_grad_sq_norm(const std::vector<at::Tensor>& grads) {
   at::NoGradGuard no_grad;
@@ -346,7 +334,7 @@ double local_grad_sq_norm(const std::vector<at::Tensor>& grads) {
   for (const auto& g : grads) {
     if (!g.defined()) continue;
     if (g.is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous())
-      total += sq_sum_fp32(g.const_data_ptr<float>(), g.numel());
+      total += kernel::sq_sum(g.const_data_ptr<float>(), g.numel());
     else
       total += at::sum(g.mul(g), at::kDouble).item().toDouble();  // accumulate in fp64
   }

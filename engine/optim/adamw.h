@@ -63,7 +63,11 @@ class AdamW {
   void offload(OffloadOptions options, bool prefetch);
   void set_pager(ParamPager pager) { pager_ = std::move(pager); }
   // One step with learning rate lr. Skips params without a gradient.
-  void step(double lr);
+  // grad_scale: every gradient is taken times this (the clip factor of
+  // parallel::GradSync::clip), inside the fused update where it runs (no
+  // pass of its own; the gradients keep their values), else scaled in place
+  // first. The same bits either way.
+  void step(double lr, double grad_scale = 1.0);
   void zero_grad();  // sets grads to zero (keeps storage)
 
   int64_t step_count() const { return step_; }
@@ -97,6 +101,7 @@ class AdamW {
   void step_one_unfused(size_t i, double lr);  // the ATen ops on params_[i]
   std::vector<at::Tensor> m_, v_;  // offloaded: empty unless materialized
   int64_t step_ = 0;
+  double grad_scale_ = 1.0;  // of the step() running
   std::unique_ptr<OffloadStore> store_;
   std::unique_ptr<HostUpdate> host_;  // the store in host memory: the CPU's master and its copies
   bool prefetch_ = true;  // read the next step's first buckets ahead

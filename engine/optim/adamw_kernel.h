@@ -15,6 +15,10 @@ struct AdamWScalars {
   float bc2_sqrt;  // sqrt(1 - b2^t)
   float eps;
   float neg_step;  // -lr / (1 - b1^t)
+  // Each gradient element is multiplied by this first (the gradient-clip
+  // factor, so no separate pass scales the gradients; 1 = none). The same
+  // fp32 product as at::mul_(g, factor) writes: the same bits.
+  float grad_scale = 1.0f;
 };
 
 // p, m, v updated in place over n elements from g. Compiled for AVX2 and
@@ -22,5 +26,11 @@ struct AdamWScalars {
 // multiply-adds, so both round exactly as the per-tensor scalar pass does.
 void adamw_run(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                int64_t n, const AdamWScalars& s);
+
+// Sum of squares of n floats in fp64, in one read of the data (at::sum(g *
+// g, kDouble) writes g * g and an fp64 copy of it first): eight accumulators,
+// element i into accumulator i % 8, combined in a fixed order, so every
+// build (AVX2: two 4-wide vectors; baseline: four 2-wide) gives the same bits.
+double sq_sum(const float* p, int64_t n);
 
 }  // namespace dtrain::engine::optim::kernel

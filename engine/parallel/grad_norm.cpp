@@ -15,7 +15,8 @@
 namespace dtrain::engine::parallel {
 
 double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bool>& counted,
-                      const std::vector<comm::Group*>& over, double max_norm, double global_sq) {
+                      const std::vector<comm::Group*>& over, double max_norm, double global_sq,
+                      double* scale) {
   std::vector<at::Tensor> mine;  // this rank's share of the global gradient
   for (size_t i = 0; i < grads.size(); ++i)
     if (counted.empty() || counted[i]) mine.push_back(grads[i]);
@@ -32,7 +33,11 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bo
   }
   if (t.defined()) sq = t.item<double>();
   const double norm = std::sqrt(global_sq + sq);
-  if (max_norm > 0) optim::scale_grads(grads, std::min(1.0, max_norm / (norm + kClipEps)));
+  const double factor = max_norm > 0 ? std::min(1.0, max_norm / (norm + kClipEps)) : 1.0;
+  if (scale)
+    *scale = factor;
+  else
+    optim::scale_grads(grads, factor);
   return norm;
 }
 

@@ -26,7 +26,11 @@ constexpr double kClipEps = 1e-6;  // factor = min(1, max_norm / (norm + kClipEp
 // global_sq: a squared norm already summed over its own groups (MoE's dense
 //   part), added to this one.
 // max_norm <= 0: nothing is scaled. Returns the global norm before scaling.
+// scale: where given, the gradients are left as they are and *scale gets
+//   the factor (1 when max_norm <= 0), for the optimizer to apply as it reads
+//   them (optim::AdamW::step's grad_scale: one pass over them fewer).
 double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bool>& counted,
-                      const std::vector<comm::Group*>& over, double max_norm, double global_sq = 0);
+                      const std::vector<comm::Group*>& over, double max_norm, double global_sq = 0,
+                      double* scale = nullptr);
 
 }  // namespace dtrain::engine::parallel

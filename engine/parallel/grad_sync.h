@@ -84,8 +84,10 @@ class GradSync {
   virtual SyncStats finish() = 0;
   // Clips by the global gradient norm, reducing partial norms over the right
   // groups and counting a replicated gradient once. Returns the norm before
-  // clipping.
-  virtual double clip(double max_norm) = 0;
+  // clipping. The gradients are left as they are: `scale` gets the clip
+  // factor, min(1, max_norm / (norm + 1e-6)) (1 when max_norm <= 0), which
+  // the optimizer applies as it reads them (optim::AdamW::step's grad_scale).
+  virtual double clip(double max_norm, double& scale) = 0;
   virtual OptimizerParams optimizer_params() = 0;
   // After the optimizer step: bring the updated values to where the
   // forward reads them (ZeRO-1/2 all-gather the shards; DDP updated the

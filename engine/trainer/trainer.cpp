@@ -117,7 +117,8 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   if (span_begin != 0) timeline::record(timeline::Kind::grad_sync, span_begin);
   comm::trace_phase(trace::Phase::optimizer);
   span_begin = timeline::recording() ? timeline::now_ns() : 0;
-  r.grad_norm = s.par.grad_sync->clip(s.spec.train.grad_clip);
+  double clip_scale = 1.0;  // applied inside the optimizer's update
+  r.grad_norm = s.par.grad_sync->clip(s.spec.train.grad_clip, clip_scale);
   r.lr = s.schedule.at(step);
   // The norm is global, the same on every rank (GradSync::clip), and a NaN or
   // inf anywhere in any rank's gradients reaches it through the gradient
@@ -126,7 +127,7 @@ StepResult train_step(TrainSession& s, int64_t step, device::StepTimer& timer) {
   r.finite = std::isfinite(r.grad_norm);
   s.state_settled = false;  // until the sampler has moved too
   if (r.finite) {
-    s.optimizer->step(r.lr);
+    s.optimizer->step(r.lr, clip_scale);
     s.par.grad_sync->after_optimizer_step();
   }
   s.par.grad_sync->zero();

@@ -181,6 +181,28 @@ double max_rel_diff(const std::map<int, double>& a, const std::map<int, double>&
   return worst;
 }
 
+// `run`'s losses equal `ref`'s over steps first..kSteps within the parity
+// tolerance, printed; negative control: `run` one step off (steps
+// control_first..kSteps), which must miss by kControlFactor x the tolerance.
+void check_same_losses(const std::string& what, const std::map<int, double>& run, const std::map<int, double>& ref,
+                       int first, int control_first) {
+  const double diff = max_rel_diff(run, ref, first, parity::kSteps, 0);
+  const double control = max_rel_diff(run, ref, control_first, parity::kSteps, -1);
+  MESSAGE(what << ", steps " << first << ".." << parity::kSteps << ": max loss rel diff " << diff << " (tolerance "
+               << parity::kLossRelTol << "); negative control (one step off) " << control);
+  CHECK(diff <= parity::kLossRelTol);
+  CHECK(control >= parity::kControlFactor * parity::kLossRelTol);
+}
+
+// Whether this case cannot run here (no network namespaces): then it is
+// reported as skipped, saying why.
+bool skipped_without_test_hosts() {
+  const std::string why = TestHosts::unavailable_reason();
+  if (why.empty()) return false;
+  dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
+  return true;
+}
+
 // Two agents on test hosts 0 and 1 (cluster.nodes 2, one rank each,
 // checkpoint.memory every 10, disk every 100, one restart allowed, restores
 // from copies or disk: cluster.live_recovery false) with
@@ -218,10 +240,7 @@ Run two_node_run(const std::string& name, const std::vector<std::string>& extra,
 
 TEST_CASE("checkpoint.memory 2:3: a cut host's state comes from peer memory at a step newer than disk; "
           "with both copies gone, from disk") {
-  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
-    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
-    return;
-  }
+  if (skipped_without_test_hosts()) return;
   TestHosts hosts(3);
   const Run memory = run_and_cut(hosts, "memory", [](const std::string&) {});
   INFO("node 0:\n" << memory.out0);
@@ -250,13 +269,7 @@ TEST_CASE("checkpoint.memory 2:3: a cut host's state comes from peer memory at a
   // After step 6 both ran on the same 2 hosts from the same state (one
   // restored from memory, one recomputed from disk's step 4): equal losses.
   // Negative control: one step off (a restore that lost a step).
-  const double diff = max_rel_diff(memory.losses, disk.losses, kHangStep + 1, parity::kSteps, 0);
-  const double control = max_rel_diff(memory.losses, disk.losses, kHangStep + 1, parity::kSteps, -1);
-  MESSAGE("memory vs disk restore, steps " << kHangStep + 1 << ".." << parity::kSteps << ": max loss rel diff "
-                                           << diff << " (tolerance " << parity::kLossRelTol
-                                           << "); negative control (one step off) " << control);
-  CHECK(diff <= parity::kLossRelTol);
-  CHECK(control >= parity::kControlFactor * parity::kLossRelTol);
+  check_same_losses("memory vs disk restore", memory.losses, disk.losses, kHangStep + 1, kHangStep + 1);
 }
 
 // A host cut off keeps the copies it held; the survivors restore, train on
@@ -270,10 +283,7 @@ TEST_CASE("checkpoint.memory 2:3: a cut host's state comes from peer memory at a
 // resumed from host 2's old step, behind the survivors.
 TEST_CASE("checkpoint.memory 2:3: a host that re-joins after a cut drops its copies; round 3 resumes from the "
           "survivors' newest state, not a newer-numbered copy of the cut host's") {
-  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
-    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
-    return;
-  }
+  if (skipped_without_test_hosts()) return;
   auto& p = parity::Parity::get();
   TestHosts hosts(3);
   TagGuard tag;
@@ -370,10 +380,7 @@ TEST_CASE("checkpoint.memory bad input: every < 0 is refused naming the field; o
 // defaults; max loss rel diff 0.106 (10^4 x kLossRelTol), and this case failed.
 TEST_CASE("checkpoint.memory 2 nodes: a restart before any copy or checkpoint draws the weights after all and "
           "trains as a fault-free run") {
-  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
-    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
-    return;
-  }
+  if (skipped_without_test_hosts()) return;
   TestHosts hosts(2);
   const std::vector<std::string> fault = {"fault.kind=kill_after_step", "fault.rank=1", "fault.step=2"};
   const auto none = [](const std::string&) {};
@@ -384,13 +391,7 @@ TEST_CASE("checkpoint.memory 2 nodes: a restart before any copy or checkpoint dr
   CHECK(has(restarted.out0, "rendezvous round 2 closed (restart 1)"));
   CHECK(has(restarted.out0, "initial weights not drawn: every rank restores its state next"));
   CHECK(has(restarted.out0, "no checkpoint or in-memory copy was restored: the weights are drawn from job.seed after all"));
-  const double diff = max_rel_diff(restarted.losses, clean.losses, 1, parity::kSteps, 0);
-  const double control = max_rel_diff(restarted.losses, clean.losses, 2, parity::kSteps, -1);
-  MESSAGE("restart before any copy vs fault-free, steps 1.." << parity::kSteps << ": max loss rel diff " << diff
-                                                             << " (tolerance " << parity::kLossRelTol
-                                                             << "); negative control (one step off) " << control);
-  CHECK(diff <= parity::kLossRelTol);
-  CHECK(control >= parity::kControlFactor * parity::kLossRelTol);
+  check_same_losses("restart before any copy vs fault-free", restarted.losses, clean.losses, 1, 2);
 }
 
 // A restore from the nodes' memory at a step no older than disk's `latest`
@@ -403,10 +404,7 @@ TEST_CASE("checkpoint.memory 2 nodes: a restart before any copy or checkpoint dr
 // and the job failed, though every node held step 6 in memory.
 TEST_CASE("checkpoint.memory 2 nodes: a restore from memory does not read disk's latest first; a corrupt one is "
           "named after, in the background") {
-  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
-    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
-    return;
-  }
+  if (skipped_without_test_hosts()) return;
   TestHosts hosts(2);
   int corrupted = 0;
   const Run r = two_node_run(
@@ -434,10 +432,7 @@ TEST_CASE("checkpoint.memory 2 nodes: a restore from memory does not read disk's
 // copies, step for step. Negative control: one step off.
 TEST_CASE("cluster.live_recovery 2:3: after a cut the survivors keep their own state (nothing read, nothing "
           "sent); losses equal a restore from the in-memory copies") {
-  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
-    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
-    return;
-  }
+  if (skipped_without_test_hosts()) return;
   TestHosts hosts(3);
   const Run live = run_and_cut(hosts, "live_cut", [](const std::string&) {}, {"cluster.live_recovery=true"});
   INFO("node 0:\n" << live.out0);
@@ -446,14 +441,8 @@ TEST_CASE("cluster.live_recovery 2:3: after a cut the survivors keep their own s
   CHECK_FALSE(has(live.out0, "restored step"));
   const Run memory = run_and_cut(hosts, "live_cut_ref", [](const std::string&) {});
   CHECK(has(memory.out0, "resuming from step 6 (in-memory copies; disk has step 4)"));
-  const double diff = max_rel_diff(live.losses, memory.losses, kHangStep + 1, parity::kSteps, 0);
-  const double control = max_rel_diff(live.losses, memory.losses, kHangStep + 1, parity::kSteps, -1);
-  MESSAGE("live state vs in-memory copies after the cut, steps " << kHangStep + 1 << ".." << parity::kSteps
-                                                                 << ": max loss rel diff " << diff << " (tolerance "
-                                                                 << parity::kLossRelTol
-                                                                 << "); negative control (one step off) " << control);
-  CHECK(diff <= parity::kLossRelTol);
-  CHECK(control >= parity::kControlFactor * parity::kLossRelTol);
+  check_same_losses("live state vs in-memory copies after the cut", live.losses, memory.losses, kHangStep + 1,
+                    kHangStep + 1);
 }
 
 // cluster.live_recovery with a killed rank: its replacement (a warm spare)
@@ -462,10 +451,7 @@ TEST_CASE("cluster.live_recovery 2:3: after a cut the survivors keep their own s
 // run equals a fault-free one, step for step. Negative control: one step off.
 TEST_CASE("cluster.live_recovery 2 nodes: a killed rank's replacement receives the survivor's state; no step "
           "redone; the run equals a fault-free one") {
-  if (const std::string why = TestHosts::unavailable_reason(); !why.empty()) {
-    dtrain::testing::skip_case(dtrain::testing::SkipKind::test_hosts, "test hosts unavailable: " + why);
-    return;
-  }
+  if (skipped_without_test_hosts()) return;
   TestHosts hosts(2);
   const auto none = [](const std::string&) {};
   const Run clean = two_node_run("live_clean", {"cluster.live_recovery=true"}, none);
@@ -482,12 +468,5 @@ TEST_CASE("cluster.live_recovery 2 nodes: a killed rank's replacement receives t
   for (std::string line; std::getline(in, line);)
     if (has(line, "\"loss\": ")) ++records;
   CHECK(records == parity::kSteps);
-  const double diff = max_rel_diff(killed.losses, clean.losses, 1, parity::kSteps, 0);
-  const double control = max_rel_diff(killed.losses, clean.losses, 2, parity::kSteps, -1);
-  MESSAGE("live recovery of a killed rank vs fault-free, steps 1.." << parity::kSteps << ": max loss rel diff "
-                                                                    << diff << " (tolerance " << parity::kLossRelTol
-                                                                    << "); negative control (one step off) "
-                                                                    << control);
-  CHECK(diff <= parity::kLossRelTol);
-  CHECK(control >= parity::kControlFactor * parity::kLossRelTol);
+  check_same_losses("live recovery of a killed rank vs fault-free", killed.losses, clean.losses, 1, 2);
 }

@@ -90,16 +90,16 @@ class DdpSync : public GradSync {
     return stats;
   }
 
-  double clip(double max_norm) override {
+  double clip(double max_norm, double& scale) override {
     if (tp_.size() == 1 && pp_.size() == 1)
-      return clip_grad_norm(grads_, {}, {}, max_norm);  // one op per bucket
+      return clip_grad_norm(grads_, {}, {}, max_norm, 0, &scale);  // one op per bucket
     std::vector<at::Tensor> grads;  // views into the buckets, which they cover exactly
     std::vector<bool> counted;      // this rank's share of the global gradient
     for (size_t i = 0; i < params_.size(); ++i) {
       grads.push_back(params_[i].second.grad());
       counted.push_back(layouts_[i].tp_owner);
     }
-    return clip_grad_norm(grads, counted, {&tp_, &pp_}, max_norm);  // pp: stages hold disjoint parameters
+    return clip_grad_norm(grads, counted, {&tp_, &pp_}, max_norm, 0, &scale);  // pp: stages hold disjoint parameters
   }
 
   OptimizerParams optimizer_params() override {

@@ -116,23 +116,14 @@ class MoeSync : public GradSync {
     return stats;
   }
 
-  double clip(double max_norm) override {
-    const double dense = dense_->clip(0.0);  // the norm only
-    // Scaled: the dense gradients the optimizer updates, then the experts';
-    // counted here: the experts only (the dense ones are in `dense`).
+  double clip(double max_norm, double& scale) override {
+    double unused = 1.0;
+    const double dense = dense_->clip(0.0, unused);  // the norm only
+    // The experts' squares over ep and pp, added to the dense part; one
+    // factor for all (the optimizer updates dense and expert parameters).
     std::vector<at::Tensor> grads;
-    if (max_norm > 0) {
-      OptimizerParams d = dense_->optimizer_params();
-      grads = d.grads;
-      if (grads.empty())
-        for (auto& p : d.params) grads.push_back(p.grad());
-    }
-    std::vector<bool> counted(grads.size(), false);
-    for (auto& [name, p] : experts_.named) {
-      grads.push_back(p.grad());
-      counted.push_back(true);
-    }
-    return clip_grad_norm(grads, counted, {&ep_, &pp_}, max_norm, dense * dense);
+    for (auto& [name, p] : experts_.named) grads.push_back(p.grad());
+    return clip_grad_norm(grads, {}, {&ep_, &pp_}, max_norm, dense * dense, &scale);
   }
 
   OptimizerParams optimizer_params() override {

@@ -46,7 +46,7 @@ class TiedEmbeddingSync : public GradSync {
     return stats;
   }
 
-  double clip(double max_norm) override { return inner_->clip(max_norm); }
+  double clip(double max_norm, double& scale) override { return inner_->clip(max_norm, scale); }
   OptimizerParams optimizer_params() override { return inner_->optimizer_params(); }
   void after_optimizer_step() override { inner_->after_optimizer_step(); }
   optim::OffloadFile* offloaded_params() override { return inner_->offloaded_params(); }

@@ -343,7 +343,7 @@ class ZeroSync : public GradSync {
   // Each rank's shard holds distinct elements: the partial sums of squares
   // add up over dp (and, for TP-split parameters, over tp) to the global
   // one, every element counted once (a TP-replicated one by TP rank 0).
-  double clip(double max_norm) override {
+  double clip(double max_norm, double& scale) override {
     ZeroState& s = *s_;
     std::vector<at::Tensor> grads;
     std::vector<bool> counted;
@@ -357,7 +357,7 @@ class ZeroSync : public GradSync {
       }
     }
     // pp: stages hold disjoint parameters.
-    return clip_grad_norm(grads, counted, {s.tp, s.dp, s.pp}, max_norm);
+    return clip_grad_norm(grads, counted, {s.tp, s.dp, s.pp}, max_norm, 0, &scale);
   }
 
   OptimizerParams optimizer_params() override {

@@ -235,6 +235,79 @@ TEST_CASE("adamw offload: nvme (reader and writer threads, three slots) and host
   CHECK(c_host >= 1e-4);
 }
 
+namespace {
+
+// Max |difference| of the parameters of two AdamWs after 6 steps on the same
+// gradients: one given grad_scale and the gradients as they are (`inside`),
+// the other the gradients scaled in place first (scale_grads, the clip's
+// former pass) and grad_scale 1; `path` picks the update both take. Also
+// whether `inside` left its gradients unscaled.
+struct ScaleInside {
+  double max_abs = 0;
+  bool grads_kept = true;
+};
+
+enum class Path { flat_runs, per_tensor, aten, nvme };
+
+ScaleInside scale_inside(Path path, double scale, double inside_scale) {
+  auto gen = at::detail::createCPUGenerator(31);
+  const std::vector<std::vector<int64_t>> shapes = {{64, 33}, {97}, {33, 5}};
+  int64_t total = 0;
+  for (const auto& s : shapes) total += c10::multiply_integers(s);
+  at::Tensor pa = at::randn({total}, gen, at::kFloat), pb = pa.clone();
+  at::Tensor ga = at::zeros({total}), gb = at::zeros({total});
+  std::vector<at::Tensor> a = views_of(pa, shapes), b = views_of(pb, shapes);
+  std::vector<at::Tensor> gav = views_of(ga, shapes), gbv = views_of(gb, shapes);
+  AdamWOptions o;
+  o.lr = 3e-3;
+  o.eps = 0.5;  // of the gradients' order: AdamW's step then depends on their scale
+  o.flat_runs = path == Path::flat_runs;
+  o.fused = path != Path::aten;
+  o.allocate_state = path != Path::nvme;
+  AdamW inside(a, {true, false, true}, o, gav), outside(b, {true, false, true}, o, gbv);
+  if (path == Path::nvme) {
+    dtrain::engine::optim::OffloadOptions off;
+    off.bucket_floats = 100;
+    off.file = "/tmp/dtrain-optim-scale-a-" + std::to_string(::getpid()) + ".bin";
+    inside.offload(off, true);
+    off.file = "/tmp/dtrain-optim-scale-b-" + std::to_string(::getpid()) + ".bin";
+    outside.offload(off, true);
+  }
+  ScaleInside out;
+  for (int t = 1; t <= 6; ++t) {
+    ga.copy_(at::randn({total}, gen, at::kFloat));
+    gb.copy_(ga);
+    const at::Tensor given = ga.clone();
+    inside.step(3e-3, inside_scale);
+    dtrain::engine::optim::scale_grads(gbv, scale);
+    outside.step(3e-3);
+    out.grads_kept = out.grads_kept && at::equal(ga, given);
+  }
+  out.max_abs = (pa - pb).abs().max().item<double>();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("adamw: the clip factor applied inside the update gives the bits of the gradients scaled first") {
+  const double scale = 0.37;  // a clip factor: max_norm / (norm + eps) < 1
+  const char* names[] = {"flat runs", "per tensor", "ATen ops", "nvme offload"};
+  int k = 0;
+  for (Path path : {Path::flat_runs, Path::per_tensor, Path::aten, Path::nvme}) {
+    const ScaleInside same = scale_inside(path, scale, scale);
+    // Negative control: the factor dropped (grad_scale 1) on the inside.
+    const ScaleInside dropped = scale_inside(path, scale, 1.0);
+    std::printf("adamw grad_scale inside vs gradients scaled first, %s: max abs diff %.3g over 6 steps "
+                "(tolerance 0: the same bits); gradients left unscaled: %s; negative control (factor "
+                "dropped) %.3g\n",
+                names[k++], same.max_abs, same.grads_kept ? "yes" : "no", dropped.max_abs);
+    CHECK(same.max_abs == 0.0);
+    CHECK(dropped.max_abs >= 1e-5);
+    // The fused paths read the factor in the loop; the ATen ops scale in place.
+    CHECK(same.grads_kept == (path != Path::aten));
+  }
+}
+
 TEST_CASE("lr schedule: linear warmup, then cosine to min_lr at the last step") {
   LrSchedule s;
   s.lr = 1e-3;
@@ -279,6 +352,24 @@ TEST_CASE("grad norm: the one-pass fp32 loop agrees with an fp64 sum, for any le
   const double rel = std::abs(fast - ref) / ref;
   MESSAGE("sum of squares " << fast << " vs fp64 reference " << ref << ": rel diff " << rel);
   CHECK(rel < 1e-12);
+  // Exactly the bits of the loop's order written out here (element i into
+  // accumulator i % 8, then ((0+1)+(2+3))+((4+5)+(6+7))), whichever clone
+  // (AVX2 or baseline) the CPU runs.
+  const std::vector<at::Tensor> contiguous(grads.begin(), grads.end() - 1);  // the last is a transposed view
+  double ordered = 0;
+  for (const auto& g : contiguous) {
+    const float* x = g.const_data_ptr<float>();
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      const int64_t tail = g.numel() - g.numel() % 8;
+      acc[i < tail ? i % 8 : 0] += double(x[i]) * double(x[i]);
+    }
+    ordered += ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  }
+  const double fast_contiguous = dtrain::engine::optim::local_grad_sq_norm(contiguous);
+  MESSAGE("contiguous grads: loop " << fast_contiguous << " vs the same order written out " << ordered
+                                    << ": diff " << fast_contiguous - ordered << " (want 0)");
+  CHECK(fast_contiguous == ordered);
   // Not a no-op: one element changed moves it by exactly that element's square.
   grads[1][3] = grads[1][3] + 1.0;
   double ref2 = 0;
