@@ -296,7 +296,8 @@ void AdamW::step_offloaded(double lr) {
       const at::Tensor& g = grads_.empty() ? p.grad() : grads_[pc.param];
       if (!g.defined()) continue;
       page_to(int64_t(pc.param), open);
-      offloaded_piece(p, g, pc.begin, pc.end, m + pc.at, v + pc.at, make_fused_step(decay_[pc.param], lr, opt_, step_, grad_scale_));
+      offloaded_piece(p, g, pc.begin, pc.end, m + pc.at, v + pc.at,
+                      make_fused_step(decay_[pc.param], lr, opt_, step_, grad_scale_));
     }
     store_->release(b);
     if (b + depth < nb) store_->prefetch(b + depth);
@@ -326,7 +327,6 @@ double LrSchedule::at(int64_t step) const {
   if (progress > 1.0) progress = 1.0;
   return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (lr - min_lr);
 }
-
 
 double local_grad_sq_norm(const std::vector<at::Tensor>& grads) {
   at::NoGradGuard no_grad;
