@@ -150,7 +150,7 @@ void AdamW::step_one_unfused(size_t i, double lr) {
   const double bias_correction1 = 1.0 - std::pow(b1, double(step_));
   const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(b2, double(step_)));
   const double step_size = lr / bias_correction1;
-  if (grad_scale_ != 1.0) g.mul_(grad_scale_);  // in place, as the fused paths' product
+  scale_grads({g}, grad_scale_);  // in place: the fused paths' product
   if (decay_[i] && opt_.weight_decay != 0.0) p.mul_(1.0 - lr * opt_.weight_decay);  // decoupled decay
   m_[i].mul_(b1).add_(g, 1.0 - b1);                                     // m = b1 m + (1 - b1) g
   v_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);                              // v = b2 v + (1 - b2) g^2

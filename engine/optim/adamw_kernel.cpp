@@ -1,4 +1,4 @@
-// adamw_kernel.h: the loop, compiled twice (target_clones "avx2", which
+// adamw_kernel.h: the loops, each compiled twice (target_clones "avx2", which
 // tests the CPU feature, and the baseline). "avx2" brings no FMA, so the
 // vector loop keeps the scalar pass's roundings: the same bits, 8 floats at
 // a time. Built with -fno-math-errno (engine/CMakeLists.txt): a sqrt that

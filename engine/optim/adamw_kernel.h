@@ -1,7 +1,8 @@
 // AdamW's fused update as one loop over a flat run of fp32 elements (a
 // whole tensor, or several whose parameters, gradients and moments each lie
 // end to end: a ZeRO shard with flat moments). No LibTorch here: adamw.cpp
-// decides what forms a run; this file only owns the loop.
+// decides what forms a run; this file only owns the loops (and the gradient
+// norm's sum of squares, vectorised the same way).
 #pragma once
 
 #include <cstdint>
