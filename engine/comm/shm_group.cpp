@@ -10,12 +10,14 @@
 //      marks the set done; for all_reduce it first reduces slots 0..n-1 in
 //      rank order into the result slot (the same addition order whatever the
 //      arrival order, the chunking or the machine);
-//   3. each rank takes its result when it waits for the op (or needs the set
-//      again) and counts itself consumed: all_reduce copies the result slot
-//      out, all_gather copies every rank's slot to its place, reduce_scatter
-//      reduces its own block from every slot, in rank order, into its output,
-//      broadcast copies the root's slot out, reduce adds slots 1..n-1 in
-//      rank order into rank 0's own tensor (the others take nothing).
+//   3. each rank takes its result as soon as it sees it in (the last to
+//      arrive at once; the others at their next launch, their wait for the
+//      op, or when they need the set again) and counts itself consumed:
+//      all_reduce copies the result slot out, all_gather copies every
+//      rank's slot to its place, reduce_scatter reduces its own block from
+//      every slot, in rank order, into its output, broadcast copies the
+//      root's slot out, reduce adds slots 1..n-1 in rank order into rank
+//      0's own tensor (the others take nothing).
 // A set is staged again (chunk c + kSets) only once every rank consumed it.
 // Waits spin briefly, then sleep on a futex in the segment, so a machine
 // with more ranks than cores gives its cores to the ranks that compute.
@@ -175,6 +177,7 @@ class ShmChannel {
   }
   ChunkPtr stage_chunk(Chunk chunk, const std::function<void(char*)>& fill);
   void consume(Chunk& c);
+  void consume_ready();  // takes the pending chunks whose result is in, oldest first
   void reduce_into_result(int set, int64_t elems, at::ScalarType dtype, ReduceOp op);
   void wait_until(Counter& c, uint32_t target, ShmOp op, const char* what);
 
@@ -236,6 +239,9 @@ ShmChannel::ChunkPtr ShmChannel::stage_chunk(Chunk chunk, const std::function<vo
   const int set = static_cast<int>(index % kSets);
   const uint32_t use = static_cast<uint32_t>(index / kSets);  // this set's use number k
   SetState& st = seg_->header().sets[set];
+  // Results already in: taken now, so the ranks ahead find their sets free
+  // (a set waits for every rank's copy-out, not only for its staging).
+  consume_ready();
   if (use > 0) {
     // The set's previous chunk: ours copied out first, then everyone's.
     while (!pending_.empty() && pending_.front()->index + kSets <= index) {
@@ -245,16 +251,31 @@ ShmChannel::ChunkPtr ShmChannel::stage_chunk(Chunk chunk, const std::function<vo
     wait_until(st.consumed, static_cast<uint32_t>(n_) * use, chunk.op, "reusing a staging set");
   }
   fill(seg_->slot(set, me_));
+  chunk.index = index;
+  auto ptr = std::make_shared<Chunk>(chunk);
+  pending_.push_back(ptr);
   const uint32_t all = static_cast<uint32_t>(n_) * (use + 1);
   if (st.staged.value.fetch_add(1, std::memory_order_acq_rel) + 1 == all) {
     if (chunk.op == ShmOp::all_reduce) reduce_into_result(set, chunk.elems, chunk.dtype, chunk.reduce);
     st.done.value.store(use + 1, std::memory_order_release);
     wake_all(st.done);
+    // The last to arrive takes its result at once (still in cache), and with
+    // the earlier ones: a rank ahead then waits for this rank's staging only.
+    consume_ready();
   }
-  chunk.index = index;
-  auto ptr = std::make_shared<Chunk>(chunk);
-  pending_.push_back(ptr);
   return ptr;
+}
+
+void ShmChannel::consume_ready() {
+  while (!pending_.empty()) {
+    Chunk& c = *pending_.front();
+    if (!c.consumed) {
+      const uint32_t use = static_cast<uint32_t>(c.index / kSets);
+      if (!reached(seg_->header().sets[c.index % kSets].done.value.load(std::memory_order_acquire), use + 1)) return;
+      consume(c);
+    }
+    pending_.pop_front();
+  }
 }
 
 void ShmChannel::consume(Chunk& c) {
