@@ -4,11 +4,11 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/linear.h>
 
 #include <cstdint>
 #include <vector>
 
+#include "engine/model/grad_slot.h"
 #include "engine/model/tp_ops.h"
 
 namespace dtrain::engine::model::detail {
@@ -17,11 +17,13 @@ namespace dtrain::engine::model::detail {
 // [B, T, K] input as matmul plus a separate bias add, one more pass over
 // the output in forward and its own reduction in backward; flattened to
 // [B*T, K], the bias rides in addmm's beta term.
+// Under DDP the weight's gradient goes straight into its bucket slot
+// (grad_slot.h).
 inline at::Tensor linear_nd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
-  if (x.dim() == 2) return at::linear(x, w, b);
+  if (x.dim() == 2) return linear_2d(x, w, b);
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = w.size(0);
-  return at::linear(x.reshape({-1, x.size(-1)}), w, b).view(sizes);
+  return linear_2d(x.reshape({-1, x.size(-1)}), w, b).view(sizes);
 }
 
 // The input of column-parallel layers: x itself, or x copied into the TP

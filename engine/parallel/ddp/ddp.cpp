@@ -18,6 +18,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "engine/model/grad_slot.h"
 #include "engine/parallel/bucket_hooks.h"
 
 namespace dtrain::engine::parallel {
@@ -60,10 +61,10 @@ struct DdpState {
     at::NoGradGuard no_grad;
     at::Tensor& p = params[i];
     at::Tensor sl = slot(i);
-    if (p.grad().defined())
-      sl.copy_(p.grad().reshape({-1}));
-    else
+    if (!p.grad().defined())
       sl.zero_();
+    else if (p.grad().data_ptr() != sl.data_ptr())  // (a linear layer wrote it into the slot: grad_slot.h)
+      sl.copy_(p.grad().reshape({-1}));
     p.mutable_grad() = sl.view(p.sizes());
     unset[i] = false;
   }
@@ -194,6 +195,7 @@ Ddp::Ddp(std::vector<std::pair<std::string, at::Tensor>> named_params, comm::Gro
       at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[k], p.numel());
       if (options.sync_initial_params) p.copy_(slot.view(p.sizes()));
       p.mutable_grad() = slot.view(p.sizes());  // [param shape] view into the bucket
+      model::register_grad_slot(p, p.grad());   // linear layers write the first backward's grad here
     }
     bucket.flat.zero_();
   }
@@ -213,7 +215,10 @@ Ddp::Ddp(std::vector<std::pair<std::string, at::Tensor>> named_params, comm::Gro
                options.bucket_mb, options.overlap);
 }
 
-Ddp::~Ddp() = default;
+Ddp::~Ddp() {
+  for (size_t i = 0; i < state_->params.size(); ++i)
+    model::unregister_grad_slot(state_->params[i], state_->slot(i));
+}
 
 void Ddp::set_grad_sync(bool enabled) {
   state_->sync = enabled;

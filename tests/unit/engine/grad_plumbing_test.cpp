@@ -1,17 +1,23 @@
 // The gradient plumbing the GradSyncs share: clip_grad_norm (parallel/
 // grad_norm.h) against hand-computed norms on a dp 2 x tp 2 world of threads,
 // comm::NoSyncGroup (the no_grad_sync fault's group) against the group it
-// wraps, and BucketHooks' launch order on a small autograd graph. Each check
-// has a control that shows it can tell right from wrong.
+// wraps, BucketHooks' launch order on a small autograd graph, and the
+// weight gradient a linear layer computes straight into its DDP slot
+// (model/grad_slot.h) against at::linear's autograd. Each check has a
+// control that shows it can tell right from wrong.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
 #include <ATen/ops/tensor.h>
 
 #include <cmath>
 #include <vector>
 
 #include "engine/comm/no_sync_group.h"
+#include "engine/model/grad_slot.h"
 #include "engine/parallel/bucket_hooks.h"
 #include "engine/parallel/grad_norm.h"
 
@@ -163,4 +169,54 @@ TEST_CASE("BucketHooks: buckets launch in the given order once complete; the res
   CHECK(launched.empty());
   hooks.launch_rest();
   CHECK(launched == std::vector<int>{0, 1});
+}
+
+TEST_CASE("grad slots: the first backward's weight gradient lands in its slot, the bits of at::linear's autograd") {
+  namespace model = dtrain::engine::model;
+  at::manual_seed(7);
+  const at::Tensor x0 = at::randn({6, 5}), w0 = at::randn({4, 5}), b0 = at::randn({4}), g = at::randn({6, 4});
+  auto leaf = [](const at::Tensor& t) { return t.clone().set_requires_grad(true); };
+  auto max_diff = [](const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); };
+
+  // Reference: at::linear, two backwards (the second accumulates).
+  at::Tensor x = leaf(x0), w = leaf(w0), b = leaf(b0);
+  at::Tensor y = at::linear(x, w, b);
+  (y * g).sum().backward();
+  const at::Tensor w_grad1 = w.grad().clone(), b_grad1 = b.grad().clone(), x_grad1 = x.grad().clone();
+  (at::linear(x, w, b) * g).sum().backward();
+
+  // The slot path: the slot starts with stale numbers the write must replace.
+  at::Tensor xs = leaf(x0), ws = leaf(w0), bs = leaf(b0);
+  at::Tensor slot = at::full({4, 5}, 7.0f);
+  model::register_grad_slot(ws, slot);
+  CHECK(model::has_grad_slot(ws));
+  CHECK_FALSE(model::has_grad_slot(w));
+  at::Tensor ys = model::linear_2d(xs, ws, bs);
+  CHECK(max_diff(ys, y) == 0.0);
+  (ys * g).sum().backward();
+  REQUIRE(ws.grad().defined());
+  CHECK(ws.grad().data_ptr() == slot.data_ptr());  // adopted: no copy into the slot left to do
+  const double dw1 = max_diff(slot, w_grad1), db1 = max_diff(bs.grad(), b_grad1), dx1 = max_diff(xs.grad(), x_grad1);
+  const double control = max_diff(at::full({4, 5}, 7.0f), w_grad1);  // the slot had the write been skipped
+  MESSAGE("first backward: max |diff| dW " << dw1 << ", db " << db1 << ", dx " << dx1 << "; control (slot unwritten) "
+                                          << control);
+  CHECK(dw1 == 0.0);
+  CHECK(db1 == 0.0);
+  CHECK(dx1 == 0.0);
+  CHECK(control > 1.0);
+
+  // A second backward (grad set): accumulated in place, in the slot.
+  (model::linear_2d(xs, ws, bs) * g).sum().backward();
+  CHECK(ws.grad().data_ptr() == slot.data_ptr());
+  const double dw2 = max_diff(ws.grad(), w.grad());
+  MESSAGE("second backward (accumulated): max |diff| dW " << dw2 << "; control (first backward's grad) "
+                                                          << max_diff(w_grad1, w.grad()));
+  CHECK(dw2 == 0.0);
+  CHECK(max_diff(w_grad1, w.grad()) > 1e-3);
+
+  // Unregistering with another slot leaves the registration; with its own, removes it.
+  model::unregister_grad_slot(ws, at::full({4, 5}, 7.0f));
+  CHECK(model::has_grad_slot(ws));
+  model::unregister_grad_slot(ws, slot);
+  CHECK_FALSE(model::has_grad_slot(ws));
 }

@@ -1,0 +1,112 @@
+// grad_slot.h: the slot registry and the linear layer that writes its
+// weight gradient into the slot. The backward repeats autograd's own
+// formulas for addmm (mm_mat1_backward, mm_mat2_backward; the bias's grad
+// is dY, summed to [N] by the engine as for addmm), so the GEMMs are the
+// same calls on the same operands: only dW's destination differs.
+#include "engine/model/grad_slot.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/mm.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <mutex>
+#include <unordered_map>
+
+namespace dtrain::engine::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// param's TensorImpl -> its slot, keyed by the impl, which the registrant
+// (Ddp) keeps alive while registered. Locked: ranks that are threads of one
+// test process register side by side, and a GPU's backward runs on
+// autograd's device thread.
+std::mutex slots_mu;
+std::unordered_map<const c10::TensorImpl*, at::Tensor> slots;
+
+at::Tensor slot_of(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(slots_mu);
+  auto it = slots.find(param.unsafeGetTensorImpl());
+  return it == slots.end() ? at::Tensor() : it->second;
+}
+
+// Column-major 2-D (strides 1, rows): autograd's formulas transpose their
+// result for such operands; so do we.
+bool column_major(const at::Tensor& t) { return t.stride(0) == 1 && t.stride(1) == t.size(0); }
+
+// (Two functions: an autograd function's tensor inputs must be defined.)
+at::Tensor slot_linear_forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  ctx->save_for_backward({x});
+  ctx->saved_data["w"] = w;  // the parameter itself: its grad says whether this is the first backward
+  return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());  // [M, N]
+}
+
+variable_list slot_linear_backward(AutogradContext* ctx, const variable_list& grads, bool bias) {
+  const at::Tensor x = ctx->get_saved_variables()[0];
+  const at::Tensor w = ctx->saved_data["w"].toTensor();
+  const at::Tensor& dy = grads[0];  // [M, N]
+  at::Tensor dx, dw;
+  if (ctx->needs_input_grad(0))  // mm_mat1_backward(dY, W^T)
+    dx = column_major(x) ? w.t().mm(dy.t()).t() : dy.mm(w);
+  if (ctx->needs_input_grad(1)) {
+    // mm_mat2_backward(dY, X) for W^T (column-major) is (dY^T X)^T, and
+    // W's grad its transpose: dY^T X, [N, K].
+    at::Tensor slot = slot_of(w);
+    if (slot.defined() && !w.grad().defined() && !c10::GradMode::is_enabled()) {
+      slot = slot.view(slot.sizes());  // a handle of its own: AccumulateGrad adopts it as the grad
+      at::mm_out(slot, dy.t(), x);
+      dw = std::move(slot);
+    } else {
+      dw = dy.t().mm(x);
+    }
+  }
+  if (!bias) return {dx, dw};
+  // The bias's grad as addmm's: dY itself, summed to [N] by the engine.
+  return {dx, dw, ctx->needs_input_grad(2) ? dy : at::Tensor()};
+}
+
+struct SlotLinear : public torch::autograd::Function<SlotLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    return slot_linear_forward(ctx, x, w, b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return slot_linear_backward(ctx, grads, true);
+  }
+};
+
+struct SlotLinearNoBias : public torch::autograd::Function<SlotLinearNoBias> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+    return slot_linear_forward(ctx, x, w, {});
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return slot_linear_backward(ctx, grads, false);
+  }
+};
+
+}  // namespace
+
+void register_grad_slot(const at::Tensor& param, const at::Tensor& slot) {
+  std::lock_guard<std::mutex> lock(slots_mu);
+  slots[param.unsafeGetTensorImpl()] = slot;
+}
+
+void unregister_grad_slot(const at::Tensor& param, const at::Tensor& slot) {
+  std::lock_guard<std::mutex> lock(slots_mu);
+  auto it = slots.find(param.unsafeGetTensorImpl());
+  if (it != slots.end() && it->second.data_ptr() == slot.data_ptr()) slots.erase(it);
+}
+
+bool has_grad_slot(const at::Tensor& param) { return slot_of(param).defined(); }
+
+at::Tensor linear_2d(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  const at::Tensor slot = slot_of(w);
+  if (slot.defined() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+      x.device() == slot.device() && !at::autocast::is_autocast_enabled(x.device().type()))
+    return b.defined() ? SlotLinear::apply(x, w, b) : SlotLinearNoBias::apply(x, w);
+  return at::linear(x, w, b);
+}
+
+}  // namespace dtrain::engine::model
