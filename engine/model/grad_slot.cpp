@@ -23,14 +23,31 @@ using torch::autograd::variable_list;
 // param's TensorImpl -> its slot, keyed by the impl, which the registrant
 // (Ddp) keeps alive while registered. Locked: ranks that are threads of one
 // test process register side by side, and a GPU's backward runs on
-// autograd's device thread.
+// autograd's device thread. A slot is armed by register/arm_grad_slot and
+// written once per arming: a weight used by two linear layers in one graph
+// has its first gradient held in the slot (by autograd, until AccumulateGrad
+// sums both), so the second must not write there (without the arming,
+// test_engine's "grad slots" case counts the second gradient twice).
+struct Slot {
+  at::Tensor tensor;
+  bool armed = true;
+};
 std::mutex slots_mu;
-std::unordered_map<const c10::TensorImpl*, at::Tensor> slots;
+std::unordered_map<const c10::TensorImpl*, Slot> slots;
 
 at::Tensor slot_of(const at::Tensor& param) {
   std::lock_guard<std::mutex> lock(slots_mu);
   auto it = slots.find(param.unsafeGetTensorImpl());
-  return it == slots.end() ? at::Tensor() : it->second;
+  return it == slots.end() ? at::Tensor() : it->second.tensor;
+}
+
+// The slot, disarmed, if it is armed; undefined otherwise.
+at::Tensor claim_slot(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(slots_mu);
+  auto it = slots.find(param.unsafeGetTensorImpl());
+  if (it == slots.end() || !it->second.armed) return {};
+  it->second.armed = false;
+  return it->second.tensor;
 }
 
 // Column-major 2-D (strides 1, rows): autograd's formulas transpose their
@@ -54,8 +71,9 @@ variable_list slot_linear_backward(AutogradContext* ctx, const variable_list& gr
   if (ctx->needs_input_grad(1)) {
     // mm_mat2_backward(dY, X) for W^T (column-major) is (dY^T X)^T, and
     // W's grad its transpose: dY^T X, [N, K].
-    at::Tensor slot = slot_of(w);
-    if (slot.defined() && !w.grad().defined() && !c10::GradMode::is_enabled()) {
+    at::Tensor slot;
+    if (!w.grad().defined() && !c10::GradMode::is_enabled()) slot = claim_slot(w);
+    if (slot.defined()) {
       slot = slot.view(slot.sizes());  // a handle of its own: AccumulateGrad adopts it as the grad
       at::mm_out(slot, dy.t(), x);
       dw = std::move(slot);
@@ -90,13 +108,19 @@ struct SlotLinearNoBias : public torch::autograd::Function<SlotLinearNoBias> {
 
 void register_grad_slot(const at::Tensor& param, const at::Tensor& slot) {
   std::lock_guard<std::mutex> lock(slots_mu);
-  slots[param.unsafeGetTensorImpl()] = slot;
+  slots[param.unsafeGetTensorImpl()] = Slot{slot, true};
+}
+
+void arm_grad_slot(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(slots_mu);
+  auto it = slots.find(param.unsafeGetTensorImpl());
+  if (it != slots.end()) it->second.armed = true;
 }
 
 void unregister_grad_slot(const at::Tensor& param, const at::Tensor& slot) {
   std::lock_guard<std::mutex> lock(slots_mu);
   auto it = slots.find(param.unsafeGetTensorImpl());
-  if (it != slots.end() && it->second.data_ptr() == slot.data_ptr()) slots.erase(it);
+  if (it != slots.end() && it->second.tensor.data_ptr() == slot.data_ptr()) slots.erase(it);
 }
 
 bool has_grad_slot(const at::Tensor& param) { return slot_of(param).defined(); }

@@ -14,9 +14,12 @@ namespace dtrain::engine::model {
 
 // While registered, a backward that finds param's grad unset (the step's
 // first, after zero_grad) computes param's gradient into `slot` (param's
-// shape, dtype and device) where linear_2d computes it. Unregister before
-// either tensor goes away.
+// shape, dtype and device) where linear_2d computes it, once per arming
+// (registering arms it; so does arm_grad_slot, when the grads are unset
+// for the next step; a second use of the weight in the same graph takes
+// autograd's own path). Unregister before either tensor goes away.
 void register_grad_slot(const at::Tensor& param, const at::Tensor& slot);
+void arm_grad_slot(const at::Tensor& param);
 // (only where `slot` is still the one registered: a newer registrant's stays)
 void unregister_grad_slot(const at::Tensor& param, const at::Tensor& slot);
 bool has_grad_slot(const at::Tensor& param);

@@ -267,6 +267,7 @@ void Ddp::zero_grad() {
   auto& s = *state_;
   for (size_t i = 0; i < s.params.size(); ++i) {
     s.params[i].mutable_grad().reset();
+    model::arm_grad_slot(s.params[i]);
     s.unset[i] = true;
   }
 }

@@ -214,6 +214,23 @@ TEST_CASE("grad slots: the first backward's weight gradient lands in its slot, t
   CHECK(dw2 == 0.0);
   CHECK(max_diff(w_grad1, w.grad()) > 1e-3);
 
+  // The weight used twice in one graph, grads unset and the slot armed: the
+  // first backward to reach it writes the slot, the second autograd's own
+  // tensor, and AccumulateGrad gets their sum (a second write into the slot
+  // would have replaced the first gradient autograd still holds).
+  ws.mutable_grad().reset();
+  model::arm_grad_slot(ws);
+  const at::Tensor g2 = at::randn({6, 4});
+  (model::linear_2d(xs, ws, bs) * g + model::linear_2d(xs, ws, bs) * g2).sum().backward();
+  w.mutable_grad().reset();
+  (at::linear(x, w, b) * g + at::linear(x, w, b) * g2).sum().backward();
+  const double dw_twice = max_diff(ws.grad(), w.grad());
+  const double twice_control = max_diff(2 * g2.t().mm(x0), w.grad());
+  MESSAGE("weight used twice: max |diff| dW " << dw_twice << "; control (the second use's gradient counted twice) "
+                                              << twice_control);
+  CHECK(dw_twice <= 1e-5);
+  CHECK(twice_control > 1e-2);
+
   // Unregistering with another slot leaves the registration; with its own, removes it.
   model::unregister_grad_slot(ws, at::full({4, 5}, 7.0f));
   CHECK(model::has_grad_slot(ws));
