@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
