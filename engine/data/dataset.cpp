@@ -214,17 +214,17 @@ class SyntheticDataset final : public TokenDataset {
 
   SyntheticDataset(int seq_len, int vocab, uint64_t seed) : seq_len_(seq_len) {
     uint64_t s = seed ^ 0x5EED5EED5EED5EEDULL;
-    std::vector<std::vector<uint16_t>> phrases(kPhrases);
+    std::vector<std::vector<uint32_t>> phrases(kPhrases);
     for (auto& ph : phrases) {
       ph.resize(8 + splitmix64(s) % 24);
-      for (auto& t : ph) t = uint16_t(splitmix64(s) % uint64_t(vocab));
+      for (auto& t : ph) t = uint32_t(splitmix64(s) % uint64_t(vocab));
     }
     const int64_t ntokens = std::max<int64_t>(kMinTokens, int64_t(seq_len) * 64 + 1);
     tokens_.reserve(size_t(ntokens) + 32);
     while (int64_t(tokens_.size()) < ntokens) {
-      for (uint16_t t : phrases[splitmix64(s) % kPhrases]) {
+      for (uint32_t t : phrases[splitmix64(s) % kPhrases]) {
         const uint64_t r = splitmix64(s);
-        tokens_.push_back((r & 15) == 0 ? uint16_t((r >> 8) % uint64_t(vocab)) : t);
+        tokens_.push_back((r & 15) == 0 ? uint32_t((r >> 8) % uint64_t(vocab)) : t);
       }
     }
     tokens_.resize(size_t(ntokens));
@@ -233,7 +233,7 @@ class SyntheticDataset final : public TokenDataset {
   int64_t num_samples() const override { return num_samples_; }
   int seq_len() const override { return seq_len_; }
   void get_batch(const std::vector<int64_t>& ids, at::Tensor& inputs, at::Tensor& targets) const override {
-    const uint16_t* p = tokens_.data();
+    const uint32_t* p = tokens_.data();
     const int64_t T = seq_len_;
     fill_batch(ids, seq_len_, num_samples_,
                [p, T](int64_t id, int64_t* w) {
@@ -243,7 +243,7 @@ class SyntheticDataset final : public TokenDataset {
   }
 
  private:
-  std::vector<uint16_t> tokens_;
+  std::vector<uint32_t> tokens_;
   int seq_len_;
   int64_t num_samples_ = 0;
 };
@@ -267,13 +267,7 @@ std::unique_ptr<TokenDataset> open_dataset(const std::string& format, const std:
   }
   if (format == "tokens-u32") return std::make_unique<RawTokenDataset>(path, 4, seq_len, vocab);
   if (format == "indexed") return std::make_unique<IndexedDataset>(path, seq_len, vocab);
-  if (format == "synthetic") {
-    if (vocab > 65536) {
-      throw Error(ErrorCode::config, "model.vocab = " + std::to_string(vocab) +
-                                         " is too large for format synthetic (at most 65536)");
-    }
-    return std::make_unique<SyntheticDataset>(seq_len, vocab, seed);
-  }
+  if (format == "synthetic") return std::make_unique<SyntheticDataset>(seq_len, vocab, seed);
   throw Error(ErrorCode::config, "data.format = '" + format + "' is unknown",
               "use bytes, tokens-u16, tokens-u32, indexed or synthetic");
 }

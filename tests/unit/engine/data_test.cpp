@@ -168,6 +168,19 @@ TEST_CASE("dataset synthetic: deterministic per seed, within vocab") {
   CHECK(at::equal(xa.narrow(1, 1, 31), ya.narrow(1, 0, 31)));
 }
 
+TEST_CASE("dataset synthetic: a vocab over 65536 (Llama 3's 128256) draws from all of it") {
+  auto d = open_dataset("synthetic", "", 64, 128256, 7);
+  std::vector<int64_t> ids(64);
+  for (int64_t i = 0; i < 64; ++i) ids[size_t(i)] = i * (d->num_samples() / 64);
+  at::Tensor x, y;
+  d->get_batch(ids, x, y);
+  const int64_t hi = x.max().item().toLong();
+  MESSAGE("largest token of 64 x 64: " << hi << " (vocab 128256; a 16-bit store would cap it at 65535)");
+  CHECK(hi < 128256);
+  CHECK(hi > 65535);
+  CHECK(x.min().item().toLong() >= 0);
+}
+
 TEST_CASE("sampler: disjoint, complete coverage over an epoch for dp 1..5") {
   for (int grad_accum : {1, 2}) {
     for (int dp = 1; dp <= 5; ++dp) {
