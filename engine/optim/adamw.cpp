@@ -212,8 +212,9 @@ void AdamW::offload(OffloadOptions options, bool prefetch) {
     sizes.push_back(p.numel());
   }
   const bool host = !options.nvme, pinned = options.pinned, no_copy_back = options.drop_writes;
+  const int threads = options.threads;
   store_ = std::make_unique<OffloadStore>(sizes, std::move(options));
-  if (host) host_ = std::make_unique<HostUpdate>(*store_, params_, pinned, no_copy_back);
+  if (host) host_ = std::make_unique<HostUpdate>(*store_, params_, pinned, no_copy_back, threads);
   prefetch_ = prefetch;
   m_.clear();  // the store starts at zero, as these did
   v_.clear();

@@ -20,7 +20,10 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "common/error.h"
 
@@ -45,9 +48,70 @@ struct HostUpdate::Streams {
   c10::Event& grads(int b) { return b % 2 ? grads1 : grads0; }
 };
 
+// A fork-join crew of n - 1 threads that live as long as the HostUpdate:
+// run(job) calls job(t) for t = 0..n-1, t = 0 on the caller, and returns
+// when all are done. ATen's intra-op pool is not used: the worker keeps it at
+// one thread (ranks are the parallelism on a CPU), and widening it would
+// widen every CPU op of the rank, not this update alone.
+class HostUpdate::Crew {
+ public:
+  explicit Crew(int n) {
+    for (int t = 1; t < n; ++t) threads_.emplace_back([this, t] { serve(t); });
+  }
+  ~Crew() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& th : threads_) th.join();
+  }
+  int size() const { return int(threads_.size()) + 1; }
+  // job must not throw: it runs plain loops over memory.
+  void run(const std::function<void(int)>& job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &job;
+      pending_ = int(threads_.size());
+      ++round_;
+    }
+    wake_.notify_all();
+    job(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void serve(int t) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return stop_ || round_ != seen; });
+        if (stop_) return;
+        seen = round_;
+        job = job_;
+      }
+      (*job)(t);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t round_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
 HostUpdate::HostUpdate(const OffloadStore& store, const std::vector<at::Tensor>& params, bool pinned,
-                       bool no_copy_back)
+                       bool no_copy_back, int threads)
     : no_copy_back_(no_copy_back) {
+  if (threads > 1) crew_ = std::make_unique<Crew>(threads);
   int64_t total = 0;
   for (const auto& p : params) {
     if (p.device() != params.front().device())
@@ -113,10 +177,36 @@ void HostUpdate::step(OffloadStore& store, std::vector<at::Tensor>& params, cons
     float* m = store.acquire(b);
     float* v = m + store.bucket_len(b);
     const float* g = staging_[b % 2].const_data_ptr<float>();
-    for (const auto& pc : store.pieces(b))
-      if (args.grad(pc.param).defined())
-        kernel::adamw_run(master + first_[pc.param] + pc.begin, g + pc.at, m + pc.at, v + pc.at, pc.end - pc.begin,
-                          args.scalars(pc.param));
+    if (!crew_) {
+      for (const auto& pc : store.pieces(b))
+        if (args.grad(pc.param).defined())
+          kernel::adamw_run(master + first_[pc.param] + pc.begin, g + pc.at, m + pc.at, v + pc.at,
+                            pc.end - pc.begin, args.scalars(pc.param));
+    } else {
+      // The pieces to update and their constants, read on this thread (the
+      // callbacks touch tensors); the crew then splits the bucket's elements
+      // [0, len) into equal ranges and updates each piece's overlap with its own.
+      struct Run {
+        int64_t at, len;
+        float* p;
+        kernel::AdamWScalars c;
+      };
+      std::vector<Run> runs;
+      int64_t len = 0;
+      for (const auto& pc : store.pieces(b)) {
+        len = std::max(len, pc.at + (pc.end - pc.begin));
+        if (args.grad(pc.param).defined())
+          runs.push_back({pc.at, pc.end - pc.begin, master + first_[pc.param] + pc.begin, args.scalars(pc.param)});
+      }
+      const int n = crew_->size();
+      crew_->run([&](int t) {
+        const int64_t lo = len * t / n, hi = len * (t + 1) / n;
+        for (const Run& r : runs) {
+          const int64_t a = std::max(lo, r.at), e = std::min(hi, r.at + r.len);
+          if (a < e) kernel::adamw_run(r.p + (a - r.at), g + a, m + a, v + a, e - a, r.c);
+        }
+      });
+    }
     store.release(b);
     if (no_copy_back_) continue;
     std::optional<c10::StreamGuard> on;

@@ -24,7 +24,11 @@ class HostUpdate {
   // under the test override: the same copies, done synchronously).
   // no_copy_back: fault.kind offload_no_writeback, the updated master never
   // reaches the parameters.
-  HostUpdate(const OffloadStore& store, const std::vector<at::Tensor>& params, bool pinned, bool no_copy_back);
+  // threads: how many threads run each bucket's update (1: the caller
+  // alone); each takes a contiguous range of the bucket's elements, and every
+  // element's arithmetic is the same, so any count gives the same bits.
+  HostUpdate(const OffloadStore& store, const std::vector<at::Tensor>& params, bool pinned, bool no_copy_back,
+             int threads = 1);
   ~HostUpdate();
   HostUpdate(const HostUpdate&) = delete;
   HostUpdate& operator=(const HostUpdate&) = delete;
@@ -45,6 +49,7 @@ class HostUpdate {
 
  private:
   struct Streams;  // the copy stream and its events (none on a CPU)
+  class Crew;     // the threads beside the caller's that share each bucket's update
   void refresh_master(std::vector<at::Tensor>& params, const StepArgs& args);
   void grads_in(const OffloadStore& store, int b, const StepArgs& args);
   void wait_grads(int b);
@@ -58,6 +63,7 @@ class HostUpdate {
   at::Tensor staging_[2];  // bucket b's gradients in staging_[b % 2]
   bool no_copy_back_ = false;
   std::unique_ptr<Streams> streams_;
+  std::unique_ptr<Crew> crew_;
 };
 
 }  // namespace dtrain::engine::optim

@@ -26,6 +26,7 @@ struct OffloadOptions {
   std::string file;         // nvme: the rank's file, replaced if it exists
   int64_t bucket_floats = 8 << 20;  // elements of one moment per bucket
   bool drop_writes = false;  // fault.kind offload_no_writeback: release() writes nothing
+  int threads = 1;           // host: threads that run the update (HostUpdate)
 };
 
 // I/O since the last take_stats: seconds the I/O thread spent in pread and

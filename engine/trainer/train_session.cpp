@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <sched.h>
 
 #include "common/checkpoint_dir.h"
 #include "common/error.h"
@@ -100,6 +101,15 @@ void offload_optimizer(const JobSpec& spec, const comm::WorldInfo& info, const c
   opt.bucket_floats = std::max<int64_t>(1, int64_t(o.bucket_mb * 1024 * 1024 / 8));
   if (opt.nvme) opt.file = offload_file(o.path, spec.job.name, info.rank);
   opt.drop_writes = spec.fault.kind == FaultKind::offload_no_writeback;
+  if (!opt.nvme && !device.is_cpu()) {
+    // ZeRO-Offload's CPU Adam runs on the host's cores: a GPU rank leaves
+    // them idle otherwise. This rank's share of the CPUs it may run on.
+    cpu_set_t set;
+    const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    opt.threads = std::max(1, cpus / std::max(1, info.local_world));
+    DTRAIN_INFO("train.offload.optimizer host: AdamW's update on {} CPU thread(s) ({} CPUs, {} local rank(s))",
+                opt.threads, cpus, info.local_world);
+  }
   optimizer.offload(opt, o.prefetch);
 }
 

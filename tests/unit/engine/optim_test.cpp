@@ -223,14 +223,23 @@ TEST_CASE("adamw offload: nvme (reader and writer threads, three slots) and host
   OffloadOptions host;
   host.nvme = false;  // the CPU runs host's GPU path: master, gradients in, parameters out
   const double d_nvme = offload_vs_plain(nvme, 6), d_host = offload_vs_plain(host, 6);
+  // Host's update split over a crew of 3 threads (a GPU rank's CPU Adam).
+  OffloadOptions crew = host;
+  crew.threads = 3;
+  const double d_crew = offload_vs_plain(crew, 6);
   // Negative controls: the moments never written back; the master never copied back.
   nvme.drop_writes = true;
   host.drop_writes = true;
   const double c_nvme = offload_vs_plain(nvme, 6), c_host = offload_vs_plain(host, 6);
-  std::printf("adamw offload vs plain over 6 steps: nvme max abs diff %.3g, host %.3g (tolerance 1e-6); negative "
-              "controls (no write-back / no copy back) %.3g, %.3g\n", d_nvme, d_host, c_nvme, c_host);
+  crew.drop_writes = true;
+  const double c_crew = offload_vs_plain(crew, 6);
+  std::printf("adamw offload vs plain over 6 steps: nvme max abs diff %.3g, host %.3g, host on 3 threads %.3g "
+              "(tolerance 1e-6); negative controls (no write-back / no copy back / 3 threads, no copy back) "
+              "%.3g, %.3g, %.3g\n", d_nvme, d_host, d_crew, c_nvme, c_host, c_crew);
   CHECK(d_nvme <= 1e-6);
   CHECK(d_host <= 1e-6);
+  CHECK(d_crew <= 1e-6);
+  CHECK(c_crew >= 1e-4);
   CHECK(c_nvme >= 1e-4);
   CHECK(c_host >= 1e-4);
 }
