@@ -1,8 +1,9 @@
 // AdamW, the learning-rate schedule and the gradient-norm helpers of adamw.h.
-// The update is torch.optim.AdamW's single-tensor path: on contiguous fp32
-// CPU tensors one fused pass per tensor (decay, both moments, the step: each
-// element read and written once, no temporaries), elsewhere in-place ATen ops
-// under NoGradGuard. Both compute the same formula in fp32 in the same order.
+// The update is torch.optim.AdamW's: on contiguous fp32 CPU tensors one
+// fused pass per tensor (decay, both moments, the step: each element read
+// and written once, no temporaries); on a GPU ATen's fused multi-tensor
+// kernel (_fused_adamw_, torch.optim.AdamW(fused=True)'s); elsewhere
+// in-place ATen ops under NoGradGuard. The same formula in fp32.
 // Does not all-reduce anything: the caller combines norms across ranks.
 #include "engine/optim/adamw.h"
 
@@ -10,13 +11,17 @@
 #include "engine/optim/adamw_kernel.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <cmath>
+#include <map>
 #include <string>
+#include <tuple>
 
 namespace dtrain::engine::optim {
 namespace {
@@ -125,10 +130,15 @@ void AdamW::step(double lr, double grad_scale) {
   // so runs cannot be found from their pointers: they go tensor by tensor.
   if (opt_.fused && opt_.flat_runs && !pager_.page) return step_runs(lr);
   int open = -1;
+  std::vector<size_t> on_device;  // for one _fused_adamw_ per group at the end
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     const at::Tensor& g = grads_.empty() ? p.grad() : grads_[i];
     if (!g.defined()) continue;
+    if (!pager_.page && device_fusable(i, g)) {
+      on_device.push_back(i);
+      continue;
+    }
     page_to(int64_t(i), open);
     if (opt_.fused && fusable(p, g, m_[i], v_[i])) {
       ++loops_;
@@ -139,6 +149,50 @@ void AdamW::step(double lr, double grad_scale) {
     step_one_unfused(i, lr);
   }
   page_to(-1, open);
+  step_device_fused(on_device, lr);
+}
+
+bool AdamW::device_fusable(size_t i, const at::Tensor& g) const {
+  const at::Tensor& p = params_[i];
+  if (!opt_.fused || (p.device().is_cpu() && !opt_.device_path_on_cpu)) return false;
+  const auto dt = p.scalar_type();
+  if (dt != at::kFloat && dt != at::kBFloat16 && dt != at::kHalf) return false;
+  // The op's own check (ATen's check_fast_path_restrictions): one device,
+  // dtype and layout, the same sizes at each index, dense.
+  for (const at::Tensor* t : {&p, &g, &m_[i], &v_[i]})
+    if (t->device() != p.device() || t->scalar_type() != dt || !t->is_contiguous() || t->sizes() != p.sizes())
+      return false;
+  return true;
+}
+
+// ATen's fused AdamW over params idx, one call per (decay flag, device,
+// dtype): every tensor of a group in one multi-tensor kernel on a GPU where
+// the ATen ops would run nine passes per tensor. The gradients are scaled in
+// place first (as step_one_unfused; the op's own grad_scale divides, for
+// AMP's loss scale). Its step count is a tensor per parameter, read only:
+// one tensor holding step_ serves the whole group.
+void AdamW::step_device_fused(const std::vector<size_t>& idx, double lr) {
+  if (idx.empty()) return;
+  std::map<std::tuple<bool, std::string, int>, std::vector<size_t>> groups;
+  for (size_t i : idx)
+    groups[{decay_[i], params_[i].device().str(), int(params_[i].scalar_type())}].push_back(i);
+  for (const auto& [key, members] : groups) {
+    std::vector<at::Tensor> ps, gs, ms, vs;
+    for (size_t i : members) {
+      ps.push_back(params_[i]);
+      gs.push_back(grads_.empty() ? params_[i].grad() : grads_[i]);
+      ms.push_back(m_[i]);
+      vs.push_back(v_[i]);
+    }
+    if (grad_scale_ != 1.0) scale_grads(gs, grad_scale_);
+    const at::Tensor step =
+        at::full({}, double(step_), at::TensorOptions().dtype(at::kFloat).device(ps.front().device()));
+    const std::vector<at::Tensor> steps(ps.size(), step);
+    const bool wd = std::get<0>(key) && opt_.weight_decay != 0.0;
+    at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr, opt_.beta1, opt_.beta2, wd ? opt_.weight_decay : 0.0,
+                      opt_.eps, /*amsgrad=*/false, /*maximize=*/false);
+    ++loops_;
+  }
 }
 
 // The five in-place ATen ops on params_[i] (its gradient defined), at the
@@ -165,9 +219,15 @@ void AdamW::step_one_unfused(size_t i, double lr) {
 void AdamW::step_runs(double lr) {
   const size_t n = params_.size();
   auto grad = [&](size_t i) -> const at::Tensor& { return grads_.empty() ? params_[i].grad() : grads_[i]; };
+  std::vector<size_t> on_device;
   for (size_t i = 0; i < n;) {
     const at::Tensor& g = grad(i);
     if (!g.defined()) {
+      ++i;
+      continue;
+    }
+    if (device_fusable(i, g)) {
+      on_device.push_back(i);
       ++i;
       continue;
     }
@@ -192,6 +252,7 @@ void AdamW::step_runs(double lr) {
     ++loops_;
     i = j;
   }
+  step_device_fused(on_device, lr);
 }
 
 void AdamW::page_to(int64_t i, int& open) const {

@@ -24,8 +24,14 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 0.1;
   // One fused pass per contiguous fp32 CPU tensor (as torch.optim.AdamW's
-  // fused=True); false = the five in-place ATen ops per tensor. Same formula.
+  // fused=True); off the CPU (a GPU), ATen's fused multi-tensor AdamW
+  // (_fused_adamw_, what torch.optim.AdamW(fused=True) calls) over every
+  // contiguous parameter of one device, dtype and decay flag at once; false =
+  // the five in-place ATen ops per tensor. Same formula.
   bool fused = true;
+  // Tests only: CPU tensors take the device path (_fused_adamw_ has a CPU
+  // kernel), so a machine without a GPU checks its arguments and results.
+  bool device_path_on_cpu = false;
   // With fused: params whose parameters, gradients and moments each lie end
   // to end (a ZeRO shard; the moments are allocated flat) and share a decay
   // flag are updated by one loop (optim/adamw_kernel.h), vectorised for AVX2
@@ -99,6 +105,9 @@ class AdamW {
   void step_offloaded(double lr);
   void step_runs(double lr);                    // fused + flat_runs
   void step_one_unfused(size_t i, double lr);  // the ATen ops on params_[i]
+  // fused: whether params_[i] (gradient g) goes to step_device_fused.
+  bool device_fusable(size_t i, const at::Tensor& g) const;
+  void step_device_fused(const std::vector<size_t>& idx, double lr);  // _fused_adamw_ over idx
   std::vector<at::Tensor> m_, v_;  // offloaded: empty unless materialized
   int64_t step_ = 0;
   double grad_scale_ = 1.0;  // of the step() running
