@@ -6,7 +6,6 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <climits>
@@ -91,10 +90,7 @@ HostFacts gather_host_facts() {
   h.cpu_vendor = cpuinfo_field(text.str(), "vendor_id");
   h.cpu_model = cpuinfo_field(text.str(), "model name");
   h.flags = cpu_flags_from_cpuinfo(text.str());
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  h.cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
-                                                          : int(::sysconf(_SC_NPROCESSORS_ONLN));
+  h.cores = usable_cpus();
   h.numa_nodes = numa_nodes();
   h.memory_bytes = machine_memory_bytes();
   h.interfaces = interfaces();

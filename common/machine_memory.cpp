@@ -1,13 +1,24 @@
-// machine_memory_bytes and gigabytes (machine_memory.h): sysconf's physical
-// pages, lowered by a cgroup v2 memory.max when one is set.
+// usable_cpus, machine_memory_bytes and gigabytes (machine_memory.h):
+// sched_getaffinity's mask; sysconf's physical pages, lowered by a cgroup v2
+// memory.max when one is set.
 #include "common/machine_memory.h"
 
+#include <sched.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cstdio>
 #include <fstream>
 
 namespace dtrain {
+
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return int(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+}
 
 uint64_t machine_memory_bytes() {
   long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);

@@ -4,7 +4,6 @@
 #include "launcher/agent.h"
 
 #include <netinet/in.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,6 +16,7 @@
 #include "common/error.h"
 #include "common/error_file.h"
 #include "common/log.h"
+#include "common/machine_memory.h"
 #include "common/collective_trace.h"
 #include "launcher/failure_origin.h"
 #include "launcher/process.h"
@@ -45,13 +45,6 @@ int free_port() {
     port = ntohs(addr.sin_port);
   ::close(fd);
   return port;
-}
-
-// CPUs this process may run on (cgroup/affinity aware).
-int usable_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 std::vector<std::string> current_environment() {
@@ -253,7 +246,7 @@ void Agent::start_step(const rendezvous::Assignment& a, int restart) {
   in.job = config_.job;
   in.spec_path = config_.spec_path;
   in.run_dir = config_.run_dir;
-  in.cores = usable_cores();
+  in.cores = usable_cpus();
   in.extra_env = config_.extra_env;
   in.gloo_ifname = config_.ifname;
   in.agent_pid = ::getpid();  // the worker watch's fallback (worker_watch.h)

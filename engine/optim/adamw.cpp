@@ -173,9 +173,11 @@ bool AdamW::device_fusable(size_t i, const at::Tensor& g) const {
 // one tensor holding step_ serves the whole group.
 void AdamW::step_device_fused(const std::vector<size_t>& idx, double lr) {
   if (idx.empty()) return;
-  std::map<std::tuple<bool, std::string, int>, std::vector<size_t>> groups;
-  for (size_t i : idx)
-    groups[{decay_[i], params_[i].device().str(), int(params_[i].scalar_type())}].push_back(i);
+  std::map<std::tuple<bool, int, int, int>, std::vector<size_t>> groups;  // decay, device type and index, dtype
+  for (size_t i : idx) {
+    const c10::Device d = params_[i].device();
+    groups[{decay_[i], int(d.type()), int(d.index()), int(params_[i].scalar_type())}].push_back(i);
+  }
   for (const auto& [key, members] : groups) {
     std::vector<at::Tensor> ps, gs, ms, vs;
     for (size_t i : members) {

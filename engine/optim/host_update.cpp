@@ -192,12 +192,10 @@ void HostUpdate::step(OffloadStore& store, std::vector<at::Tensor>& params, cons
         kernel::AdamWScalars c;
       };
       std::vector<Run> runs;
-      int64_t len = 0;
-      for (const auto& pc : store.pieces(b)) {
-        len = std::max(len, pc.at + (pc.end - pc.begin));
+      for (const auto& pc : store.pieces(b))
         if (args.grad(pc.param).defined())
           runs.push_back({pc.at, pc.end - pc.begin, master + first_[pc.param] + pc.begin, args.scalars(pc.param)});
-      }
+      const int64_t len = store.bucket_len(b);
       const int n = crew_->size();
       crew_->run([&](int t) {
         const int64_t lo = len * t / n, hi = len * (t + 1) / n;

@@ -3,9 +3,6 @@
 // min(1, cores / local ranks), so 4 ranks on 2 cores count 2 cores' peak.
 #include "engine/trainer/mfu.h"
 
-#include <sched.h>
-#include <unistd.h>
-
 #include <ATen/ops/full.h>
 
 #include <algorithm>
@@ -13,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "common/machine_memory.h"
 #include "engine/doctor/engine_facts.h"
 
 namespace dtrain::engine::trainer {
@@ -50,9 +48,7 @@ DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int loca
                                comm::Group& control) {
   DevicePeak p;
   p.measured_gflops = matmul_gflops(spec, device);
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  p.cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : int(::sysconf(_SC_NPROCESSORS_ONLN));
+  p.cores = usable_cpus();
   const double share = device.is_cpu() ? std::min(1.0, double(p.cores) / double(std::max(1, local_world))) : 1.0;
   p.rank_flops = p.measured_gflops * 1e9 * share;
   at::Tensor t = at::full({1}, p.rank_flops, at::TensorOptions().dtype(at::kDouble));  // [1]

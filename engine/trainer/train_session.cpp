@@ -12,11 +12,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <sched.h>
 
 #include "common/checkpoint_dir.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/machine_memory.h"
 #include "common/offload_files.h"
 #include "engine/comm/round_abort.h"
 #include "engine/device/counting_allocator.h"
@@ -104,8 +104,7 @@ void offload_optimizer(const JobSpec& spec, const comm::WorldInfo& info, const c
   if (!opt.nvme && !device.is_cpu()) {
     // ZeRO-Offload's CPU Adam runs on the host's cores: a GPU rank leaves
     // them idle otherwise. This rank's share of the CPUs it may run on.
-    cpu_set_t set;
-    const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    const int cpus = usable_cpus();
     opt.threads = std::max(1, cpus / std::max(1, info.local_world));
     DTRAIN_INFO("train.offload.optimizer host: AdamW's update on {} CPU thread(s) ({} CPUs, {} local rank(s))",
                 opt.threads, cpus, info.local_world);
