@@ -82,6 +82,18 @@ class CommImpl : public Comm {
  public:
   CommImpl(WorldInfo info, c10::intrusive_ptr<c10d::Store> store)
       : info_(std::move(info)), store_(std::move(store)) {}
+  // NCCL's communicators are flushed and torn down here, as
+  // torch.distributed.destroy_process_group does: ProcessGroupNCCL's
+  // destructor would do the same, but first warns at every exit that it was
+  // not called.
+  ~CommImpl() override {
+    for (auto& pg : nccl_pgs_) {
+      try {
+        pg->shutdown();
+      } catch (...) {  // exiting: the destructor's own teardown still runs
+      }
+    }
+  }
 
   const WorldInfo& info() const override { return info_; }
   Group& world() override { return *world_; }
@@ -98,6 +110,8 @@ class CommImpl : public Comm {
   // The pg over every rank in rank order for `backend`, made on first use:
   // groups with the world's members share it instead of connecting again.
   const c10::intrusive_ptr<c10d::Backend>& world_pg(const std::string& backend);
+  c10::intrusive_ptr<c10d::Backend> make_pg(const std::string& backend, const std::string& key, int rank,
+                                            int size);
   // Every Gloo group (world, axes) all-reduces through shared memory where
   // its members share a machine; set up collectively, in build's order.
   void add_shm_collectives(int64_t slot_bytes);
@@ -118,12 +132,20 @@ class CommImpl : public Comm {
   std::unique_ptr<Group> world_;
   std::unique_ptr<Group> control_;  // null when the world is Gloo: the world group serves
   std::map<std::string, std::unique_ptr<Group>> axes_;  // by group name, one per kind
+  std::vector<c10::intrusive_ptr<c10d::Backend>> nccl_pgs_;  // shut down first, at destruction
 };
+
+c10::intrusive_ptr<c10d::Backend> CommImpl::make_pg(const std::string& backend, const std::string& key,
+                                                    int rank, int size) {
+  auto pg = detail::make_pg(backend, key, rank, size, ctx_);
+  if (backend == "nccl" && pg) nccl_pgs_.push_back(pg);
+  return pg;
+}
 
 const c10::intrusive_ptr<c10d::Backend>& CommImpl::world_pg(const std::string& backend) {
   auto it = world_pgs_.find(backend);
   if (it == world_pgs_.end())
-    it = world_pgs_.emplace(backend, detail::make_pg(backend, "world", info_.rank, info_.world, ctx_))
+    it = world_pgs_.emplace(backend, make_pg(backend, "world", info_.rank, info_.world))
              .first;
   return it->second;
 }
@@ -241,8 +263,8 @@ void CommImpl::build(const CommOptions& options) {
     const std::string& backend = detail::backend_of(options, axis);
     auto [it, fresh] = pgs.try_emplace({g, backend});
     if (fresh && g == all_) it->second = {world_pg(backend), 1};
-    else if (fresh) it->second.pg = detail::make_pg(backend, axis + "/" + std::to_string(index), rank,
-                                                    static_cast<int>(g.size()), ctx_);
+    else if (fresh) it->second.pg = make_pg(backend, axis + "/" + std::to_string(index), rank,
+                                            static_cast<int>(g.size()));
     const int group_slot = it->second.next_slot++;
     axes_[axis] = detail::make_group(backend, axis, g, rank, it->second.pg, group_slot, ctx_);
   });

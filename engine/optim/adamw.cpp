@@ -13,11 +13,14 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/sum.h>
+#include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -392,25 +395,40 @@ double LrSchedule::at(int64_t step) const {
   return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (lr - min_lr);
 }
 
-double local_grad_sq_norm(const std::vector<at::Tensor>& grads) {
+double local_grad_sq_norm(const std::vector<at::Tensor>& grads, bool batch_on_cpu) {
   at::NoGradGuard no_grad;
   double total = 0.0;
+  // Off the CPU, an .item() per tensor would wait for the device once per
+  // gradient: each tensor's fp64 sum stays on its device and every device's
+  // sums come back in one copy (devices in the order they first appear).
+  std::vector<std::pair<c10::Device, std::vector<at::Tensor>>> on_device;
   for (const auto& g : grads) {
     if (!g.defined()) continue;
-    if (g.is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous())
+    if (g.is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous()) {
       total += kernel::sq_sum(g.const_data_ptr<float>(), g.numel());
-    else
-      total += at::sum(g.mul(g), at::kDouble).item().toDouble();  // accumulate in fp64
+      continue;
+    }
+    at::Tensor sq = at::sum(g.mul(g), at::kDouble);  // accumulate in fp64
+    if (g.is_cpu() && !batch_on_cpu) {
+      total += sq.item().toDouble();
+      continue;
+    }
+    auto it = std::find_if(on_device.begin(), on_device.end(),
+                           [&](const auto& d) { return d.first == g.device(); });
+    if (it == on_device.end()) it = on_device.insert(on_device.end(), {g.device(), {}});
+    it->second.push_back(std::move(sq));
   }
+  for (const auto& [device, sums] : on_device) total += at::stack(sums).sum().item().toDouble();
   return total;
 }
 
 void scale_grads(const std::vector<at::Tensor>& grads, double factor) {
   if (factor == 1.0) return;
   at::NoGradGuard no_grad;
-  for (auto g : grads) {
-    if (g.defined()) g.mul_(factor);
-  }
+  std::vector<at::Tensor> defined;  // one multi-tensor launch on a GPU, not a kernel per gradient
+  for (const auto& g : grads)
+    if (g.defined()) defined.push_back(g);
+  if (!defined.empty()) at::_foreach_mul_(defined, factor);
 }
 
 }  // namespace dtrain::engine::optim

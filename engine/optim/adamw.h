@@ -132,8 +132,10 @@ struct LrSchedule {
 
 // Sum of squares of every grad in `grads` (local part); the caller adds the
 // other ranks' parts, takes sqrt, and calls scale_grads with
-// min(1, max_norm / (norm + 1e-6)).
-double local_grad_sq_norm(const std::vector<at::Tensor>& grads);
+// min(1, max_norm / (norm + 1e-6)). Off the CPU the per-tensor sums are
+// fetched in one copy per device; batch_on_cpu (tests) sends the CPU
+// tensors outside the fp32 loop through that path too.
+double local_grad_sq_norm(const std::vector<at::Tensor>& grads, bool batch_on_cpu = false);
 void scale_grads(const std::vector<at::Tensor>& grads, double factor);
 
 }  // namespace dtrain::engine::optim

@@ -397,6 +397,32 @@ TEST_CASE("grad norm helpers: sum of squares and scaling") {
   CHECK(grads[1][2].item().toDouble() == doctest::Approx(-1.0));
 }
 
+TEST_CASE("grad norm: the sums off the fp32 loop fetched in one copy per device") {
+  // On a GPU every gradient's fp64 sum stays on the device and one .item()
+  // fetches them all; batch_on_cpu runs that path on these CPU tensors
+  // (bf16, fp64, a transposed view: none takes the fp32 loop).
+  at::manual_seed(11);
+  std::vector<at::Tensor> grads = {at::randn({300}).to(at::kBFloat16), at::randn({7, 5}, at::kDouble),
+                                   at::randn({64, 48}).t(), at::Tensor(), at::randn({1000})};
+  const double one_by_one = dtrain::engine::optim::local_grad_sq_norm(grads);
+  const double batched = dtrain::engine::optim::local_grad_sq_norm(grads, /*batch_on_cpu=*/true);
+  const double rel = std::abs(batched - one_by_one) / one_by_one;
+  MESSAGE("sum of squares one .item() per tensor " << one_by_one << ", one per device " << batched
+                                                   << ": rel diff " << rel);
+  CHECK(rel < 1e-14);
+  // Negative control: a gradient left out misses by its whole square.
+  std::vector<at::Tensor> fewer(grads.begin() + 1, grads.end());
+  const double missing = std::abs(dtrain::engine::optim::local_grad_sq_norm(fewer, true) - one_by_one) / one_by_one;
+  MESSAGE("control (the bf16 gradient left out): rel diff " << missing);
+  CHECK(missing > 1e-2);
+  // scale_grads: every dtype scaled in place, undefined ones skipped.
+  std::vector<at::Tensor> before;
+  for (const auto& g : grads) before.push_back(g.defined() ? g.clone() : g);
+  dtrain::engine::optim::scale_grads(grads, 0.25);
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (grads[i].defined()) CHECK(at::equal(grads[i], before[i] * 0.25));
+}
+
 TEST_CASE("grad norm: the one-pass fp32 loop agrees with an fp64 sum, for any length and layout") {
   at::manual_seed(7);
   // Lengths around the loop's 8-wide body, a large bucket, and a
