@@ -21,6 +21,7 @@
 #include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <string>
@@ -337,6 +338,20 @@ void AdamW::flush_materialized() {
   materialized_ = false;
 }
 
+OffloadIo AdamW::take_offload_io() {
+  if (!store_) return {};
+  OffloadIo io = store_->take_stats();
+  io.update_s += double(offload_update_ns_) * 1e-9;
+  offload_update_ns_ = 0;
+  if (host_) {
+    const OffloadIo h = host_->take_stats();
+    io.io_s += h.io_s;
+    io.wait_s += h.wait_s;
+    io.update_s += h.update_s;
+  }
+  return io;
+}
+
 // Bucket b is updated while b + 1 is read and b - 1 written (the store's
 // three slots); the next step's first buckets, as many as there are slots,
 // are queued last, so they are read during its forward and backward.
@@ -363,8 +378,11 @@ void AdamW::step_offloaded(double lr) {
       const at::Tensor& g = grads_.empty() ? p.grad() : grads_[pc.param];
       if (!g.defined()) continue;
       page_to(int64_t(pc.param), open);
+      const auto t0 = std::chrono::steady_clock::now();
       offloaded_piece(p, g, pc.begin, pc.end, m + pc.at, v + pc.at,
                       make_fused_step(decay_[pc.param], lr, opt_, step_, grad_scale_));
+      offload_update_ns_ +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     }
     store_->release(b);
     if (b + depth < nb) store_->prefetch(b + depth);

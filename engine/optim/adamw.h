@@ -91,7 +91,9 @@ class AdamW {
   int64_t offloaded_bytes() const { return (store_ ? store_->bytes() : 0) + (host_ ? host_->bytes() : 0); }
   const OffloadStore* offload_store() const { return store_.get(); }
   OffloadStore* offload_store() { return store_.get(); }
-  OffloadIo take_offload_io() { return store_ ? store_->take_stats() : OffloadIo{}; }
+  // This process's offload transfers and update since the last call (the
+  // store's I/O, host's copies, the update on the offloaded state).
+  OffloadIo take_offload_io();
   void set_step_count(int64_t s) { step_ = s; }
   const std::vector<at::Tensor>& params() const { return params_; }
 
@@ -113,6 +115,7 @@ class AdamW {
   double grad_scale_ = 1.0;  // of the step() running
   std::unique_ptr<OffloadStore> store_;
   std::unique_ptr<HostUpdate> host_;  // the store in host memory: the CPU's master and its copies
+  int64_t offload_update_ns_ = 0;  // nvme: the update of the offloaded buckets since take_offload_io
   bool prefetch_ = true;  // read the next step's first buckets ahead
   bool materialized_ = false;
   int loops_ = 0;

@@ -46,6 +46,9 @@ class HostUpdate {
   void step(OffloadStore& store, std::vector<at::Tensor>& params, const StepArgs& args);
   // Host bytes: the master and the two gradient staging buffers.
   int64_t bytes() const;
+  // Since the last call: io_s the copies (issuing them under a GPU), wait_s
+  // the CPU blocked on a bucket's gradients, update_s the update itself.
+  OffloadIo take_stats();
 
  private:
   struct Streams;  // the copy stream and its events (none on a CPU)
@@ -64,6 +67,7 @@ class HostUpdate {
   bool no_copy_back_ = false;
   std::unique_ptr<Streams> streams_;
   std::unique_ptr<Crew> crew_;
+  int64_t copy_ns_ = 0, wait_ns_ = 0, update_ns_ = 0;
 };
 
 }  // namespace dtrain::engine::optim

@@ -29,11 +29,15 @@ struct OffloadOptions {
   int threads = 1;           // host: threads that run the update (HostUpdate)
 };
 
-// I/O since the last take_stats: seconds the I/O thread spent in pread and
-// pwrite, and seconds the training thread waited for it.
+// Since the last take_stats: seconds of transfer (nvme: the I/O thread's
+// pread and pwrite; host: the training thread copying gradients down and the
+// master up, synchronous on a CPU, the copies' launches under a GPU), seconds
+// the training thread waited for transfers, and seconds of AdamW's update on
+// the offloaded state (AdamW fills update_s; the store leaves it 0).
 struct OffloadIo {
   double io_s = 0;
   double wait_s = 0;
+  double update_s = 0;
 };
 
 // An offload file as the trainer sees it, whatever keeps it (ZeRO-3's

@@ -277,10 +277,12 @@ int run_training() {
       const optim::OffloadIo pio = params_off ? params_off->take_stats() : optim::OffloadIo{};
       io.io_s += pio.io_s;
       io.wait_s += pio.wait_s;
+      io.update_s += pio.update_s;
       const int64_t bytes = s.optimizer->offloaded_bytes() + (params_off ? params_off->bytes() : 0);
       report.extra.emplace_back("offload_bytes", double(bytes));
       report.extra.emplace_back("offload_io_ms", io.io_s * 1e3);
       report.extra.emplace_back("offload_wait_ms", io.wait_s * 1e3);
+      report.extra.emplace_back("offload_update_ms", io.update_s * 1e3);
     }  // rank 0's; bench/data_prepare.sh compares it to step_time_s
     const bool evaluated = validation.due(s.spec, step + 1);  // the same on every rank
     if (evaluated) validation.run(s, report);
