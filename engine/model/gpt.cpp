@@ -268,7 +268,7 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
 // generator is never used.
 GptImpl::GptImpl(const GptConfig& cfg, uint64_t seed, const BuildScope& scope) : cfg_(cfg) {
   check_config(cfg);
-  ParamInit init(seed, cfg.llama(), cfg.layers);
+  ParamInit init(seed, cfg.llama(), cfg.layers, scope.draw_threads);
   at::NoGradGuard no_grad;
   const auto place = [&](const std::string& prefix, torch::nn::Module& m) {
     for (auto& item : m.named_parameters(/*recurse=*/true)) build_param(prefix + item.key(), item.value(), init, scope);

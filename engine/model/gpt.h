@@ -171,6 +171,9 @@ struct BuildScope {
   // false: the weights are not drawn from the seed (they keep LibTorch's
   // module defaults), for a caller that loads every one of them next.
   bool draw = true;
+  // Threads that draw a large parameter (param_init.h): the same numbers
+  // for any count.
+  int draw_threads = 1;
 };
 
 class GptImpl : public torch::nn::Module {

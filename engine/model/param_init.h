@@ -19,14 +19,19 @@ namespace dtrain::engine::model {
 // of n elements is allocated: elements outside the range are skipped in
 // chunks (ATen's CPU kernel for n >= 16 draws n uniforms, Box-Muller in
 // blocks of 16, then 16 more for the last 16 when n % 16 != 0).
-void normal_range(at::Tensor& out, int64_t n, int64_t begin, double mean, double std, at::Generator& gen);
+// threads > 1 draws the chunks on that many threads, from copies of the
+// generator placed at each chunk's start: the same numbers for any count.
+void normal_range(at::Tensor& out, int64_t n, int64_t begin, double mean, double std, at::Generator& gen,
+                  int threads = 1);
 
 // Advances the generator exactly as drawing `n` normals does (no output).
 void skip_normal(int64_t n, at::Generator& gen);
 
 class ParamInit {
  public:
-  ParamInit(uint64_t seed, bool llama, int layers);
+  // threads: how many threads draw a large parameter (the same numbers for
+  // any count).
+  ParamInit(uint64_t seed, bool llama, int layers, int threads = 1);
   // Draws `p` (the whole parameter `name`) as the rules say.
   void whole(const std::string& name, at::Tensor& p);
   // `p` holds rows [row_begin, row_begin + p.size(0)) of dim 0 of the
@@ -41,6 +46,7 @@ class ParamInit {
   at::Generator gen_;
   bool llama_;
   double proj_std_;
+  int threads_ = 1;
 };
 
 }  // namespace dtrain::engine::model

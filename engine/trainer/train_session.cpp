@@ -87,6 +87,11 @@ std::unique_ptr<optim::AdamW> make_optimizer(const JobSpec& spec, parallel::Opti
   return adamw;
 }
 
+// This rank's share of the CPUs it may run on: the threads it uses for work
+// off the training loop's one thread (host offload's update; drawing the
+// initial weights, before any rank trains).
+int cpu_share(const comm::WorldInfo& info) { return std::max(1, usable_cpus() / std::max(1, info.local_world)); }
+
 // train.offload.optimizer: AdamW's moments in a file per rank under
 // train.offload.path (named by job and rank; a launch replaces the file an
 // earlier, killed one left, and rank 0 removes those of ranks beyond this
@@ -103,11 +108,10 @@ void offload_optimizer(const JobSpec& spec, const comm::WorldInfo& info, const c
   opt.drop_writes = spec.fault.kind == FaultKind::offload_no_writeback;
   if (!opt.nvme && !device.is_cpu()) {
     // ZeRO-Offload's CPU Adam runs on the host's cores: a GPU rank leaves
-    // them idle otherwise. This rank's share of the CPUs it may run on.
-    const int cpus = usable_cpus();
-    opt.threads = std::max(1, cpus / std::max(1, info.local_world));
+    // them idle otherwise.
+    opt.threads = cpu_share(info);
     DTRAIN_INFO("train.offload.optimizer host: AdamW's update on {} CPU thread(s) ({} CPUs, {} local rank(s))",
-                opt.threads, cpus, info.local_world);
+                opt.threads, usable_cpus(), info.local_world);
   }
   optimizer.offload(opt, o.prefetch);
 }
@@ -123,6 +127,7 @@ void build_model(TrainSession& s, bool draw) {
   // slices, its experts), moved, then laid out by parallelize.
   model::BuildScope scope = parallel::build_scope(spec, s.info.coord);
   scope.draw = draw;
+  scope.draw_threads = cpu_share(s.info);
   model::Gpt model(gpt_config(spec.model), spec.job.seed, scope);
   model->to(s.device);
   model->train();

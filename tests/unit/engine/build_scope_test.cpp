@@ -76,6 +76,52 @@ TEST_CASE("normal_range and skip_normal draw what at::normal_ on the whole tenso
   CHECK(control > 1e-3);
 }
 
+TEST_CASE("normal_range on several threads draws the serial numbers and leaves the stream there") {
+  // Past three 1 Mi-element thread chunks with a tail, so ranges start and
+  // end inside chunks, in the tail, and skip whole chunks.
+  const int64_t n = 3 * (int64_t(1) << 20) + 23;
+  auto g = at::detail::createCPUGenerator(7);
+  at::Tensor whole = at::empty({n});
+  whole.normal_(0.0, 0.02, g);
+  const at::Tensor next = at::empty({32}).normal_(0.0, 1.0, g);
+  double worst = 0;
+  for (int threads : {2, 3, 8}) {
+    for (const auto& [begin, count] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, n}, {5, n - 40}, {(int64_t(1) << 20) + 7, int64_t(1) << 20}, {n - 30, 30}, {2 * (int64_t(1) << 20), 100}}) {
+      CAPTURE(threads);
+      CAPTURE(begin);
+      CAPTURE(count);
+      auto h = at::detail::createCPUGenerator(7);
+      at::Tensor part = at::empty({count});
+      model::normal_range(part, n, begin, 0.0, 0.02, h, threads);
+      const double d = max_diff(part, whole.narrow(0, begin, count));
+      worst = std::max(worst, d);
+      CHECK(d == 0.0);
+      CHECK(at::equal(at::empty({32}).normal_(0.0, 1.0, h), next));
+    }
+  }
+  MESSAGE("normal_range on 2, 3, 8 threads: max |difference| to the serial draws " << worst << " (tolerance 0)");
+  // A model whose embedding (4096 x 320 = 1.3 Mi elements) takes the threaded
+  // path: every parameter equals the one-thread build's.
+  model::GptConfig cfg;
+  cfg.vocab = 4096, cfg.layers = 1, cfg.d_model = 320, cfg.heads = 4, cfg.seq_len = 16;
+  const model::Gpt one(cfg, 99);
+  model::BuildScope scope;
+  scope.draw_threads = 4;
+  const model::Gpt four(cfg, 99, scope);
+  const auto a = one->named_parameters(), b = four->named_parameters();
+  REQUIRE(a.size() == b.size());
+  double model_worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) model_worst = std::max(model_worst, max_diff(a[i].value(), b[i].value()));
+  MESSAGE("a GPT drawn on 4 threads vs 1: max |difference| over " << a.size() << " parameters " << model_worst);
+  CHECK(model_worst == 0.0);
+  // Negative control: another seed's model differs.
+  const model::Gpt other(cfg, 100, scope);
+  const double control = max_diff(one->named_parameters()[0].value(), other->named_parameters()[0].value());
+  MESSAGE("negative control (seed 100): max |difference| in wte " << control);
+  CHECK(control > 1e-3);
+}
+
 TEST_CASE("a pp-2 / tp-2 / ep-2 rank builds its share only, with the 1-process model's numbers") {
   const std::vector<std::vector<std::string>> specs = {
       {"model.layers=4", "model.d_model=32", "model.heads=4", "model.seq_len=16", "model.vocab=64",
