@@ -51,8 +51,8 @@ void draw_chunk(at::Tensor& flat, int64_t begin, int64_t c, int64_t c1, int64_t 
 // of 16 from lo) into whatever part of [begin, begin + flat.numel()) they
 // cover; chunks outside it only advance the generator.
 // threads > 1: this thread walks the stream alone, leaving a copy of the
-// generator at the start of every chunk to draw (a raw draw costs about
-// half of a normal: the uniforms, then Box-Muller), while the other threads
+// generator at the start of every chunk to draw (a raw draw costs about a
+// quarter of a normal: the uniforms, then Box-Muller), while the other threads
 // draw the chunks already placed from their copies; the walk done, this
 // thread draws too. Each chunk consumes exactly the draws it would serially,
 // so every count gives the same numbers.
