@@ -13,15 +13,14 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/sum.h>
-#include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <map>
 #include <string>
@@ -378,11 +377,10 @@ void AdamW::step_offloaded(double lr) {
       const at::Tensor& g = grads_.empty() ? p.grad() : grads_[pc.param];
       if (!g.defined()) continue;
       page_to(int64_t(pc.param), open);
-      const auto t0 = std::chrono::steady_clock::now();
+      const int64_t t0 = offload_now_ns();
       offloaded_piece(p, g, pc.begin, pc.end, m + pc.at, v + pc.at,
                       make_fused_step(decay_[pc.param], lr, opt_, step_, grad_scale_));
-      offload_update_ns_ +=
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      offload_update_ns_ += offload_now_ns() - t0;
     }
     store_->release(b);
     if (b + depth < nb) store_->prefetch(b + depth);

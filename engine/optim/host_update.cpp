@@ -20,7 +20,6 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
-#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -148,13 +147,6 @@ void HostUpdate::refresh_master(std::vector<at::Tensor>& params, const StepArgs&
   args.page(-1);
 }
 
-namespace {
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
-
 OffloadIo HostUpdate::take_stats() {
   OffloadIo out{double(copy_ns_) * 1e-9, double(wait_ns_) * 1e-9, double(update_ns_) * 1e-9};
   copy_ns_ = wait_ns_ = update_ns_ = 0;
@@ -162,7 +154,7 @@ OffloadIo HostUpdate::take_stats() {
 }
 
 void HostUpdate::grads_in(const OffloadStore& store, int b, const StepArgs& args) {
-  const int64_t t0 = now_ns();
+  const int64_t t0 = offload_now_ns();
   std::optional<c10::StreamGuard> on;
   if (streams_) on.emplace(streams_->down);
   for (const auto& pc : store.pieces(b)) {
@@ -171,14 +163,14 @@ void HostUpdate::grads_in(const OffloadStore& store, int b, const StepArgs& args
     staging_[b % 2].narrow(0, pc.at, pc.end - pc.begin).copy_(g.reshape({-1}).slice(0, pc.begin, pc.end), true);
   }
   if (streams_) streams_->grads(b).record(streams_->down);
-  copy_ns_ += now_ns() - t0;
+  copy_ns_ += offload_now_ns() - t0;
 }
 
 void HostUpdate::wait_grads(int b) {
   if (!streams_) return;
-  const int64_t t0 = now_ns();
+  const int64_t t0 = offload_now_ns();
   streams_->grads(b).synchronize();
-  wait_ns_ += now_ns() - t0;
+  wait_ns_ += offload_now_ns() - t0;
 }
 
 void HostUpdate::step(OffloadStore& store, std::vector<at::Tensor>& params, const StepArgs& args) {
@@ -196,7 +188,7 @@ void HostUpdate::step(OffloadStore& store, std::vector<at::Tensor>& params, cons
     float* m = store.acquire(b);
     float* v = m + store.bucket_len(b);
     const float* g = staging_[b % 2].const_data_ptr<float>();
-    const int64_t t0 = now_ns();
+    const int64_t t0 = offload_now_ns();
     if (!crew_) {
       for (const auto& pc : store.pieces(b))
         if (args.grad(pc.param).defined())
@@ -225,7 +217,7 @@ void HostUpdate::step(OffloadStore& store, std::vector<at::Tensor>& params, cons
         }
       });
     }
-    update_ns_ += now_ns() - t0;
+    update_ns_ += offload_now_ns() - t0;
     store.release(b);
     if (no_copy_back_) continue;
     std::optional<c10::StreamGuard> on;
@@ -233,10 +225,10 @@ void HostUpdate::step(OffloadStore& store, std::vector<at::Tensor>& params, cons
     for (const auto& pc : store.pieces(b)) {
       if (!args.grad(pc.param).defined()) continue;
       args.page(int64_t(pc.param));  // a paged parameter (ZeRO-3's on file) is written while in memory
-      const int64_t t1 = now_ns();  // the copy alone: paging is the parameters' offload's to count
+      const int64_t t1 = offload_now_ns();  // the copy alone: paging is the parameters' offload's to count
       params[pc.param].view({-1}).slice(0, pc.begin, pc.end).copy_(
           master_.narrow(0, first_[pc.param] + pc.begin, pc.end - pc.begin), true);
-      copy_ns_ += now_ns() - t1;
+      copy_ns_ += offload_now_ns() - t1;
     }
   }
   args.page(-1);

@@ -20,14 +20,6 @@
 #include "common/log.h"
 
 namespace dtrain::engine::optim {
-namespace {
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 OffloadStore::OffloadStore(const std::vector<int64_t>& sizes, OffloadOptions options) : opt_(std::move(options)) {
   // Buckets: parameters in order, cut every bucket_floats elements.
@@ -143,7 +135,7 @@ void OffloadStore::run_io(bool write) {
     queue.pop_front();
     ++busy_;
     lock.unlock();
-    const int64_t t0 = now_ns();
+    const int64_t t0 = offload_now_ns();
     std::exception_ptr failed;
     try {
       if (!error_) do_io(op);  // after an error nothing more is read or written
@@ -151,7 +143,7 @@ void OffloadStore::run_io(bool write) {
       failed = std::current_exception();
     }
     lock.lock();
-    io_ns_ += now_ns() - t0;
+    io_ns_ += offload_now_ns() - t0;
     --busy_;
     if (failed && !error_) error_ = failed;
     if (op.write) slots_[op.slot].writing = false;
@@ -174,11 +166,11 @@ void OffloadStore::prefetch(int b) {
 float* OffloadStore::acquire(int b) {
   if (!opt_.nvme) return host_.data_ptr<float>() + 2 * buckets_[b].first;
   prefetch(b);
-  const int64_t t0 = now_ns();
+  const int64_t t0 = offload_now_ns();
   std::unique_lock<std::mutex> lock(mu_);
   Slot& s = slots_[b % kSlots];
   cv_.wait(lock, [&] { return error_ || s.ready; });
-  wait_ns_ += now_ns() - t0;
+  wait_ns_ += offload_now_ns() - t0;
   if (error_) std::rethrow_exception(error_);
   return s.buffer.data_ptr<float>();
 }
@@ -199,10 +191,10 @@ void OffloadStore::release(int b) {
 
 void OffloadStore::drain() {
   if (!opt_.nvme) return;
-  const int64_t t0 = now_ns();
+  const int64_t t0 = offload_now_ns();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return reads_.empty() && writes_.empty() && busy_ == 0; });
-  wait_ns_ += now_ns() - t0;
+  wait_ns_ += offload_now_ns() - t0;
   if (error_) std::rethrow_exception(error_);
 }
 

@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -34,6 +35,12 @@ struct OffloadOptions {
 // master up, synchronous on a CPU, the copies' launches under a GPU), seconds
 // the training thread waited for transfers, and seconds of AdamW's update on
 // the offloaded state (AdamW fills update_s; the store leaves it 0).
+// The steady clock in nanoseconds: every offload counter's timer.
+inline int64_t offload_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 struct OffloadIo {
   double io_s = 0;
   double wait_s = 0;

@@ -33,11 +33,6 @@
 namespace dtrain::engine::parallel::zero {
 namespace {
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 int64_t shard_bytes(const at::Tensor& t) { return 4 * t.numel(); }
 
 c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
@@ -164,7 +159,7 @@ void ParamOffload::run_io() {
     queue_.pop_front();
     ++busy_;
     lock.unlock();
-    const int64_t t0 = now_ns();
+    const int64_t t0 = optim::offload_now_ns();
     std::exception_ptr failed;
     const Unit& x = units_[size_t(op.unit)];  // offset and size only: fixed after construction
     const int64_t n = shard_bytes(x.shard);
@@ -178,7 +173,7 @@ void ParamOffload::run_io() {
     }
     if (op.write) op.buffer.clear(), op.staging = at::Tensor();  // written: its bytes leave memory
     lock.lock();
-    io_ns_ += now_ns() - t0;
+    io_ns_ += optim::offload_now_ns() - t0;
     --busy_;
     if (failed && !error_) error_ = failed;
     if (op.write) {
@@ -214,9 +209,9 @@ void ParamOffload::page_in(int u) {
   const at::Tensor pinned = gpu_ ? store_->pinned() : at::Tensor();
   if (x.where == Where::file && pinned.defined()) copy_up(x, pinned.narrow(0, x.offset, x.shard.numel()));
   if (x.where == Where::file) queue_read(u);
-  const int64_t t0 = now_ns();
+  const int64_t t0 = optim::offload_now_ns();
   cv_.wait(lock, [&] { return error_ || x.where == Where::read; });
-  wait_ns_ += now_ns() - t0;
+  wait_ns_ += optim::offload_now_ns() - t0;
   if (error_) std::rethrow_exception(error_);
   if (gpu_ && x.staging.defined()) copy_up(x, x.staging);  // nvme: the file's bytes, now up
   if (gpu_) x.ready->block(gpu_->caller());  // the next kernel (the unit's all-gather) sees them
@@ -281,11 +276,11 @@ void ParamOffload::page_in_all(bool dirty) {
 }
 
 void ParamOffload::drain() {
-  const int64_t t0 = now_ns();
+  const int64_t t0 = optim::offload_now_ns();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return error_ || (queue_.empty() && busy_ == 0); });
   if (gpu_) gpu_->copy.synchronize();  // the host store's copies down, too
-  wait_ns_ += now_ns() - t0;
+  wait_ns_ += optim::offload_now_ns() - t0;
   if (error_) std::rethrow_exception(error_);
 }
 
