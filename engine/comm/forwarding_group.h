@@ -13,6 +13,7 @@ namespace dtrain::engine::comm::detail {
 class ForwardingGroup : public Group {
  public:
   explicit ForwardingGroup(std::unique_ptr<Group> inner) : inner_(std::move(inner)) {}
+  Group& inner() const { return *inner_; }  // the group this one decorates
 
   const std::string& name() const override { return inner_->name(); }
   const std::string& backend() const override { return inner_->backend(); }

@@ -1,0 +1,34 @@
+// Symmetric memory for the ranks of a group that share a machine (PyTorch's
+// SymmetricMemory, NCCL's registered user buffers, on CPU shared memory): a
+// tensor in a /dev/shm segment that holds one such buffer per member, so the
+// group's all_reduce of a part of it reduces in place, reading every member's
+// copy where it lies: nothing is staged into a scratch segment, nothing is
+// copied back out. DDP's gradient buckets live in one.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "engine/comm/comm.h"
+
+namespace dtrain::engine::comm {
+
+// `numel` zeroed elements of `dtype` (fp32, fp64, int32 or int64) in a
+// segment shared by the members of `g`, where `g` (or a group it decorates,
+// such as the trace's) runs its collectives through shared memory
+// (shm_group.h). Collective: every member calls it with the same numel, in
+// the same order as the group's other collectives (it sets the segment up
+// over the store). From then on g.all_reduce of a contiguous range of the
+// returned tensor (the same offset and length on every member) is done in
+// place: the last member to arrive reduces the members' ranges in member
+// order into member 0's and copies the result into the others' (the same
+// bits as the staged path). The tensor keeps the mapping alive. Undefined
+// (nothing set up) where `g` has no shared-memory path, where the segment
+// (numel x members) would take over a quarter of /dev/shm, where
+// DTRAIN_SYMMETRIC_BUFFERS=0 (a bench's A/B), or where any member could not
+// map it: the caller allocates its own memory and the collectives stage as
+// before.
+at::Tensor symmetric_buffer(Group& g, int64_t numel, at::ScalarType dtype);
+
+}  // namespace dtrain::engine::comm
