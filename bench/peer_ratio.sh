@@ -20,8 +20,11 @@
 # (tok/s at n / (n x tok/s at 1), from the medians).
 # GLOO_TOO=1 adds a third side: dtrain with cluster.shm false (every
 # all-reduce over Gloo's TCP, as the peer's), to show what the shared-memory
-# all-reduce is worth.
-#   [KINDS="ddp zero3 pp"] [SIZE=compute] [RANKS="2 4"] [ROUNDS=3] [STEPS=150] [GLOO_TOO=1]
+# all-reduce is worth. THIRD_ENV="VAR=value ..." makes the third side dtrain
+# with that environment instead (e.g. DTRAIN_SYMMETRIC_BUFFERS=0: the engine
+# with one change undone, against the same peer in the same rounds). The
+# third side runs last in odd rounds and first in even ones.
+#   [KINDS="ddp zero3 pp"] [SIZE=compute] [RANKS="2 4"] [ROUNDS=3] [STEPS=150] [GLOO_TOO=1 | THIRD_ENV=...]
 #   [DTRAIN_VENV=...] bench/peer_ratio.sh   -> bench/results/peer_ratio.txt (OUT=...)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -71,10 +74,10 @@ layout() {
   esac
 }
 
-dtrain_run() {  # $1 = round, $2 = ranks, $3 = cluster.shm, $4 = kind; prints "tokens/s cpu_ms_per_step"
-  local n="$2" dir="$tmp/dtrain$1_$2_$3_$4"
-  # shellcheck disable=SC2046
-  "$BUILD/apps/dtrain/dtrain" launch configs/quickstart.yaml --set cluster.shm="$3" $(layout "$4" "$n") \
+dtrain_run() {  # $1 = round, $2 = ranks, $3 = cluster.shm, $4 = kind, [$5 = VAR=value pairs]; prints "tokens/s cpu_ms_per_step"
+  local n="$2" dir="$tmp/dtrain$1_$2_$3_$4${5:+_env}"
+  # shellcheck disable=SC2046,SC2086
+  env ${5:-} "$BUILD/apps/dtrain/dtrain" launch configs/quickstart.yaml --set cluster.shm="$3" $(layout "$4" "$n") \
     --set train.steps="$STEPS" --set log.every="$EVERY" --set log.dir="$dir" \
     --set checkpoint.dir='""' --set model.layers="$LAYERS" --set model.d_model="$D_MODEL" \
     --set model.heads="$HEADS" --set model.seq_len="$SEQ" --set train.micro_batch="$MB" \
@@ -114,22 +117,29 @@ peer_run() {  # $1 = round, $2 = ranks, $3 = kind; prints "tokens/s cpu_ms_per_s
   echo "$(grep -o 'tokens_per_s=[0-9.]*' <<<"$line" | cut -d= -f2) $(grep -o 'rank0_cpu_ms_per_step=[0-9.]*' <<<"$line" | cut -d= -f2)"
 }
 
+THIRD_NAME="third side"
+[ "${GLOO_TOO:-0}" = 1 ] && THIRD_NAME="dtrain with cluster.shm false"
+[ "${GLOO_TOO:-0}" != 1 ] && [ -n "${THIRD_ENV:-}" ] && THIRD_NAME="dtrain with $THIRD_ENV"
 LOAD0="$(cut -d' ' -f1-3 /proc/loadavg)"
-declare -A D P G DC PC
+declare -A D P G DC PC GC
+third() {  # $1 = round, $2 = ranks, $3 = kind: the third side's "tokens/s cpu_ms", or "- -"
+  if [ "${GLOO_TOO:-0}" = 1 ]; then dtrain_run "$1" "$2" false "$3"
+  elif [ -n "${THIRD_ENV:-}" ]; then dtrain_run "$1" "$2" true "$3" "$THIRD_ENV"
+  else echo "- -"; fi
+}
 for r in $(seq "$ROUNDS"); do
   for k in $KINDS; do
     for n in $RANKS; do
       # (assigned first: a failing run's exit status stops the script under set -e)
       if [ $((r % 2)) = 1 ]; then
-        d="$(dtrain_run "$r" "$n" true "$k")"; p="$(peer_run "$r" "$n" "$k")"
+        d="$(dtrain_run "$r" "$n" true "$k")"; p="$(peer_run "$r" "$n" "$k")"; g="$(third "$r" "$n" "$k")"
       else
-        p="$(peer_run "$r" "$n" "$k")"; d="$(dtrain_run "$r" "$n" true "$k")"
+        g="$(third "$r" "$n" "$k")"; p="$(peer_run "$r" "$n" "$k")"; d="$(dtrain_run "$r" "$n" true "$k")"
       fi
       read -r "D[$k,$r,$n]" "DC[$k,$r,$n]" <<<"$d"
       read -r "P[$k,$r,$n]" "PC[$k,$r,$n]" <<<"$p"
-      G[$k,$r,$n]="-"
-      [ "${GLOO_TOO:-0}" = 1 ] && G[$k,$r,$n]="$(dtrain_run "$r" "$n" false "$k" | cut -d' ' -f1)"
-      echo "round $r, $k, $n ranks: dtrain ${D[$k,$r,$n]} tok/s (${DC[$k,$r,$n]} CPU ms/step), peer ${P[$k,$r,$n]} tok/s (${PC[$k,$r,$n]}), dtrain over gloo ${G[$k,$r,$n]}" >&2
+      read -r "G[$k,$r,$n]" "GC[$k,$r,$n]" <<<"$g"
+      echo "round $r, $k, $n ranks: dtrain ${D[$k,$r,$n]} tok/s (${DC[$k,$r,$n]} CPU ms/step), peer ${P[$k,$r,$n]} tok/s (${PC[$k,$r,$n]}), $THIRD_NAME ${G[$k,$r,$n]} (${GC[$k,$r,$n]})" >&2
     done
   done
 done
@@ -144,29 +154,30 @@ OVERRIDES="$(env | grep -E '^(OPENBLAS_CORETYPE|MKL_CBWR|MKL_ENABLE_INSTRUCTIONS
   echo "# peers: ddp = gpt_ddp.py (DDP), zero3 = gpt_fsdp.py (FSDP2), pp = gpt_pp.py (Schedule1F1B, micro-batches = ranks)"
   echo "# cpu_ms = rank 0's process CPU time per step (all its threads); cpu_ratio = peer / dtrain"
   echo "# tokens/s from the end of step $EVERY to the last step; rounds interleaved"
+  echo "# third side (columns third_*): $THIRD_NAME"
   ROWS=""
   for k in $KINDS; do
   for n in $RANKS; do
     echo "## $k, $n ranks (GBS $((MB * n)))"
-    printf "%-6s %14s %14s %8s %12s %12s %9s %16s %10s\n" round dtrain_tok_s peer_tok_s ratio \
-      dtrain_cpu_ms peer_cpu_ms cpu_ratio dtrain_gloo_tok_s gloo_ratio
-    ds="" ps="" gs="" dcs="" pcs=""
+    printf "%-6s %14s %14s %8s %12s %12s %9s %13s %12s %11s\n" round dtrain_tok_s peer_tok_s ratio \
+      dtrain_cpu_ms peer_cpu_ms cpu_ratio third_tok_s third_cpu_ms third_ratio
+    ds="" ps="" gs="" dcs="" pcs="" gcs=""
     for r in $(seq "$ROUNDS"); do
       gr="-"
       [ "${G[$k,$r,$n]}" != "-" ] && gr="$(printf "%.3f" "$(echo "${G[$k,$r,$n]} / ${P[$k,$r,$n]}" | bc -l)")"
-      printf "%-6s %14s %14s %8.3f %12s %12s %9.3f %16s %10s\n" "$r" "${D[$k,$r,$n]}" "${P[$k,$r,$n]}" \
+      printf "%-6s %14s %14s %8.3f %12s %12s %9.3f %13s %12s %11s\n" "$r" "${D[$k,$r,$n]}" "${P[$k,$r,$n]}" \
         "$(echo "${D[$k,$r,$n]} / ${P[$k,$r,$n]}" | bc -l)" "${DC[$k,$r,$n]}" "${PC[$k,$r,$n]}" \
-        "$(echo "${PC[$k,$r,$n]} / ${DC[$k,$r,$n]}" | bc -l)" "${G[$k,$r,$n]}" "$gr"
-      ds="$ds ${D[$k,$r,$n]}" ps="$ps ${P[$k,$r,$n]}" gs="$gs ${G[$k,$r,$n]}" dcs="$dcs ${DC[$k,$r,$n]}" pcs="$pcs ${PC[$k,$r,$n]}"
+        "$(echo "${PC[$k,$r,$n]} / ${DC[$k,$r,$n]}" | bc -l)" "${G[$k,$r,$n]}" "${GC[$k,$r,$n]}" "$gr"
+      ds="$ds ${D[$k,$r,$n]}" ps="$ps ${P[$k,$r,$n]}" gs="$gs ${G[$k,$r,$n]}" dcs="$dcs ${DC[$k,$r,$n]}" pcs="$pcs ${PC[$k,$r,$n]}" gcs="$gcs ${GC[$k,$r,$n]}"
     done
-    ROWS="$ROWS$k:$n:$ds:$ps:$gs:$dcs:$pcs;"
+    ROWS="$ROWS$k:$n:$ds:$ps:$gs:$dcs:$pcs:$gcs;"
   done
   done
-  "$PY" - "$ROWS" <<'EOF'
+  "$PY" - "$ROWS" "$THIRD_NAME" <<'EOF'
 import statistics, sys
 rows = []
 for chunk in sys.argv[1].strip(";").split(";"):
-    k, n, d, p, g, dc, pc = chunk.split(":")
+    k, n, d, p, g, dc, pc, gc = chunk.split(":")
     d, p = [float(x) for x in d.split()], [float(x) for x in p.split()]
     dc, pc = [float(x) for x in dc.split()], [float(x) for x in pc.split()]
     md, mp = statistics.median(d), statistics.median(p)
@@ -178,9 +189,11 @@ for chunk in sys.argv[1].strip(";").split(";"):
     print(f"{k}, {n} ranks: rank 0's CPU per step, medians: dtrain {statistics.median(dc):.2f} ms, peer "
           f"{statistics.median(pc):.2f} ms, peer / dtrain {statistics.median(pc) / statistics.median(dc):.3f}")
     if "-" not in g.split():
-        g = [float(x) for x in g.split()]
-        print(f"{k}, {n} ranks, dtrain with cluster.shm false: median {statistics.median(g):.1f} tok/s, "
-              f"median of round ratios vs the peer {statistics.median(a / b for a, b in zip(g, p)):.3f}")
+        g, gc = [float(x) for x in g.split()], [float(x) for x in gc.split()]
+        print(f"{k}, {n} ranks, {sys.argv[2]}: median {statistics.median(g):.1f} tok/s, "
+              f"median of round ratios vs the peer {statistics.median(a / b for a, b in zip(g, p)):.3f}; "
+              f"dtrain / it: tok/s {statistics.median(a / b for a, b in zip(d, g)):.3f}, CPU per step (it / dtrain) "
+              f"{statistics.median(b / a for a, b in zip(dc, gc)):.3f} (medians of round ratios)")
 for kind in dict.fromkeys(r[0] for r in rows):
     of = [r for r in rows if r[0] == kind]
     base = next((r for r in of if r[1] == 1), None)
