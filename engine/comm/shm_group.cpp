@@ -522,7 +522,8 @@ class ShmGroup : public ForwardingGroup {
     const size_t bytes = sym_header_bytes(n) + region * static_cast<size_t>(n);
     struct statvfs fs {};
     const size_t cap = statvfs("/dev/shm", &fs) == 0 ? static_cast<size_t>(fs.f_blocks) * fs.f_frsize / 4 : 0;
-    if (!shm_dtype(dtype) || numel <= 0 || bytes > cap) {  // every member alike: one machine, one /dev/shm
+    if (!shm_dtype(dtype) || numel <= 0) return {};
+    if (bytes > cap) {  // every member alike: one machine, one /dev/shm
       if (rank() == 0)
         DTRAIN_INFO("group {}: {} MB of symmetric buffers would exceed a quarter of /dev/shm ({} MB): "
                     "its all-reduces stage through the segment", name(), bytes >> 20, cap >> 20);
