@@ -21,21 +21,16 @@
 // A set is staged again (chunk c + kSets) only once every rank consumed it.
 // Waits spin briefly, then sleep on a futex in the segment, so a machine
 // with more ranks than cores gives its cores to the ranks that compute.
+// An all_reduce of a tensor in one of the group's symmetric buffers
+// (symmetric_buffer.h) skips the staging and runs in place (shm_symmetric.cpp).
 #include "engine/comm/shm_group.h"
 #include "engine/comm/shm_segment.h"
+#include "engine/comm/shm_symmetric.h"
 
 #include <ATen/ops/add.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/maximum.h>
-#include <ATen/ops/minimum.h>
-#include <linux/futex.h>
-#include <sys/statvfs.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <chrono>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -43,42 +38,14 @@
 #include <mutex>
 #include <vector>
 
-#include "common/error.h"
 #include "common/log.h"
 #include "engine/comm/forwarding_group.h"
 #include "engine/comm/gloo_group.h"
-#include "engine/comm/round_abort.h"
 #include "engine/comm/symmetric_buffer.h"
 
 namespace dtrain::engine::comm::detail {
 
 namespace {
-
-long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
-  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
-}
-
-bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
-
-void wake_all(Counter& c) { futex(&c.value, FUTEX_WAKE, INT_MAX, nullptr); }
-
-bool shm_dtype(at::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kInt || t == at::kLong;
-}
-
-// acc = piece 0 (op) piece 1, then (op) piece j for j = 2..n-1: rank order,
-// whatever the arrival order (the first pair straight into acc, one pass
-// fewer than copying piece 0 first; acc may be piece 0 itself).
-template <class Piece>
-void reduce_in_rank_order(at::Tensor& acc, int n, const Piece& piece, ReduceOp op) {
-  auto combine = [&](const at::Tensor& a, const at::Tensor& b) {
-    if (op == ReduceOp::sum) at::add_out(acc, a, b);
-    else if (op == ReduceOp::max) at::maximum_out(acc, a, b);
-    else at::minimum_out(acc, a, b);
-  };
-  combine(piece(0), piece(1));
-  for (int j = 2; j < n; ++j) combine(acc, piece(j));
-}
 
 enum class ShmOp { all_reduce, all_gather, reduce_scatter, broadcast, reduce };
 
@@ -173,10 +140,6 @@ class ShmChannel {
   }
 
   int64_t slot_bytes() const { return static_cast<int64_t>(seg_->header().slot_bytes); }
-  // Until c reaches target (futex sleeps after options.spin_us), or throws
-  // dtrain::Error(timeout) naming op and what it waited for.
-  void wait_until(Counter& c, uint32_t target, ShmOp op, const char* what);
-  const std::string& group() const { return group_; }
 
  private:
   // The chunks of t (contiguous, CPU), whose result goes back into t; this
@@ -197,6 +160,9 @@ class ShmChannel {
     }
     return chunks;
   }
+  void wait_until(Counter& c, uint32_t target, ShmOp op, const char* what) {
+    detail::wait_until(c, target, options_, group_, op_name(op), what);
+  }
   ChunkPtr stage_chunk(Chunk chunk, const std::function<void(char*)>& fill);
   void consume(Chunk& c);
   void consume_ready();  // takes the pending chunks whose result is in, oldest first
@@ -210,31 +176,6 @@ class ShmChannel {
   uint64_t next_ = 0;               // the next chunk's index
   std::deque<ChunkPtr> pending_;    // staged and not yet consumed, in index order
 };
-
-void ShmChannel::wait_until(Counter& c, uint32_t target, ShmOp op, const char* what) {
-  using Clock = std::chrono::steady_clock;
-  if (reached(c.value.load(std::memory_order_acquire), target)) return;
-  const auto start = Clock::now();
-  const auto spin_until = start + std::chrono::microseconds(options_.spin_us);
-  while (Clock::now() < spin_until)
-    if (reached(c.value.load(std::memory_order_acquire), target)) return;
-  const auto deadline = start + std::chrono::duration<double>(options_.timeout_s);
-  for (;;) {
-    const uint32_t seen = c.value.load(std::memory_order_acquire);
-    if (reached(seen, target)) return;
-    throw_if_round_aborted("a shared-memory wait");  // no socket to shut down here
-    if (Clock::now() >= deadline)
-      throw Error(ErrorCode::timeout,
-                  fmt::format("{} on group {} (shared memory) waited {:g} s for the other "
-                              "ranks ({})",
-                              op_name(op), group_, options_.timeout_s, what),
-                  "a peer did not reach the same collective in time (options.timeout_s); see its log");
-    // Wake up to check the deadline and the round's abort flag (round_abort.h):
-    // a new round is noticed within 0.1 s.
-    const timespec slice{0, 100'000'000};
-    futex(&c.value, FUTEX_WAIT, seen, &slice);
-  }
-}
 
 void ShmChannel::reduce_into_result(int set, int64_t elems, at::ScalarType dtype, ReduceOp op) {
   auto opts = at::TensorOptions().dtype(dtype);
@@ -325,124 +266,6 @@ void ShmChannel::consume(Chunk& c) {
     wake_all(st.consumed);
 }
 
-// symmetric_buffer.h's segment: a header page (or more) of per-slot counters
-// and each member's claim, then one region per member. The k-th in-place
-// all_reduce on it uses slot k % kSymSlots; every member writes its claim
-// (the range's offset and length), arrives, and the last to arrive checks
-// the claims agree, reduces the members' ranges in rank order into member
-// 0's, copies that into the others' and marks the slot done. A slot is
-// claimed again (op k + kSymSlots) only once op k is done, so the counters
-// only grow; a member's range is not written again before its own wait()
-// (DDP: the next backward), which comes after every member arrived.
-constexpr uint64_t kSymMagic = 0x3179735f6e696172;  // "rain_sy1"
-constexpr int kSymSlots = 64;
-
-struct SymSlot {
-  Counter arrived, done;      // arrived reaches n (k+1), done k+1, for the slot's k-th use
-  std::atomic<uint32_t> bad;  // k+1 where the k-th use's claims disagreed
-};
-struct SymClaim {
-  uint64_t offset, bytes;
-};
-struct SymHeader {
-  uint64_t magic;
-  uint64_t nonce;
-  uint64_t region_bytes;
-  uint32_t members;
-  SymSlot slots[kSymSlots];
-  // then SymClaim claims[kSymSlots][members]
-};
-
-size_t round_to_page(size_t bytes) { return (bytes + 4095) / 4096 * 4096; }
-size_t sym_header_bytes(int members) {
-  return round_to_page(sizeof(SymHeader) + sizeof(SymClaim) * kSymSlots * static_cast<size_t>(members));
-}
-
-class SymmetricSegment {
- public:
-  SymmetricSegment(std::unique_ptr<Segment> seg, int members, int rank)
-      : seg_(std::move(seg)), n_(members), me_(rank), header_bytes_(sym_header_bytes(members)) {}
-
-  SymHeader& header() const { return *reinterpret_cast<SymHeader*>(seg_->base()); }
-  char* region(int j) const { return seg_->base() + header_bytes_ + static_cast<size_t>(j) * header().region_bytes; }
-
-  // Whether t (contiguous, CPU) lies within this member's region.
-  bool holds(const at::Tensor& t) const {
-    if (!t.device().is_cpu() || !t.is_contiguous() || !shm_dtype(t.scalar_type()) || t.numel() == 0) return false;
-    const char* p = static_cast<const char*>(t.data_ptr());
-    return p >= region(me_) && p + t.nbytes() <= region(me_) + header().region_bytes;
-  }
-
-  struct Op {
-    uint64_t index;
-  };
-
-  // Arrives with t's range; the last to arrive reduces.
-  Op arrive(const at::Tensor& t, ReduceOp op, ShmChannel& ch) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t index = next_++;
-    const int s = static_cast<int>(index % kSymSlots);
-    const auto use = static_cast<uint32_t>(index / kSymSlots);
-    SymSlot& slot = header().slots[s];
-    if (use > 0) ch.wait_until(slot.done, use, ShmOp::all_reduce, "reusing a symmetric-buffer slot");
-    const SymClaim mine{static_cast<uint64_t>(static_cast<const char*>(t.data_ptr()) - region(me_)),
-                        static_cast<uint64_t>(t.nbytes())};
-    claim(s, me_) = mine;
-    if (slot.arrived.value.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n_) * (use + 1)) {
-      bool agree = true;
-      for (int j = 0; j < n_; ++j)
-        agree = agree && claim(s, j).offset == mine.offset && claim(s, j).bytes == mine.bytes;
-      if (agree) reduce(mine, t.numel(), t.scalar_type(), op);
-      else slot.bad.store(use + 1, std::memory_order_relaxed);
-      slot.done.value.store(use + 1, std::memory_order_release);
-      wake_all(slot.done);
-    }
-    return {index};
-  }
-
-  void wait(const Op& op, ShmChannel& ch) {
-    SymSlot& slot = header().slots[op.index % kSymSlots];
-    const auto use = static_cast<uint32_t>(op.index / kSymSlots);
-    ch.wait_until(slot.done, use + 1, ShmOp::all_reduce, "the last rank's in-place reduction");
-    if (slot.bad.load(std::memory_order_relaxed) == use + 1)
-      throw Error(ErrorCode::internal,
-                  "all_reduce on group " + ch.group() +
-                      " (symmetric buffer): the members passed different ranges of their buffers",
-                  "every member all-reduces the same offset and length of its symmetric_buffer, in the same order");
-  }
-
- private:
-  SymClaim& claim(int s, int j) const {
-    auto* claims = reinterpret_cast<SymClaim*>(seg_->base() + sizeof(SymHeader));
-    return claims[static_cast<size_t>(s) * n_ + j];
-  }
-  void reduce(const SymClaim& c, int64_t elems, at::ScalarType dtype, ReduceOp op) {
-    auto opts = at::TensorOptions().dtype(dtype);
-    auto piece = [&](int j) { return at::from_blob(region(j) + c.offset, {elems}, opts); };
-    at::Tensor acc = piece(0);
-    reduce_in_rank_order(acc, n_, piece, op);
-    for (int j = 1; j < n_; ++j) std::memcpy(region(j) + c.offset, region(0) + c.offset, c.bytes);
-  }
-
-  std::unique_ptr<Segment> seg_;
-  int n_, me_;
-  size_t header_bytes_;
-  std::mutex mu_;
-  uint64_t next_ = 0;
-};
-
-class SymWork : public Work {
- public:
-  SymWork(std::shared_ptr<ShmChannel> channel, std::shared_ptr<SymmetricSegment> seg, SymmetricSegment::Op op)
-      : channel_(std::move(channel)), seg_(std::move(seg)), op_(op) {}
-  void wait() override { seg_->wait(op_, *channel_); }
-
- private:
-  std::shared_ptr<ShmChannel> channel_;
-  std::shared_ptr<SymmetricSegment> seg_;
-  SymmetricSegment::Op op_;
-};
-
 class ShmWork : public Work {
  public:
   ShmWork(std::shared_ptr<ShmChannel> channel, at::Tensor t, std::vector<ShmChannel::ChunkPtr> chunks)
@@ -472,8 +295,8 @@ class ShmGroup : public ForwardingGroup {
     const int n = size();
     bytes_ += static_cast<uint64_t>(2 * (n - 1) * static_cast<int64_t>(t.nbytes()) / n);
     for (const auto& weak : symmetric_)
-      if (auto sym = weak.lock(); sym && sym->holds(t)) {
-        auto work = std::make_shared<SymWork>(channel_, sym, sym->arrive(t, op, *channel_));
+      if (auto sym = weak.lock(); sym && symmetric_holds(*sym, t)) {
+        auto work = symmetric_all_reduce(sym, t, op);
         if (!async) work->wait();
         return work;
       }
@@ -517,42 +340,14 @@ class ShmGroup : public ForwardingGroup {
   }
   // symmetric_buffer (symmetric_buffer.h).
   at::Tensor symmetric(int64_t numel, at::ScalarType dtype) {
-    const int n = size();
-    const size_t region = round_to_page(static_cast<size_t>(numel) * c10::elementSize(dtype));
-    const size_t bytes = sym_header_bytes(n) + region * static_cast<size_t>(n);
-    struct statvfs fs {};
-    const size_t cap = statvfs("/dev/shm", &fs) == 0 ? static_cast<size_t>(fs.f_blocks) * fs.f_frsize / 4 : 0;
-    if (!shm_dtype(dtype) || numel <= 0) return {};
-    if (bytes > cap) {  // every member alike: one machine, one /dev/shm
-      if (rank() == 0)
-        DTRAIN_INFO("group {}: {} MB of symmetric buffers would exceed a quarter of /dev/shm ({} MB): "
-                    "its all-reduces stage through the segment", name(), bytes >> 20, cap >> 20);
-      return {};
-    }
-    std::string why;
-    std::unique_ptr<Segment> seg;
-    try {
-      seg = open_shared_bytes(*inner_, *store_, key_ + "sym" + std::to_string(symmetric_made_++) + "/", bytes,
-                              kSymMagic, options_.node,
-                              [&](char* base) {
-                                auto& h = *reinterpret_cast<SymHeader*>(base);
-                                h.region_bytes = region;
-                                h.members = static_cast<uint32_t>(n);
-                              },
-                              why);
-    } catch (...) {
-      rethrow_comm_error(name(), "setting up a symmetric buffer");
-    }
-    if (!seg) {
-      if (rank() == 0) DTRAIN_INFO("group {}: no symmetric buffer ({}): its all-reduces stage", name(), why);
-      return {};
-    }
-    auto sym = std::make_shared<SymmetricSegment>(std::move(seg), n, rank());
+    auto sym = open_symmetric(*inner_, *store_, key_ + "sym" + std::to_string(symmetric_made_++) + "/", numel,
+                              dtype, options_);
+    if (!sym) return {};
     std::erase_if(symmetric_, [](const auto& w) { return w.expired(); });
     symmetric_.push_back(sym);
-    // posix_fallocate gave zeroed pages. The tensor (and its views) own the
-    // mapping; the group forgets it once they are gone.
-    return at::from_blob(sym->region(rank()), {numel}, [sym](void*) {}, at::TensorOptions().dtype(dtype));
+    // The tensor (and its views) own the mapping; the group forgets it once
+    // they are gone.
+    return at::from_blob(symmetric_region(*sym), {numel}, [sym](void*) {}, at::TensorOptions().dtype(dtype));
   }
   uint64_t bytes_sent() const override { return inner_->bytes_sent() + bytes_.load(); }
   void reset_bytes_sent() override {

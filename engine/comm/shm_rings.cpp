@@ -20,8 +20,6 @@
 #include "engine/comm/shm_segment.h"
 
 #include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -85,15 +83,10 @@ std::vector<std::pair<int, int>> ring_pairs(int n) {
 }
 
 size_t control_bytes(int n, size_t rings) {
-  const size_t used = 64 + size_t(n) * sizeof(Bell) + rings * sizeof(RingCtl);
-  return (used + 4095) / 4096 * 4096;
+  return round_to_page(64 + size_t(n) * sizeof(Bell) + rings * sizeof(RingCtl));
 }
 
 uint64_t padding(uint64_t bytes) { return (kHead - bytes % kHead) % kHead; }
-
-long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
-  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
-}
 
 
 // A record that came before its receive was posted.

@@ -1,15 +1,27 @@
 // shm_segment.h: mapping the segment and setting it up collectively over
-// the store (which rank creates it, how the others find and check it).
+// the store (which rank creates it, how the others find and check it); the
+// futex wait and the rank-order reduction the protocols share.
 #include "engine/comm/shm_segment.h"
 
+#include <ATen/ops/add.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "engine/comm/round_abort.h"
 
 namespace dtrain::engine::comm::detail {
 
@@ -116,6 +128,49 @@ std::unique_ptr<Segment> open_shared_bytes(const Group& g, c10d::Store& store, c
   }
   if (me == 0 && !name.empty()) shm_unlink(name.c_str());  // every member has mapped it or given up
   return all ? std::move(seg) : nullptr;
+}
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+void wake_all(Counter& c) { futex(&c.value, FUTEX_WAKE, INT_MAX, nullptr); }
+
+void wait_until(Counter& c, uint32_t target, const ShmOptions& options, const std::string& group,
+                const char* op, const char* what) {
+  using Clock = std::chrono::steady_clock;
+  if (reached(c.value.load(std::memory_order_acquire), target)) return;
+  const auto start = Clock::now();
+  const auto spin_until = start + std::chrono::microseconds(options.spin_us);
+  while (Clock::now() < spin_until)
+    if (reached(c.value.load(std::memory_order_acquire), target)) return;
+  const auto deadline = start + std::chrono::duration<double>(options.timeout_s);
+  for (;;) {
+    const uint32_t seen = c.value.load(std::memory_order_acquire);
+    if (reached(seen, target)) return;
+    throw_if_round_aborted("a shared-memory wait");  // no socket to shut down here
+    if (Clock::now() >= deadline)
+      throw Error(ErrorCode::timeout,
+                  fmt::format("{} on group {} (shared memory) waited {:g} s for the other "
+                              "ranks ({})",
+                              op, group, options.timeout_s, what),
+                  "a peer did not reach the same collective in time (options.timeout_s); see its log");
+    // Wake up to check the deadline and the round's abort flag.
+    const timespec slice{0, 100'000'000};
+    futex(&c.value, FUTEX_WAIT, seen, &slice);
+  }
+}
+
+bool shm_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kDouble || t == at::kInt || t == at::kLong; }
+
+void reduce_in_rank_order(at::Tensor& acc, int n, const std::function<at::Tensor(int)>& piece, ReduceOp op) {
+  auto combine = [&](const at::Tensor& a, const at::Tensor& b) {
+    if (op == ReduceOp::sum) at::add_out(acc, a, b);
+    else if (op == ReduceOp::max) at::maximum_out(acc, a, b);
+    else at::minimum_out(acc, a, b);
+  };
+  combine(piece(0), piece(1));
+  for (int j = 2; j < n; ++j) combine(acc, piece(j));
 }
 
 }  // namespace dtrain::engine::comm::detail

@@ -1,12 +1,17 @@
-// The /dev/shm segment behind shm_group.cpp's collectives: its layout (a
-// header page of per-set counters, then kSets sets of one staging slot per
-// rank plus one result slot), the mapping, and the collective set-up over the
-// store. The protocol that uses the counters lives in shm_group.cpp.
-// Internal to engine/comm.
+// The /dev/shm segments behind the shared-memory collectives: the staging
+// segment's layout (a header page of per-set counters, then kSets sets of one
+// staging slot per rank plus one result slot), the mapping and the collective
+// set-up over the store, and what every protocol on a segment uses: the futex
+// wait on a counter and the rank-order reduction. The protocols live in
+// shm_group.cpp (staging), shm_symmetric.cpp (symmetric buffers) and
+// shm_rings.cpp (point-to-point). Internal to engine/comm.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <sys/mman.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <ctime>
 
 #include <atomic>
 #include <cstddef>
@@ -50,6 +55,8 @@ struct Header {
 constexpr size_t kDataOffset = 4096;  // the slots start page-aligned
 static_assert(sizeof(Header) <= kDataOffset, "header fits its page");
 
+constexpr size_t round_to_page(size_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+
 inline size_t segment_bytes(int members, int64_t slot_bytes) {
   return kDataOffset + size_t{kSets} * (static_cast<size_t>(members) + 1) * static_cast<size_t>(slot_bytes);
 }
@@ -90,5 +97,30 @@ std::unique_ptr<Segment> open_shared(const Group& g, c10d::Store& store, const s
 std::unique_ptr<Segment> open_shared_bytes(const Group& g, c10d::Store& store, const std::string& key,
                                            size_t bytes, uint64_t magic, int node,
                                            const std::function<void(char*)>& init, std::string& why);
+
+// The futex system call on a counter's own 4 bytes (FUTEX_WAIT, FUTEX_WAKE).
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout);
+
+// Whether a counter that only grows (wrapping) has reached target.
+inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
+
+// Wakes every rank sleeping on c.
+void wake_all(Counter& c);
+
+// Returns once c reaches target: spins options.spin_us, then sleeps on the
+// futex in 0.1 s slices, so a new round (round_abort.h) is noticed within
+// 0.1 s; after options.timeout_s, dtrain::Error(timeout) naming the op, the
+// group and what it waited for.
+void wait_until(Counter& c, uint32_t target, const ShmOptions& options, const std::string& group,
+                const char* op, const char* what);
+
+// The dtypes the segments add: fp32, fp64, int32, int64.
+bool shm_dtype(at::ScalarType t);
+
+// acc = piece(0) (op) piece(1), then (op) piece(j) for j = 2..n-1 (n >= 2):
+// rank order whatever the arrival order, so every path and machine gives the
+// same bits (the first pair straight into acc, one pass fewer than copying
+// piece 0 first; acc may be piece 0 itself).
+void reduce_in_rank_order(at::Tensor& acc, int n, const std::function<at::Tensor(int)>& piece, ReduceOp op);
 
 }  // namespace dtrain::engine::comm::detail

@@ -1,0 +1,185 @@
+// symmetric_buffer.h's segment (shm_symmetric.h): a header page (or more)
+// of per-slot counters and each member's claim, then one region per member.
+// The k-th in-place all_reduce on it uses slot k % kSymSlots; every member
+// writes its claim (the range's offset and length), arrives, and the last to
+// arrive checks the claims agree, reduces the members' ranges in rank order
+// into member 0's, copies that into the others' and marks the slot done. A
+// slot is claimed again (op k + kSymSlots) only once op k is done, so the
+// counters only grow; a member's range is not written again before its own
+// wait() (DDP: the next backward), which comes after every member arrived.
+#include "engine/comm/shm_symmetric.h"
+
+#include <ATen/ops/from_blob.h>
+#include <sys/statvfs.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "engine/comm/gloo_group.h"
+#include "engine/comm/shm_segment.h"
+
+namespace dtrain::engine::comm::detail {
+
+namespace {
+
+constexpr uint64_t kSymMagic = 0x3179735f6e696172;  // "rain_sy1"
+constexpr int kSymSlots = 64;
+
+struct SymSlot {
+  Counter arrived, done;      // arrived reaches n (k+1), done k+1, for the slot's k-th use
+  std::atomic<uint32_t> bad;  // k+1 where the k-th use's claims disagreed
+};
+struct SymClaim {
+  uint64_t offset, bytes;
+};
+struct SymHeader {
+  uint64_t magic;
+  uint64_t nonce;
+  uint64_t region_bytes;
+  uint32_t members;
+  SymSlot slots[kSymSlots];
+  // then SymClaim claims[kSymSlots][members]
+};
+
+size_t sym_header_bytes(int members) {
+  return round_to_page(sizeof(SymHeader) + sizeof(SymClaim) * kSymSlots * static_cast<size_t>(members));
+}
+
+}  // namespace
+
+class SymmetricSegment {
+ public:
+  SymmetricSegment(std::unique_ptr<Segment> seg, int members, int rank, std::string group, ShmOptions options)
+      : seg_(std::move(seg)),
+        n_(members),
+        me_(rank),
+        header_bytes_(sym_header_bytes(members)),
+        group_(std::move(group)),
+        options_(options) {}
+
+  SymHeader& header() const { return *reinterpret_cast<SymHeader*>(seg_->base()); }
+  char* region(int j) const { return seg_->base() + header_bytes_ + static_cast<size_t>(j) * header().region_bytes; }
+  int rank() const { return me_; }
+
+  // Arrives with t's range; the last to arrive reduces. Returns the op's index.
+  uint64_t arrive(const at::Tensor& t, ReduceOp op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t index = next_++;
+    const int s = static_cast<int>(index % kSymSlots);
+    const auto use = static_cast<uint32_t>(index / kSymSlots);
+    SymSlot& slot = header().slots[s];
+    if (use > 0) wait_until(slot.done, use, options_, group_, "all_reduce", "reusing a symmetric-buffer slot");
+    const SymClaim mine{static_cast<uint64_t>(static_cast<const char*>(t.data_ptr()) - region(me_)),
+                        static_cast<uint64_t>(t.nbytes())};
+    claim(s, me_) = mine;
+    if (slot.arrived.value.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n_) * (use + 1)) {
+      bool agree = true;
+      for (int j = 0; j < n_; ++j)
+        agree = agree && claim(s, j).offset == mine.offset && claim(s, j).bytes == mine.bytes;
+      if (agree) reduce(mine, t.numel(), t.scalar_type(), op);
+      else slot.bad.store(use + 1, std::memory_order_relaxed);
+      slot.done.value.store(use + 1, std::memory_order_release);
+      wake_all(slot.done);
+    }
+    return index;
+  }
+
+  void wait(uint64_t index) {
+    SymSlot& slot = header().slots[index % kSymSlots];
+    const auto use = static_cast<uint32_t>(index / kSymSlots);
+    wait_until(slot.done, use + 1, options_, group_, "all_reduce", "the last rank's in-place reduction");
+    if (slot.bad.load(std::memory_order_relaxed) == use + 1)
+      throw Error(ErrorCode::internal,
+                  "all_reduce on group " + group_ +
+                      " (symmetric buffer): the members passed different ranges of their buffers",
+                  "every member all-reduces the same offset and length of its symmetric_buffer, in the same order");
+  }
+
+ private:
+  SymClaim& claim(int s, int j) const {
+    auto* claims = reinterpret_cast<SymClaim*>(seg_->base() + sizeof(SymHeader));
+    return claims[static_cast<size_t>(s) * n_ + j];
+  }
+  void reduce(const SymClaim& c, int64_t elems, at::ScalarType dtype, ReduceOp op) {
+    auto opts = at::TensorOptions().dtype(dtype);
+    auto piece = [&](int j) { return at::from_blob(region(j) + c.offset, {elems}, opts); };
+    at::Tensor acc = piece(0);
+    reduce_in_rank_order(acc, n_, piece, op);
+    for (int j = 1; j < n_; ++j) std::memcpy(region(j) + c.offset, region(0) + c.offset, c.bytes);
+  }
+
+  std::unique_ptr<Segment> seg_;
+  int n_, me_;
+  size_t header_bytes_;
+  std::string group_;
+  ShmOptions options_;
+  std::mutex mu_;
+  uint64_t next_ = 0;
+};
+
+namespace {
+
+class SymWork : public Work {
+ public:
+  SymWork(std::shared_ptr<SymmetricSegment> seg, uint64_t index) : seg_(std::move(seg)), index_(index) {}
+  void wait() override { seg_->wait(index_); }
+
+ private:
+  std::shared_ptr<SymmetricSegment> seg_;
+  uint64_t index_;
+};
+
+}  // namespace
+
+std::shared_ptr<SymmetricSegment> open_symmetric(const Group& g, c10d::Store& store, const std::string& key,
+                                                 int64_t numel, at::ScalarType dtype, const ShmOptions& options) {
+  if (!shm_dtype(dtype) || numel <= 0) return nullptr;
+  const int n = g.size();
+  const size_t region = round_to_page(static_cast<size_t>(numel) * c10::elementSize(dtype));
+  const size_t bytes = sym_header_bytes(n) + region * static_cast<size_t>(n);
+  struct statvfs fs {};
+  const size_t cap = statvfs("/dev/shm", &fs) == 0 ? static_cast<size_t>(fs.f_blocks) * fs.f_frsize / 4 : 0;
+  if (bytes > cap) {  // every member alike: one machine, one /dev/shm
+    if (g.rank() == 0)
+      DTRAIN_INFO("group {}: {} MB of symmetric buffers would exceed a quarter of /dev/shm ({} MB): "
+                  "its all-reduces stage through the segment", g.name(), bytes >> 20, cap >> 20);
+    return nullptr;
+  }
+  std::string why;
+  std::unique_ptr<Segment> seg;
+  try {
+    seg = open_shared_bytes(g, store, key, bytes, kSymMagic, options.node,
+                            [&](char* base) {
+                              auto& h = *reinterpret_cast<SymHeader*>(base);
+                              h.region_bytes = region;
+                              h.members = static_cast<uint32_t>(n);
+                            },
+                            why);
+  } catch (...) {
+    rethrow_comm_error(g.name(), "setting up a symmetric buffer");
+  }
+  if (!seg) {
+    if (g.rank() == 0) DTRAIN_INFO("group {}: no symmetric buffer ({}): its all-reduces stage", g.name(), why);
+    return nullptr;
+  }
+  // posix_fallocate gave zeroed pages.
+  return std::make_shared<SymmetricSegment>(std::move(seg), n, g.rank(), g.name(), options);
+}
+
+char* symmetric_region(const SymmetricSegment& s) { return s.region(s.rank()); }
+
+bool symmetric_holds(const SymmetricSegment& s, const at::Tensor& t) {
+  if (!t.device().is_cpu() || !t.is_contiguous() || !shm_dtype(t.scalar_type()) || t.numel() == 0) return false;
+  const char* p = static_cast<const char*>(t.data_ptr());
+  const char* mine = s.region(s.rank());
+  return p >= mine && p + t.nbytes() <= mine + s.header().region_bytes;
+}
+
+WorkPtr symmetric_all_reduce(const std::shared_ptr<SymmetricSegment>& s, const at::Tensor& t, ReduceOp op) {
+  return std::make_shared<SymWork>(s, s->arrive(t, op));
+}
+
+}  // namespace dtrain::engine::comm::detail

@@ -1,0 +1,42 @@
+// The segment behind symmetric_buffer.h: one region per member of a group
+// that runs its collectives through shared memory (shm_group.h), and the
+// in-place all_reduce of a range of it. shm_group.cpp's ShmGroup makes them
+// and sends an all_reduce of a tensor that lies in one here. Internal to
+// engine/comm.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/comm/comm.h"
+#include "engine/comm/shm_group.h"
+
+namespace dtrain::engine::comm::detail {
+
+class SymmetricSegment;
+
+// A segment of `numel` zeroed elements of `dtype` per member of `g`, set up
+// collectively over `store` under `key` (every member calls it with the same
+// arguments). Null, with one log line from member 0 saying why, where dtype
+// is not one the segments add (silently), where the segment would take over
+// a quarter of /dev/shm, or where a member could not map it.
+std::shared_ptr<SymmetricSegment> open_symmetric(const Group& g, c10d::Store& store, const std::string& key,
+                                                 int64_t numel, at::ScalarType dtype, const ShmOptions& options);
+
+// This member's region (numel elements).
+char* symmetric_region(const SymmetricSegment& s);
+
+// Whether t (contiguous, CPU, non-empty, a dtype the segment adds) lies in
+// this member's region.
+bool symmetric_holds(const SymmetricSegment& s, const at::Tensor& t);
+
+// The in-place all_reduce of t (which symmetric_holds): every member passes
+// the same range, in the same order; the last to arrive reduces. wait()
+// throws dtrain::Error(internal) on every member where the ranges differ.
+WorkPtr symmetric_all_reduce(const std::shared_ptr<SymmetricSegment>& s, const at::Tensor& t, ReduceOp op);
+
+}  // namespace dtrain::engine::comm::detail
