@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace dtrain::engine::model {
@@ -29,16 +30,21 @@ using torch::autograd::variable_list;
 // sums both), so the second must not write there (without the arming,
 // test_engine's "grad slots" case counts the second gradient twice).
 struct Slot {
-  at::Tensor tensor;
+  at::Tensor tensor;                 // a fixed slot (Ddp's bucket view)
+  std::function<at::Tensor()> make;  // or one made at each claim (ZeRO-2/3)
+  const void* owner = nullptr;       // make's registrant
+  c10::Device device = c10::kCPU;
   bool armed = true;
 };
 std::mutex slots_mu;
 std::unordered_map<const c10::TensorImpl*, Slot> slots;
 
-at::Tensor slot_of(const at::Tensor& param) {
+// The registered slot's device, if param has one.
+std::optional<c10::Device> slot_device(const at::Tensor& param) {
   std::lock_guard<std::mutex> lock(slots_mu);
   auto it = slots.find(param.unsafeGetTensorImpl());
-  return it == slots.end() ? at::Tensor() : it->second.tensor;
+  if (it == slots.end()) return std::nullopt;
+  return it->second.device;
 }
 
 // The slot, disarmed, if it is armed; undefined otherwise.
@@ -47,7 +53,7 @@ at::Tensor claim_slot(const at::Tensor& param) {
   auto it = slots.find(param.unsafeGetTensorImpl());
   if (it == slots.end() || !it->second.armed) return {};
   it->second.armed = false;
-  return it->second.tensor;
+  return it->second.make ? it->second.make() : it->second.tensor;
 }
 
 // Column-major 2-D (strides 1, rows): autograd's formulas transpose their
@@ -108,7 +114,13 @@ struct SlotLinearNoBias : public torch::autograd::Function<SlotLinearNoBias> {
 
 void register_grad_slot(const at::Tensor& param, const at::Tensor& slot) {
   std::lock_guard<std::mutex> lock(slots_mu);
-  slots[param.unsafeGetTensorImpl()] = Slot{slot, true};
+  slots[param.unsafeGetTensorImpl()] = Slot{slot, {}, nullptr, slot.device(), true};
+}
+
+void register_grad_slot(const at::Tensor& param, c10::Device device, std::function<at::Tensor()> make,
+                        const void* owner) {
+  std::lock_guard<std::mutex> lock(slots_mu);
+  slots[param.unsafeGetTensorImpl()] = Slot{{}, std::move(make), owner, device, true};
 }
 
 void arm_grad_slot(const at::Tensor& param) {
@@ -120,15 +132,21 @@ void arm_grad_slot(const at::Tensor& param) {
 void unregister_grad_slot(const at::Tensor& param, const at::Tensor& slot) {
   std::lock_guard<std::mutex> lock(slots_mu);
   auto it = slots.find(param.unsafeGetTensorImpl());
-  if (it != slots.end() && it->second.tensor.data_ptr() == slot.data_ptr()) slots.erase(it);
+  if (it != slots.end() && !it->second.make && it->second.tensor.data_ptr() == slot.data_ptr()) slots.erase(it);
 }
 
-bool has_grad_slot(const at::Tensor& param) { return slot_of(param).defined(); }
+void unregister_grad_slot_of(const at::Tensor& param, const void* owner) {
+  std::lock_guard<std::mutex> lock(slots_mu);
+  auto it = slots.find(param.unsafeGetTensorImpl());
+  if (it != slots.end() && it->second.make && it->second.owner == owner) slots.erase(it);
+}
+
+bool has_grad_slot(const at::Tensor& param) { return slot_device(param).has_value(); }
 
 at::Tensor linear_2d(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  const at::Tensor slot = slot_of(w);
-  if (slot.defined() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-      x.device() == slot.device() && !at::autocast::is_autocast_enabled(x.device().type()))
+  const auto device = slot_device(w);
+  if (device && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && x.device() == *device &&
+      !at::autocast::is_autocast_enabled(x.device().type()))
     return b.defined() ? SlotLinear::apply(x, w, b) : SlotLinearNoBias::apply(x, w);
   return at::linear(x, w, b);
 }

@@ -3,12 +3,16 @@
 // first backward): a linear layer whose weight has a registered slot writes
 // dW = dY^T X into it with the GEMM's own output, and hands that view to
 // AccumulateGrad (which adopts it as the grad), so DDP has nothing to copy
-// into the bucket afterwards. Same GEMM calls, same bits as at::linear's
-// autograd. Internal to the engine: parallel::Ddp registers its slots,
-// linear_ops.h's linear_nd uses them.
+// into the bucket afterwards, and ZeRO-2/3 nothing into a unit's
+// reduce-scatter input. Same GEMM calls, same bits as at::linear's
+// autograd. Internal to the engine: parallel::Ddp and the ZeRO sync register
+// their slots, linear_ops.h's linear_nd uses them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <functional>
 
 namespace dtrain::engine::model {
 
@@ -19,9 +23,18 @@ namespace dtrain::engine::model {
 // for the next step; a second use of the weight in the same graph takes
 // autograd's own path). Unregister before either tensor goes away.
 void register_grad_slot(const at::Tensor& param, const at::Tensor& slot);
+// The same with a slot made when a backward claims it: make() (called under
+// the registry's lock, so it must not call back into it) returns the slot
+// for this arming (param's shape and dtype, on `device`). ZeRO-2/3 make a
+// unit's reduce-scatter input this way, once its backward reaches it.
+// `owner` identifies the registrant for unregister_grad_slot_of.
+void register_grad_slot(const at::Tensor& param, c10::Device device, std::function<at::Tensor()> make,
+                        const void* owner);
 void arm_grad_slot(const at::Tensor& param);
 // (only where `slot` is still the one registered: a newer registrant's stays)
 void unregister_grad_slot(const at::Tensor& param, const at::Tensor& slot);
+// (only where `owner` registered the slot now registered)
+void unregister_grad_slot_of(const at::Tensor& param, const void* owner);
 bool has_grad_slot(const at::Tensor& param);
 
 // x [M, K] W^T (+ b) as at::linear computes it (addmm; the same bits

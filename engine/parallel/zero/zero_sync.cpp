@@ -17,6 +17,8 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "engine/comm/symmetric_buffer.h"
+#include "engine/model/grad_slot.h"
 #include "engine/optim/adamw.h"
 #include "engine/parallel/bucket_hooks.h"
 #include "engine/parallel/grad_norm.h"
@@ -50,6 +52,9 @@ struct Unit {
   comm::WorkPtr gather;    // ZeRO-3: all-gather into `full` in flight
   comm::WorkPtr reduce;    // gradient all-reduce / reduce-scatter in flight
   at::Tensor reduce_in, reduce_out;  // ZeRO-2/3: its buffers ([padded], [S])
+  // ZeRO-2/3: the next reduce_in, made when the unit's backward computes its
+  // first weight gradient straight into it (grad_slot.h); taken by launch.
+  at::Tensor pending;
   // ZeRO-2/3 after zero(): grad_shard still holds the last step's sum, and
   // the step's first reduce-scatter writes straight into it (no zero fill,
   // no separate output, no add); later ones (ZeRO-3 micro-steps) add.
@@ -116,6 +121,19 @@ struct ZeroState {
   }
 
   // ---- gradients ----
+  // Unit u's next reduce-scatter input, [padded], uninitialised.
+  at::Tensor pending_input(int u) const {
+    return at::empty({layout.units[size_t(u)].padded}, units[size_t(u)].param_shard.options());
+  }
+  // Where backward computes parameter i's first gradient (grad_slot.h's
+  // make; called under its lock): its place in unit u's pending input,
+  // made on the unit's first claim.
+  at::Tensor grad_slot(int u, int64_t offset, int i) {
+    Unit& x = units[size_t(u)];
+    if (!x.pending.defined()) x.pending = pending_input(u);
+    const at::Tensor& p = params[size_t(i)];
+    return x.pending.narrow(0, offset, p.numel()).view(p.sizes());
+  }
   void launch(int u) {
     Unit& x = units[size_t(u)];
     const zero::FlatUnit& fu = layout.units[size_t(u)];
@@ -124,18 +142,20 @@ struct ZeroState {
       return;
     }
     // Pack the unit's grads into one flat buffer (zeros for padding and for
-    // parameters that got no grad) and drop them: from here on only the
-    // shard is kept.
-    x.reduce_in = at::empty({fu.padded}, x.param_shard.options());  // [padded]
+    // parameters that got no grad; the linear layers' weight grads are in
+    // it already) and drop them: from here on only the shard is kept.
+    x.reduce_in = x.pending.defined() ? std::move(x.pending) : pending_input(u);  // [padded]
+    x.pending = at::Tensor();
     at::NoGradGuard no_grad;
     for (size_t k = 0; k < fu.params.size(); ++k) {
       at::Tensor& p = params[size_t(fu.params[k])];
       at::Tensor slot = x.reduce_in.narrow(0, fu.offsets[k], p.numel());
-      if (p.grad().defined())
-        slot.copy_(p.grad().reshape({-1}));
-      else
+      if (!p.grad().defined())
         slot.zero_();
+      else if (p.grad().data_ptr() != slot.data_ptr())
+        slot.copy_(p.grad().reshape({-1}));
       p.mutable_grad().reset();
+      model::arm_grad_slot(p);  // the next backward's first grad goes into the next pending input
     }
     if (fu.padded > fu.numel) x.reduce_in.narrow(0, fu.numel, fu.padded - fu.numel).zero_();
     x.reduce_out = x.shard_stale ? x.grad_shard : at::empty({fu.shard}, x.param_shard.options());  // [S]
@@ -305,6 +325,7 @@ class ZeroSync : public GradSync {
 
   ~ZeroSync() override {
     if (hooks_) model_.set_unit_hooks(nullptr);
+    for (const at::Tensor& p : s_->params) model::unregister_grad_slot_of(p, s_.get());
   }
 
   void begin_micro(int micro, bool last) override {
@@ -467,7 +488,13 @@ class ZeroSync : public GradSync {
     for (auto& u : lu) padded += u.padded, shards += u.shard;
     const auto opts = s.params.front().options().requires_grad(false);
     if (s.stage() < 3) s.full_all = at::zeros({padded}, opts);                 // [sum padded]
-    if (s.stage() == 1) s.grad_all = at::zeros({padded}, opts);                // [sum padded]
+    if (s.stage() == 1) {
+      // As DDP's buckets: in the dp group's symmetric buffer where it runs
+      // through shared memory (each unit's all-reduce then adds in place).
+      if (s.dp->size() > 1 && s.dp->device().is_cpu() && opts.dtype() == at::kFloat)
+        s.grad_all = comm::symmetric_buffer(*s.dp, padded, at::kFloat);
+      if (!s.grad_all.defined()) s.grad_all = at::zeros({padded}, opts);      // [sum padded]
+    }
     // Offloaded shards each own their storage: one leaves memory alone.
     const bool own_shards = s.options.offload_params();
     if (s.stage() == 3 && !own_shards) s.param_shards_all = at::zeros({shards}, opts);  // [sum S]
@@ -504,6 +531,19 @@ class ZeroSync : public GradSync {
       }
       full_off += fu.padded;
       shard_off += fu.shard;
+    }
+    // ZeRO-2/3: the linear layers compute a unit's weight grads straight
+    // into its next reduce-scatter input (launch copies the others).
+    if (s.stage() > 1) {
+      ZeroState* state = s_.get();  // unregisters them in ~ZeroSync
+      for (size_t ui = 0; ui < lu.size(); ++ui)
+        for (size_t k = 0; k < lu[ui].params.size(); ++k) {
+          const int i = lu[ui].params[k];
+          const int64_t offset = lu[ui].offsets[k];
+          model::register_grad_slot(
+              s.params[size_t(i)], s.params[size_t(i)].device(),
+              [state, u = int(ui), offset, i] { return state->grad_slot(u, offset, i); }, state);
+        }
     }
   }
 

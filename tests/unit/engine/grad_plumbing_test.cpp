@@ -237,3 +237,49 @@ TEST_CASE("grad slots: the first backward's weight gradient lands in its slot, t
   model::unregister_grad_slot(ws, slot);
   CHECK_FALSE(model::has_grad_slot(ws));
 }
+
+TEST_CASE("grad slots made on claim: made once per arming, at the backward, the bits of at::linear's autograd") {
+  namespace model = dtrain::engine::model;
+  at::manual_seed(11);
+  const at::Tensor x0 = at::randn({6, 5}), w0 = at::randn({4, 5}), g = at::randn({6, 4});
+  auto leaf = [](const at::Tensor& t) { return t.clone().set_requires_grad(true); };
+  auto max_diff = [](const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); };
+  at::Tensor x = leaf(x0), w = leaf(w0);
+  (at::linear(x, w, {}) * g).sum().backward();
+
+  // ZeRO-2/3's use: each claim makes a fresh buffer (stale numbers in it).
+  at::Tensor xs = leaf(x0), ws = leaf(w0);
+  std::vector<at::Tensor> made;
+  int owner = 0, other = 0;
+  model::register_grad_slot(ws, ws.device(), [&] { return made.emplace_back(at::full({4, 5}, 7.0f)); }, &owner);
+  CHECK(model::has_grad_slot(ws));
+  at::Tensor ys = model::linear_2d(xs, ws, {});
+  CHECK(made.empty());  // nothing made by the forward
+  (ys * g).sum().backward();
+  REQUIRE(made.size() == 1);
+  REQUIRE(ws.grad().defined());
+  CHECK(ws.grad().data_ptr() == made[0].data_ptr());
+  const double dw = max_diff(made[0], w.grad()), control = max_diff(at::full({4, 5}, 7.0f), w.grad());
+  MESSAGE("made on claim: max |diff| dW " << dw << "; control (the made slot unwritten) " << control);
+  CHECK(dw == 0.0);
+  CHECK(control > 1.0);
+
+  // Disarmed until armed again: a second backward accumulates in place and makes nothing.
+  (model::linear_2d(xs, ws, {}) * g).sum().backward();
+  CHECK(made.size() == 1);
+  CHECK(ws.grad().data_ptr() == made[0].data_ptr());
+  ws.mutable_grad().reset();
+  model::arm_grad_slot(ws);
+  (model::linear_2d(xs, ws, {}) * g).sum().backward();
+  REQUIRE(made.size() == 2);
+  CHECK(ws.grad().data_ptr() == made[1].data_ptr());
+  CHECK(max_diff(made[1], made[0] / 2) == 0.0);  // made[0] holds two backwards' sum
+
+  // Only its owner unregisters it.
+  model::unregister_grad_slot_of(ws, &other);
+  CHECK(model::has_grad_slot(ws));
+  model::unregister_grad_slot(ws, made[1]);  // (the tensor form leaves a made slot alone)
+  CHECK(model::has_grad_slot(ws));
+  model::unregister_grad_slot_of(ws, &owner);
+  CHECK_FALSE(model::has_grad_slot(ws));
+}
