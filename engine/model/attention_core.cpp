@@ -1,15 +1,23 @@
 // attention_core.h: the naive core (one baddbmm with the causal bias and
-// the 1/sqrt(D) scale fused, softmax, dropout, bmm) and the dispatch.
+// the 1/sqrt(D) scale fused, softmax, dropout, bmm), its strided form on a
+// fused qkv projection, and the dispatch.
 //
 // Shape legend: B = batch rows, H = local heads, T = time, D = head dim.
 #include "engine/model/attention_core.h"
 
+#include <ATen/autocast_mode.h>
+#include <ATen/ops/_softmax_backward_data.h>
 #include <ATen/ops/baddbmm.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/softmax.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -17,6 +25,89 @@
 #include "engine/model/tiled_attention.h"
 
 namespace dtrain::engine::model {
+namespace {
+
+// The [T, T] additive causal mask (0 on and below the diagonal, -inf
+// above) in the cache, rebuilt when T, the dtype or the device changes.
+const at::Tensor& cached_causal_bias(at::Tensor* cache, int64_t T, const at::Tensor& like) {
+  at::Tensor& bias = *cache;
+  if (!bias.defined() || bias.size(0) != T || bias.scalar_type() != like.scalar_type() ||
+      bias.device() != like.device()) {
+    at::NoGradGuard no_grad;
+    bias = at::full({T, T}, -std::numeric_limits<float>::infinity(), like.options()).triu_(1);  // [T, T]
+  }
+  return bias;
+}
+
+// q, k or v (which 0, 1, 2) of qkv [B, T, 3*H*D] as a [B, H, T, D] view.
+at::Tensor head_view(const at::Tensor& qkv, int64_t which, int64_t H) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (3 * H);
+  return qkv.view({B, T, 3, H, D}).select(2, which).permute({0, 2, 1, 3});
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Inputs qkv [B, T, 3C] (contiguous) and the [T, T] causal bias; output
+// [B, T, C]. Per batch row b, each product is one batch of H GEMMs on
+// strided views (bmm and baddbmm take a row stride >= the row length; an
+// output that is not contiguous is written head by head, in place). The
+// ops and their arguments are naive_attention's and its autograd's: the
+// same GEMMs (baddbmm's alpha as the backward's scale), the same softmax
+// and softmax backward.
+struct StridedAttention : public torch::autograd::Function<StridedAttention> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, const at::Tensor& bias, int64_t heads) {
+    const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = heads, D = C / H;
+    const double scale = 1.0 / std::sqrt(double(D));
+    const at::Tensor q = head_view(qkv, 0, H), k = head_view(qkv, 1, H), v = head_view(qkv, 2, H);
+    const at::Tensor bias_h = bias.expand({H, T, T});
+    at::Tensor att = at::empty({B, H, T, T}, qkv.options());  // scores, then probabilities
+    for (int64_t b = 0; b < B; ++b) {
+      at::Tensor att_b = att[b];
+      at::baddbmm_out(att_b, bias_h, q[b], k[b].transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
+    }
+    att = at::softmax(att, /*dim=*/-1);
+    at::Tensor y = at::empty({B, T, C}, qkv.options());
+    const at::Tensor y_heads = y.view({B, T, H, D}).permute({0, 2, 1, 3});  // [B, H, T, D] view
+    for (int64_t b = 0; b < B; ++b) {
+      at::Tensor y_b = y_heads[b];
+      at::bmm_out(y_b, att[b], v[b]);
+    }
+    ctx->saved_data["heads"] = heads;
+    ctx->save_for_backward({qkv, att});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& qkv = saved[0];
+    const at::Tensor& att = saved[1];  // [B, H, T, T] probabilities
+    const int64_t H = ctx->saved_data["heads"].toInt();
+    const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / H;
+    const double scale = 1.0 / std::sqrt(double(D));
+    const at::Tensor dy = grads[0].contiguous();
+    const at::Tensor dy_heads = dy.view({B, T, H, D}).permute({0, 2, 1, 3});
+    const at::Tensor q = head_view(qkv, 0, H), k = head_view(qkv, 1, H), v = head_view(qkv, 2, H);
+    at::Tensor dqkv = at::empty_like(qkv);  // every element written below
+    const at::Tensor dq = head_view(dqkv, 0, H), dk = head_view(dqkv, 1, H), dv = head_view(dqkv, 2, H);
+    at::Tensor datt = at::empty({B, H, T, T}, qkv.options());
+    for (int64_t b = 0; b < B; ++b) {
+      at::Tensor datt_b = datt[b], dv_b = dv[b];
+      at::bmm_out(datt_b, dy_heads[b], v[b].transpose(1, 2));
+      at::bmm_out(dv_b, att[b].transpose(1, 2), dy_heads[b]);
+    }
+    const at::Tensor ds = at::_softmax_backward_data(datt, att, /*dim=*/-1, att.scalar_type());
+    for (int64_t b = 0; b < B; ++b) {
+      // beta 0: the (unset) output is not read.
+      at::Tensor dq_b = dq[b], dk_b = dk[b];
+      at::baddbmm_out(dq_b, dq_b, ds[b], k[b], /*beta=*/0.0, /*alpha=*/scale);
+      at::baddbmm_out(dk_b, dk_b, ds[b].transpose(1, 2), q[b], /*beta=*/0.0, /*alpha=*/scale);
+    }
+    return {dqkv, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
 
 AttentionKind attention_kind(const std::string& name) {
   if (name == "naive") return AttentionKind::naive;
@@ -36,12 +127,7 @@ at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   // Causal mask: position t attends to positions <= t only. Fused into the
   // score GEMM as an additive bias (beta 1), with the 1/sqrt(D) scale as its
   // alpha: one pass over [B*H, T, T] instead of matmul, mul and masked_fill.
-  at::Tensor& bias = *causal_bias;
-  if (!bias.defined() || bias.size(0) != T || bias.scalar_type() != q.scalar_type() ||
-      bias.device() != q.device()) {
-    at::NoGradGuard no_grad;
-    bias = at::full({T, T}, -std::numeric_limits<float>::infinity(), q.options()).triu_(1);  // [T, T]
-  }
+  const at::Tensor& bias = cached_causal_bias(causal_bias, T, q);
   // Grouped-query attention: q [B*KV, G*T, D] (a view: head h = kv * G + g),
   // scores [B*KV, G*T, T] = [B*H, T, T] in memory, the mask repeated G times.
   const int64_t G = BH / k.size(0);
@@ -57,6 +143,21 @@ at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   }
   if (G > 1) att = att.view({k.size(0), G * T, T});
   return att.bmm(v).view({BH, T, D});  // [BH, T, D]
+}
+
+bool strided_attention_applies(const at::Tensor& qkv) {
+  static const bool off = [] {
+    const char* v = std::getenv("DTRAIN_STRIDED_ATTENTION");
+    return v && std::string(v) == "0";
+  }();
+  return !off && qkv.dim() == 3 && qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat &&
+         !at::autocast::is_autocast_enabled(at::kCPU);
+}
+
+at::Tensor strided_attention(const at::Tensor& qkv, int64_t heads, at::Tensor* causal_bias) {
+  const at::Tensor qkv_c = qkv.contiguous();
+  const at::Tensor& bias = cached_causal_bias(causal_bias, qkv_c.size(1), qkv_c);
+  return StridedAttention::apply(qkv_c, bias, heads);
 }
 
 }  // namespace dtrain::engine::model

@@ -40,4 +40,19 @@ at::Tensor attention_core(AttentionKind kind, const at::Tensor& q, const at::Ten
 at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t batch,
                            const AttentionDropout& drop, at::Tensor* causal_bias);
 
+// The naive core without the head-major copies, for a GPT's fused qkv
+// projection on the CPU, in fp32, without dropout: qkv [B, T, 3*H*D] (q,
+// k, v of head h at columns h*D, C + h*D, 2C + h*D) -> [B, T, H*D], the
+// layout the output projection reads. The score, weighted-value and
+// gradient GEMMs read q, k, v where the projection wrote them and write
+// their results where the next op reads them (per row of the batch, a
+// batch of H GEMMs with row stride 3C or C), so neither the forward nor
+// the backward copies a head-major [B*H, T, D] tensor. The same GEMMs and
+// softmax as naive_attention, so the same bits (attention_test). Saves qkv
+// and the probabilities.
+at::Tensor strided_attention(const at::Tensor& qkv, int64_t heads, at::Tensor* causal_bias);
+// Whether strided_attention applies: qkv fp32 on the CPU, outside autocast,
+// and not turned off (DTRAIN_STRIDED_ATTENTION=0, for A/B runs).
+bool strided_attention_applies(const at::Tensor& qkv);
+
 }  // namespace dtrain::engine::model

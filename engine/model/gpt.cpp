@@ -148,9 +148,17 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     auto qkv3 = llama_qkv(x, H);
     q = qkv3[0], k = qkv3[1], v = qkv3[2];
   } else {
-    // One head-major copy of q, k and v together (matmul on the strided
-    // [B, H, T, D] views would copy each of them anyway), then plain bmm.
     auto qkv_out = column_parallel(qkv, x, tp);  // [B, T, 3C] (all T, also with sequence parallelism)
+    // On the CPU without dropout, recomputation or a sequence split: the
+    // naive core on strided views of qkv_out, no head-major copies.
+    const bool dropping = is_training() && attn_drop->options.p() > 0.0;
+    const bool split = seq && (seq->active() || seq->attention);
+    if (kind == AttentionKind::naive && !core_runner && !split && !dropping && strided_attention_applies(qkv_out))
+      return residual_dropout(row_parallel(proj, strided_attention(qkv_out, H, &causal_bias_), tp),
+                              attn_drop->options.p(), is_training(), position, layer,
+                              random::DropoutSite::attn_resid, tp, seq);
+    // Else one head-major copy of q, k and v together (matmul on the
+    // strided [B, H, T, D] views would copy each of them anyway), then bmm.
     const int64_t T = qkv_out.size(1);
     auto qkv_heads = qkv_out.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().view({3, B * H, T, D});
     // unbind, not three selects: its backward stacks the three grads in one

@@ -2,8 +2,9 @@
 // tiled_attention.h) and of activation recomputation (model/recompute.h
 // through parallel/activation_checkpoint.h): the tiled FlashAttention
 // forward and backward against the naive core for T = 1, 7, 64, 257, 1024,
-// 1 and 4 heads, with and without dropout, and TP-local heads; a GPT's loss
-// and gradients with recompute full and selective against none. Each prints
+// 1 and 4 heads, with and without dropout, and TP-local heads; the strided
+// core on a fused qkv against the naive core on its head-major copy; a GPT's
+// loss and gradients with recompute full and selective against none. Each prints
 // the max difference next to the tolerance, beside a control that must miss.
 // Legend: BH = batch rows x heads, T = time, D = head dim.
 #include "engine/model/attention_core.h"
@@ -18,6 +19,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace dtrain::engine;
@@ -104,19 +106,67 @@ TEST_CASE("tiled attention: TP-local heads draw the global heads' masks") {
 
 namespace {
 
+// naive_attention on the head-major copy of qkv [B, T, 3C] (what gpt.cpp
+// does off the strided path): y [B, T, C] and d(qkv) for dy.
+std::pair<at::Tensor, at::Tensor> head_major_core(const at::Tensor& qkv0, const at::Tensor& dy, int64_t H) {
+  const int64_t B = qkv0.size(0), T = qkv0.size(1), C = qkv0.size(2) / 3, D = C / H;
+  at::Tensor qkv = qkv0.clone().requires_grad_(true);
+  auto parts = qkv.view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().view({3, B * H, T, D}).unbind(0);
+  at::Tensor bias;
+  at::Tensor y = model::naive_attention(parts[0], parts[1], parts[2], B, model::AttentionDropout{}, &bias);
+  y = y.view({B, H, T, D}).transpose(1, 2).reshape({B, T, C});
+  return {y.detach(), torch::autograd::grad({y}, {qkv}, {dy})[0]};
+}
+
+std::pair<at::Tensor, at::Tensor> strided_core(const at::Tensor& qkv0, const at::Tensor& dy, int64_t H) {
+  at::Tensor qkv = qkv0.clone().requires_grad_(true);
+  at::Tensor bias;
+  at::Tensor y = model::strided_attention(qkv, H, &bias);
+  return {y.detach(), torch::autograd::grad({y}, {qkv}, {dy})[0]};
+}
+
+}  // namespace
+
+TEST_CASE("strided attention: the naive core's output and gradients without the head-major copies") {
+  auto gen = at::detail::createCPUGenerator(11);
+  struct Shape {
+    int64_t B, H, T, D;
+  };
+  for (const Shape s : {Shape{1, 1, 1, 4}, Shape{3, 4, 17, 8}, Shape{2, 3, 64, 16}, Shape{4, 8, 128, 64}}) {
+    const int64_t C = s.H * s.D;
+    const at::Tensor qkv = at::randn({s.B, s.T, 3 * C}, gen), dy = at::randn({s.B, s.T, C}, gen);
+    REQUIRE(model::strided_attention_applies(qkv));
+    const auto ref = head_major_core(qkv, dy, s.H);
+    const auto got = strided_core(qkv, dy, s.H);
+    const double diff = std::max(max_abs_diff(got.first, ref.first), max_abs_diff(got.second, ref.second));
+    // Control: the same call with the heads split wrongly (2H heads of D/2).
+    const auto wrong = strided_core(qkv, dy, 2 * s.H);
+    const double control = std::max(max_abs_diff(wrong.first, ref.first), max_abs_diff(wrong.second, ref.second));
+    MESSAGE("B " << s.B << ", H " << s.H << ", T " << s.T << ", D " << s.D << ": max |strided - head-major| of y and d(qkv) "
+                 << diff << " (tol 1e-6); control (2H heads) " << control);
+    CHECK(diff <= 1e-6);
+    if (s.T > 1) CHECK(control > 1e-4);
+  }
+  // Off the CPU's fp32 (here: fp64) it does not apply; gpt.cpp keeps the copy.
+  CHECK_FALSE(model::strided_attention_applies(at::zeros({1, 2, 6}, at::kDouble)));
+}
+
+namespace {
+
 struct ModelGrads {
   double loss = 0;
   std::vector<at::Tensor> grads;
 };
 
-ModelGrads train_once(dtrain::Recompute recompute, const std::string& attention, bool redraw = false) {
+ModelGrads train_once(dtrain::Recompute recompute, const std::string& attention, bool redraw = false,
+                      double dropout = 0.1) {
   model::GptConfig cfg;
   cfg.vocab = 64;
   cfg.layers = 2;
   cfg.d_model = 32;
   cfg.heads = 4;
   cfg.seq_len = 24;
-  cfg.dropout = 0.1;
+  cfg.dropout = dropout;
   cfg.attention = attention;
   model::Gpt gpt(cfg, 99);
   parallel::apply_activation_checkpointing(*gpt, recompute, redraw);
@@ -157,4 +207,18 @@ TEST_CASE("recompute full and selective: the same loss and gradients as none, dr
                                            train_once(dtrain::Recompute::none, "naive"));
   MESSAGE("attention tiled vs naive, GPT gradients: " << tiled_vs_naive << " (tol " << kTol << ")");
   CHECK(tiled_vs_naive <= kTol);
+}
+
+TEST_CASE("strided attention in a GPT: the same loss and gradients as the head-major core, dropout 0") {
+  // Without recompute a GPT's naive core takes the strided path; selective
+  // recompute runs the core through its runner on head-major q, k, v.
+  const ModelGrads strided = train_once(dtrain::Recompute::none, "naive", false, /*dropout=*/0.0);
+  const ModelGrads head_major = train_once(dtrain::Recompute::selective, "naive", false, /*dropout=*/0.0);
+  const ModelGrads control = train_once(dtrain::Recompute::none, "naive", false, /*dropout=*/0.1);
+  const double diff = grads_diff(strided, head_major);
+  MESSAGE("GPT loss and gradients, strided vs head-major core: max |diff| " << diff
+                                                                           << " (tol 1e-6); control (dropout 0.1) "
+                                                                           << grads_diff(control, head_major));
+  CHECK(diff <= 1e-6);
+  CHECK(grads_diff(control, head_major) > 1e-4);
 }
