@@ -29,9 +29,11 @@ void adamw_run(float* __restrict p, const float* __restrict g, float* __restrict
                int64_t n, const AdamWScalars& s);
 
 // Sum of squares of n floats in fp64, in one read of the data (at::sum(g *
-// g, kDouble) writes g * g and an fp64 copy of it first): eight accumulators,
-// element i into accumulator i % 8, combined in a fixed order, so every
-// build (AVX2: two 4-wide vectors; baseline: four 2-wide) gives the same bits.
+// g, kDouble) writes g * g and an fp64 copy of it first). The first 4q
+// elements (q = 8 * floor(n / 32)) as four quarters read side by side, each
+// into eight accumulators (element i of quarter s into acc[s][i % 8]); the
+// rest into acc[0][0] in order; combined in a fixed order (adamw_kernel.cpp),
+// so every build (AVX2: 4-wide vectors; baseline: 2-wide) gives the same bits.
 double sq_sum(const float* p, int64_t n);
 
 }  // namespace dtrain::engine::optim::kernel

@@ -425,10 +425,10 @@ TEST_CASE("grad norm: the sums off the fp32 loop fetched in one copy per device"
 
 TEST_CASE("grad norm: the one-pass fp32 loop agrees with an fp64 sum, for any length and layout") {
   at::manual_seed(7);
-  // Lengths around the loop's 8-wide body, a large bucket, and a
+  // Lengths around the loop's 8-wide body and its 32-element quarters, a large bucket, and a
   // non-contiguous view (which takes ATen's path).
   std::vector<at::Tensor> grads;
-  for (int64_t n : {1, 7, 8, 9, 1000003}) grads.push_back(at::randn({n}) * 3.0);
+  for (int64_t n : {1, 7, 8, 9, 31, 32, 33, 1000003}) grads.push_back(at::randn({n}) * 3.0);
   grads.push_back(at::randn({64, 48}).t());
   double fast = dtrain::engine::optim::local_grad_sq_norm(grads);
   double ref = 0;
@@ -436,19 +436,24 @@ TEST_CASE("grad norm: the one-pass fp32 loop agrees with an fp64 sum, for any le
   const double rel = std::abs(fast - ref) / ref;
   MESSAGE("sum of squares " << fast << " vs fp64 reference " << ref << ": rel diff " << rel);
   CHECK(rel < 1e-12);
-  // Exactly the bits of the loop's order written out here (element i into
-  // accumulator i % 8, then ((0+1)+(2+3))+((4+5)+(6+7))), whichever clone
-  // (AVX2 or baseline) the CPU runs.
+  // Exactly the bits of the loop's order written out here (the first 4q
+  // elements as four quarters, element i of quarter s into accumulator
+  // [s][i % 8], the rest into [0][0]; each quarter ((0+1)+(2+3))+((4+5)+(6+7)),
+  // then (s0+s1)+(s2+s3)), whichever clone (AVX2 or baseline) the CPU runs.
   const std::vector<at::Tensor> contiguous(grads.begin(), grads.end() - 1);  // the last is a transposed view
   double ordered = 0;
   for (const auto& g : contiguous) {
     const float* x = g.const_data_ptr<float>();
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t i = 0; i < g.numel(); ++i) {
-      const int64_t tail = g.numel() - g.numel() % 8;
-      acc[i < tail ? i % 8 : 0] += double(x[i]) * double(x[i]);
+    const int64_t n = g.numel(), q = (n / 32) * 8;
+    double acc[4][8] = {};
+    for (int64_t i = 0; i < n; ++i) {
+      double& a = i < 4 * q ? acc[i / q][(i % q) % 8] : acc[0][0];
+      a += double(x[i]) * double(x[i]);
     }
-    ordered += ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    double part[4];
+    for (int s = 0; s < 4; ++s)
+      part[s] = ((acc[s][0] + acc[s][1]) + (acc[s][2] + acc[s][3])) + ((acc[s][4] + acc[s][5]) + (acc[s][6] + acc[s][7]));
+    ordered += (part[0] + part[1]) + (part[2] + part[3]);
   }
   const double fast_contiguous = dtrain::engine::optim::local_grad_sq_norm(contiguous);
   MESSAGE("contiguous grads: loop " << fast_contiguous << " vs the same order written out " << ordered
