@@ -143,6 +143,11 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0);
   const int64_t tp_size = tp ? tp->size : 1;
   const int64_t H = heads / tp_size, D = x.size(2) / heads, C = H * D;  // local heads and width
+  const double p = attn_drop->options.p();
+  auto resid = [&](const at::Tensor& y) {  // [B, T, C] (full width after the row-parallel sum)
+    return residual_dropout(row_parallel(proj, y, tp), p, is_training(), position, layer,
+                            random::DropoutSite::attn_resid, tp, seq);
+  };
   at::Tensor q, k, v;  // [B*H, T, D] (llama: k and v [B*KVl, T, D])
   if (this->q) {
     auto qkv3 = llama_qkv(x, H);
@@ -151,12 +156,10 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     auto qkv_out = column_parallel(qkv, x, tp);  // [B, T, 3C] (all T, also with sequence parallelism)
     // On the CPU without dropout, recomputation or a sequence split: the
     // naive core on strided views of qkv_out, no head-major copies.
-    const bool dropping = is_training() && attn_drop->options.p() > 0.0;
     const bool split = seq && (seq->active() || seq->attention);
-    if (kind == AttentionKind::naive && !core_runner && !split && !dropping && strided_attention_applies(qkv_out))
-      return residual_dropout(row_parallel(proj, strided_attention(qkv_out, H, &causal_bias_), tp),
-                              attn_drop->options.p(), is_training(), position, layer,
-                              random::DropoutSite::attn_resid, tp, seq);
+    if (kind == AttentionKind::naive && !core_runner && !split && !(is_training() && p > 0.0) &&
+        strided_attention_applies(qkv_out))
+      return resid(strided_attention(qkv_out, H, &causal_bias_));
     // Else one head-major copy of q, k and v together (matmul on the
     // strided [B, H, T, D] views would copy each of them anyway), then bmm.
     const int64_t T = qkv_out.size(1);
@@ -168,11 +171,6 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   }
   const int64_t T = q.size(1), KVl = k.size(0) / B;
 
-  const double p = attn_drop->options.p();
-  auto resid = [&](const at::Tensor& y) {  // [B, T, C] (full width after the row-parallel sum)
-    return residual_dropout(row_parallel(proj, y, tp), p, is_training(), position, layer,
-                            random::DropoutSite::attn_resid, tp, seq);
-  };
   if (!x.device().is_cpu() && !(is_training() && p > 0.0) && !(seq && seq->active())) {
     // On a GPU: PyTorch's fused causal attention (FlashAttention-style
     // kernels), never materialising [B*H, T, T]. (With dropout on, the
