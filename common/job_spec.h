@@ -104,6 +104,9 @@ struct ParallelSpec {
   // (false: keep them until its backward, ZeRO-2's memory for less traffic).
   bool fsdp_reshard_after_forward = true;
   bool fsdp_prefetch = true;  // gather the next unit while this one computes
+  // dp ranks on one machine (CPU, shared memory): the parameters in one
+  // segment they all map instead of gathered per unit.
+  bool fsdp_shared_params = true;
   // Megatron sequence parallelism (tp > 1): LayerNorm/dropout regions split along T.
   bool sequence_parallel = false;
   // The dtype gradients are reduced in over dp (bf16 halves the traffic; the

@@ -61,6 +61,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("parallel.ddp.overlap", parallel.ddp_overlap),
       DTRAIN_FIELD("parallel.fsdp.reshard_after_forward", parallel.fsdp_reshard_after_forward),
       DTRAIN_FIELD("parallel.fsdp.prefetch", parallel.fsdp_prefetch),
+      DTRAIN_FIELD("parallel.fsdp.shared_params", parallel.fsdp_shared_params),
       DTRAIN_FIELD("parallel.sequence_parallel", parallel.sequence_parallel),
       DTRAIN_FIELD("parallel.reduce_dtype", parallel.reduce_dtype),
       DTRAIN_FIELD("model.kind", model.kind),

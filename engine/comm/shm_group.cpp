@@ -349,6 +349,11 @@ class ShmGroup : public ForwardingGroup {
     // they are gone.
     return at::from_blob(symmetric_region(*sym), {numel}, [sym](void*) {}, at::TensorOptions().dtype(dtype));
   }
+  // shared_buffer (symmetric_buffer.h).
+  at::Tensor shared(int64_t numel, at::ScalarType dtype) {
+    return open_shared_region(*inner_, *store_, key_ + "shared" + std::to_string(shared_made_++) + "/", numel,
+                              dtype, options_);
+  }
   uint64_t bytes_sent() const override { return inner_->bytes_sent() + bytes_.load(); }
   void reset_bytes_sent() override {
     inner_->reset_bytes_sent();
@@ -374,6 +379,7 @@ class ShmGroup : public ForwardingGroup {
   ShmOptions options_;
   std::vector<std::weak_ptr<SymmetricSegment>> symmetric_;
   int symmetric_made_ = 0;  // store keys: one per buffer ever made
+  int shared_made_ = 0;
   std::atomic<uint64_t> bytes_{0};
 };
 
@@ -413,15 +419,30 @@ std::unique_ptr<Group> with_shm_collectives(std::unique_ptr<Group> inner,
 
 namespace dtrain::engine::comm {
 
-at::Tensor symmetric_buffer(Group& g, int64_t numel, at::ScalarType dtype) {
-  if (const char* v = std::getenv("DTRAIN_SYMMETRIC_BUFFERS"); v && std::string(v) == "0") return {};
+namespace {
+
+// Through the decorators (the trace's) to the shared-memory group, if any.
+detail::ShmGroup* shm_group_of(Group& g) {
   Group* cur = &g;
-  for (;;) {  // through the decorators (the trace's) to the shared-memory group, if any
-    if (auto* shm = dynamic_cast<detail::ShmGroup*>(cur)) return shm->symmetric(numel, dtype);
+  for (;;) {
+    if (auto* shm = dynamic_cast<detail::ShmGroup*>(cur)) return shm;
     auto* fwd = dynamic_cast<detail::ForwardingGroup*>(cur);
-    if (fwd == nullptr) return {};
+    if (fwd == nullptr) return nullptr;
     cur = &fwd->inner();
   }
+}
+
+}  // namespace
+
+at::Tensor symmetric_buffer(Group& g, int64_t numel, at::ScalarType dtype) {
+  if (const char* v = std::getenv("DTRAIN_SYMMETRIC_BUFFERS"); v && std::string(v) == "0") return {};
+  detail::ShmGroup* shm = shm_group_of(g);
+  return shm ? shm->symmetric(numel, dtype) : at::Tensor();
+}
+
+at::Tensor shared_buffer(Group& g, int64_t numel, at::ScalarType dtype) {
+  detail::ShmGroup* shm = shm_group_of(g);
+  return shm ? shm->shared(numel, dtype) : at::Tensor();
 }
 
 }  // namespace dtrain::engine::comm

@@ -7,6 +7,9 @@
 // slot is claimed again (op k + kSymSlots) only once op k is done, so the
 // counters only grow; a member's range is not written again before its own
 // wait() (DDP: the next backward), which comes after every member arrived.
+// A shared region (open_shared_region) is a header page then the elements,
+// the same bytes for every member: no protocol, its users order their writes
+// and reads with the group's own collectives.
 #include "engine/comm/shm_symmetric.h"
 
 #include <ATen/ops/from_blob.h>
@@ -25,7 +28,8 @@ namespace dtrain::engine::comm::detail {
 
 namespace {
 
-constexpr uint64_t kSymMagic = 0x3179735f6e696172;  // "rain_sy1"
+constexpr uint64_t kSymMagic = 0x3179735f6e696172;     // "rain_sy1"
+constexpr uint64_t kSharedMagic = 0x3168735f6e696172;  // "rain_sh1"
 constexpr int kSymSlots = 64;
 
 struct SymSlot {
@@ -134,20 +138,29 @@ class SymWork : public Work {
 
 }  // namespace
 
+namespace {
+
+// Whether `bytes` fit in a quarter of /dev/shm (the same answer on every
+// member: one machine); else member 0 says so.
+bool fits_dev_shm(const Group& g, size_t bytes, const char* what) {
+  struct statvfs fs {};
+  const size_t cap = statvfs("/dev/shm", &fs) == 0 ? static_cast<size_t>(fs.f_blocks) * fs.f_frsize / 4 : 0;
+  if (bytes <= cap) return true;
+  if (g.rank() == 0)
+    DTRAIN_INFO("group {}: {} MB of {} would exceed a quarter of /dev/shm ({} MB)", g.name(), bytes >> 20, what,
+                cap >> 20);
+  return false;
+}
+
+}  // namespace
+
 std::shared_ptr<SymmetricSegment> open_symmetric(const Group& g, c10d::Store& store, const std::string& key,
                                                  int64_t numel, at::ScalarType dtype, const ShmOptions& options) {
   if (!shm_dtype(dtype) || numel <= 0) return nullptr;
   const int n = g.size();
   const size_t region = round_to_page(static_cast<size_t>(numel) * c10::elementSize(dtype));
   const size_t bytes = sym_header_bytes(n) + region * static_cast<size_t>(n);
-  struct statvfs fs {};
-  const size_t cap = statvfs("/dev/shm", &fs) == 0 ? static_cast<size_t>(fs.f_blocks) * fs.f_frsize / 4 : 0;
-  if (bytes > cap) {  // every member alike: one machine, one /dev/shm
-    if (g.rank() == 0)
-      DTRAIN_INFO("group {}: {} MB of symmetric buffers would exceed a quarter of /dev/shm ({} MB): "
-                  "its all-reduces stage through the segment", g.name(), bytes >> 20, cap >> 20);
-    return nullptr;
-  }
+  if (!fits_dev_shm(g, bytes, "symmetric buffers (its all-reduces stage through the segment)")) return nullptr;
   std::string why;
   std::unique_ptr<Segment> seg;
   try {
@@ -167,6 +180,27 @@ std::shared_ptr<SymmetricSegment> open_symmetric(const Group& g, c10d::Store& st
   }
   // posix_fallocate gave zeroed pages.
   return std::make_shared<SymmetricSegment>(std::move(seg), n, g.rank(), g.name(), options);
+}
+
+at::Tensor open_shared_region(const Group& g, c10d::Store& store, const std::string& key, int64_t numel,
+                              at::ScalarType dtype, const ShmOptions& options) {
+  if (numel <= 0) return {};
+  const size_t header = round_to_page(2 * sizeof(uint64_t));  // {magic, nonce}
+  const size_t bytes = header + round_to_page(static_cast<size_t>(numel) * c10::elementSize(dtype));
+  if (!fits_dev_shm(g, bytes, "a shared buffer (it is not shared)")) return {};
+  std::string why;
+  std::unique_ptr<Segment> seg;
+  try {
+    seg = open_shared_bytes(g, store, key, bytes, kSharedMagic, options.node, [](char*) {}, why);
+  } catch (...) {
+    rethrow_comm_error(g.name(), "setting up a shared buffer");
+  }
+  if (!seg) {
+    if (g.rank() == 0) DTRAIN_INFO("group {}: no shared buffer ({})", g.name(), why);
+    return {};
+  }
+  std::shared_ptr<Segment> owner(std::move(seg));  // posix_fallocate gave zeroed pages
+  return at::from_blob(owner->base() + header, {numel}, [owner](void*) {}, at::TensorOptions().dtype(dtype));
 }
 
 char* symmetric_region(const SymmetricSegment& s) { return s.region(s.rank()); }

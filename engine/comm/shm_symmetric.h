@@ -1,8 +1,8 @@
-// The segment behind symmetric_buffer.h: one region per member of a group
+// The segments behind symmetric_buffer.h: one region per member of a group
 // that runs its collectives through shared memory (shm_group.h), and the
-// in-place all_reduce of a range of it. shm_group.cpp's ShmGroup makes them
-// and sends an all_reduce of a tensor that lies in one here. Internal to
-// engine/comm.
+// in-place all_reduce of a range of it; and one region all members share.
+// shm_group.cpp's ShmGroup makes them and sends an all_reduce of a tensor
+// that lies in a symmetric one here. Internal to engine/comm.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,5 +38,13 @@ bool symmetric_holds(const SymmetricSegment& s, const at::Tensor& t);
 // the same range, in the same order; the last to arrive reduces. wait()
 // throws dtrain::Error(internal) on every member where the ranges differ.
 WorkPtr symmetric_all_reduce(const std::shared_ptr<SymmetricSegment>& s, const at::Tensor& t, ReduceOp op);
+
+// shared_buffer's region (symmetric_buffer.h): `numel` zeroed elements of
+// `dtype` in one segment every member of `g` maps, set up collectively over
+// `store` under `key`. Undefined, with one log line from member 0 saying
+// why, where it would take over a quarter of /dev/shm or a member could not
+// map it. The tensor keeps the mapping alive.
+at::Tensor open_shared_region(const Group& g, c10d::Store& store, const std::string& key, int64_t numel,
+                              at::ScalarType dtype, const ShmOptions& options);
 
 }  // namespace dtrain::engine::comm::detail

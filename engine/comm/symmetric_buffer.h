@@ -31,4 +31,12 @@ namespace dtrain::engine::comm {
 // before.
 at::Tensor symmetric_buffer(Group& g, int64_t numel, at::ScalarType dtype);
 
+// `numel` zeroed elements of `dtype` in one segment that every member of
+// `g` maps: the same bytes for all of them (ZeRO-3's parameters on one
+// machine: each rank writes its shard where the others read it). Collective
+// as symmetric_buffer, and undefined where that one is (except for
+// DTRAIN_SYMMETRIC_BUFFERS). Nothing orders the members' accesses: the
+// caller does, with the group's collectives (a barrier after writing).
+at::Tensor shared_buffer(Group& g, int64_t numel, at::ScalarType dtype);
+
 }  // namespace dtrain::engine::comm

@@ -132,6 +132,7 @@ Parallelized parallelize(const JobSpec& spec, comm::Comm& comm, model::Gpt model
     z.stage = spec.parallel.zero;
     z.reshard_after_forward = spec.parallel.fsdp_reshard_after_forward;
     z.prefetch = spec.parallel.fsdp_prefetch;
+    z.shared_params = spec.parallel.fsdp_shared_params;
     // train.offload.params: the shards in a file per rank (nvme) or a host
     // buffer (host) between uses.
     const OffloadSpec& off = spec.train.offload;

@@ -3,7 +3,9 @@
 // final parameters within 1e-5, max differences printed, a negative control
 // (fault.kind no_grad_sync) per stage) at dp = 4 and at dp = 3 (units that
 // do not divide evenly, so shards are padded), each also with grad_accum 2,
-// and ZeRO-3 with reshard_after_forward off; ZeRO-2 at dp 2 over Gloo's TCP
+// and ZeRO-3 gathering (parallel.fsdp.shared_params false: the path across
+// machines; also with reshard_after_forward and prefetch off), whose losses
+// and grad norms equal the shared parameters' exactly; ZeRO-2 at dp 2 over Gloo's TCP
 // (cluster.shm false) while the others use shared memory (metrics.jsonl's
 // comm_path); a ZeRO-3 run SIGKILLed and restarted continues
 // bit-exactly; a ZeRO-3 dp=4 checkpoint resumes as DDP at dp = 2 (negative
@@ -11,6 +13,7 @@
 // fp32-Adam formulas; bad input is refused.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -52,6 +55,8 @@ void zero_parity(int zero, int dp, int mb, int grad_accum, bool with_control) {
                << run.comm_path);
   CHECK(run.comm_path.find("\"dp\": \"shm\"") != std::string::npos);  // one node: shared memory
   if (dp == 3) CHECK(padding_of(run) > 0);  // the case the dp = 3 runs are for
+  // ZeRO-3 on one machine: the parameters in the dp group's shared segment.
+  if (zero == 3) CHECK(run.output.find("one shared-memory segment") != std::string::npos);
   const std::string what = name + " vs dp1 mb" + std::to_string(dp * mb * grad_accum);
   if (with_control)
     compare(what, run, launch_without_grad_sync(p.dir, name, sets), ref);
@@ -74,13 +79,35 @@ TEST_CASE("zero parity: stages 1, 2, 3 at dp 3, padded shards (vs 1 x mb 6), and
   for (int zero : {1, 2, 3}) zero_parity(zero, 3, 2, 2, false);
 }
 
-TEST_CASE("zero parity: ZeRO-3 with reshard_after_forward false and with prefetch off") {
+// The gathering path (ZeRO-3 across machines, on GPUs, with offload) on one
+// machine: parallel.fsdp.shared_params false.
+TEST_CASE("zero parity: ZeRO-3 gathering (shared_params false), with reshard_after_forward false and prefetch off; "
+          "the same bits as the shared parameters") {
   auto& p = Parity::get();
   const RunResult& ref = p.reference(8);
-  const auto keep = cached("zero3_keep", with(ranks(4, 2), {stage_set(3), "parallel.fsdp.reshard_after_forward=false"}));
+  const std::string gather = "parallel.fsdp.shared_params=false";
+  const auto gathered = cached("zero3_gathered", with(ranks(4, 2), {stage_set(3), "train.grad_accum=1", gather}));
+  CHECK(gathered.output.find("reshard_after_forward on, prefetch on") != std::string::npos);
+  CHECK(gathered.output.find("shared-memory segment") == std::string::npos);
+  compare("zero3 dp4 gathering vs dp1 mb8", gathered, nullptr, ref);
+  // The shared segment holds the bits the gathers copy: every step's loss
+  // and grad norm identical, not just within the tolerance.
+  const auto shared = cached("zero3_dp4", with(ranks(4, 2), {stage_set(3), "train.grad_accum=1"}));
+  REQUIRE(shared.losses.size() == gathered.losses.size());
+  REQUIRE(shared.grad_norms.size() == gathered.grad_norms.size());
+  double d = 0;
+  for (size_t i = 0; i < shared.losses.size(); ++i)
+    d = std::max({d, std::abs(shared.losses[i] - gathered.losses[i]),
+                  std::abs(shared.grad_norms[i] - gathered.grad_norms[i])});
+  MESSAGE("zero3 dp4 shared parameters vs gathered: max |loss or grad-norm diff| " << d << " over "
+          << shared.losses.size() << " steps (tolerance 0)");
+  CHECK(d == 0);
+  const auto keep = cached("zero3_keep", with(ranks(4, 2), {stage_set(3), gather,
+                                                            "parallel.fsdp.reshard_after_forward=false"}));
   CHECK(keep.output.find("reshard_after_forward off") != std::string::npos);
   compare("zero3 dp4 reshard_after_forward off vs dp1 mb8", keep, nullptr, ref);
-  const auto noprefetch = cached("zero3_noprefetch", with(ranks(4, 2), {stage_set(3), "parallel.fsdp.prefetch=false"}));
+  const auto noprefetch = cached("zero3_noprefetch", with(ranks(4, 2), {stage_set(3), gather,
+                                                                        "parallel.fsdp.prefetch=false"}));
   CHECK(noprefetch.output.find("prefetch off") != std::string::npos);
   compare("zero3 dp4 prefetch off vs dp1 mb8", noprefetch, nullptr, ref);
 }

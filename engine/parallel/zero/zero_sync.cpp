@@ -4,7 +4,12 @@
 // the same order; clipping is grad_norm.h's. ZeRO-3 frees a
 // unit's gathered parameters by giving its flat buffer's storage zero bytes
 // (the parameters, and every view autograd saved of them, share that
-// storage) and gathers by giving it its bytes back (FSDP's trick).
+// storage) and gathers by giving it its bytes back (FSDP's trick). Where
+// the dp group shares a machine (parallel.fsdp.shared_params), every unit's
+// flat buffer lies in one shared-memory segment instead: each rank's shard
+// is its own range of it, updated in place by its optimizer, and the others
+// read it there, so nothing is gathered, copied or freed; a barrier after
+// the optimizer step and one before it order the writes and the reads.
 #include "engine/parallel/zero/zero_sync.h"
 
 #include <ATen/ops/empty.h>
@@ -84,6 +89,14 @@ struct ZeroState {
   // train.offload.params: a unit's shard is read back before its gather
   // (the unit after it queued behind) and leaves memory once gathered.
   std::unique_ptr<zero::ParamOffload> offload;
+  // ZeRO-3, parallel.fsdp.shared_params on one machine: full_all is the dp
+  // group's shared buffer; the units are always "gathered". `sync_due`: a
+  // shard may have changed since the ranks last met (set by the optimizer
+  // step and at start, before any checkpoint load), so the next gather is a
+  // dp barrier, once.
+  bool shared = false;
+  bool sync_due = false;
+  int64_t shard_numel = 0;  // the sum of this rank's shards (memory())
 
   int stage() const { return options.stage; }
   int64_t shard_begin(const zero::FlatUnit& u) const { return layout.rank * u.shard; }
@@ -93,7 +106,7 @@ struct ZeroState {
   // whose shard an offload reads meanwhile.
   void start_gather(int u, int next = -1) {
     Unit& x = units[size_t(u)];
-    if (x.gathered || x.gather) return;
+    if (shared || x.gathered || x.gather) return;
     if (offload) {
       offload->page_in(u);
       if (options.offload_prefetch) offload->prefetch(next);
@@ -103,6 +116,14 @@ struct ZeroState {
   }
   void ensure_gathered(int u, int next = -1) {
     Unit& x = units[size_t(u)];
+    if (shared) {  // the first gather after a step: every shard written
+      if (!sync_due) return;
+      sync_due = false;
+      const auto t0 = std::chrono::steady_clock::now();
+      dp->barrier();
+      exposed_gather_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return;
+    }
     if (x.gathered) return;
     start_gather(u, next);
     const auto t0 = std::chrono::steady_clock::now();
@@ -113,6 +134,7 @@ struct ZeroState {
     if (offload) offload->page_out(u);  // unchanged since read: nothing to write
   }
   void release(int u) {
+    if (shared) return;
     Unit& x = units[size_t(u)];
     if (x.gather) ensure_gathered(u);
     if (!x.gathered) return;
@@ -353,6 +375,9 @@ class ZeroSync : public GradSync {
       if (s.layouts[size_t(pc.param)].sum_grad_over_tp)
         partial.push_back(s.units[size_t(pc.unit)].grad_shard.narrow(0, pc.shard_offset, pc.end - pc.begin));
     sum_over_tp(partial, *s.tp);
+    // Shared parameters: no rank's optimizer writes its shard before every
+    // rank is done reading the others' in this step's backward.
+    if (s.shared) s.dp->barrier();
     stats.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
                    s.exposed_gather_s;
     stats.launched_in_backward = s.hooks.take_launched_in_backward();
@@ -419,7 +444,8 @@ class ZeroSync : public GradSync {
   void after_optimizer_step() override {
     ZeroState& s = *s_;
     if (s.stage() == 3) {
-      if (s.options.prefetch) s.start_gather(0, 1);
+      if (s.shared) s.sync_due = true;
+      else if (s.options.prefetch) s.start_gather(0, 1);
       return;
     }
     if (s.dp->size() == 1) return;
@@ -450,7 +476,8 @@ class ZeroSync : public GradSync {
       b.params = s.offload->peak_bytes();
       b.offloaded = s.offload->bytes();
     } else {
-      b.params = int64_t((s.stage() == 3 ? s.param_shards_all : s.full_all).nbytes());
+      b.params = s.shared ? s.shard_numel * int64_t(sizeof(float))  // this rank's share of the segment
+                          : int64_t((s.stage() == 3 ? s.param_shards_all : s.full_all).nbytes());
     }
     b.grads = int64_t((s.stage() == 1 ? s.grad_all : s.grad_shards_all).nbytes());
     return b;
@@ -467,7 +494,10 @@ class ZeroSync : public GradSync {
     std::string d = fmt::format("ZeRO-{}{}: {} units, flat and padded ({} + {} padding elements), over dp {} ({})",
                                 s.stage(), s.stage() == 3 ? " (FSDP full shard)" : "", s.units.size(), numel,
                                 padded - numel, s.dp->size(), s.dp->backend());
-    if (s.stage() == 3)
+    if (s.shared)
+      d += ", parameters in one shared-memory segment of the machine (each rank updates its shard in place; "
+           "nothing gathered)";
+    else if (s.stage() == 3)
       d += fmt::format(", reshard_after_forward {}, prefetch {}",
                        s.options.reshard_after_forward ? "on" : "off", s.options.prefetch ? "on" : "off");
     if (s.offload)
@@ -488,6 +518,13 @@ class ZeroSync : public GradSync {
     for (auto& u : lu) padded += u.padded, shards += u.shard;
     const auto opts = s.params.front().options().requires_grad(false);
     if (s.stage() < 3) s.full_all = at::zeros({padded}, opts);                 // [sum padded]
+    // Offloaded shards each own their storage: one leaves memory alone.
+    const bool own_shards = s.options.offload_params();
+    if (s.stage() == 3 && s.options.shared_params && !own_shards && s.dp->size() > 1 &&
+        s.dp->device().is_cpu() && opts.dtype() == at::kFloat) {
+      s.full_all = comm::shared_buffer(*s.dp, padded, at::kFloat);  // [sum padded], one per machine
+      s.shared = s.full_all.defined();
+    }
     if (s.stage() == 1) {
       // As DDP's buckets: in the dp group's symmetric buffer where it runs
       // through shared memory (each unit's all-reduce then adds in place).
@@ -495,9 +532,7 @@ class ZeroSync : public GradSync {
         s.grad_all = comm::symmetric_buffer(*s.dp, padded, at::kFloat);
       if (!s.grad_all.defined()) s.grad_all = at::zeros({padded}, opts);      // [sum padded]
     }
-    // Offloaded shards each own their storage: one leaves memory alone.
-    const bool own_shards = s.options.offload_params();
-    if (s.stage() == 3 && !own_shards) s.param_shards_all = at::zeros({shards}, opts);  // [sum S]
+    if (s.stage() == 3 && !own_shards && !s.shared) s.param_shards_all = at::zeros({shards}, opts);  // [sum S]
     if (s.stage() > 1) s.grad_shards_all = at::zeros({shards}, opts);          // [sum S]
     s.units.resize(lu.size());
     at::NoGradGuard no_grad;
@@ -505,15 +540,19 @@ class ZeroSync : public GradSync {
     for (size_t ui = 0; ui < lu.size(); ++ui) {
       const zero::FlatUnit& fu = lu[ui];
       Unit& u = s.units[ui];
-      u.full = s.stage() < 3 ? s.full_all.narrow(0, full_off, fu.padded) : at::zeros({fu.padded}, opts);
+      const int64_t begin = s.shard_begin(fu);
+      const bool flat_all = s.stage() < 3 || s.shared;
+      u.full = flat_all ? s.full_all.narrow(0, full_off, fu.padded) : at::zeros({fu.padded}, opts);
+      // Shared: this rank writes its own shard only (the ranks' initial
+      // values are the same), the others theirs, then one barrier below.
+      at::Tensor fill = s.shared ? at::zeros({fu.padded}, opts) : u.full;
       for (size_t k = 0; k < fu.params.size(); ++k) {
         at::Tensor& p = s.params[size_t(fu.params[k])];
-        at::Tensor slot = u.full.narrow(0, fu.offsets[k], p.numel());
-        slot.copy_(p.reshape({-1}));
-        p.set_data(slot.view(p.sizes()));  // [param shape] view into the unit's flat buffer
+        fill.narrow(0, fu.offsets[k], p.numel()).copy_(p.reshape({-1}));
+        p.set_data(u.full.narrow(0, fu.offsets[k], p.numel()).view(p.sizes()));  // [param shape] view into the unit's flat buffer
       }
-      const int64_t begin = s.shard_begin(fu);
-      if (s.stage() < 3) {
+      if (s.shared) u.full.narrow(0, begin, fu.shard).copy_(fill.narrow(0, begin, fu.shard));
+      if (flat_all) {
         u.param_shard = u.full.narrow(0, begin, fu.shard);
       } else {
         u.param_shard = own_shards ? at::empty({fu.shard}, opts) : s.param_shards_all.narrow(0, shard_off, fu.shard);
@@ -531,6 +570,11 @@ class ZeroSync : public GradSync {
       }
       full_off += fu.padded;
       shard_off += fu.shard;
+    }
+    s.shard_numel = shard_off;
+    if (s.shared) {
+      s.dp->barrier();    // every shard in place before any rank reads one
+      s.sync_due = true;  // and again after a checkpoint load writes them
     }
     // ZeRO-2/3: the linear layers compute a unit's weight grads straight
     // into its next reduce-scatter input (launch copies the others).

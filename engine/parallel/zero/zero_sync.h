@@ -29,6 +29,10 @@ struct ZeroOptions {
   int stage = 1;                      // 1, 2 or 3
   bool reshard_after_forward = true;  // ZeRO-3: free a unit after its forward (false: keep until backward)
   bool prefetch = true;               // ZeRO-3: gather the next unit while this one computes
+  // ZeRO-3 with dp on one machine (its collectives through shared memory, on
+  // the CPU): the units' flat buffers in one segment all ranks map, each
+  // rank's shard its own range; no gathers (the two options above unused).
+  bool shared_params = true;
   // ZeRO-3, train.offload.params nvme: every unit's shard lives in this file
   // between uses (zero/param_offload.h), on a CPU or a GPU; "" = in memory.
   std::string offload_file;

@@ -3,7 +3,8 @@
 // that leave some ranks no part, all_reduce sum/max/min, all_gather and
 // reduce_scatter on fp32, fp64, int32, int64, async ops of all three kinds
 // completing in call order beside sync ones, a peer that never arrives, and
-// symmetric buffers (symmetric_buffer.h) reduced in place.
+// symmetric buffers (symmetric_buffer.h) reduced in place, and a shared
+// buffer whose writes every member sees (a private one's: the control).
 // Sums add in rank order, so they equal that reference exactly; Gloo's ring
 // adds in another order (the negative control).
 #include <ATen/TensorOperators.h>
@@ -317,4 +318,43 @@ TEST_CASE("shm symmetric buffer: ranks passing different ranges is an error on e
   }, [](comm::WorldInfo&, comm::CommOptions& o) { o = small_slots(true); });
   unsetenv("DTRAIN_SYMMETRIC_BUFFERS");
   CHECK(defined == 0);
+}
+
+TEST_CASE("shm shared buffer: one region every member reads and writes; none without shared memory") {
+  if (!have_dev_shm()) return;
+  std::mutex mu;
+  double worst = 0;  // |read - written| over every member's view of every range
+  int buffers = 0, undefined_without_shm = 0, worlds_without_shm = 0;
+  int64_t own_only_mismatch = 0;  // negative control: a private buffer's foreign ranges keep their zeros
+  each_world([&](comm::Comm& c, int r, int n, bool shm) {
+    const int64_t per = 1025, total = per * n;  // [member 0's range | member 1's | ...]
+    at::Tensor buf = comm::shared_buffer(c.axis("dp"), total, at::kFloat);
+    const bool defined = buf.defined();
+    if (!defined) buf = at::zeros({total}, at::TensorOptions().dtype(at::kFloat));
+    buf.narrow(0, r * per, per).copy_(input(r, per, at::kFloat));  // this member's range only
+    c.axis("dp").barrier();
+    double d = 0;
+    int64_t missing = 0;
+    for (int q = 0; q < n; ++q) {
+      const at::Tensor got = buf.narrow(0, q * per, per);
+      d = std::max(d, max_diff(got, input(q, per, at::kFloat)));
+      if (q != r) missing += (got == 0).sum().item<int64_t>();
+    }
+    c.axis("dp").barrier();  // nobody unmaps before everyone has read
+    std::lock_guard<std::mutex> lock(mu);
+    if (defined) {
+      ++buffers;
+      worst = std::max(worst, d);
+    } else {
+      own_only_mismatch += missing;
+    }
+    if (!shm) ++worlds_without_shm, undefined_without_shm += defined ? 0 : 1;
+  });
+  std::printf("shm shared buffer: %d buffers made; every member's view of every member's writes: max diff %.3g "
+              "(tolerance 0); private buffers (no shared memory): %lld foreign elements still zero (must be > 0)\n",
+              buffers, worst, static_cast<long long>(own_only_mismatch));
+  CHECK(buffers == 2 + 3 + 4);
+  CHECK(undefined_without_shm == worlds_without_shm);
+  CHECK(worst == 0);
+  CHECK(own_only_mismatch > 0);
 }
