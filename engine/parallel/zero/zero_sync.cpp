@@ -8,8 +8,8 @@
 // the dp group shares a machine (parallel.fsdp.shared_params), every unit's
 // flat buffer lies in one shared-memory segment instead: each rank's shard
 // is its own range of it, updated in place by its optimizer, and the others
-// read it there, so nothing is gathered, copied or freed; a barrier after
-// the optimizer step and one before it order the writes and the reads.
+// read it there, so nothing is gathered, copied or freed; a barrier (meet)
+// after the optimizer step and one before it order the writes and the reads.
 #include "engine/parallel/zero/zero_sync.h"
 
 #include <ATen/ops/empty.h>
@@ -93,12 +93,20 @@ struct ZeroState {
   // group's shared buffer; the units are always "gathered". `sync_due`: a
   // shard may have changed since the ranks last met (set by the optimizer
   // step and at start, before any checkpoint load), so the next gather is a
-  // dp barrier, once.
+  // meet(), once.
   bool shared = false;
   bool sync_due = false;
+  at::Tensor token;  // [1]: meet()'s all-reduce
   int64_t shard_numel = 0;  // the sum of this rank's shards (memory())
 
   int stage() const { return options.stage; }
+  // A barrier of the dp group through its own collectives (shared memory:
+  // a futex wake, where Gloo's barrier is a TCP round trip via its threads),
+  // in order with the reduce-scatters.
+  void meet() {
+    if (!token.defined()) token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat));
+    dp->all_reduce(token);
+  }
   int64_t shard_begin(const zero::FlatUnit& u) const { return layout.rank * u.shard; }
 
   // ---- ZeRO-3 gathers ----
@@ -120,7 +128,7 @@ struct ZeroState {
       if (!sync_due) return;
       sync_due = false;
       const auto t0 = std::chrono::steady_clock::now();
-      dp->barrier();
+      meet();
       exposed_gather_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return;
     }
@@ -377,7 +385,7 @@ class ZeroSync : public GradSync {
     sum_over_tp(partial, *s.tp);
     // Shared parameters: no rank's optimizer writes its shard before every
     // rank is done reading the others' in this step's backward.
-    if (s.shared) s.dp->barrier();
+    if (s.shared) s.meet();
     stats.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
                    s.exposed_gather_s;
     stats.launched_in_backward = s.hooks.take_launched_in_backward();
@@ -573,7 +581,7 @@ class ZeroSync : public GradSync {
     }
     s.shard_numel = shard_off;
     if (s.shared) {
-      s.dp->barrier();    // every shard in place before any rank reads one
+      s.meet();           // every shard in place before any rank reads one
       s.sync_due = true;  // and again after a checkpoint load writes them
     }
     // ZeRO-2/3: the linear layers compute a unit's weight grads straight
