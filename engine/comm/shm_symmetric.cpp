@@ -136,10 +136,6 @@ class SymWork : public Work {
   uint64_t index_;
 };
 
-}  // namespace
-
-namespace {
-
 // Whether `bytes` fit in a quarter of /dev/shm (the same answer on every
 // member: one machine); else member 0 says so.
 bool fits_dev_shm(const Group& g, size_t bytes, const char* what) {
@@ -187,7 +183,7 @@ at::Tensor open_shared_region(const Group& g, c10d::Store& store, const std::str
   if (numel <= 0) return {};
   const size_t header = round_to_page(2 * sizeof(uint64_t));  // {magic, nonce}
   const size_t bytes = header + round_to_page(static_cast<size_t>(numel) * c10::elementSize(dtype));
-  if (!fits_dev_shm(g, bytes, "a shared buffer (it is not shared)")) return {};
+  if (!fits_dev_shm(g, bytes, "a shared buffer (none made)")) return {};
   std::string why;
   std::unique_ptr<Segment> seg;
   try {

@@ -557,7 +557,8 @@ class ZeroSync : public GradSync {
       for (size_t k = 0; k < fu.params.size(); ++k) {
         at::Tensor& p = s.params[size_t(fu.params[k])];
         fill.narrow(0, fu.offsets[k], p.numel()).copy_(p.reshape({-1}));
-        p.set_data(u.full.narrow(0, fu.offsets[k], p.numel()).view(p.sizes()));  // [param shape] view into the unit's flat buffer
+        // [param shape] view into the unit's flat buffer
+        p.set_data(u.full.narrow(0, fu.offsets[k], p.numel()).view(p.sizes()));
       }
       if (s.shared) u.full.narrow(0, begin, fu.shard).copy_(fill.narrow(0, begin, fu.shard));
       if (flat_all) {
