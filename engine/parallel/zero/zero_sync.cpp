@@ -1,10 +1,8 @@
 // make_zero_sync (zero_sync.h). Units launch their gradient communication
 // from the backward hooks DDP uses too (bucket_hooks.h: a unit is a bucket),
 // strictly in backward order, so every rank issues the same collectives in
-// the same order; clipping is grad_norm.h's. ZeRO-3 frees a
-// unit's gathered parameters by giving its flat buffer's storage zero bytes
-// (the parameters, and every view autograd saved of them, share that
-// storage) and gathers by giving it its bytes back (FSDP's trick). Where
+// the same order; clipping is grad_norm.h's. The state and its collectives
+// are zero_state.h's (ZeRO-3's gathers: FSDP's storage trick). Where
 // the dp group shares a machine (parallel.fsdp.shared_params), every unit's
 // flat buffer lies in one shared-memory segment instead: each rank's shard
 // is its own range of it, updated in place by its optimizer, and the others
@@ -15,7 +13,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
-#include <c10/core/StorageImpl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,184 +26,15 @@
 #include "engine/parallel/grad_norm.h"
 #include "engine/parallel/zero/flat_layout.h"
 #include "engine/parallel/zero/param_offload.h"
+#include "engine/parallel/zero/zero_state.h"
 
 namespace dtrain::engine::parallel {
 namespace {
 
 using zero::FlatLayout;
 using zero::Piece;
-
-void free_storage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  s->set_nbytes(0);
-}
-
-void alloc_storage(const at::Tensor& t, size_t nbytes) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
-  s->set_nbytes(nbytes);
-}
-
-struct Unit {
-  at::Tensor full;         // [padded]: the unit's parameters are views of it
-  at::Tensor param_shard;  // [S]: what this rank's optimizer updates
-  at::Tensor grad_full;    // ZeRO-1 [padded]: the parameters' grads are views of it
-  at::Tensor grad_shard;   // [S]: the reduced gradient of this rank's shard
-  bool gathered = true;    // `full` holds the current parameters
-  comm::WorkPtr gather;    // ZeRO-3: all-gather into `full` in flight
-  comm::WorkPtr reduce;    // gradient all-reduce / reduce-scatter in flight
-  at::Tensor reduce_in, reduce_out;  // ZeRO-2/3: its buffers ([padded], [S])
-  // ZeRO-2/3: the next reduce_in, made when the unit's backward computes its
-  // first weight gradient straight into it (grad_slot.h); taken by launch.
-  at::Tensor pending;
-  // ZeRO-2/3 after zero(): grad_shard still holds the last step's sum, and
-  // the step's first reduce-scatter writes straight into it (no zero fill,
-  // no separate output, no add); later ones (ZeRO-3 micro-steps) add.
-  bool shard_stale = false;
-};
-
-struct ZeroState {
-  ZeroOptions options;
-  comm::Group* dp = nullptr;
-  comm::Group* tp = nullptr;
-  comm::Group* pp = nullptr;
-  std::vector<std::string> names;
-  std::vector<at::Tensor> params;
-  std::vector<ParamLayout> layouts;
-  std::vector<int> unit_of;
-  FlatLayout layout;
-  std::vector<Unit> units;
-  // One allocation each; the units' tensors are views of them.
-  at::Tensor full_all, grad_all, param_shards_all, grad_shards_all;
-  // Units launch in backward order: the last unit's gradients complete first.
-  BucketHooks hooks;
-  double exposed_gather_s = 0;  // ZeRO-3: time spent waiting for gathers this step
-  // A tied head (model.tie_embeddings) reads unit 0's wte: ZeRO-3 keeps
-  // unit 0 gathered from the embedding's forward until its gradients are
-  // reduced (FSDP keeps shared parameters in the unit that runs first).
-  bool tied = false;
-  // train.offload.params: a unit's shard is read back before its gather
-  // (the unit after it queued behind) and leaves memory once gathered.
-  std::unique_ptr<zero::ParamOffload> offload;
-  // ZeRO-3, parallel.fsdp.shared_params on one machine: full_all is the dp
-  // group's shared buffer; the units are always "gathered". `sync_due`: a
-  // shard may have changed since the ranks last met (set by the optimizer
-  // step and at start, before any checkpoint load), so the next gather is a
-  // meet(), once.
-  bool shared = false;
-  bool sync_due = false;
-  at::Tensor token;  // [1]: meet()'s all-reduce
-  int64_t shard_numel = 0;  // the sum of this rank's shards (memory())
-
-  int stage() const { return options.stage; }
-  // A barrier of the dp group through its own collectives (shared memory:
-  // a futex wake, where Gloo's barrier is a TCP round trip via its threads),
-  // in order with the reduce-scatters.
-  void meet() {
-    if (!token.defined()) token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat));
-    dp->all_reduce(token);
-  }
-  int64_t shard_begin(const zero::FlatUnit& u) const { return layout.rank * u.shard; }
-
-  // ---- ZeRO-3 gathers ----
-  // `next`: the unit expected after u (forward: u + 1, backward: u - 1),
-  // whose shard an offload reads meanwhile.
-  void start_gather(int u, int next = -1) {
-    Unit& x = units[size_t(u)];
-    if (shared || x.gathered || x.gather) return;
-    if (offload) {
-      offload->page_in(u);
-      if (options.offload_prefetch) offload->prefetch(next);
-    }
-    alloc_storage(x.full, size_t(x.full.numel()) * x.full.element_size());
-    x.gather = dp->all_gather(x.param_shard, x.full, /*async=*/true);
-  }
-  void ensure_gathered(int u, int next = -1) {
-    Unit& x = units[size_t(u)];
-    if (shared) {  // the first gather after a step: every shard written
-      if (!sync_due) return;
-      sync_due = false;
-      const auto t0 = std::chrono::steady_clock::now();
-      meet();
-      exposed_gather_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      return;
-    }
-    if (x.gathered) return;
-    start_gather(u, next);
-    const auto t0 = std::chrono::steady_clock::now();
-    x.gather->wait();
-    exposed_gather_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    x.gather.reset();
-    x.gathered = true;
-    if (offload) offload->page_out(u);  // unchanged since read: nothing to write
-  }
-  void release(int u) {
-    if (shared) return;
-    Unit& x = units[size_t(u)];
-    if (x.gather) ensure_gathered(u);
-    if (!x.gathered) return;
-    free_storage(x.full);
-    x.gathered = false;
-  }
-
-  // ---- gradients ----
-  // Unit u's next reduce-scatter input, [padded], uninitialised.
-  at::Tensor pending_input(int u) const {
-    return at::empty({layout.units[size_t(u)].padded}, units[size_t(u)].param_shard.options());
-  }
-  // Where backward computes parameter i's first gradient (grad_slot.h's
-  // make; called under its lock): its place in unit u's pending input,
-  // made on the unit's first claim.
-  at::Tensor grad_slot(int u, int64_t offset, int i) {
-    Unit& x = units[size_t(u)];
-    if (!x.pending.defined()) x.pending = pending_input(u);
-    const at::Tensor& p = params[size_t(i)];
-    return x.pending.narrow(0, offset, p.numel()).view(p.sizes());
-  }
-  void launch(int u) {
-    Unit& x = units[size_t(u)];
-    const zero::FlatUnit& fu = layout.units[size_t(u)];
-    if (stage() == 1) {
-      x.reduce = dp->all_reduce(x.grad_full, /*async=*/true);
-      return;
-    }
-    // Pack the unit's grads into one flat buffer (zeros for padding and for
-    // parameters that got no grad; the linear layers' weight grads are in
-    // it already) and drop them: from here on only the shard is kept.
-    x.reduce_in = x.pending.defined() ? std::move(x.pending) : pending_input(u);  // [padded]
-    x.pending = at::Tensor();
-    at::NoGradGuard no_grad;
-    for (size_t k = 0; k < fu.params.size(); ++k) {
-      at::Tensor& p = params[size_t(fu.params[k])];
-      at::Tensor slot = x.reduce_in.narrow(0, fu.offsets[k], p.numel());
-      if (!p.grad().defined())
-        slot.zero_();
-      else if (p.grad().data_ptr() != slot.data_ptr())
-        slot.copy_(p.grad().reshape({-1}));
-      p.mutable_grad().reset();
-      model::arm_grad_slot(p);  // the next backward's first grad goes into the next pending input
-    }
-    if (fu.padded > fu.numel) x.reduce_in.narrow(0, fu.numel, fu.padded - fu.numel).zero_();
-    x.reduce_out = x.shard_stale ? x.grad_shard : at::empty({fu.shard}, x.param_shard.options());  // [S]
-    x.reduce = dp->reduce_scatter(x.reduce_in, x.reduce_out, /*async=*/true);
-    if (stage() == 3) release(u);  // its backward is done
-  }
-  void wait_reduce(int u) {
-    Unit& x = units[size_t(u)];
-    if (!x.reduce) return;
-    x.reduce->wait();
-    x.reduce.reset();
-    if (stage() == 1) return;
-    at::NoGradGuard no_grad;
-    if (x.shard_stale)
-      x.shard_stale = false;  // reduced into grad_shard itself
-    else
-      x.grad_shard.add_(x.reduce_out);
-    x.reduce_in = at::Tensor();
-    x.reduce_out = at::Tensor();
-  }
-};
+using zero::Unit;
+using zero::ZeroState;
 
 // ZeRO-3's unit hooks on the model: gather before a unit runs (prefetching
 // the next), free after (unless reshard_after_forward is off), and gather
