@@ -257,6 +257,25 @@ int in_flight_of(const JobSpec& spec, int pp_rank) {
   return sim.max_in_flight[size_t(pp_rank)];
 }
 
+// ZeRO-3's parameters in one shared-memory segment of the machine
+// (parallel.fsdp.shared_params; engine/parallel/zero/zero_sync.cpp): on
+// CPU, with the shared-memory collectives, no parameter offload, and every
+// rank of the shard group on this rank's machine (ranks fill the machines
+// in order, cluster.procs_per_node each). Nothing is gathered then. The
+// engine also falls back to gathering where the segment would take more
+// than a quarter of /dev/shm, which a plan made elsewhere cannot see.
+bool zero3_shared_params(const JobSpec& spec, const mesh::Mesh& m, int rank) {
+  if (spec.parallel.zero != 3 || !spec.parallel.fsdp_shared_params || !spec.cluster.shm ||
+      spec.cluster.device != DeviceKind::cpu || spec.train.offload.params != OffloadTarget::none)
+    return false;
+  const std::vector<int> group = mesh::group_of(m, mesh::gradient_group(spec.parallel.cp), rank);
+  const int per_node = std::max(1, spec.cluster.procs_per_node);
+  if (group.size() < 2) return false;
+  for (int r : group)
+    if (r / per_node != rank / per_node) return false;
+  return true;
+}
+
 }  // namespace
 
 RankMemory plan_rank(const JobSpec& spec, int rank) {
@@ -323,9 +342,11 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   const int shards = spec.parallel.dp * std::max(1, spec.parallel.cp);  // ZeRO's shard group: dp x cp
   if (spec.parallel.zero == 3 && shards > 1) {
     // Gathered units: the running one and the prefetched one in forward;
-    // in backward the unit's full gradient too.
+    // in backward the unit's full gradient too. Shared parameters: the
+    // full gradient only (the node's one copy is param_bytes' shards).
     const int64_t largest = *std::max_element(units.begin(), units.end());
-    transient += double(largest) * (spec.parallel.fsdp_prefetch ? 3 : 2);
+    const int gathered = zero3_shared_params(spec, m, rank) ? 0 : spec.parallel.fsdp_prefetch ? 2 : 1;
+    transient += double(largest) * (1 + gathered);
   } else if (spec.parallel.zero == 2 && shards > 1) {
     transient += double(*std::max_element(units.begin(), units.end()));  // a unit's full gradient
   }

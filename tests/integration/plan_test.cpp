@@ -68,7 +68,7 @@ std::vector<Bytes> measured(const std::vector<std::string>& sets, const std::str
 
 }  // namespace
 
-TEST_CASE("dtrain plan predicts the engine's measured bytes: static within 5%, peak within 20%, 11 layouts") {
+TEST_CASE("dtrain plan predicts the engine's measured bytes: static within 5%, peak within 20%, 12 layouts") {
   const std::vector<std::string> common = {"model.dropout=0.1", "train.steps=3", "train.warmup_steps=1",
                                            "log.every=1"};
   const std::vector<std::string> seq512 = {"model.seq_len=512", "train.micro_batch=2"};
@@ -77,7 +77,8 @@ TEST_CASE("dtrain plan predicts the engine's measured bytes: static within 5%, p
       {"dp2_ddp", ranks(2, 4)},
       {"dp2_zero1", with(ranks(2, 4), {"parallel.zero=1"})},
       {"dp2_zero2", with(ranks(2, 4), {"parallel.zero=2"})},
-      {"dp2_zero3", with(ranks(2, 4), {"parallel.zero=3"})},
+      {"dp2_zero3", with(ranks(2, 4), {"parallel.zero=3"})},  // shared parameters (one node)
+      {"dp2_zero3_gathered", with(ranks(2, 4), {"parallel.zero=3", "parallel.fsdp.shared_params=false"})},
       {"recompute_full", {"train.recompute=full"}},
       {"seq512", seq512},
       {"seq512_tiled", with(seq512, {"model.attention=tiled"})},
