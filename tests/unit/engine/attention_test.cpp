@@ -132,7 +132,8 @@ TEST_CASE("strided attention: the naive core's output and gradients without the 
   struct Shape {
     int64_t B, H, T, D;
   };
-  for (const Shape s : {Shape{1, 1, 1, 4}, Shape{3, 4, 17, 8}, Shape{2, 3, 64, 16}, Shape{4, 8, 128, 64}}) {
+  for (const Shape s : {Shape{1, 1, 1, 4}, Shape{3, 4, 17, 8}, Shape{2, 3, 64, 16}, Shape{4, 8, 128, 64},
+                        Shape{2, 2, 192, 16}}) {
     const int64_t C = s.H * s.D;
     const at::Tensor qkv = at::randn({s.B, s.T, 3 * C}, gen), dy = at::randn({s.B, s.T, C}, gen);
     REQUIRE(model::strided_attention_applies(qkv));
