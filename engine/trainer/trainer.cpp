@@ -31,6 +31,7 @@
 #include "engine/trainer/memory_check.h"
 #include "engine/trainer/memory_report.h"
 #include "engine/trainer/nonfinite.h"
+#include "engine/trainer/op_profile.h"
 #include "engine/trainer/straggler.h"
 #include "engine/trainer/timeline_clock.h"
 #include "engine/trainer/train_session.h"
@@ -252,6 +253,8 @@ int run_training() {
   const MemoryCheck memory_check(s.spec, s.info.rank, s.device.is_cpu());  // the planner vs this rank
   NonfiniteWatch nonfinite(s.spec);
   start_timeline(s);
+  const std::unique_ptr<OpProfile> op_profile = OpProfile::from_env(s.info.rank);  // DTRAIN_OP_PROFILE
+  const int64_t first_step = step;
   Validation validation;
   if (s.spec.data.valid.active()) validation.sources = open_validation(s, s.spec.data.valid.batches);
   // Set-up's freed heap (a model built whole before it was sharded, shards
@@ -261,6 +264,7 @@ int run_training() {
   ::malloc_trim(0);
   for (; step < s.spec.train.steps; ++step) {
     timeline::begin_step(int(step + 1));  // the step's span ends after its checkpoint
+    if (op_profile) op_profile->before_step(step - first_step);
     StepResult r = train_step(s, step, timer);
     offload_fault_after_step(s, step + 1);
     run_peak = std::max(run_peak, device::cpu_peak_bytes());
@@ -327,6 +331,7 @@ int run_training() {
                   s.info.run_dir.empty() ? s.spec.log.dir : s.info.run_dir);
     if (saved.stop) return 0;  // preempted, saved
   }
+  if (op_profile) op_profile->write();
   if (const std::string what = s.par.schedule->summary(); !what.empty()) DTRAIN_INFO("{}", what);
   comm::trace_phase(trace::Phase::done);
   write_memory_report(s, run_peak, last_bytes);

@@ -8,6 +8,7 @@
 // last round tick and val_loss lines, `dtrain topo --svg configs/gpt-3d.yaml`.
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -51,7 +52,7 @@ struct Traced {
     write_file(dir / "spec.yaml", spec_text(dir));
     auto [code, out] = run_command({dtrain_bin(), "launch", dir / "spec.yaml", "--set",
                                     "cluster.rendezvous.endpoint=127.0.0.1:" + std::to_string(free_port())},
-                                   dir / "launch.log", 240, {tag.env()});
+                                   dir / "launch.log", 240, {tag.env(), "DTRAIN_OP_PROFILE=" + (dir / "ops")});
     INFO(out);
     REQUIRE(code == 0);
     auto [mcode, mout] = run_command({dtrain_bin(), "trace", "merge", dir / "run", dir / "trace.json"},
@@ -193,6 +194,42 @@ TEST_CASE("trace: every span lies within its step's span; collectives carry op, 
       INFO("rank " << pid << " span kind " << cat);
       CHECK(kinds.count({pid, cat}));
     }
+}
+
+TEST_CASE("DTRAIN_OP_PROFILE: each rank's operators by caller, self within total, within the step's wall time") {
+  const TempDir& dir = Traced::get().dir;
+  for (int r = 0; r < 2; ++r) {
+    const std::string text = read_file(dir / ("ops/op_profile_rank_" + std::to_string(r) + ".txt"));
+    INFO(text.substr(0, 2000));
+    std::smatch m;
+    REQUIRE(std::regex_search(text, m, std::regex(R"(rank (\d+): (\d+) steps recorded .*, ([0-9.]+) wall ms per step)")));
+    CHECK(std::stoi(m[1]) == r);
+    CHECK(std::stoi(m[2]) == kSteps - 1);  // the first step left out
+    const double wall = std::stod(m[3]);
+    REQUIRE(std::regex_search(text, m, std::regex(R"(# ([0-9.]+) ms per step inside operators)")));
+    const double inside = std::stod(m[1]);
+    MESSAGE("rank " << r << ": " << inside << " ms per step inside operators of " << wall << " wall");
+    CHECK(inside > 0);
+    CHECK(inside <= wall);
+    // Rows: self_ms self_% total_ms calls key; the GEMMs of every linear layer are there.
+    std::istringstream in(text);
+    std::string line;
+    int rows = 0, gemms = 0;
+    while (std::getline(in, line)) {
+      double self = 0, pct = 0, total = 0, calls = 0;
+      char key[512] = {};
+      if (line.empty() || line[0] == '#' || std::sscanf(line.c_str(), "%lf %lf %lf %lf %511[^\n]", &self, &pct,
+                                                          &total, &calls, key) != 5)
+        continue;
+      ++rows;
+      CHECK(self <= total + 1e-3);
+      CHECK(std::string(key).find(" <- ") != std::string::npos);
+      if (std::string(key).rfind("aten::mm <- ", 0) == 0 || std::string(key).rfind("aten::addmm <- ", 0) == 0)
+        gemms += calls > 0 && self > 0;
+    }
+    CHECK(rows > 10);
+    CHECK(gemms > 0);
+  }
 }
 
 TEST_CASE("trace: bad input is refused before anything runs or is overwritten") {
