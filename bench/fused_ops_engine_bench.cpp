@@ -1,7 +1,7 @@
 // Each fused CPU kernel of engine/model/fused_ops.h against the ATen
 // composition it replaces, one at a time, forward + backward at the
-// compute-bound size's shapes (B*T = 512 rows of d_model 512; SwiGLU's F =
-// 4 * 512), interleaved rounds, CPU time of this thread (time-slicing by
+// compute-bound size's shapes (B*T = 512 rows of d_model 512; SwiGLU's F
+// and GELU's width = 4 * 512), interleaved rounds, CPU time of this thread (time-slicing by
 // other processes does not count), one intra-op thread as in training.
 // Prints ms per call of each, the ratio fused / ATen and the median ratio.
 // (A lone LayerNorm is not here: fused_norm runs ATen's for it.)
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   const int64_t N = argc > 3 ? std::atoll(argv[3]) : 512, C = argc > 4 ? std::atoll(argv[4]) : 512;
   at::set_num_threads(1);
   auto leaf = [](std::vector<int64_t> s) { return at::randn(s).requires_grad_(true); };
-  at::Tensor x = leaf({N, C}), r = leaf({N, C}), w = leaf({C}), b = leaf({C}), gu = leaf({N, 8 * C});
+  at::Tensor x = leaf({N, C}), r = leaf({N, C}), w = leaf({C}), b = leaf({C}), gu = leaf({N, 8 * C}), fc = leaf({N, 4 * C});
   const at::Tensor gy = at::randn({N, C}), gf = at::randn({N, 4 * C});
   const model::NormParams ln{w, b, 1e-5, false}, rms{w, at::Tensor(), 1e-5, true};
   auto rms_aten = [&](const at::Tensor& h) {  // RmsNormImpl::forward
@@ -69,6 +69,16 @@ int main(int argc, char** argv) {
        [&] { at::Tensor h = x + r; ((rms_aten(h) * gy).sum() + (h * gy).sum()).backward(); }},
       {"SwiGLU", [&] { (model::fused_swiglu(gu) * gf).sum().backward(); },
        [&] { (model::swiglu(gu) * gf).sum().backward(); }},
+      {"GELU", [&] { (model::fused_gelu(fc) * gf).sum().backward(); }, [&] { (at::gelu(fc) * gf).sum().backward(); }},
+      {"GELU forward only",
+       [&] {
+         at::NoGradGuard ng;
+         model::fused_gelu(fc);
+       },
+       [&] {
+         at::NoGradGuard ng;
+         at::gelu(fc);
+       }},
   };
   std::printf("# fused_ops_engine_bench: %d rounds x %d calls, rows %lld, C %lld (SwiGLU F %lld), 1 thread,\n"
               "# forward + backward (incl. the loss's mul/sum, same on both sides), thread CPU ms per call\n",

@@ -1,6 +1,6 @@
 // Fused CPU kernels of the model's memory-bound steps, as plain loops over
 // contiguous fp32 rows: residual add + LayerNorm / RMSNorm (forward and
-// backward in one pass over a row each) and SwiGLU's backward. No
+// backward in one pass over a row each), SwiGLU's backward and GELU. No
 // LibTorch here (fused_ops.cpp wraps them as autograd functions and owns
 // the checks on dtype, device and layout); one thread, the caller's.
 //
@@ -31,5 +31,15 @@ void norm_backward(const float* dy, const float* dh, const float* h, const float
 // halves written, no zero-fill.
 void swiglu_backward(const float* dout, const float* gate_up, const float* sig, float* dgate_up, int64_t N,
                      int64_t F);
+
+// Exact (erf) GELU as at::gelu: y = x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2,
+// erf by Abramowitz & Stegun 7.1.26 (ATen's vectorised erf: |error| <= 1.5e-7)
+// over [n] contiguous floats. The backward, dx = dy * (Phi(x) + x * phi(x)),
+// shares one exp(-x^2 / 2) between erf and the density phi, where ATen's
+// gelu_backward evaluates erf (with its exp) and a second exp. AVX2 + FMA
+// intrinsics where the CPU has them (gelu_kernel.cpp; plain loops over exp
+// would not vectorise), else scalar.
+void gelu_forward(const float* x, float* y, int64_t n);
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n);
 
 }  // namespace dtrain::engine::model::kernels

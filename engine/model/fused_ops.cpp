@@ -7,7 +7,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cstdlib>
 #include <initializer_list>
+#include <string>
 
 #include "engine/model/fused_kernels.h"
 #include "engine/model/llama.h"
@@ -24,6 +26,15 @@ bool fusable(std::initializer_list<const at::Tensor*> ts) {
   for (const at::Tensor* t : ts)
     if (t->defined() && (!t->device().is_cpu() || t->scalar_type() != at::kFloat)) return false;
   return true;
+}
+
+// DTRAIN_FUSED_GELU=0: at::gelu (for A/B runs).
+bool fused_gelu_off() {
+  static const bool off = [] {
+    const char* v = std::getenv("DTRAIN_FUSED_GELU");
+    return v && std::string(v) == "0";
+  }();
+  return off;
 }
 
 // The compositions the kernels replace (the fallback, and what they match).
@@ -103,7 +114,33 @@ struct FusedSwiglu : public torch::autograd::Function<FusedSwiglu> {
   }
 };
 
+// at::gelu (exact, erf) with the kernel each way; saves its input, as
+// at::gelu's autograd does.
+struct FusedGelu : public torch::autograd::Function<FusedGelu> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+    const at::Tensor xc = x.contiguous();
+    at::Tensor y = at::empty(xc.sizes(), xc.options());
+    kernels::gelu_forward(xc.const_data_ptr<float>(), y.mutable_data_ptr<float>(), xc.numel());
+    ctx->save_for_backward({xc});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const at::Tensor dy = grads[0].contiguous();
+    at::Tensor dx = at::empty(x.sizes(), x.options());
+    kernels::gelu_backward(dy.const_data_ptr<float>(), x.const_data_ptr<float>(), dx.mutable_data_ptr<float>(),
+                           x.numel());
+    return {dx};
+  }
+};
+
 }  // namespace
+
+at::Tensor fused_gelu(const at::Tensor& x) {
+  if (!fusable({&x}) || x.numel() == 0 || fused_gelu_off()) return at::gelu(x);
+  return FusedGelu::apply(x);
+}
 
 at::Tensor fused_norm(const at::Tensor& x, const NormParams& p) {
   // A LayerNorm without a residual add is ATen's: one pass each way already

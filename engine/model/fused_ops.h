@@ -1,5 +1,5 @@
 // The model's fused CPU operators (fused_kernels.h) as autograd functions:
-// residual add + LayerNorm or RMSNorm, RMSNorm, and SwiGLU's backward, one
+// residual add + LayerNorm or RMSNorm, RMSNorm, SwiGLU's backward and GELU, one
 // pass where ATen's composition runs several. They compute the
 // function of the ATen composition named beside each (to ~1e-7); for
 // anything but contiguous-able fp32 CPU tensors they run that composition.
@@ -37,5 +37,10 @@ std::pair<at::Tensor, at::Tensor> fused_add_norm(const at::Tensor& x, const at::
 // (llama.h, which also runs the forward); its backward writes both halves'
 // gradients into one [..., 2F] (the composition zero-fills two and adds them).
 at::Tensor fused_swiglu(const at::Tensor& gate_up);
+
+// at::gelu(x) (exact, erf) through the GELU kernel both ways: one exp per
+// element in backward where ATen's gelu_backward runs erf's and a second.
+// DTRAIN_FUSED_GELU=0 keeps at::gelu (A/B runs).   x [...]
+at::Tensor fused_gelu(const at::Tensor& x);
 
 }  // namespace dtrain::engine::model

@@ -1,5 +1,5 @@
 // Unit tests of engine/model/fused_ops.h: each fused CPU kernel (residual
-// add + LayerNorm / RMSNorm, SwiGLU) against the ATen composition it
+// add + LayerNorm / RMSNorm, SwiGLU, GELU) against the ATen composition it
 // replaces, forward and every gradient, at 1e-6 of each tensor's largest
 // magnitude (max |diff| / max(1, max |ref|): fp32 holds values near 8 to
 // only ~1e-6 absolute), printed beside the tolerance, each with a negative
@@ -98,7 +98,34 @@ double swiglu_diff(bool control) {
   return std::max(scaled_diff(y_f, y_c), scaled_diff(g_f[0], g_c[0]));
 }
 
+// GELU forward and backward against at::gelu (exact) over values from -12
+// to 12 (both tails: erf's saturation, exp's underflow) plus randn, sizes
+// that leave a scalar remainder after the 8-wide loop. The negative
+// control: at::gelu's tanh approximation as the reference.
+double gelu_diff(bool control) {
+  double d = 0;
+  for (int64_t n : {1, 7, 8, 1001, 4096}) {
+    at::Tensor x = n >= 1001 ? at::cat({at::linspace(-12, 12, n - 1000), at::randn({1000}, at::detail::createCPUGenerator(9)) * 3})
+                             : at::randn({n}, at::detail::createCPUGenerator(9)) * 3;
+    x = x.reshape({1, -1}).requires_grad_(true);
+    at::Tensor gy = at::randn(x.sizes(), at::detail::createCPUGenerator(10));
+    const at::Tensor y_f = model::fused_gelu(x);
+    const std::vector<at::Tensor> g_f = grads_of((y_f * gy).sum(), {x});
+    const at::Tensor y_c = control ? at::gelu(x, "tanh") : at::gelu(x);
+    const std::vector<at::Tensor> g_c = grads_of((y_c * gy).sum(), {x});
+    d = std::max({d, scaled_diff(y_f, y_c), scaled_diff(g_f[0], g_c[0])});
+  }
+  return d;
+}
+
 }  // namespace
+
+TEST_CASE("fused GELU (forward and backward) matches at::gelu at 1e-6") {
+  const double d = gelu_diff(false), control = gelu_diff(true);
+  MESSAGE("GELU: max scaled |diff| " << d << " (tolerance " << kTol << "); control (tanh approximation) " << control);
+  CHECK(d <= kTol);
+  CHECK(control >= 100 * kTol);
+}
 
 TEST_CASE("fused residual add + LayerNorm, RMSNorm and residual add + RMSNorm match ATen at 1e-6") {
   for (bool rms : {false, true})
@@ -146,7 +173,8 @@ at::Tensor composed_loss(model::GptImpl& m, const at::Tensor& tokens, const at::
     const at::Tensor n2 = b.rms2 ? b.rms2->forward(in2) : b.ln2->forward(in2);
     const at::Tensor f = b.mlp->gate_up ? at::linear(model::swiglu(at::linear(n2, b.mlp->gate_up->weight)),
                                                      b.mlp->proj->weight)
-                                        : b.mlp->forward(n2);  // GPT: GELU, nothing fused
+                                        : at::linear(at::gelu(at::linear(n2, b.mlp->fc->weight, b.mlp->fc->bias)),
+                                                     b.mlp->proj->weight, b.mlp->proj->bias);  // GPT: ATen's GELU
     h = h2 + f;
   }
   const at::Tensor logits = m.head->forward(m.rms_f ? m.rms_f->forward(h) : m.ln_f->forward(h));  // [B, T, V]
@@ -155,7 +183,7 @@ at::Tensor composed_loss(model::GptImpl& m, const at::Tensor& tokens, const at::
 
 }  // namespace
 
-TEST_CASE("a GPT and a Llama (fused norms, SwiGLU) match their modules run through ATen's ops") {
+TEST_CASE("a GPT and a Llama (fused norms, GELU, SwiGLU) match their modules run through ATen's ops") {
   for (const char* kind : {"gpt", "llama"}) {
     model::GptConfig c;
     c.kind = kind;
