@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -39,7 +40,7 @@ struct Sum {
 std::atomic<bool> g_on{false};
 bool g_shapes = false;  // DTRAIN_OP_PROFILE_SHAPES=1: the tensor inputs' sizes in the key
 std::mutex g_mu;
-std::unordered_map<std::string, Sum>* g_sums = nullptr;  // owned by the live OpProfile
+std::unique_ptr<std::unordered_map<std::string, Sum>> g_sums;  // the live OpProfile's
 thread_local std::vector<Frame> t_stack;
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
@@ -93,7 +94,7 @@ std::unique_ptr<OpProfile> OpProfile::from_env(int rank) {
 OpProfile::OpProfile(std::string path, int rank) : path_(std::move(path)), rank_(rank) {
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    g_sums = new std::unordered_map<std::string, Sum>();
+    g_sums = std::make_unique<std::unordered_map<std::string, Sum>>();
   }
   const char* shapes = std::getenv("DTRAIN_OP_PROFILE_SHAPES");
   g_shapes = shapes && std::string(shapes) == "1";
@@ -107,8 +108,7 @@ OpProfile::~OpProfile() {
   write();
   at::removeCallback(handle_);
   std::lock_guard<std::mutex> lock(g_mu);
-  delete g_sums;
-  g_sums = nullptr;
+  g_sums.reset();
 }
 
 void OpProfile::before_step(int64_t step) {
