@@ -143,13 +143,15 @@ TEST_CASE("round abort: a Gloo all-reduce waiting for a peer leaves when end_rou
   int shut = 0;
   const auto errors = abandoned_all_reduce(/*shm=*/false, /*sockets=*/true, &shut);
   MESSAGE("rank 0 (waiting in the all-reduce): " << errors[0] << "; sockets shut: " << shut);
-  // Both ranks' ends of their pair, at least.
-  CHECK(shut >= 2);
   // Left through its connection (Gloo: "Connection closed by peer"), not after
   // options.timeout_s. end_round() raises the flag before it shuts the
-  // sockets, so rank 0's next look at the flag (every 50 ms) may come first.
-  CHECK((errors[0].find("Connection closed") != std::string::npos ||
-         errors[0].find("all_reduce left: the agent announced a new round") != std::string::npos));
+  // sockets, so rank 0's next look at the flag (every 50 ms) may come first:
+  // then rank 0's Gloo pair may be closed before end_round() scans the
+  // process's sockets (a CI run counted 1), and only the flag is checked.
+  const bool by_flag = errors[0].find("all_reduce left: the agent announced a new round") != std::string::npos;
+  CHECK((errors[0].find("Connection closed") != std::string::npos || by_flag));
+  // Shut by end_round(): both ranks' ends of their pair, at least.
+  if (!by_flag) CHECK(shut >= 2);
   CHECK(errors[1].empty());
   next_round_works();
 }
