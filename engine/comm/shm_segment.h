@@ -123,4 +123,13 @@ bool shm_dtype(at::ScalarType t);
 // piece 0 first; acc may be piece 0 itself).
 void reduce_in_rank_order(at::Tensor& acc, int n, const std::function<at::Tensor(int)>& piece, ReduceOp op);
 
+// The symmetric all-reduce's sum in one pass over its n regions (n >= 2):
+// block by block (kSumBlockBytes, in L1), region 0's block gets the rank-order
+// sum (regions[0][i] + regions[1][i] + ... in that order: the same bits as
+// reduce_in_rank_order's adds) and is copied into the other regions' blocks
+// while it is hot. 2n passes over memory where the sum then the copies take
+// 3n - 1. fp32 and fp64 only: returns false (nothing written) otherwise.
+constexpr int64_t kSumBlockBytes = 8192;
+bool sum_to_all(char* const* regions, int n, int64_t elems, at::ScalarType dtype);
+
 }  // namespace dtrain::engine::comm::detail

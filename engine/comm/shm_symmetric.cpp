@@ -3,7 +3,8 @@
 // The k-th in-place all_reduce on it uses slot k % kSymSlots; every member
 // writes its claim (the range's offset and length), arrives, and the last to
 // arrive checks the claims agree, reduces the members' ranges in rank order
-// into member 0's, copies that into the others' and marks the slot done. A
+// into member 0's, copies that into the others' (a sum: both in one pass,
+// block by block, sum_to_all) and marks the slot done. A
 // slot is claimed again (op k + kSymSlots) only once op k is done, so the
 // counters only grow; a member's range is not written again before its own
 // wait() (DDP: the next backward), which comes after every member arrived.
@@ -16,8 +17,11 @@
 #include <sys/statvfs.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -47,6 +51,16 @@ struct SymHeader {
   SymSlot slots[kSymSlots];
   // then SymClaim claims[kSymSlots][members]
 };
+
+// DTRAIN_FUSED_SHM_SUM=0: the sum then the copies (reduce_in_rank_order and
+// a memcpy per region), for A/B runs; the same bits either way.
+bool fused_sum() {
+  static const bool on = [] {
+    const char* v = std::getenv("DTRAIN_FUSED_SHM_SUM");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
 
 size_t sym_header_bytes(int members) {
   return round_to_page(sizeof(SymHeader) + sizeof(SymClaim) * kSymSlots * static_cast<size_t>(members));
@@ -108,6 +122,11 @@ class SymmetricSegment {
     return claims[static_cast<size_t>(s) * n_ + j];
   }
   void reduce(const SymClaim& c, int64_t elems, at::ScalarType dtype, ReduceOp op) {
+    if (op == ReduceOp::sum && fused_sum()) {
+      std::vector<char*> at(static_cast<size_t>(n_));
+      for (int j = 0; j < n_; ++j) at[size_t(j)] = region(j) + c.offset;
+      if (sum_to_all(at.data(), n_, elems, dtype)) return;
+    }
     auto opts = at::TensorOptions().dtype(dtype);
     auto piece = [&](int j) { return at::from_blob(region(j) + c.offset, {elems}, opts); };
     at::Tensor acc = piece(0);
