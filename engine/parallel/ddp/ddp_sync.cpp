@@ -3,12 +3,18 @@
 // over dp (all-reducing it over dp would count every gradient dp times);
 // under tensor parallelism the split parameters' sums add up over tp, and
 // a replicated one is counted by TP rank 0 only (grad_norm.h does the sums).
+// On CPU without tp or pp, the dp ranks split that pass instead: each sums
+// the squares of its 1/dp of every bucket and one fp64 all-reduce over dp
+// adds the parts (the pass is memory-bound: 52 MB of gradients, ~4 ms at
+// the compute-size GPT, halved at dp 2). Not under the no_grad_sync fault,
+// whose ranks keep different gradients and each clip by their own.
 #include "engine/parallel/ddp/ddp_sync.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
+#include "engine/comm/no_sync_group.h"
 #include "engine/optim/adamw.h"
 #include "engine/parallel/grad_norm.h"
 
@@ -77,7 +83,17 @@ class DdpSync : public GradSync {
   DdpSync(std::vector<std::pair<std::string, at::Tensor>> named_params, std::vector<ParamLayout> layouts,
           comm::Group& dp, comm::Group& tp, comm::Group& pp, DdpOptions options)
       : params_(std::move(named_params)), layouts_(std::move(layouts)), dp_(dp), tp_(tp), pp_(pp),
-        options_(options), ddp_(params_, dp, options), grads_(ddp_.flat_grads()) {}
+        options_(options), ddp_(params_, dp, options), grads_(ddp_.flat_grads()) {
+    split_ = dp.size() > 1 && tp.size() == 1 && pp.size() == 1 &&
+             dynamic_cast<comm::NoSyncGroup*>(&dp) == nullptr && !grads_.empty() &&
+             std::all_of(grads_.begin(), grads_.end(), [](const at::Tensor& g) { return g.is_cpu(); });
+    if (!split_) return;  // the same answer on every dp rank: all of them all-reduce, or none
+    const int64_t r = dp.rank(), n = dp.size();
+    for (const at::Tensor& g : grads_) {
+      const int64_t begin = g.numel() * r / n, end = g.numel() * (r + 1) / n;
+      if (end > begin) my_parts_.push_back(g.narrow(0, begin, end - begin));
+    }
+  }
 
   void begin_micro(int, bool last) override { ddp_.set_grad_sync(last); }
 
@@ -91,8 +107,10 @@ class DdpSync : public GradSync {
   }
 
   double clip(double max_norm, double& scale) override {
-    if (tp_.size() == 1 && pp_.size() == 1)
+    if (tp_.size() == 1 && pp_.size() == 1) {
+      if (split_) return clip_grad_norm(my_parts_, {}, {&dp_}, max_norm, 0, &scale);
       return clip_grad_norm(grads_, {}, {}, max_norm, 0, &scale);  // one op per bucket
+    }
     std::vector<at::Tensor> grads;  // views into the buckets, which they cover exactly
     std::vector<bool> counted;      // this rank's share of the global gradient
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -126,9 +144,9 @@ class DdpSync : public GradSync {
   }
 
   std::string describe() const override {
-    return fmt::format("DDP: {} bucket(s) of <= {} MB over dp {} ({}), overlap {}",
+    return fmt::format("DDP: {} bucket(s) of <= {} MB over dp {} ({}), overlap {}{}",
                        ddp_.num_buckets(), options_.bucket_mb, dp_.size(), dp_.backend(),
-                       options_.overlap ? "on" : "off");
+                       options_.overlap ? "on" : "off", split_ ? ", gradient norm split over dp" : "");
   }
 
  private:
@@ -139,7 +157,9 @@ class DdpSync : public GradSync {
   comm::Group& pp_;
   DdpOptions options_;
   Ddp ddp_;
-  std::vector<at::Tensor> grads_;  // the flat buckets
+  std::vector<at::Tensor> grads_;     // the flat buckets
+  bool split_ = false;                // the dp ranks split the norm's pass
+  std::vector<at::Tensor> my_parts_;  // this rank's 1/dp of each bucket (where split)
 };
 
 }  // namespace
