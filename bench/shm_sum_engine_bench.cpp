@@ -54,9 +54,9 @@ void apart(std::vector<std::vector<float>>& regions, int64_t off, int64_t len) {
 }
 
 void fused(std::vector<std::vector<float>>& regions, int64_t off, int64_t len) {
-  std::vector<char*> at;
-  for (auto& r : regions) at.push_back(reinterpret_cast<char*>(r.data() + off));
-  shm::sum_to_all(at.data(), static_cast<int>(regions.size()), len, at::kFloat);
+  std::vector<char*> ranges;
+  for (auto& r : regions) ranges.push_back(reinterpret_cast<char*>(r.data() + off));
+  shm::sum_to_all(ranges.data(), static_cast<int>(regions.size()), len, at::kFloat);
 }
 
 }  // namespace

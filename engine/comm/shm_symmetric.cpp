@@ -123,9 +123,9 @@ class SymmetricSegment {
   }
   void reduce(const SymClaim& c, int64_t elems, at::ScalarType dtype, ReduceOp op) {
     if (op == ReduceOp::sum && fused_sum()) {
-      std::vector<char*> at(static_cast<size_t>(n_));
-      for (int j = 0; j < n_; ++j) at[size_t(j)] = region(j) + c.offset;
-      if (sum_to_all(at.data(), n_, elems, dtype)) return;
+      std::vector<char*> ranges(static_cast<size_t>(n_));  // every member's range, rank order
+      for (int j = 0; j < n_; ++j) ranges[size_t(j)] = region(j) + c.offset;
+      if (sum_to_all(ranges.data(), n_, elems, dtype)) return;
     }
     auto opts = at::TensorOptions().dtype(dtype);
     auto piece = [&](int j) { return at::from_blob(region(j) + c.offset, {elems}, opts); };
