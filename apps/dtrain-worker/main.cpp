@@ -203,6 +203,8 @@ int main(int argc, char** argv) {
   bench->add_option("--dtype", bopt.dtype, "fp32|fp16|bf16");
   bench->add_option("--reduce-scatter", bopt.reduce_scatter, "ring|native");
   bench->add_option("--hier", bopt.hierarchical, "hierarchical all-reduce across nodes (true|false)");
+  bench->add_option("--registered", bopt.registered,
+                    "all_reduce in the group's symmetric buffer, as DDP's buckets (true|false)");
   auto* doctor = app.add_subcommand("doctor", "BLAS, kernels, versions, GPUs and matmul rates as JSON");
   double doctor_seconds = 0.4;
   doctor->add_option("--seconds", doctor_seconds, "budget of each matmul rate measurement");

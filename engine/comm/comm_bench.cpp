@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "engine/comm/comm.h"
 #include "engine/comm/comm_bench.h"
+#include "engine/comm/symmetric_buffer.h"
 
 namespace dtrain::engine::comm {
 
@@ -130,10 +131,28 @@ int run_comm_bench(const CommBenchOptions& options) {
     std::printf("# %12s %12s %6s %11s %11s %11s %6s\n", "size(B)", "count", "type", "time(us)",
                 "algbw(GB/s)", "busbw(GB/s)", "check");
   }
+  if (options.registered && options.op != "all_reduce")
+    throw Error(ErrorCode::config, "--registered true with --op " + options.op,
+                "registered (symmetric) buffers apply to all_reduce only: drop --registered");
+  // --registered: one symmetric buffer for the largest size; each size's
+  // input is its first `count` elements (as a bucket is a range of DDP's).
+  at::Tensor arena;
+  if (options.registered) {
+    const int64_t most = std::max<int64_t>(n, options.max_bytes / esize / n * n);
+    arena = symmetric_buffer(g, most, dt);
+  }
+  if (r == 0 && options.registered)
+    std::printf("# registered: %s\n", arena.defined() ? "the input is a range of the group's symmetric buffer"
+                                                       : "no symmetric buffer on this group: private tensors");
   int failures = 0;
   for (int64_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 2) {
     const int64_t count = std::max<int64_t>(n, bytes / esize / n * n);  // divisible by n
     Case c = make_case(options.op, n, r, count, dt);
+    if (arena.defined()) {
+      at::Tensor in = arena.narrow(0, 0, count);
+      in.copy_(c.in);
+      c.in = in;
+    }
     const at::Tensor pristine = c.in.clone();
     std::vector<double> times;
     at::Tensor result;

@@ -16,6 +16,10 @@ struct CommBenchOptions {
   std::string dtype = "fp32";
   std::string reduce_scatter = "ring";  // ring (dtrain's) | native (Gloo's own)
   bool hierarchical = true;  // CommOptions::hierarchical (groups that span nodes)
+  // all_reduce: the buffer in the group's symmetric buffer (symmetric_buffer.h)
+  // where the group makes one, as DDP's buckets (nccl-tests' -R, registered
+  // buffers); a private tensor where it does not (the header says which).
+  bool registered = false;
 };
 
 // Rank 0 prints the table; every rank checks its results. Returns the exit

@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "engine/comm/forwarding_group.h"
 #include "engine/comm/gloo_group.h"
+#include "engine/comm/shm_symmetric.h"
 
 namespace dtrain::engine::comm::detail {
 
@@ -78,8 +79,16 @@ class HierGroup : public ForwardingGroup {
     const int n = size();
     bytes_ += static_cast<uint64_t>(2 * (n - 1) * static_cast<int64_t>(t.nbytes()) / n);
     auto links = links_;
-    auto work = std::make_shared<HierWork>(links->thread.submit([links, t]() mutable {
-      links->all_reduce(t);
+    // A range of a symmetric buffer of the node (symmetric_buffer.h): both
+    // node stages in place, nothing staged or copied out.
+    std::shared_ptr<SymmetricSegment> sym = symmetric_holding(*links->node, t);
+    auto work = std::make_shared<HierWork>(links->thread.submit([links, t, sym]() mutable {
+      if (sym)
+        symmetric_hier_all_reduce(*sym, t, [&](at::Tensor& x) {
+          if (links->leaders) links->leaders->all_reduce(x);
+        });
+      else
+        links->all_reduce(t);
     }));
     if (!async) work->wait();
     return work;
@@ -93,6 +102,7 @@ class HierGroup : public ForwardingGroup {
     inner_->reset_bytes_sent();
     bytes_.store(0);
   }
+  Group& node() const { return *links_->node; }
 
  private:
   std::shared_ptr<HierLinks> links_;
@@ -143,6 +153,13 @@ std::shared_ptr<HierLinks> make_hier_links(const Group& g, const GroupContext& c
                 "each node, Gloo across the {} node leaders",
                 g.name(), g.size(), distinct.size(), links->node->path(), leaders.size());
   return links;
+}
+
+bool is_hier_group(const Group& g) { return dynamic_cast<const HierGroup*>(&g) != nullptr; }
+
+Group* hier_node_group(Group& g) {
+  auto* h = dynamic_cast<HierGroup*>(&g);
+  return h ? &h->node() : nullptr;
 }
 
 std::unique_ptr<Group> with_hier_all_reduce(std::unique_ptr<Group> inner,

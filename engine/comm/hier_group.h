@@ -36,4 +36,14 @@ std::shared_ptr<HierLinks> make_hier_links(const Group& g, const GroupContext& c
 std::unique_ptr<Group> with_hier_all_reduce(std::unique_ptr<Group> inner,
                                             std::shared_ptr<HierLinks> links);
 
+// Whether g is a group with_hier_all_reduce made (not through decorators).
+bool is_hier_group(const Group& g);
+
+// Such a group's node-local group (shared memory where it could map a
+// segment): symmetric_buffer (symmetric_buffer.h) of a hierarchical group is
+// one of this group's, and its all-reduce of a range of one runs both node
+// stages in place (shm_symmetric.h's symmetric_hier_all_reduce). Null where
+// g is not one.
+Group* hier_node_group(Group& g);
+
 }  // namespace dtrain::engine::comm::detail

@@ -25,6 +25,7 @@
 // (symmetric_buffer.h) skips the staging and runs in place (shm_symmetric.cpp).
 #include "engine/comm/shm_group.h"
 #include "engine/comm/shm_segment.h"
+#include "engine/comm/hier_group.h"
 #include "engine/comm/shm_symmetric.h"
 
 #include <ATen/ops/add.h>
@@ -294,9 +295,8 @@ class ShmGroup : public ForwardingGroup {
     if (!summable(t)) return inner_->all_reduce(t, async, op);
     const int n = size();
     bytes_ += static_cast<uint64_t>(2 * (n - 1) * static_cast<int64_t>(t.nbytes()) / n);
-    for (const auto& weak : symmetric_)
-      if (auto sym = weak.lock(); sym && symmetric_holds(*sym, t)) {
-        auto work = symmetric_all_reduce(sym, t, op);
+    if (auto sym = holding(t)) {
+      auto work = symmetric_all_reduce(sym, t, op);
         if (!async) work->wait();
         return work;
       }
@@ -349,6 +349,12 @@ class ShmGroup : public ForwardingGroup {
     // they are gone.
     return at::from_blob(symmetric_region(*sym), {numel}, [sym](void*) {}, at::TensorOptions().dtype(dtype));
   }
+  // symmetric_holding (shm_symmetric.h).
+  std::shared_ptr<SymmetricSegment> holding(const at::Tensor& t) const {
+    for (const auto& weak : symmetric_)
+      if (auto sym = weak.lock(); sym && symmetric_holds(*sym, t)) return sym;
+    return nullptr;
+  }
   // shared_buffer (symmetric_buffer.h).
   at::Tensor shared(int64_t numel, at::ScalarType dtype) {
     return open_shared_region(*inner_, *store_, key_ + "shared" + std::to_string(shared_made_++) + "/", numel,
@@ -384,6 +390,11 @@ class ShmGroup : public ForwardingGroup {
 };
 
 }  // namespace
+
+std::shared_ptr<SymmetricSegment> symmetric_holding(Group& g, const at::Tensor& t) {
+  auto* shm = dynamic_cast<ShmGroup*>(&g);
+  return shm ? shm->holding(t) : nullptr;
+}
 
 bool shm_reduce_to_first(Group& g, at::Tensor& t) {
   auto* shm = dynamic_cast<ShmGroup*>(&g);
@@ -421,11 +432,13 @@ namespace dtrain::engine::comm {
 
 namespace {
 
-// Through the decorators (the trace's) to the shared-memory group, if any.
-detail::ShmGroup* shm_group_of(Group& g) {
+// Through the decorators (the trace's) to the shared-memory group, if any;
+// with `hier`, stops at a hierarchical group instead (its inner group spans
+// nodes: no shared memory there).
+Group* shm_group_of(Group& g, bool hier = false) {
   Group* cur = &g;
   for (;;) {
-    if (auto* shm = dynamic_cast<detail::ShmGroup*>(cur)) return shm;
+    if (dynamic_cast<detail::ShmGroup*>(cur) || (hier && detail::is_hier_group(*cur))) return cur;
     auto* fwd = dynamic_cast<detail::ForwardingGroup*>(cur);
     if (fwd == nullptr) return nullptr;
     cur = &fwd->inner();
@@ -436,12 +449,16 @@ detail::ShmGroup* shm_group_of(Group& g) {
 
 at::Tensor symmetric_buffer(Group& g, int64_t numel, at::ScalarType dtype) {
   if (const char* v = std::getenv("DTRAIN_SYMMETRIC_BUFFERS"); v && std::string(v) == "0") return {};
-  detail::ShmGroup* shm = shm_group_of(g);
-  return shm ? shm->symmetric(numel, dtype) : at::Tensor();
+  Group* found = shm_group_of(g, /*hier=*/true);
+  if (found == nullptr) return {};
+  if (auto* shm = dynamic_cast<detail::ShmGroup*>(found)) return shm->symmetric(numel, dtype);
+  // Across nodes: a symmetric buffer of this node's members (hier_group.h).
+  Group* node = detail::hier_node_group(*found);
+  return node ? symmetric_buffer(*node, numel, dtype) : at::Tensor();
 }
 
 at::Tensor shared_buffer(Group& g, int64_t numel, at::ScalarType dtype) {
-  detail::ShmGroup* shm = shm_group_of(g);
+  auto* shm = dynamic_cast<detail::ShmGroup*>(shm_group_of(g));
   return shm ? shm->shared(numel, dtype) : at::Tensor();
 }
 

@@ -185,21 +185,31 @@ __attribute__((target_clones("avx2", "default"))) void add_block(T* __restrict a
 }
 
 template <typename T>
-void sum_to_all_typed(char* const* regions, int n, int64_t elems) {
+void sum_to_all_typed(char* const* regions, int n, int64_t elems, bool copy_out) {
   constexpr int64_t block = kSumBlockBytes / static_cast<int64_t>(sizeof(T));
   for (int64_t off = 0; off < elems; off += block) {
     const int64_t len = std::min(block, elems - off);
     T* acc = reinterpret_cast<T*>(regions[0]) + off;
     for (int j = 1; j < n; ++j) add_block(acc, reinterpret_cast<const T*>(regions[j]) + off, len);
-    for (int j = 1; j < n; ++j) std::memcpy(reinterpret_cast<T*>(regions[j]) + off, acc, size_t(len) * sizeof(T));
+    if (copy_out)
+      for (int j = 1; j < n; ++j) std::memcpy(reinterpret_cast<T*>(regions[j]) + off, acc, size_t(len) * sizeof(T));
   }
 }
 
 }  // namespace
 
 bool sum_to_all(char* const* regions, int n, int64_t elems, at::ScalarType dtype) {
-  if (dtype == at::kFloat) sum_to_all_typed<float>(regions, n, elems);
-  else if (dtype == at::kDouble) sum_to_all_typed<double>(regions, n, elems);
+  if (dtype == at::kFloat) sum_to_all_typed<float>(regions, n, elems, true);
+  else if (dtype == at::kDouble) sum_to_all_typed<double>(regions, n, elems, true);
+  else return false;
+  return true;
+}
+
+bool sum_to_first(char* const* regions, int n, int64_t elems, at::ScalarType dtype) {
+  if (dtype == at::kFloat) sum_to_all_typed<float>(regions, n, elems, false);
+  else if (dtype == at::kDouble) sum_to_all_typed<double>(regions, n, elems, false);
+  else if (dtype == at::kInt) sum_to_all_typed<int32_t>(regions, n, elems, false);
+  else if (dtype == at::kLong) sum_to_all_typed<int64_t>(regions, n, elems, false);
   else return false;
   return true;
 }

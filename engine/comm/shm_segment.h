@@ -132,4 +132,9 @@ void reduce_in_rank_order(at::Tensor& acc, int n, const std::function<at::Tensor
 constexpr int64_t kSumBlockBytes = 8192;
 bool sum_to_all(char* const* regions, int n, int64_t elems, at::ScalarType dtype);
 
+// The same rank-order sum into regions[0] alone (the others unchanged), for
+// every dtype the segments add (shm_dtype): the hierarchical all-reduce's
+// node stage on a symmetric buffer. False (nothing written) for another.
+bool sum_to_first(char* const* regions, int n, int64_t elems, at::ScalarType dtype);
+
 }  // namespace dtrain::engine::comm::detail

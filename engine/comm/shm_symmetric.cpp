@@ -19,6 +19,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -37,8 +39,9 @@ constexpr uint64_t kSharedMagic = 0x3168735f6e696172;  // "rain_sh1"
 constexpr int kSymSlots = 64;
 
 struct SymSlot {
-  Counter arrived, done;      // arrived reaches n (k+1), done k+1, for the slot's k-th use
-  std::atomic<uint32_t> bad;  // k+1 where the k-th use's claims disagreed
+  Counter arrived, done;         // arrived reaches n (k+1), done k+1, for the slot's k-th use
+  std::atomic<uint32_t> bad;     // k+1 where the k-th use's claims disagreed
+  std::atomic<uint32_t> failed;  // k+1 where the k-th use's stage across nodes threw (hier)
 };
 struct SymClaim {
   uint64_t offset, bytes;
@@ -105,18 +108,86 @@ class SymmetricSegment {
     return index;
   }
 
+  // The hierarchical all-reduce's node stages on t's range (hier_group.cpp):
+  // every member claims its range and arrives; member 0 (the node's leader)
+  // waits for all, sums the ranges into its own in member order, runs
+  // `across` on it (the leaders' all-reduce), copies the result into the
+  // others' ranges and marks the slot done; the others only wait for that.
+  // Claims that differ: member 0 still runs `across` (the other nodes'
+  // leaders are in it), then every member throws.
+  void hier(const at::Tensor& t, const std::function<void(at::Tensor&)>& across) {
+    uint64_t index = 0;
+    SymClaim mine{};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      index = next_++;
+      const auto use = static_cast<uint32_t>(index / kSymSlots);
+      SymSlot& slot = header().slots[index % kSymSlots];
+      if (use > 0) wait_until(slot.done, use, options_, group_, "all_reduce", "reusing a symmetric-buffer slot");
+      mine = {static_cast<uint64_t>(static_cast<const char*>(t.data_ptr()) - region(me_)),
+              static_cast<uint64_t>(t.nbytes())};
+      claim(int(index % kSymSlots), me_) = mine;
+      if (slot.arrived.value.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n_) * (use + 1))
+        wake_all(slot.arrived);
+    }
+    const int s = static_cast<int>(index % kSymSlots);
+    const auto use = static_cast<uint32_t>(index / kSymSlots);
+    SymSlot& slot = header().slots[s];
+    if (me_ != 0) {
+      wait_until(slot.done, use + 1, options_, group_, "all_reduce", "the node leader's sum and exchange");
+      if (slot.failed.load(std::memory_order_relaxed) == use + 1)
+        throw Error(ErrorCode::worker_failed, "all_reduce on group " + group_ +
+                                         " (hierarchical, symmetric buffer): the node leader's exchange across "
+                                         "nodes failed (its log says why)",
+                    "see the node leader's error");
+      check_claims(slot, use);
+      return;
+    }
+    wait_until(slot.arrived, static_cast<uint32_t>(n_) * (use + 1), options_, group_, "all_reduce",
+               "every member of the node");
+    bool agree = true;
+    for (int j = 0; j < n_; ++j)
+      agree = agree && claim(s, j).offset == mine.offset && claim(s, j).bytes == mine.bytes;
+    std::vector<char*> ranges(static_cast<size_t>(n_));  // every member's range, member order
+    for (int j = 0; j < n_; ++j) ranges[size_t(j)] = region(j) + mine.offset;
+    if (agree && !sum_to_first(ranges.data(), n_, t.numel(), t.scalar_type())) {
+      auto opts = at::TensorOptions().dtype(t.scalar_type());
+      auto piece = [&](int j) { return at::from_blob(ranges[size_t(j)], {t.numel()}, opts); };
+      at::Tensor acc = piece(0);
+      reduce_in_rank_order(acc, n_, piece, ReduceOp::sum);
+    }
+    std::exception_ptr err;
+    try {
+      at::Tensor x = t;  // member 0's range
+      across(x);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    if (agree && !err)
+      for (int j = 1; j < n_; ++j) std::memcpy(ranges[size_t(j)], ranges[0], mine.bytes);
+    if (!agree) slot.bad.store(use + 1, std::memory_order_relaxed);
+    if (err) slot.failed.store(use + 1, std::memory_order_relaxed);
+    slot.done.value.store(use + 1, std::memory_order_release);
+    wake_all(slot.done);
+    if (err) std::rethrow_exception(err);
+    check_claims(slot, use);
+  }
+
   void wait(uint64_t index) {
     SymSlot& slot = header().slots[index % kSymSlots];
     const auto use = static_cast<uint32_t>(index / kSymSlots);
     wait_until(slot.done, use + 1, options_, group_, "all_reduce", "the last rank's in-place reduction");
+    check_claims(slot, use);
+  }
+
+ private:
+  void check_claims(const SymSlot& slot, uint32_t use) const {
     if (slot.bad.load(std::memory_order_relaxed) == use + 1)
       throw Error(ErrorCode::internal,
                   "all_reduce on group " + group_ +
                       " (symmetric buffer): the members passed different ranges of their buffers",
                   "every member all-reduces the same offset and length of its symmetric_buffer, in the same order");
   }
-
- private:
   SymClaim& claim(int s, int j) const {
     auto* claims = reinterpret_cast<SymClaim*>(seg_->base() + sizeof(SymHeader));
     return claims[static_cast<size_t>(s) * n_ + j];
@@ -229,6 +300,11 @@ bool symmetric_holds(const SymmetricSegment& s, const at::Tensor& t) {
 
 WorkPtr symmetric_all_reduce(const std::shared_ptr<SymmetricSegment>& s, const at::Tensor& t, ReduceOp op) {
   return std::make_shared<SymWork>(s, s->arrive(t, op));
+}
+
+void symmetric_hier_all_reduce(SymmetricSegment& s, const at::Tensor& t,
+                               const std::function<void(at::Tensor&)>& across) {
+  s.hier(t, across);
 }
 
 }  // namespace dtrain::engine::comm::detail

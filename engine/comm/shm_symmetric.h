@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,21 @@ bool symmetric_holds(const SymmetricSegment& s, const at::Tensor& t);
 // the same range, in the same order; the last to arrive reduces. wait()
 // throws dtrain::Error(internal) on every member where the ranges differ.
 WorkPtr symmetric_all_reduce(const std::shared_ptr<SymmetricSegment>& s, const at::Tensor& t, ReduceOp op);
+
+// The hierarchical all-reduce's node stages (hier_group.cpp) on t (which
+// symmetric_holds, on every member of the node group that made s): the
+// node leader (member 0) sums every member's range into its own in member
+// order, calls across(its range) (the all-reduce over the nodes' leaders,
+// only there), and copies the result into the others' ranges; nothing is
+// staged or copied out. Blocks until then on every member. Throws
+// dtrain::Error where the ranges differ (internal) or across threw (the
+// leader rethrows its error, the others say so).
+void symmetric_hier_all_reduce(SymmetricSegment& s, const at::Tensor& t,
+                               const std::function<void(at::Tensor&)>& across);
+
+// The symmetric segment of g (a group with_shm_collectives gave shared
+// memory) whose region holds t, or null.
+std::shared_ptr<SymmetricSegment> symmetric_holding(Group& g, const at::Tensor& t);
 
 // shared_buffer's region (symmetric_buffer.h): `numel` zeroed elements of
 // `dtype` in one segment every member of `g` maps, set up collectively over

@@ -4,8 +4,10 @@
 // 1e-6 in loss and gradient norm and within the parity tests' 1e-5 in the
 // parameters (another addition order, so not bit-exact: after 20 AdamW steps
 // one bias element differed by 1.08e-6 on an AMD EPYC machine, loss rel 3e-8),
-// and a run without gradient sync must miss by >= 100x each. Skips, saying why, where network
-// namespaces cannot be made.
+// and a run without gradient sync must miss by >= 100x each. DDP's buckets
+// live in each host's symmetric buffer there (the hierarchical all-reduce
+// then runs in place); with private buckets (DTRAIN_SYMMETRIC_BUFFERS=0) the
+// bits are the same. Skips, saying why, where network namespaces cannot be made.
 #include <doctest/doctest.h>
 
 #include <memory>
@@ -27,7 +29,8 @@ constexpr double kTol = 1e-6;
 
 // One agent per test host with 2 workers each (dp 4), on the parity
 // fixture's spec with `sets`; every agent must exit 0.
-parity::RunResult launch_2x2(const std::string& name, std::vector<std::string> sets) {
+parity::RunResult launch_2x2(const std::string& name, std::vector<std::string> sets,
+                             const std::string& env = "DTRAIN_SYMMETRIC_BUFFERS=1") {
   auto& p = parity::Parity::get();
   TagGuard tag;
   const std::string run_dir = p.dir / name;
@@ -43,7 +46,7 @@ parity::RunResult launch_2x2(const std::string& name, std::vector<std::string> s
     for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
     agents.push_back(std::make_unique<Child>(
         TestHosts::in_host(i, argv), p.dir / (name + "_node" + std::to_string(i) + ".log"),
-        std::vector<std::string>{tag.env(), "DTRAIN_NO_REBUILD=1", "DTRAIN_TOKEN=hier-test"}));
+        std::vector<std::string>{tag.env(), "DTRAIN_NO_REBUILD=1", "DTRAIN_TOKEN=hier-test", env}));
   }
   for (auto& a : agents) {
     const bool ended = a->wait(300);
@@ -82,7 +85,20 @@ TEST_CASE("2 test hosts x 2 workers: hierarchical all-reduce (shm + Gloo) matche
   const parity::RunResult hier = launch_2x2("hier", {});
   const parity::RunResult flat = launch_2x2("flat", {"cluster.hier_allreduce=false"});
   const parity::RunResult control = launch_2x2("hier_no_sync", {"fault.kind=no_grad_sync"});
+  // DDP's buckets in each host's symmetric buffer (both host stages in
+  // place) vs private buckets (staged): the same additions, so the same bits.
+  const parity::RunResult staged = launch_2x2("hier_staged", {}, "DTRAIN_SYMMETRIC_BUFFERS=0");
   CHECK_MESSAGE(hier.comm_path.find("\"dp\": \"shm+gloo\"") != std::string::npos, hier.comm_path);
+  CHECK_MESSAGE(staged.comm_path.find("\"dp\": \"shm+gloo\"") != std::string::npos, staged.comm_path);
+  CHECK(hier.output.find("(gloo, in its symmetric buffer)") != std::string::npos);
+  CHECK(staged.output.find("(gloo, in its symmetric buffer)") == std::string::npos);
+  CHECK(flat.output.find("(gloo, in its symmetric buffer)") == std::string::npos);
+  const parity::Diffs in_place = parity::differences(hier, staged);
+  MESSAGE("hierarchical, buckets in the hosts' symmetric buffers vs private (staged): " << hier_describe(in_place)
+          << " (tolerance 0: the same bits)");
+  CHECK(in_place.loss_rel == 0);
+  CHECK(in_place.norm_rel == 0);
+  CHECK(in_place.param_abs == 0);
   CHECK_MESSAGE(flat.comm_path.find("\"dp\": \"gloo\"") != std::string::npos, flat.comm_path);
   const parity::Diffs d = parity::differences(hier, flat);
   const parity::Diffs c = parity::differences(control, flat);

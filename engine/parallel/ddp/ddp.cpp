@@ -298,6 +298,7 @@ std::vector<at::Tensor> Ddp::flat_grads() const {
 }
 
 int Ddp::num_buckets() const { return static_cast<int>(state_->buckets.size()); }
+bool Ddp::symmetric() const { return state_->symmetric; }
 
 int64_t Ddp::grad_bytes() const {
   int64_t bytes = 0;

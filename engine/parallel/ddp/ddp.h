@@ -73,6 +73,8 @@ class Ddp {
   std::vector<at::Tensor> flat_grads() const;
 
   int num_buckets() const;
+  // The buckets are ranges of the dp group's symmetric buffer (symmetric_buffer.h).
+  bool symmetric() const;
   int64_t grad_bytes() const;  // bytes of all buckets
   // Params of bucket i, in the order they sit in it (tests, logging).
   std::vector<std::string> bucket_params(int i) const;

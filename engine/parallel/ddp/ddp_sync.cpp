@@ -144,9 +144,10 @@ class DdpSync : public GradSync {
   }
 
   std::string describe() const override {
-    return fmt::format("DDP: {} bucket(s) of <= {} MB over dp {} ({}), overlap {}{}",
+    return fmt::format("DDP: {} bucket(s) of <= {} MB over dp {} ({}{}), overlap {}{}",
                        ddp_.num_buckets(), options_.bucket_mb, dp_.size(), dp_.backend(),
-                       options_.overlap ? "on" : "off", split_ ? ", gradient norm split over dp" : "");
+                       ddp_.symmetric() ? ", in its symmetric buffer" : "", options_.overlap ? "on" : "off",
+                       split_ ? ", gradient norm split over dp" : "");
   }
 
  private:

@@ -5,9 +5,11 @@
 // member order plus the other node's (two leaders: Gloo adds one pair, which
 // commutes), so it equals that reference exactly; flat Gloo (hierarchical
 // off, the negative control) adds in its ring's order and differs. Also: the
-// shared-memory broadcast it ends with, async ops, and ops it leaves to Gloo.
+// shared-memory broadcast it ends with, async ops, ops it leaves to Gloo, and
+// the in-place path on a symmetric buffer of the node.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/maximum.h>
 
 #include <algorithm>
@@ -17,7 +19,9 @@
 
 #include <unistd.h>
 
+#include "common/error.h"
 #include "engine/comm/comm.h"
+#include "engine/comm/symmetric_buffer.h"
 
 #include "tests/support/thread_world.h"
 #include "tests/support/torch_doctest.h"
@@ -161,4 +165,74 @@ TEST_CASE("shm broadcast: chunked, every root and dtype, equal to the root's ten
     }, [&](comm::WorldInfo&, comm::CommOptions& o) { o.shm_slot_bytes = 4096; });
   std::printf("shm broadcast vs the root's tensor: max diff %.3g (tolerance 0, exact)\n", worst);
   CHECK(worst == 0);
+}
+
+// symmetric_buffer.h on a group that spans nodes: a symmetric buffer of the
+// node's members (none on a node of one member: the 2 + 1 layout's rank 2
+// keeps a private tensor, and its staged path meets the others' in place
+// path in the leaders' Gloo stage). Ranges of it all-reduced, sync and async,
+// every dtype, equal to the node-order sums exactly, and what lies between
+// the ranges untouched. Control: members of a node passing different ranges
+// (only the in-place path compares them) throw on that node's members.
+TEST_CASE("hierarchical all_reduce on a symmetric buffer: both node stages in place, exact; ranges checked") {
+  if (!have_dev_shm()) return;
+  double worst = 0, untouched = 0;
+  int buffers = 0, expected_buffers = 0, mismatch_errors = 0, expected_errors = 0;
+  std::mutex mu;
+  each_layout(true, [&](comm::Comm& c, int r, const Layout& l) {
+    comm::Group& g = c.axis("dp");
+    const int node = l.node_of[size_t(r)];
+    const int members = int(std::count(l.node_of.begin(), l.node_of.end(), node));
+    const int local = int(std::count(l.node_of.begin(), l.node_of.begin() + r, node));
+    for (auto dt : {at::kFloat, at::kDouble, at::kInt, at::kLong}) {
+      const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 1}, {3, 1023}, {1100, 10007}, {11200, 5}};
+      const int64_t total = 12000;
+      at::Tensor buf = comm::symmetric_buffer(g, total, dt);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        buffers += buf.defined() ? 1 : 0;
+        expected_buffers += members > 1 ? 1 : 0;
+      }
+      if (!buf.defined()) buf = at::empty({total}, at::TensorOptions().dtype(dt));
+      buf.fill_(-7);
+      std::vector<comm::WorkPtr> works;
+      for (size_t k = 0; k < ranges.size(); ++k) {
+        auto [off, m] = ranges[k];
+        at::Tensor t = buf.narrow(0, off, m);
+        t.copy_(hier_input(r, m, dt));
+        works.push_back(g.all_reduce(t, /*async=*/k % 2 == 1));
+      }
+      for (auto& w : works) w->wait();
+      double d = 0;
+      for (auto [off, m] : ranges) d = std::max(d, hier_diff(buf.narrow(0, off, m), two_node_reference(l, m, dt)));
+      // Between the ranges: still -7 on every member.
+      const double gap = std::max(hier_diff(buf.narrow(0, 1, 2), at::full({2}, -7, buf.options())),
+                                  hier_diff(buf.narrow(0, 11205, total - 11205),
+                                            at::full({total - 11205}, -7, buf.options())));
+      std::lock_guard<std::mutex> lock(mu);
+      worst = std::max(worst, d);
+      untouched = std::max(untouched, gap);
+    }
+    // A node's second member 10 elements off: that node's members throw.
+    at::Tensor buf = comm::symmetric_buffer(g, 100, at::kFloat);
+    if (!buf.defined()) buf = at::zeros({100}, at::kFloat);
+    at::Tensor t = buf.narrow(0, local == 1 ? 10 : 0, 20);
+    bool threw = false;
+    try {
+      g.all_reduce(t);
+    } catch (const dtrain::Error& e) {
+      threw = std::string(e.what()).find("different ranges") != std::string::npos;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    mismatch_errors += threw ? 1 : 0;
+    expected_errors += members > 1 ? 1 : 0;
+  });
+  std::printf("hierarchical all_reduce on symmetric buffers: %d of %d members with 2+ on their node got one; vs "
+              "node-order sums: max diff %.3g (tolerance 0, exact); between the ranges: max diff %.3g; different "
+              "ranges on a node: %d of %d members threw\n",
+              buffers, expected_buffers, worst, untouched, mismatch_errors, expected_errors);
+  CHECK(buffers == expected_buffers);
+  CHECK(worst == 0);
+  CHECK(untouched == 0);
+  CHECK(mismatch_errors == expected_errors);
 }
