@@ -297,9 +297,9 @@ class ShmGroup : public ForwardingGroup {
     bytes_ += static_cast<uint64_t>(2 * (n - 1) * static_cast<int64_t>(t.nbytes()) / n);
     if (auto sym = holding(t)) {
       auto work = symmetric_all_reduce(sym, t, op);
-        if (!async) work->wait();
-        return work;
-      }
+      if (!async) work->wait();
+      return work;
+    }
     auto work = std::make_shared<ShmWork>(channel_, t, channel_->stage_all_reduce(t, op));
     if (!async) work->wait();
     return work;
@@ -327,6 +327,11 @@ class ShmGroup : public ForwardingGroup {
         channel_->slot_bytes() < static_cast<int64_t>(in.element_size()) * size())
       return inner_->reduce_scatter(in, out, async);
     bytes_ += static_cast<uint64_t>((size() - 1) * static_cast<int64_t>(in.nbytes()) / size());
+    if (auto sym = holding(in)) {  // every member's input read where it lies: nothing staged
+      auto work = symmetric_reduce_scatter(sym, in, out);
+      if (!async) work->wait();
+      return work;
+    }
     auto work = std::make_shared<ShmWork>(channel_, out, channel_->stage_reduce_scatter(in, out));
     if (!async) work->wait();
     return work;

@@ -13,12 +13,14 @@
 // and reads with the group's own collectives.
 #include "engine/comm/shm_symmetric.h"
 
+#include <ATen/ops/add.h>
 #include <ATen/ops/from_blob.h>
 #include <sys/statvfs.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -40,6 +42,7 @@ constexpr int kSymSlots = 64;
 
 struct SymSlot {
   Counter arrived, done;         // arrived reaches n (k+1), done k+1, for the slot's k-th use
+  Counter read;                  // reduce_scatter: members done reading, n (k+1) at the end
   std::atomic<uint32_t> bad;     // k+1 where the k-th use's claims disagreed
   std::atomic<uint32_t> failed;  // k+1 where the k-th use's stage across nodes threw (hier)
 };
@@ -92,7 +95,7 @@ class SymmetricSegment {
     const int s = static_cast<int>(index % kSymSlots);
     const auto use = static_cast<uint32_t>(index / kSymSlots);
     SymSlot& slot = header().slots[s];
-    if (use > 0) wait_until(slot.done, use, options_, group_, "all_reduce", "reusing a symmetric-buffer slot");
+    reuse(slot, index, "all_reduce");
     const SymClaim mine{static_cast<uint64_t>(static_cast<const char*>(t.data_ptr()) - region(me_)),
                         static_cast<uint64_t>(t.nbytes())};
     claim(s, me_) = mine;
@@ -123,7 +126,7 @@ class SymmetricSegment {
       index = next_++;
       const auto use = static_cast<uint32_t>(index / kSymSlots);
       SymSlot& slot = header().slots[index % kSymSlots];
-      if (use > 0) wait_until(slot.done, use, options_, group_, "all_reduce", "reusing a symmetric-buffer slot");
+      reuse(slot, index, "all_reduce");
       mine = {static_cast<uint64_t>(static_cast<const char*>(t.data_ptr()) - region(me_)),
               static_cast<uint64_t>(t.nbytes())};
       claim(int(index % kSymSlots), me_) = mine;
@@ -173,6 +176,48 @@ class SymmetricSegment {
     check_claims(slot, use);
   }
 
+  // reduce_scatter of `in` (a range of this member's region, n blocks of
+  // out.numel()) into `out`: every member claims and arrives. The read
+  // (this member's block of every member's range, in member order, into
+  // out) comes at the work's wait(), or earlier where a later op needs the
+  // slot; wait() then waits until every member has read, so a member
+  // writes its range again only after the others are done with it.
+  struct Read {
+    uint64_t index;
+    at::Tensor out;  // kept alive until read
+    bool read = false, agree = true;
+  };
+  std::shared_ptr<Read> arrive_reduce_scatter(const at::Tensor& in, const at::Tensor& out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t index = next_++;
+    const auto use = static_cast<uint32_t>(index / kSymSlots);
+    SymSlot& slot = header().slots[index % kSymSlots];
+    reuse(slot, index, "reduce_scatter");
+    claim(int(index % kSymSlots), me_) = {static_cast<uint64_t>(static_cast<const char*>(in.data_ptr()) - region(me_)),
+                                          static_cast<uint64_t>(in.nbytes())};
+    if (slot.arrived.value.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n_) * (use + 1))
+      wake_all(slot.arrived);
+    auto r = std::make_shared<Read>(Read{index, out});
+    reads_.push_back(r);
+    return r;
+  }
+  void wait_read(Read& r) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!r.read) read(r);
+    }
+    const auto use = static_cast<uint32_t>(r.index / kSymSlots);
+    wait_until(header().slots[r.index % kSymSlots].done, use + 1, options_, group_, "reduce_scatter",
+               "every member reading its block");
+    if (!r.agree)
+      throw Error(ErrorCode::internal,
+                  "reduce_scatter on group " + group_ +
+                      " (symmetric buffer): the members passed different ranges of their buffers, or an output "
+                      "that is not 1/" + std::to_string(n_) + " of them",
+                  "every member reduce-scatters the same offset and length of its symmetric_buffer, in the same "
+                  "order");
+  }
+
   void wait(uint64_t index) {
     SymSlot& slot = header().slots[index % kSymSlots];
     const auto use = static_cast<uint32_t>(index / kSymSlots);
@@ -181,6 +226,46 @@ class SymmetricSegment {
   }
 
  private:
+  // Before the index-th op takes its slot: this member's own reads of the
+  // slot's earlier ops (reduce_scatter's, not yet waited), then every
+  // member's (their slot done). Under mu_.
+  void reuse(SymSlot& slot, uint64_t index, const char* op) {
+    const auto use = static_cast<uint32_t>(index / kSymSlots);
+    if (use == 0) return;
+    while (!reads_.empty() && reads_.front()->index + kSymSlots <= index) {
+      if (!reads_.front()->read) read(*reads_.front());
+      reads_.pop_front();
+    }
+    wait_until(slot.done, use, options_, group_, op, "reusing a symmetric-buffer slot");
+  }
+  // A reduce_scatter's read (arrive_reduce_scatter). Under mu_.
+  void read(Read& r) {
+    const int s = static_cast<int>(r.index % kSymSlots);
+    const auto use = static_cast<uint32_t>(r.index / kSymSlots);
+    SymSlot& slot = header().slots[s];
+    const uint32_t all = static_cast<uint32_t>(n_) * (use + 1);
+    wait_until(slot.arrived, all, options_, group_, "reduce_scatter", "every member's input");
+    const SymClaim first = claim(s, 0);
+    r.agree = first.bytes == static_cast<uint64_t>(r.out.nbytes()) * static_cast<uint64_t>(n_);
+    for (int j = 1; j < n_; ++j)
+      r.agree = r.agree && claim(s, j).offset == first.offset && claim(s, j).bytes == first.bytes;
+    if (r.agree) {
+      // As the staged path: out = piece 0 + piece 1, then + piece j (the same bits).
+      auto opts = at::TensorOptions().dtype(r.out.scalar_type());
+      const int64_t m = r.out.numel();
+      auto piece = [&](int j) {
+        return at::from_blob(region(j) + first.offset + static_cast<size_t>(me_) * r.out.nbytes(), {m}, opts);
+      };
+      at::add_out(r.out, piece(0), piece(1));
+      for (int j = 2; j < n_; ++j) r.out.add_(piece(j));
+    }
+    r.read = true;
+    r.out = at::Tensor();
+    if (slot.read.value.fetch_add(1, std::memory_order_acq_rel) + 1 == all) {
+      slot.done.value.store(use + 1, std::memory_order_release);
+      wake_all(slot.done);
+    }
+  }
   void check_claims(const SymSlot& slot, uint32_t use) const {
     if (slot.bad.load(std::memory_order_relaxed) == use + 1)
       throw Error(ErrorCode::internal,
@@ -212,6 +297,7 @@ class SymmetricSegment {
   ShmOptions options_;
   std::mutex mu_;
   uint64_t next_ = 0;
+  std::deque<std::shared_ptr<Read>> reads_;  // reduce_scatters issued, oldest first (read or not)
 };
 
 namespace {
@@ -237,6 +323,17 @@ bool fits_dev_shm(const Group& g, size_t bytes, const char* what) {
                 cap >> 20);
   return false;
 }
+
+class SymScatterWork : public Work {
+ public:
+  SymScatterWork(std::shared_ptr<SymmetricSegment> seg, std::shared_ptr<SymmetricSegment::Read> read)
+      : seg_(std::move(seg)), read_(std::move(read)) {}
+  void wait() override { seg_->wait_read(*read_); }
+
+ private:
+  std::shared_ptr<SymmetricSegment> seg_;
+  std::shared_ptr<SymmetricSegment::Read> read_;
+};
 
 }  // namespace
 
@@ -300,6 +397,11 @@ bool symmetric_holds(const SymmetricSegment& s, const at::Tensor& t) {
 
 WorkPtr symmetric_all_reduce(const std::shared_ptr<SymmetricSegment>& s, const at::Tensor& t, ReduceOp op) {
   return std::make_shared<SymWork>(s, s->arrive(t, op));
+}
+
+WorkPtr symmetric_reduce_scatter(const std::shared_ptr<SymmetricSegment>& s, const at::Tensor& in,
+                                 const at::Tensor& out) {
+  return std::make_shared<SymScatterWork>(s, s->arrive_reduce_scatter(in, out));
 }
 
 void symmetric_hier_all_reduce(SymmetricSegment& s, const at::Tensor& t,

@@ -40,6 +40,16 @@ bool symmetric_holds(const SymmetricSegment& s, const at::Tensor& t);
 // throws dtrain::Error(internal) on every member where the ranges differ.
 WorkPtr symmetric_all_reduce(const std::shared_ptr<SymmetricSegment>& s, const at::Tensor& t, ReduceOp op);
 
+// reduce_scatter (sum) of in (which symmetric_holds; n blocks of
+// out.numel()) into out: wait() reads this member's block of every member's
+// input where it lies, in member order (the staged path's bits), then
+// returns once every member has read its block (so none writes its input
+// again before the others are done with it). Every member passes the same
+// range, in the same order as its other ops on s; wait() throws
+// dtrain::Error(internal) on every member where the ranges differ.
+WorkPtr symmetric_reduce_scatter(const std::shared_ptr<SymmetricSegment>& s, const at::Tensor& in,
+                                 const at::Tensor& out);
+
 // The hierarchical all-reduce's node stages (hier_group.cpp) on t (which
 // symmetric_holds, on every member of the node group that made s): the
 // node leader (member 0) sums every member's range into its own in member

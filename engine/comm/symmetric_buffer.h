@@ -3,7 +3,8 @@
 // tensor in a /dev/shm segment that holds one such buffer per member, so the
 // group's all_reduce of a part of it reduces in place, reading every member's
 // copy where it lies: nothing is staged into a scratch segment, nothing is
-// copied back out. DDP's gradient buckets live in one.
+// copied back out. DDP's gradient buckets live in one, and ZeRO-2/3's
+// reduce-scatter inputs.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -23,8 +24,13 @@ namespace dtrain::engine::comm {
 // returned tensor (the same offset and length on every member) is done in
 // place: the last member to arrive reduces the members' ranges in member
 // order into member 0's and copies the result into the others' (the same
-// bits as the staged path). The tensor keeps the mapping alive. Undefined
-// (nothing set up) where `g` has no shared-memory path, where the segment
+// bits as the staged path); g.reduce_scatter whose input is such a range
+// reads every member's block where it lies (its wait() returns once every
+// member has read, so the input may be written again after it). Where `g`
+// is a hierarchical group across machines (hier_group.h) the buffer is one
+// of this machine's members, and g.all_reduce of a range of it runs both
+// of its shared-memory stages in place. The tensor keeps the mapping alive.
+// Undefined (nothing set up) where `g` has no shared-memory path, where the segment
 // (numel x members) would take over a quarter of /dev/shm, where
 // DTRAIN_SYMMETRIC_BUFFERS=0 (a bench's A/B), or where any member could not
 // map it: the caller allocates its own memory and the collectives stage as

@@ -76,8 +76,29 @@ void ZeroState::release(int u) {
   x.gathered = false;
 }
 
-at::Tensor ZeroState::pending_input(int u) const {
-  return at::empty({layout.units[size_t(u)].padded}, units[size_t(u)].param_shard.options());
+at::Tensor ZeroState::pending_input(int u) {
+  const int64_t padded = layout.units[size_t(u)].padded;
+  if (!input_pool.empty()) {
+    int k = -1;
+    for (size_t b = 0; b < input_pool.size() && k < 0; ++b)
+      if (pool_user[b] < 0) k = int(b);
+    if (k < 0) {  // all taken: free the one whose reduce-scatter started first
+      int oldest = -1;
+      for (int v : pool_user)
+        if (units[size_t(v)].reduce && (oldest < 0 || launched_at[size_t(v)] < launched_at[size_t(oldest)]))
+          oldest = v;
+      if (oldest >= 0) {
+        k = pool_of[size_t(oldest)];
+        wait_reduce(oldest);
+      }
+    }
+    if (k >= 0) {  // (else every buffer waits for its unit's launch: a tensor of its own)
+      pool_user[size_t(k)] = u;
+      pool_of[size_t(u)] = k;
+      return input_pool[size_t(k)].narrow(0, 0, padded);
+    }
+  }
+  return at::empty({padded}, units[size_t(u)].param_shard.options());
 }
 
 at::Tensor ZeroState::grad_slot(int u, int64_t offset, int i) {
@@ -112,6 +133,7 @@ void ZeroState::launch(int u) {
   }
   if (fu.padded > fu.numel) x.reduce_in.narrow(0, fu.numel, fu.padded - fu.numel).zero_();
   x.reduce_out = x.shard_stale ? x.grad_shard : at::empty({fu.shard}, x.param_shard.options());  // [S]
+  if (!launched_at.empty()) launched_at[size_t(u)] = launches++;
   x.reduce = dp->reduce_scatter(x.reduce_in, x.reduce_out, /*async=*/true);
   if (stage() == 3) release(u);  // its backward is done
 }
@@ -129,6 +151,10 @@ void ZeroState::wait_reduce(int u) {
     x.grad_shard.add_(x.reduce_out);
   x.reduce_in = at::Tensor();
   x.reduce_out = at::Tensor();
+  if (!pool_of.empty() && pool_of[size_t(u)] >= 0) {  // every rank has read it: free for the next unit
+    pool_user[size_t(pool_of[size_t(u)])] = -1;
+    pool_of[size_t(u)] = -1;
+  }
 }
 
 }  // namespace dtrain::engine::parallel::zero

@@ -70,6 +70,18 @@ struct ZeroState {
   bool sync_due = false;
   at::Tensor token;  // [1]: meet()'s all-reduce
   int64_t shard_numel = 0;  // the sum of this rank's shards (memory())
+  // ZeRO-2/3 where the dp group runs through shared memory: the units'
+  // reduce-scatter inputs are taken from kInputPool buffers of its
+  // symmetric buffer (symmetric_buffer.h: every rank's input is read where
+  // it lies, nothing is staged), one per unit from its backward's first
+  // claim until its reduce-scatter is read by every rank. Empty elsewhere
+  // (each input is a tensor of its own).
+  static constexpr int kInputPool = 3;
+  std::vector<at::Tensor> input_pool;  // [largest padded] each
+  std::vector<int> pool_user;          // per pool buffer: the unit holding it, or -1
+  std::vector<int> pool_of;            // per unit: the pool buffer it holds, or -1
+  std::vector<uint64_t> launched_at;   // per unit: when its reduce-scatter started (launch order)
+  uint64_t launches = 0;
 
   int stage() const { return options.stage; }
   // A barrier of the dp group through its own collectives (shared memory:
@@ -87,8 +99,11 @@ struct ZeroState {
   void release(int u);
 
   // ---- gradients ----
-  // Unit u's next reduce-scatter input, [padded], uninitialised.
-  at::Tensor pending_input(int u) const;
+  // Unit u's next reduce-scatter input, [padded], uninitialised: a pool
+  // buffer where there is one (the free one, else the one whose unit's
+  // reduce-scatter started first, once every rank has read it; the same
+  // choice on every rank), else a tensor of its own.
+  at::Tensor pending_input(int u);
   // Where backward computes parameter i's first gradient (grad_slot.h's
   // make; called under its lock): its place in unit u's pending input,
   // made on the unit's first claim.

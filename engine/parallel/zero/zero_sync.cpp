@@ -336,6 +336,9 @@ class ZeroSync : public GradSync {
     else if (s.stage() == 3)
       d += fmt::format(", reshard_after_forward {}, prefetch {}",
                        s.options.reshard_after_forward ? "on" : "off", s.options.prefetch ? "on" : "off");
+    if (!s.input_pool.empty())
+      d += fmt::format("; reduce-scatter inputs in {} buffers of the dp group's symmetric buffer (read in place)",
+                       s.input_pool.size());
     if (s.offload)
       d += fmt::format("; parameter shards ({} bytes) in {} between uses", s.offload->bytes(), s.offload->where());
     if (s.dp->size() == 1) d += "; dp = 1: nothing to shard, this rank holds everything";
@@ -370,6 +373,18 @@ class ZeroSync : public GradSync {
     }
     if (s.stage() == 3 && !own_shards && !s.shared) s.param_shards_all = at::zeros({shards}, opts);  // [sum S]
     if (s.stage() > 1) s.grad_shards_all = at::zeros({shards}, opts);          // [sum S]
+    // ZeRO-2/3: the reduce-scatter inputs' pool (zero_state.h), in the dp
+    // group's symmetric buffer where it runs through shared memory.
+    if (s.stage() > 1 && s.dp->size() > 1 && s.dp->device().is_cpu() && opts.dtype() == at::kFloat) {
+      int64_t largest = 0;
+      for (auto& u : lu) largest = std::max(largest, u.padded);
+      const at::Tensor pool = comm::symmetric_buffer(*s.dp, ZeroState::kInputPool * largest, at::kFloat);
+      for (int k = 0; pool.defined() && k < ZeroState::kInputPool; ++k)
+        s.input_pool.push_back(pool.narrow(0, k * largest, largest));
+      s.pool_user.assign(s.input_pool.size(), -1);
+      s.pool_of.assign(lu.size(), -1);
+      s.launched_at.assign(lu.size(), 0);
+    }
     s.units.resize(lu.size());
     at::NoGradGuard no_grad;
     int64_t full_off = 0, shard_off = 0;

@@ -320,6 +320,81 @@ TEST_CASE("shm symmetric buffer: ranks passing different ranges is an error on e
   CHECK(defined == 0);
 }
 
+// symmetric_buffer.h: reduce_scatter whose input is a range of the
+// symmetric buffer (ZeRO-2/3's inputs): every member's block read where it
+// lies, async, more ops in flight than the segment has slots (64), every
+// dtype, equal to the rank-order sum of the blocks exactly; the members'
+// inputs are not written. Control: the same through Gloo's ring (shared
+// memory off). Then: members passing different ranges throw on every member.
+TEST_CASE("shm symmetric buffer: reduce_scatter read in place, every dtype, equal to the rank-order sum") {
+  if (!have_dev_shm()) return;
+  double worst = 0, gloo_vs_order = 0, inputs_changed = 0;
+  int buffers = 0;
+  std::mutex mu;
+  each_world([&](comm::Comm& c, int r, int n, bool shm) {
+    comm::Group& g = c.axis("dp");
+    for (auto dt : {at::kFloat, at::kDouble, at::kInt, at::kLong}) {
+      // 70 ops on 5 block sizes, each input at its own offset.
+      const std::vector<int64_t> blocks = {1, 3, 1023, 1025, 5000};
+      std::vector<std::pair<int64_t, int64_t>> ranges;  // (offset, block)
+      int64_t total = 0;
+      for (int k = 0; k < 70; ++k) {
+        const int64_t m = blocks[size_t(k) % blocks.size()];
+        ranges.emplace_back(total, m);
+        total += n * m + (k % 3);
+      }
+      at::Tensor buf = comm::symmetric_buffer(g, total, dt);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        buffers += buf.defined() ? 1 : 0;
+      }
+      if (!buf.defined()) buf = at::empty({total}, at::TensorOptions().dtype(dt));
+      std::vector<comm::WorkPtr> works;
+      std::vector<at::Tensor> outs;
+      for (auto [off, m] : ranges) {
+        at::Tensor in = buf.narrow(0, off, n * m);
+        in.copy_(input(r + int(off % 5), n * m, dt));
+        outs.push_back(at::empty({m}, at::TensorOptions().dtype(dt)));
+        works.push_back(g.reduce_scatter(in, outs.back(), /*async=*/true));
+      }
+      for (auto& w : works) w->wait();
+      double d = 0, changed = 0;
+      for (size_t k = 0; k < ranges.size(); ++k) {
+        auto [off, m] = ranges[k];
+        at::Tensor want = input(int(off % 5), n * m, dt).narrow(0, r * m, m);
+        for (int q = 1; q < n; ++q) want = want + input(q + int(off % 5), n * m, dt).narrow(0, r * m, m);
+        d = std::max(d, max_diff(outs[k], want));
+        changed = std::max(changed, max_diff(buf.narrow(0, off, n * m), input(r + int(off % 5), n * m, dt)));
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (shm) worst = std::max(worst, d), inputs_changed = std::max(inputs_changed, changed);
+      else if (dt == at::kFloat) gloo_vs_order = std::max(gloo_vs_order, d);
+    }
+  });
+  std::printf("shm symmetric buffer: %d buffers; reduce_scatter read in place vs the rank-order sum: max diff %.3g "
+              "(tolerance 0, exact); inputs changed by %.3g; Gloo's ring fp32 vs the same: %.3g (must differ)\n",
+              buffers, worst, inputs_changed, gloo_vs_order);
+  CHECK(buffers == 4 * (2 + 3 + 4));  // every rank and dtype, with shared memory on
+  CHECK(worst == 0);
+  CHECK(inputs_changed == 0);
+  CHECK(gloo_vs_order > 0);
+
+  std::vector<std::string> messages;
+  run_world(comm::parse_mesh("dp=2"), [&](comm::Comm& c, int r) {
+    at::Tensor buf = comm::symmetric_buffer(c.axis("dp"), 100, at::kFloat);
+    REQUIRE(buf.defined());
+    at::Tensor in = buf.narrow(0, r == 0 ? 0 : 10, 20), out = at::empty({10}, at::kFloat);
+    try {
+      c.axis("dp").reduce_scatter(in, out);
+    } catch (const dtrain::Error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      messages.push_back(e.what());
+    }
+  }, [](comm::WorldInfo&, comm::CommOptions& o) { o = small_slots(true); });
+  REQUIRE(messages.size() == 2);
+  for (const auto& m : messages) CHECK(m.find("different ranges") != std::string::npos);
+}
+
 TEST_CASE("shm shared buffer: one region every member reads and writes; none without shared memory") {
   if (!have_dev_shm()) return;
   std::mutex mu;
