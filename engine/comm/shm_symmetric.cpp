@@ -91,24 +91,17 @@ class SymmetricSegment {
   // Arrives with t's range; the last to arrive reduces. Returns the op's index.
   uint64_t arrive(const at::Tensor& t, ReduceOp op) {
     std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t index = next_++;
-    const int s = static_cast<int>(index % kSymSlots);
-    const auto use = static_cast<uint32_t>(index / kSymSlots);
-    SymSlot& slot = header().slots[s];
-    reuse(slot, index, "all_reduce");
-    const SymClaim mine{static_cast<uint64_t>(static_cast<const char*>(t.data_ptr()) - region(me_)),
-                        static_cast<uint64_t>(t.nbytes())};
-    claim(s, me_) = mine;
-    if (slot.arrived.value.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n_) * (use + 1)) {
-      bool agree = true;
-      for (int j = 0; j < n_; ++j)
-        agree = agree && claim(s, j).offset == mine.offset && claim(s, j).bytes == mine.bytes;
-      if (agree) reduce(mine, t.numel(), t.scalar_type(), op);
+    const Arrival a = enter(t, "all_reduce");
+    if (a.last) {
+      const int s = static_cast<int>(a.index % kSymSlots);
+      const auto use = static_cast<uint32_t>(a.index / kSymSlots);
+      SymSlot& slot = header().slots[s];
+      if (claims_agree(s)) reduce(claim(s, me_), t.numel(), t.scalar_type(), op);
       else slot.bad.store(use + 1, std::memory_order_relaxed);
       slot.done.value.store(use + 1, std::memory_order_release);
       wake_all(slot.done);
     }
-    return index;
+    return a.index;
   }
 
   // The hierarchical all-reduce's node stages on t's range (hier_group.cpp):
@@ -120,18 +113,9 @@ class SymmetricSegment {
   // leaders are in it), then every member throws.
   void hier(const at::Tensor& t, const std::function<void(at::Tensor&)>& across) {
     uint64_t index = 0;
-    SymClaim mine{};
     {
       std::lock_guard<std::mutex> lock(mu_);
-      index = next_++;
-      const auto use = static_cast<uint32_t>(index / kSymSlots);
-      SymSlot& slot = header().slots[index % kSymSlots];
-      reuse(slot, index, "all_reduce");
-      mine = {static_cast<uint64_t>(static_cast<const char*>(t.data_ptr()) - region(me_)),
-              static_cast<uint64_t>(t.nbytes())};
-      claim(int(index % kSymSlots), me_) = mine;
-      if (slot.arrived.value.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n_) * (use + 1))
-        wake_all(slot.arrived);
+      index = enter(t, "all_reduce").index;
     }
     const int s = static_cast<int>(index % kSymSlots);
     const auto use = static_cast<uint32_t>(index / kSymSlots);
@@ -148,17 +132,12 @@ class SymmetricSegment {
     }
     wait_until(slot.arrived, static_cast<uint32_t>(n_) * (use + 1), options_, group_, "all_reduce",
                "every member of the node");
-    bool agree = true;
-    for (int j = 0; j < n_; ++j)
-      agree = agree && claim(s, j).offset == mine.offset && claim(s, j).bytes == mine.bytes;
+    const bool agree = claims_agree(s);
+    const SymClaim mine = claim(s, me_);
     std::vector<char*> ranges(static_cast<size_t>(n_));  // every member's range, member order
     for (int j = 0; j < n_; ++j) ranges[size_t(j)] = region(j) + mine.offset;
-    if (agree && !sum_to_first(ranges.data(), n_, t.numel(), t.scalar_type())) {
-      auto opts = at::TensorOptions().dtype(t.scalar_type());
-      auto piece = [&](int j) { return at::from_blob(ranges[size_t(j)], {t.numel()}, opts); };
-      at::Tensor acc = piece(0);
-      reduce_in_rank_order(acc, n_, piece, ReduceOp::sum);
-    }
+    // (symmetric buffers hold only dtypes sum_to_first adds)
+    if (agree) sum_to_first(ranges.data(), n_, t.numel(), t.scalar_type());
     std::exception_ptr err;
     try {
       at::Tensor x = t;  // member 0's range
@@ -189,15 +168,7 @@ class SymmetricSegment {
   };
   std::shared_ptr<Read> arrive_reduce_scatter(const at::Tensor& in, const at::Tensor& out) {
     std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t index = next_++;
-    const auto use = static_cast<uint32_t>(index / kSymSlots);
-    SymSlot& slot = header().slots[index % kSymSlots];
-    reuse(slot, index, "reduce_scatter");
-    claim(int(index % kSymSlots), me_) = {static_cast<uint64_t>(static_cast<const char*>(in.data_ptr()) - region(me_)),
-                                          static_cast<uint64_t>(in.nbytes())};
-    if (slot.arrived.value.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n_) * (use + 1))
-      wake_all(slot.arrived);
-    auto r = std::make_shared<Read>(Read{index, out});
+    auto r = std::make_shared<Read>(Read{enter(in, "reduce_scatter").index, out});
     reads_.push_back(r);
     return r;
   }
@@ -226,17 +197,39 @@ class SymmetricSegment {
   }
 
  private:
-  // Before the index-th op takes its slot: this member's own reads of the
-  // slot's earlier ops (reduce_scatter's, not yet waited), then every
-  // member's (their slot done). Under mu_.
-  void reuse(SymSlot& slot, uint64_t index, const char* op) {
+  // The next op: takes its slot (once this member's own unread
+  // reduce_scatters of the slot's earlier uses are read, then every
+  // member's earlier use is done), claims t's range (offset in this
+  // member's region, bytes) and arrives, waking whoever waits for the
+  // arrivals. Under mu_.
+  struct Arrival {
+    uint64_t index;
+    bool last;  // this member arrived last
+  };
+  Arrival enter(const at::Tensor& t, const char* op) {
+    const uint64_t index = next_++;
+    const int s = static_cast<int>(index % kSymSlots);
     const auto use = static_cast<uint32_t>(index / kSymSlots);
-    if (use == 0) return;
-    while (!reads_.empty() && reads_.front()->index + kSymSlots <= index) {
-      if (!reads_.front()->read) read(*reads_.front());
-      reads_.pop_front();
+    SymSlot& slot = header().slots[s];
+    if (use > 0) {
+      while (!reads_.empty() && reads_.front()->index + kSymSlots <= index) {
+        if (!reads_.front()->read) read(*reads_.front());
+        reads_.pop_front();
+      }
+      wait_until(slot.done, use, options_, group_, op, "reusing a symmetric-buffer slot");
     }
-    wait_until(slot.done, use, options_, group_, op, "reusing a symmetric-buffer slot");
+    claim(s, me_) = {static_cast<uint64_t>(static_cast<const char*>(t.data_ptr()) - region(me_)),
+                     static_cast<uint64_t>(t.nbytes())};
+    const bool last =
+        slot.arrived.value.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n_) * (use + 1);
+    if (last) wake_all(slot.arrived);
+    return {index, last};
+  }
+  // Every member claimed the same range of slot s (all have arrived).
+  bool claims_agree(int s) const {
+    for (int j = 1; j < n_; ++j)
+      if (claim(s, j).offset != claim(s, 0).offset || claim(s, j).bytes != claim(s, 0).bytes) return false;
+    return true;
   }
   // A reduce_scatter's read (arrive_reduce_scatter). Under mu_.
   void read(Read& r) {
@@ -246,9 +239,7 @@ class SymmetricSegment {
     const uint32_t all = static_cast<uint32_t>(n_) * (use + 1);
     wait_until(slot.arrived, all, options_, group_, "reduce_scatter", "every member's input");
     const SymClaim first = claim(s, 0);
-    r.agree = first.bytes == static_cast<uint64_t>(r.out.nbytes()) * static_cast<uint64_t>(n_);
-    for (int j = 1; j < n_; ++j)
-      r.agree = r.agree && claim(s, j).offset == first.offset && claim(s, j).bytes == first.bytes;
+    r.agree = claims_agree(s) && first.bytes == static_cast<uint64_t>(r.out.nbytes()) * static_cast<uint64_t>(n_);
     if (r.agree) {
       // As the staged path: out = piece 0 + piece 1, then + piece j (the same bits).
       auto opts = at::TensorOptions().dtype(r.out.scalar_type());
