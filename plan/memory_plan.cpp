@@ -276,6 +276,22 @@ bool zero3_shared_params(const JobSpec& spec, const mesh::Mesh& m, int rank) {
   return true;
 }
 
+// ZeRO-2/3's reduce-scatter inputs in a pool of kZeroInputPool units
+// (engine/parallel/zero/zero_sync.cpp): on CPU with the shared-memory
+// collectives, where the shard group has a symmetric buffer: all of it on
+// this rank's machine, or (a hierarchical group, cluster.hier_allreduce) at
+// least two of its members here. The engine falls back to a tensor per
+// unit where the segment would not fit /dev/shm, which a plan made
+// elsewhere cannot see.
+bool zero_input_pool(const JobSpec& spec, const mesh::Mesh& m, int rank) {
+  if (spec.parallel.zero < 2 || !spec.cluster.shm || spec.cluster.device != DeviceKind::cpu) return false;
+  const std::vector<int> group = mesh::group_of(m, mesh::gradient_group(spec.parallel.cp), rank);
+  if (group.size() < 2) return false;
+  const int per_node = std::max(1, spec.cluster.procs_per_node);
+  const auto here = std::count_if(group.begin(), group.end(), [&](int r) { return r / per_node == rank / per_node; });
+  return here == std::ssize(group) || (spec.cluster.hier_allreduce && here >= 2);
+}
+
 }  // namespace
 
 RankMemory plan_rank(const JobSpec& spec, int rank) {
@@ -340,15 +356,19 @@ RankMemory plan_rank(const JobSpec& spec, int rank) {
   // over the ranks holding the same experts (dp x tp / ep of them).
   if (experts > 0 && spec.parallel.dp * spec.parallel.tp / d.ep > 1) transient += double(experts);
   const int shards = spec.parallel.dp * std::max(1, spec.parallel.cp);  // ZeRO's shard group: dp x cp
-  if (spec.parallel.zero == 3 && shards > 1) {
-    // Gathered units: the running one and the prefetched one in forward;
-    // in backward the unit's full gradient too. Shared parameters: the
-    // full gradient only (the node's one copy is param_bytes' shards).
+  if (spec.parallel.zero >= 2 && shards > 1) {
+    // A unit's full gradient, the reduce-scatter's input: one at a time,
+    // or the pool's units (padded), alive the whole run.
     const int64_t largest = *std::max_element(units.begin(), units.end());
-    const int gathered = zero3_shared_params(spec, m, rank) ? 0 : spec.parallel.fsdp_prefetch ? 2 : 1;
-    transient += double(largest) * (1 + gathered);
-  } else if (spec.parallel.zero == 2 && shards > 1) {
-    transient += double(*std::max_element(units.begin(), units.end()));  // a unit's full gradient
+    const int64_t padded = (largest + shards - 1) / shards * shards;
+    transient += zero_input_pool(spec, m, rank) ? double(kZeroInputPool) * double(padded) : double(largest);
+    // ZeRO-3's gathered units: the running one and the prefetched one in
+    // forward, one in backward. Shared parameters: none (the node's one
+    // copy is param_bytes' shards).
+    if (spec.parallel.zero == 3) {
+      const int gathered = zero3_shared_params(spec, m, rank) ? 0 : spec.parallel.fsdp_prefetch ? 2 : 1;
+      transient += double(largest) * gathered;
+    }
   }
   r.transient_bytes = int64_t(kFloat * transient);
   r.peak_bytes = r.static_bytes() + r.cache_bytes + r.activation_bytes + r.transient_bytes;

@@ -352,7 +352,11 @@ class ShmGroup : public ForwardingGroup {
     symmetric_.push_back(sym);
     // The tensor (and its views) own the mapping; the group forgets it once
     // they are gone.
-    return at::from_blob(symmetric_region(*sym), {numel}, [sym](void*) {}, at::TensorOptions().dtype(dtype));
+    const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+    count_shm_buffer_bytes(bytes);
+    return at::from_blob(
+        symmetric_region(*sym), {numel}, [sym, bytes](void*) { count_shm_buffer_bytes(-bytes); },
+        at::TensorOptions().dtype(dtype));
   }
   // symmetric_holding (shm_symmetric.h).
   std::shared_ptr<SymmetricSegment> holding(const at::Tensor& t) const {
@@ -466,5 +470,7 @@ at::Tensor shared_buffer(Group& g, int64_t numel, at::ScalarType dtype) {
   auto* shm = dynamic_cast<detail::ShmGroup*>(shm_group_of(g));
   return shm ? shm->shared(numel, dtype) : at::Tensor();
 }
+
+int64_t shm_buffer_bytes() { return detail::counted_shm_buffer_bytes(); }
 
 }  // namespace dtrain::engine::comm

@@ -137,6 +137,13 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 
 void wake_all(Counter& c) { futex(&c.value, FUTEX_WAKE, INT_MAX, nullptr); }
 
+namespace {
+std::atomic<int64_t> g_shm_buffer_bytes{0};
+}  // namespace
+
+void count_shm_buffer_bytes(int64_t delta) { g_shm_buffer_bytes.fetch_add(delta, std::memory_order_relaxed); }
+int64_t counted_shm_buffer_bytes() { return g_shm_buffer_bytes.load(std::memory_order_relaxed); }
+
 void wait_until(Counter& c, uint32_t target, const ShmOptions& options, const std::string& group,
                 const char* op, const char* what) {
   using Clock = std::chrono::steady_clock;

@@ -137,4 +137,9 @@ bool sum_to_all(char* const* regions, int n, int64_t elems, at::ScalarType dtype
 // node stage on a symmetric buffer. False (nothing written) for another.
 bool sum_to_first(char* const* regions, int n, int64_t elems, at::ScalarType dtype);
 
+// shm_buffer_bytes' count (symmetric_buffer.h): a buffer adds its bytes
+// when made and takes them back from its tensor's deleter.
+void count_shm_buffer_bytes(int64_t delta);
+int64_t counted_shm_buffer_bytes();
+
 }  // namespace dtrain::engine::comm::detail

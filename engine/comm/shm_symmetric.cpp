@@ -17,6 +17,7 @@
 #include <ATen/ops/from_blob.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -374,7 +375,12 @@ at::Tensor open_shared_region(const Group& g, c10d::Store& store, const std::str
     return {};
   }
   std::shared_ptr<Segment> owner(std::move(seg));  // posix_fallocate gave zeroed pages
-  return at::from_blob(owner->base() + header, {numel}, [owner](void*) {}, at::TensorOptions().dtype(dtype));
+  // This member's share of the one copy (shm_buffer_bytes).
+  const int64_t share = numel * static_cast<int64_t>(c10::elementSize(dtype)) / std::max(1, g.size());
+  count_shm_buffer_bytes(share);
+  return at::from_blob(
+      owner->base() + header, {numel}, [owner, share](void*) { count_shm_buffer_bytes(-share); },
+      at::TensorOptions().dtype(dtype));
 }
 
 char* symmetric_region(const SymmetricSegment& s) { return s.region(s.rank()); }

@@ -45,4 +45,11 @@ at::Tensor symmetric_buffer(Group& g, int64_t numel, at::ScalarType dtype);
 // caller does, with the group's collectives (a barrier after writing).
 at::Tensor shared_buffer(Group& g, int64_t numel, at::ScalarType dtype);
 
+// Bytes of memory this process holds in those buffers now: its own region
+// of every symmetric buffer alive, and its 1/members share of every shared
+// buffer alive (the machine holds one copy). /dev/shm pages the counting
+// allocator (engine/device/counting_allocator.h) does not see, which the
+// step's measured peak adds (engine/trainer/metrics.h's MemoryStats).
+int64_t shm_buffer_bytes();
+
 }  // namespace dtrain::engine::comm

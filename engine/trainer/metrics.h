@@ -23,7 +23,12 @@ struct MemoryStats {
   int64_t params = 0;
   int64_t grads = 0;
   int64_t optimizer = 0;
-  int64_t peak = 0;  // most CPU tensor bytes alive at once during the step (counting allocator)
+  // Most CPU tensor bytes alive at once during the step: the counting
+  // allocator's peak plus `shm`, the bytes this rank holds in shared-memory
+  // buffers (comm::shm_buffer_bytes: DDP's buckets, ZeRO's reduce-scatter
+  // inputs, its share of ZeRO-3's shared parameters), alive the whole step.
+  int64_t peak = 0;
+  int64_t shm = 0;
 };
 int64_t process_rss_bytes();
 

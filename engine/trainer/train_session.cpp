@@ -19,6 +19,7 @@
 #include "common/machine_memory.h"
 #include "common/offload_files.h"
 #include "engine/comm/round_abort.h"
+#include "engine/comm/symmetric_buffer.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
 #include "engine/doctor/blas_check.h"
@@ -307,7 +308,8 @@ MemoryStats TrainSession::memory() const {
   const parallel::ModelBytes b = par.grad_sync->memory();
   m.params = b.params;
   m.grads = b.grads;
-  m.peak = device::cpu_peak_bytes();
+  m.shm = comm::shm_buffer_bytes();
+  m.peak = device::cpu_peak_bytes() + m.shm;
   m.optimizer = optimizer->resident_bytes();  // offloaded: its staging buffers only
   return m;
 }

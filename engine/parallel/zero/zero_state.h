@@ -17,6 +17,7 @@
 #include "engine/parallel/zero/flat_layout.h"
 #include "engine/parallel/zero/param_offload.h"
 #include "engine/parallel/zero/zero_sync.h"
+#include "plan/memory_plan.h"
 
 namespace dtrain::engine::parallel::zero {
 
@@ -76,7 +77,7 @@ struct ZeroState {
   // it lies, nothing is staged), one per unit from its backward's first
   // claim until its reduce-scatter is read by every rank. Empty elsewhere
   // (each input is a tensor of its own).
-  static constexpr int kInputPool = 3;
+  static constexpr int kInputPool = plan::kZeroInputPool;  // what `dtrain plan` counts
   std::vector<at::Tensor> input_pool;  // [largest padded] each
   std::vector<int> pool_user;          // per pool buffer: the unit holding it, or -1
   std::vector<int> pool_of;            // per unit: the pool buffer it holds, or -1
