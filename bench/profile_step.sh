@@ -6,7 +6,9 @@
 # and dtrain's wall time by phase (forward, backward, gradient sync,
 # optimizer, blocked in collectives) from its timeline trace of TRACE steps
 # (bench/profile_phases.py). Sizes and KIND (gpt | llama; the peer is a GPT,
-# so PEER=0 skips it) can be overridden; SETS adds dtrain --set overrides.
+# so PEER=0 skips it) can be overridden; SETS adds dtrain --set overrides;
+# PEER_SCRIPT picks the peer (gpt_ddp.py, the default; gpt_fsdp.py, FSDP2,
+# beside SETS="parallel.zero=3").
 #   [RANKS=2] [STEPS=150] [SECONDS_REC=8] [TAG=before] bench/profile_step.sh -> bench/results/profile_<TAG>.txt
 #   the compute-bound size: D_MODEL=512 SEQ=128 MB=4 STEPS=60 bench/profile_step.sh
 # Same sizes and flags as bench/peer_ratio.sh; OPENBLAS_CORETYPE, when set,
@@ -25,9 +27,12 @@ command -v perf >/dev/null || { echo "profile_step: perf is not installed (apt-g
 [ -x "$BUILD/apps/dtrain/dtrain-worker" ] || { echo "profile_step: build dtrain first" >&2; exit 2; }
 [ -f data/corpus.txt ] || scripts/make-corpus
 LAYERS="${LAYERS:-4}" D_MODEL="${D_MODEL:-128}" HEADS="${HEADS:-4}" SEQ="${SEQ:-64}" MB="${MB:-8}"
+PEER_SCRIPT="${PEER_SCRIPT:-gpt_ddp.py}"
 KIND="${KIND:-gpt}" PEER="${PEER:-1}" TRACE="${TRACE:-5}" LR=1e-3 WARMUP=20 BUCKET=1 EVERY=10
 [ "$KIND" = gpt ] || PEER=0
 EXTRA=()
+PEER_EXTRA=()
+[ "$PEER_SCRIPT" = gpt_ddp.py ] && PEER_EXTRA=(--bucket-mb "$BUCKET")  # FSDP2 has no buckets
 for s in ${SETS:-}; do EXTRA+=(--set "$s"); done
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 tmp="$(mktemp -d /tmp/dtrain-prof-XXXXXX)"
@@ -39,8 +44,12 @@ profile() {  # $1 = side, $2 = pattern of the log line that marks step 20, then 
   local side="$1" mark="$2"; shift 2
   "$@" >"$tmp/$side.log" 2>&1 &
   local top=$!
-  for _ in $(seq 600); do grep -q "$mark" "$tmp/$side.log" && break; sleep 0.2; done
-  local pids; pids="$(pgrep -d, -P "$top")"
+  for _ in $(seq 600); do
+    grep -q "$mark" "$tmp/$side.log" && break
+    kill -0 "$top" 2>/dev/null || break  # it ended (or failed) before the mark
+    sleep 0.2
+  done
+  local pids; pids="$(pgrep -d, -P "$top" || true)"
   [ -n "$pids" ] || { cat "$tmp/$side.log" >&2; echo "profile_step: no ranks under pid $top" >&2; exit 1; }
   perf record -q -F 499 -e cpu-clock -p "$pids" -o "$tmp/$side.data" -- sleep "$SECONDS_REC" 2>/dev/null || true
   wait "$top" || { cat "$tmp/$side.log" >&2; echo "profile_step: $side failed" >&2; exit 1; }
@@ -56,10 +65,10 @@ profile dtrain "step 20/" \
     --set "log.trace.steps=[21, $((20 + TRACE))]" "${EXTRA[@]}"
 [ "$PEER" = 1 ] && profile peer "peer step 20/" \
   "$PY" -m torch.distributed.run --standalone --nproc-per-node "$RANKS" \
-    bench/peer/gpt_ddp.py --data data/corpus.txt \
+    "bench/peer/$PEER_SCRIPT" --data data/corpus.txt \
     --layers "$LAYERS" --d-model "$D_MODEL" --heads "$HEADS" --seq-len "$SEQ" \
     --micro-batch "$MB" --steps "$STEPS" --lr "$LR" --warmup-steps "$WARMUP" \
-    --bucket-mb "$BUCKET" --log-every "$EVERY"
+    "${PEER_EXTRA[@]}" --log-every "$EVERY"
 DT_MS="$("$PY" - "$tmp/run/metrics.jsonl" <<'PYEOF'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -82,7 +91,7 @@ done
   echo "# samples: the ranks only, ${SECONDS_REC} s from rank 0's step 20 at 499 Hz; CPU ms = a rank's CPU time"
   echo "# per step in the category (samples / 499 Hz / ranks / steps in the window); wall ms = wall time per step"
   echo "# dtrain: $(grep -o 'step [0-9]*/[0-9]* .*tok/s' "$tmp/dtrain.log" | tail -1); $DT_MS ms/step"
-  [ "$PEER" = 1 ] && echo "# peer:   $(grep -o 'PEER kind=ddp tokens_per_s=[0-9.]*' "$tmp/peer.log" | tail -1); $PEER_MS ms/step"
+  [ "$PEER" = 1 ] && echo "# peer:   $(grep -o 'PEER kind=[a-z0-9_]* tokens_per_s=[0-9.]*' "$tmp/peer.log" | tail -1); $PEER_MS ms/step"
   if [ "$PEER" = 1 ]; then
     "$PY" bench/profile_categories.py "$tmp/dtrain.txt" "$tmp/peer.txt" --step-ms "$DT_MS" "$PEER_MS" \
       --window-s "$SECONDS_REC" --ranks "$RANKS" --hz 499
