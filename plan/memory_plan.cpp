@@ -38,6 +38,9 @@ struct Dims {
   Recompute recompute = Recompute::none;
   int64_t E = 0, K = 1, F = 0, every = 1, ep = 1;  // MoE (E = 0: dense)
   bool llama = false;
+  // The fused RMSNorm and SwiGLU (engine/model/fused_ops.h) run: fp32 on
+  // the CPU; elsewhere (bf16 or fp16 autocast, GPUs) ATen's compositions.
+  bool fused = false;
   int64_t kv = 0, kvdiv = 1, Fd = 0;  // llama: kv heads, their tp divisor (TpView), the SwiGLU's hidden width
   const ModelSpec* model = nullptr;  // the tensors (gpt_params.h)
   TpView view;
@@ -61,6 +64,7 @@ Dims dims_of(const JobSpec& spec) {
   d.model = &spec.model;
   d.view = tp_view(spec);
   d.llama = is_llama(spec.model);
+  d.fused = spec.cluster.device == DeviceKind::cpu && spec.train.precision == Precision::fp32;
   d.kv = spec.model.effective_kv_heads();
   d.kvdiv = d.view.kv_divisor();
   d.Fd = spec.model.effective_ffn_hidden();
@@ -146,25 +150,32 @@ void model_states(const JobSpec& spec, const std::vector<int64_t>& units, int dp
 }
 
 // What the MLP saves: the GPT's fc and GELU outputs (8sbh/t); the llama's
-// SwiGLU its gate_up output (gate and up, 2sbF/t), silu(gate) and the
-// product proj multiplies (sbF/t each).
+// SwiGLU its gate_up output (gate and up, 2sbF/t) and the product proj
+// multiplies (sbF/t), composed by ATen also silu(gate) (sbF/t).
 double mlp_activation_elems(const Dims& d) {
   const double sb = double(d.s) * d.b;
-  return d.llama ? 4 * sb * d.Fd / d.t : 8 * sb * d.h / d.t;
+  return d.llama ? (d.fused ? 3 : 4) * sb * d.Fd / d.t : 8 * sb * d.h / d.t;
+}
+
+// One llama RMSNorm's saved tensors: fused, its input and two [bs] row
+// statistics (sbh + 2bs); composed in fp32, its input, x * rstd and rstd
+// (2sbh + bs).
+double rms_norm_elems(const Dims& d) {
+  const double sbh = double(d.s) * d.b * d.h, bs = double(d.b) * d.s;
+  return (d.fused ? sbh + 2 * bs : 2 * sbh + bs) / d.tsp;
 }
 
 // The norms' saved tensors and the attention's projections besides the
 // core. GPT: LayerNorm inputs and mean/rstd, q/k/v and the attention
-// output (below). Llama: RMSNorm in fp32 saves its input, x * rstd and
-// rstd (2sbh/tsp + bs/tsp, twice); q and the attention output (2sbh/t); k
-// and v at the kv heads' width (2sb x KV x D / kvdiv: grouped-query
-// attention saves the smaller kv).
+// output (below). Llama: two RMSNorms (rms_norm_elems); q and the
+// attention output (2sbh/t); k and v at the kv heads' width (2sb x KV x D /
+// kvdiv: grouped-query attention saves the smaller kv).
 double norms_attention_elems(const Dims& d) {
   const double sbh = double(d.s) * d.b * d.h, bs = double(d.b) * d.s;
   const double drop = d.drop ? 2 * sbh / d.tsp : 0.0;
   if (!d.llama) return (2 * sbh + 4 * bs) / d.tsp + drop + 4 * sbh / d.t;
   const double head_dim = double(d.h) / double(std::max<int64_t>(1, d.a));
-  return (4 * sbh + 2 * bs) / d.tsp + drop + 2 * sbh / d.t + 2 * bs * double(d.kv) * head_dim / double(d.kvdiv);
+  return 2 * rms_norm_elems(d) + drop + 2 * sbh / d.t + 2 * bs * double(d.kv) * head_dim / double(d.kvdiv);
 }
 
 // Elements one block saves for backward per micro-batch (engine/model/gpt.cpp):
@@ -223,7 +234,7 @@ int64_t data_buffer_bytes(const JobSpec& spec) {
 double embedding_activation_elems(const Dims& d) { return d.drop ? double(d.s) * d.b * d.h / d.tsp : 0.0; }
 double head_activation_elems(const Dims& d) {
   const double sbh = double(d.s) * d.b * d.h, bs = double(d.b) * d.s;
-  const double norm = d.llama ? 2 * sbh / d.tsp + bs / d.tsp : sbh / d.tsp + 2 * bs / d.tsp;
+  const double norm = d.llama ? rms_norm_elems(d) : sbh / d.tsp + 2 * bs / d.tsp;
   return norm + sbh + bs * d.V / d.vt;
 }
 

@@ -1,7 +1,8 @@
 // The planner checked against the engine: after the first steady step, this
 // rank's measured bytes (GradSync::memory, AdamW's moments, the counting
 // allocator's step peak) next to what plan/memory_plan.h predicts for it, logged,
-// with a warning past 20%. Knows no parallelism: the planner does.
+// with a warning past 20% (for the peak under bf16 / fp16 autocast, where
+// the plan is an upper bound, only 20% above it). Knows no parallelism: the planner does.
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,11 @@
-// `dtrain plan` against the engine's own measurements: for 11 layouts (dp 1
+// `dtrain plan` against the engine's own measurements: for 16 layouts (dp 1
 // and 2, ZeRO 0-3, recompute none/full, seq_len 32 and 512,
-// attention naive and tiled, tp 2, pp 2, MoE over ep 2) the real run's memory.tsv (every
+// attention naive and tiled, tp 2, pp 2, MoE over ep 2, four llamas) the real run's memory.tsv (every
 // rank's param, grad and AdamW bytes from GradSync::memory and the optimizer,
-// and its largest step peak from the counting allocator) next to the plan's
-// prediction for that rank: static bytes within 5%, peak within 20%; the
+// and its largest step peak: the counting allocator's plus its shared-memory
+// buffers') next to the plan's
+// prediction for that rank: static bytes within 5%, peak within 20% (the
+// llamas' within 8%); the
 // printed table shows both. Also: a budget below the peak is refused (exit 2)
 // by `dtrain plan` and by `dtrain launch` with the table and a change that fits.
 #include <doctest/doctest.h>
@@ -68,7 +70,7 @@ std::vector<Bytes> measured(const std::vector<std::string>& sets, const std::str
 
 }  // namespace
 
-TEST_CASE("dtrain plan predicts the engine's measured bytes: static within 5%, peak within 20%, 12 layouts") {
+TEST_CASE("dtrain plan predicts the engine's measured bytes: static within 5%, peak within 20%, 16 layouts") {
   const std::vector<std::string> common = {"model.dropout=0.1", "train.steps=3", "train.warmup_steps=1",
                                            "log.every=1"};
   const std::vector<std::string> seq512 = {"model.seq_len=512", "train.micro_batch=2"};
@@ -85,6 +87,13 @@ TEST_CASE("dtrain plan predicts the engine's measured bytes: static within 5%, p
       {"tp2_sp", {"cluster.procs_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true"}},
       {"pp2_1f1b", {"cluster.procs_per_node=2", "parallel.pp=2", "train.micro_batch=2", "train.grad_accum=4"}},
       {"dp2_moe_ep2", with(ranks(2, 4), {"model.moe.experts=16", "model.moe.top_k=2", "parallel.ep=2"})},
+      {"llama_seq512", with(seq512, {"model.kind=llama"})},  // the fused RMSNorm and SwiGLU's saved tensors
+      {"llama_dp2_zero3", with(ranks(2, 4), {"model.kind=llama", "parallel.zero=3"})},
+      {"llama_tp2_sp", {"model.kind=llama", "cluster.procs_per_node=2", "parallel.tp=2",
+                        "parallel.sequence_parallel=true"}},
+      // Wider, tiled: the norms' and the MLP's saved tensors most of the peak.
+      {"llama_d128_tiled", {"model.kind=llama", "model.d_model=128", "model.heads=4", "model.seq_len=128",
+                            "model.attention=tiled", "train.micro_batch=4"}},
   };
   double worst_static = 0, worst_peak = 0;
   std::string table = "layout               rank  static_pred  static_meas   diff   peak_pred  peak_meas   diff\n";
@@ -103,6 +112,9 @@ TEST_CASE("dtrain plan predicts the engine's measured bytes: static within 5%, p
       worst_peak = std::max(worst_peak, std::fabs(dp));
       CHECK(std::fabs(ds) <= 0.05);
       CHECK(std::fabs(dp) <= 0.20);
+      // The llamas within 8%: the fused RMSNorm and SwiGLU save less than
+      // ATen's compositions (planned as those: +12..19% here).
+      if (name.starts_with("llama")) CHECK(std::fabs(dp) <= 0.08);
     }
   }
   MESSAGE("predicted vs measured bytes per rank:\n" << table << "worst static diff " << 100 * worst_static
