@@ -192,6 +192,23 @@ __attribute__((target_clones("avx2", "default"))) void add_block(T* __restrict a
 }
 
 template <typename T>
+__attribute__((target_clones("avx2", "default"))) void add2_block(T* __restrict out, const T* __restrict a,
+                                                                   const T* __restrict b, int64_t len) {
+  for (int64_t i = 0; i < len; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename T>
+void sum_into_typed(char* out, const char* const* pieces, int n, int64_t elems) {
+  constexpr int64_t block = kSumBlockBytes / static_cast<int64_t>(sizeof(T));
+  for (int64_t off = 0; off < elems; off += block) {
+    const int64_t len = std::min(block, elems - off);
+    T* acc = reinterpret_cast<T*>(out) + off;
+    add2_block(acc, reinterpret_cast<const T*>(pieces[0]) + off, reinterpret_cast<const T*>(pieces[1]) + off, len);
+    for (int j = 2; j < n; ++j) add_block(acc, reinterpret_cast<const T*>(pieces[j]) + off, len);
+  }
+}
+
+template <typename T>
 void sum_to_all_typed(char* const* regions, int n, int64_t elems, bool copy_out) {
   constexpr int64_t block = kSumBlockBytes / static_cast<int64_t>(sizeof(T));
   for (int64_t off = 0; off < elems; off += block) {
@@ -208,6 +225,15 @@ void sum_to_all_typed(char* const* regions, int n, int64_t elems, bool copy_out)
 bool sum_to_all(char* const* regions, int n, int64_t elems, at::ScalarType dtype) {
   if (dtype == at::kFloat) sum_to_all_typed<float>(regions, n, elems, true);
   else if (dtype == at::kDouble) sum_to_all_typed<double>(regions, n, elems, true);
+  else return false;
+  return true;
+}
+
+bool sum_into(char* out, const char* const* pieces, int n, int64_t elems, at::ScalarType dtype) {
+  if (dtype == at::kFloat) sum_into_typed<float>(out, pieces, n, elems);
+  else if (dtype == at::kDouble) sum_into_typed<double>(out, pieces, n, elems);
+  else if (dtype == at::kInt) sum_into_typed<int32_t>(out, pieces, n, elems);
+  else if (dtype == at::kLong) sum_into_typed<int64_t>(out, pieces, n, elems);
   else return false;
   return true;
 }

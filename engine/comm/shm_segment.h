@@ -137,6 +137,12 @@ bool sum_to_all(char* const* regions, int n, int64_t elems, at::ScalarType dtype
 // node stage on a symmetric buffer. False (nothing written) for another.
 bool sum_to_first(char* const* regions, int n, int64_t elems, at::ScalarType dtype);
 
+// The same rank-order sum of n >= 2 pieces into `out` (none of them),
+// block by block: one pass over out where add_out then add_ per further
+// piece take n - 1. The symmetric reduce-scatter's read. Every shm dtype;
+// false (nothing written) for another.
+bool sum_into(char* out, const char* const* pieces, int n, int64_t elems, at::ScalarType dtype);
+
 // shm_buffer_bytes' count (symmetric_buffer.h): a buffer adds its bytes
 // when made and takes them back from its tensor's deleter.
 void count_shm_buffer_bytes(int64_t delta);

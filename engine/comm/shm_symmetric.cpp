@@ -242,14 +242,22 @@ class SymmetricSegment {
     const SymClaim first = claim(s, 0);
     r.agree = claims_agree(s) && first.bytes == static_cast<uint64_t>(r.out.nbytes()) * static_cast<uint64_t>(n_);
     if (r.agree) {
-      // As the staged path: out = piece 0 + piece 1, then + piece j (the same bits).
-      auto opts = at::TensorOptions().dtype(r.out.scalar_type());
+      // As the staged path: out = piece 0 + piece 1, then + piece j (the
+      // same bits), in one pass over out (sum_into; ATen's adds for a dtype
+      // it does not take).
       const int64_t m = r.out.numel();
-      auto piece = [&](int j) {
-        return at::from_blob(region(j) + first.offset + static_cast<size_t>(me_) * r.out.nbytes(), {m}, opts);
-      };
-      at::add_out(r.out, piece(0), piece(1));
-      for (int j = 2; j < n_; ++j) r.out.add_(piece(j));
+      std::vector<const char*> pieces(static_cast<size_t>(n_));
+      for (int j = 0; j < n_; ++j) pieces[size_t(j)] = region(j) + first.offset + static_cast<size_t>(me_) * r.out.nbytes();
+      char* dst = static_cast<char*>(r.out.data_ptr());
+      const size_t bytes = r.out.nbytes();
+      const bool apart = std::none_of(pieces.begin(), pieces.end(),
+                                      [&](const char* p) { return p < dst + bytes && dst < p + bytes; });
+      if (!r.out.is_contiguous() || !apart || !sum_into(dst, pieces.data(), n_, m, r.out.scalar_type())) {
+        auto opts = at::TensorOptions().dtype(r.out.scalar_type());
+        auto piece = [&](int j) { return at::from_blob(const_cast<char*>(pieces[size_t(j)]), {m}, opts); };
+        at::add_out(r.out, piece(0), piece(1));
+        for (int j = 2; j < n_; ++j) r.out.add_(piece(j));
+      }
     }
     r.read = true;
     r.out = at::Tensor();
