@@ -34,7 +34,7 @@ struct RankMemory {
   int64_t offload_bytes = 0;    // state in host memory or nvme files: AdamW's moments, ZeRO-3's parameter shards (train.offload)
   int64_t cache_bytes = 0;      // other tensors kept across steps (the naive attention's causal masks)
   int64_t activation_bytes = 0; // saved for backward, all micro-batches in flight at once
-  int64_t transient_bytes = 0;  // the largest temporaries on top (backward's, ZeRO's gathered units and gradient inputs)
+  int64_t transient_bytes = 0;  // the largest temporaries on top (backward's; ZeRO's gathered units, gradient inputs)
   int64_t peak_bytes = 0;       // static + cache + activation + transient (a steady step's peak)
   int in_flight = 1;            // micro-batches (x chunks) whose activations are alive at once
   int64_t build_bytes = 0;      // the parameters this rank builds (its stage, tp slices, experts) before ZeRO shards them

@@ -246,10 +246,10 @@ class SymmetricSegment {
       // same bits), in one pass over out (sum_into; ATen's adds for a dtype
       // it does not take).
       const int64_t m = r.out.numel();
-      std::vector<const char*> pieces(static_cast<size_t>(n_));
-      for (int j = 0; j < n_; ++j) pieces[size_t(j)] = region(j) + first.offset + static_cast<size_t>(me_) * r.out.nbytes();
-      char* dst = static_cast<char*>(r.out.data_ptr());
       const size_t bytes = r.out.nbytes();
+      std::vector<const char*> pieces(static_cast<size_t>(n_));
+      for (int j = 0; j < n_; ++j) pieces[size_t(j)] = region(j) + first.offset + static_cast<size_t>(me_) * bytes;
+      char* dst = static_cast<char*>(r.out.data_ptr());
       const bool apart = std::none_of(pieces.begin(), pieces.end(),
                                       [&](const char* p) { return p < dst + bytes && dst < p + bytes; });
       if (!r.out.is_contiguous() || !apart || !sum_into(dst, pieces.data(), n_, m, r.out.scalar_type())) {

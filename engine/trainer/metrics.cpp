@@ -63,9 +63,9 @@ std::string MetricsLogger::jsonl_line(const StepReport& r, const MemoryStats& me
   std::string line = fmt::format(
       "{{\"step\": {}, \"loss\": {}, \"lr\": {}, \"tokens_per_s\": {}, \"elapsed_s\": {}, \"cpu_s\": {}, "
       "\"step_time_s\": {}, \"sync_wait_s\": {}, \"grad_norm\": {}, \"rss_bytes\": {}, \"param_bytes\": {}, "
-      "\"grad_bytes\": {}, \"optimizer_bytes\": {}, \"peak_bytes\": {}, \"shm_bytes\": {}, \"buckets_in_backward\": {}, "
-      "\"dp_bytes_sent\": {}, \"tp_bytes_sent\": {}, \"slowest_rank\": {}, \"straggler_ratio\": {}, "
-      "\"mfu\": {}, \"flops_per_step\": {}, \"peak_flops\": {}",
+      "\"grad_bytes\": {}, \"optimizer_bytes\": {}, \"peak_bytes\": {}, \"shm_bytes\": {}, "
+      "\"buckets_in_backward\": {}, \"dp_bytes_sent\": {}, \"tp_bytes_sent\": {}, \"slowest_rank\": {}, "
+      "\"straggler_ratio\": {}, \"mfu\": {}, \"flops_per_step\": {}, \"peak_flops\": {}",
       r.step, num(r.loss, 17), num(r.lr, 17), num(t.tokens_per_s, 6), num(t.elapsed_s, 6), num(t.cpu_s, 6),
       num(t.step_s, 6), num(t.wait_s, 6), num(r.grad_norm, 9), mem.rss, mem.params, mem.grads, mem.optimizer,
       mem.peak, mem.shm, r.buckets_in_backward, r.dp_bytes_sent, r.tp_bytes_sent, r.slowest_rank,
