@@ -229,22 +229,24 @@ bool sum_to_all(char* const* regions, int n, int64_t elems, at::ScalarType dtype
   return true;
 }
 
+// f(T{}) for a dtype the segments add (shm_dtype); false for another.
+template <typename F>
+bool with_shm_type(at::ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case at::kFloat: f(float{}); return true;
+    case at::kDouble: f(double{}); return true;
+    case at::kInt: f(int32_t{}); return true;
+    case at::kLong: f(int64_t{}); return true;
+    default: return false;
+  }
+}
+
 bool sum_into(char* out, const char* const* pieces, int n, int64_t elems, at::ScalarType dtype) {
-  if (dtype == at::kFloat) sum_into_typed<float>(out, pieces, n, elems);
-  else if (dtype == at::kDouble) sum_into_typed<double>(out, pieces, n, elems);
-  else if (dtype == at::kInt) sum_into_typed<int32_t>(out, pieces, n, elems);
-  else if (dtype == at::kLong) sum_into_typed<int64_t>(out, pieces, n, elems);
-  else return false;
-  return true;
+  return with_shm_type(dtype, [&](auto t) { sum_into_typed<decltype(t)>(out, pieces, n, elems); });
 }
 
 bool sum_to_first(char* const* regions, int n, int64_t elems, at::ScalarType dtype) {
-  if (dtype == at::kFloat) sum_to_all_typed<float>(regions, n, elems, false);
-  else if (dtype == at::kDouble) sum_to_all_typed<double>(regions, n, elems, false);
-  else if (dtype == at::kInt) sum_to_all_typed<int32_t>(regions, n, elems, false);
-  else if (dtype == at::kLong) sum_to_all_typed<int64_t>(regions, n, elems, false);
-  else return false;
-  return true;
+  return with_shm_type(dtype, [&](auto t) { sum_to_all_typed<decltype(t)>(regions, n, elems, false); });
 }
 
 }  // namespace dtrain::engine::comm::detail
