@@ -107,9 +107,15 @@ TEST_CASE("llama memory: model states per rank; GQA's smaller kv and SwiGLU's wi
   const double sb = 32.0 * 2;
   const RankMemory mha = plan_rank(spec_with(with(base, {"model.kv_heads=8"})), 1);
   CHECK(double(mha.activation_bytes - r.activation_bytes) == 4 * L * 2 * sb * (8 - 4) * D / t);
-  // SwiGLU saves gate, up, silu(gate) and their product: 4 x s x b x F / t per block.
+  // The fused SwiGLU (fp32 on the CPU) saves gate, up and their product:
+  // 3 x s x b x F / t per block; ATen's composition (under autocast) also
+  // silu(gate): 4 x s x b x F / t.
   const RankMemory wide = plan_rank(spec_with(with(base, {"model.kv_heads=4", "model.ffn_hidden=128"})), 1);
-  CHECK(double(wide.activation_bytes - r.activation_bytes) == 4 * L * 4 * sb * (128 - F) / t);
+  CHECK(double(wide.activation_bytes - r.activation_bytes) == 4 * L * 3 * sb * (128 - F) / t);
+  const auto bf16 = with(base, {"model.kv_heads=4", "train.precision=bf16"});
+  const RankMemory narrow_bf16 = plan_rank(spec_with(bf16), 1);
+  const RankMemory wide_bf16 = plan_rank(spec_with(with(bf16, {"model.ffn_hidden=128"})), 1);
+  CHECK(double(wide_bf16.activation_bytes - narrow_bf16.activation_bytes) == 4 * L * 4 * sb * (128 - F) / t);
 }
 
 TEST_CASE("llama flops: 6N + 12 L C s per token; a MoE block counts its top_k experts") {
