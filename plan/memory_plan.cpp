@@ -268,23 +268,31 @@ int in_flight_of(const JobSpec& spec, int pp_rank) {
   return sim.max_in_flight[size_t(pp_rank)];
 }
 
+// The size of this rank's ZeRO shard group (dp x cp) and how many of its
+// members share this rank's machine (ranks fill the machines in order,
+// cluster.procs_per_node each).
+struct ShardGroupHere {
+  int64_t size = 0, here = 0;
+};
+ShardGroupHere shard_group_here(const JobSpec& spec, const mesh::Mesh& m, int rank) {
+  const std::vector<int> group = mesh::group_of(m, mesh::gradient_group(spec.parallel.cp), rank);
+  const int per_node = std::max(1, spec.cluster.procs_per_node);
+  return {std::ssize(group),
+          std::count_if(group.begin(), group.end(), [&](int r) { return r / per_node == rank / per_node; })};
+}
+
 // ZeRO-3's parameters in one shared-memory segment of the machine
 // (parallel.fsdp.shared_params; engine/parallel/zero/zero_sync.cpp): on
 // CPU, with the shared-memory collectives, no parameter offload, and every
-// rank of the shard group on this rank's machine (ranks fill the machines
-// in order, cluster.procs_per_node each). Nothing is gathered then. The
+// rank of the shard group on this rank's machine. Nothing is gathered then. The
 // engine also falls back to gathering where the segment would take more
 // than a quarter of /dev/shm, which a plan made elsewhere cannot see.
 bool zero3_shared_params(const JobSpec& spec, const mesh::Mesh& m, int rank) {
   if (spec.parallel.zero != 3 || !spec.parallel.fsdp_shared_params || !spec.cluster.shm ||
       spec.cluster.device != DeviceKind::cpu || spec.train.offload.params != OffloadTarget::none)
     return false;
-  const std::vector<int> group = mesh::group_of(m, mesh::gradient_group(spec.parallel.cp), rank);
-  const int per_node = std::max(1, spec.cluster.procs_per_node);
-  if (group.size() < 2) return false;
-  for (int r : group)
-    if (r / per_node != rank / per_node) return false;
-  return true;
+  const ShardGroupHere g = shard_group_here(spec, m, rank);
+  return g.size >= 2 && g.here == g.size;
 }
 
 // ZeRO-2/3's reduce-scatter inputs in a pool of kZeroInputPool units
@@ -296,11 +304,8 @@ bool zero3_shared_params(const JobSpec& spec, const mesh::Mesh& m, int rank) {
 // elsewhere cannot see.
 bool zero_input_pool(const JobSpec& spec, const mesh::Mesh& m, int rank) {
   if (spec.parallel.zero < 2 || !spec.cluster.shm || spec.cluster.device != DeviceKind::cpu) return false;
-  const std::vector<int> group = mesh::group_of(m, mesh::gradient_group(spec.parallel.cp), rank);
-  if (group.size() < 2) return false;
-  const int per_node = std::max(1, spec.cluster.procs_per_node);
-  const auto here = std::count_if(group.begin(), group.end(), [&](int r) { return r / per_node == rank / per_node; });
-  return here == std::ssize(group) || (spec.cluster.hier_allreduce && here >= 2);
+  const ShardGroupHere g = shard_group_here(spec, m, rank);
+  return g.size >= 2 && (g.here == g.size || (spec.cluster.hier_allreduce && g.here >= 2));
 }
 
 }  // namespace

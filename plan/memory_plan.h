@@ -21,8 +21,8 @@ namespace dtrain::plan {
 
 // ZeRO-2/3's reduce-scatter inputs where the shard group has shared memory:
 // this many buffers of the largest padded unit each, in the group's
-// symmetric buffer (engine/parallel/zero/zero_state.h's kInputPool, which
-// asserts it is this).
+// symmetric buffer (engine/parallel/zero/zero_state.h's kInputPool is
+// defined as this).
 inline constexpr int kZeroInputPool = 3;
 
 struct RankMemory {

@@ -302,6 +302,8 @@ TrainSession::~TrainSession() {
   if (comm && comm::leaving_round()) (void)comm.release();  // see the declaration
 }
 
+int64_t measured_peak_bytes() { return device::cpu_peak_bytes() + comm::shm_buffer_bytes(); }
+
 MemoryStats TrainSession::memory() const {
   MemoryStats m;
   m.rss = process_rss_bytes();
@@ -309,7 +311,7 @@ MemoryStats TrainSession::memory() const {
   m.params = b.params;
   m.grads = b.grads;
   m.shm = comm::shm_buffer_bytes();
-  m.peak = device::cpu_peak_bytes() + m.shm;
+  m.peak = measured_peak_bytes();
   m.optimizer = optimizer->resident_bytes();  // offloaded: its staging buffers only
   return m;
 }

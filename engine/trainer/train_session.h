@@ -57,7 +57,7 @@ struct TrainSession {
   checkpoint::PreemptionPoll preemption;
 
   bool is_log_rank() const { return info.rank == 0; }
-  MemoryStats memory() const;
+  MemoryStats memory() const;  // peak: measured_peak_bytes()
 
   TrainSession() = default;
   TrainSession(const TrainSession&) = delete;
@@ -87,5 +87,9 @@ void rebuild_drawn(TrainSession& s);
 // fault.kind offload_truncate / offload_delete: rank fault.rank truncates
 // or deletes its train.offload file after step fault.step (first launch).
 void offload_fault_after_step(TrainSession& s, int64_t steps_done);
+
+// The step's measured peak (MemoryStats::peak): the counting allocator's
+// peak plus this rank's shared-memory buffers (comm::shm_buffer_bytes).
+int64_t measured_peak_bytes();
 
 }  // namespace dtrain::engine::trainer

@@ -23,7 +23,6 @@
 #include "engine/checkpoint/live_state.h"
 #include "engine/checkpoint/memory_snapshot.h"
 #include "engine/checkpoint/resume_fallback.h"
-#include "engine/comm/symmetric_buffer.h"
 #include "engine/comm/traced_group.h"
 #include "engine/device/counting_allocator.h"
 #include "engine/device/device.h"
@@ -268,7 +267,7 @@ int run_training() {
     if (op_profile) op_profile->before_step(step - first_step);
     StepResult r = train_step(s, step, timer);
     offload_fault_after_step(s, step + 1);
-    run_peak = std::max(run_peak, device::cpu_peak_bytes() + comm::shm_buffer_bytes());  // as MemoryStats::peak
+    run_peak = std::max(run_peak, measured_peak_bytes());
     last_bytes = {r.dp_bytes_sent, r.tp_bytes_sent, r.ep_bytes_sent, r.cp_bytes_sent};
     StepReport report{step + 1, 0.0, r.lr, r.grad_norm, r.step_s, r.sync.wait_s,
                       r.sync.launched_in_backward, r.dp_bytes_sent, r.tp_bytes_sent};

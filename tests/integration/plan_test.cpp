@@ -3,10 +3,8 @@
 // attention naive and tiled, tp 2, pp 2, MoE over ep 2, four llamas) the real run's memory.tsv (every
 // rank's param, grad and AdamW bytes from GradSync::memory and the optimizer,
 // and its largest step peak: the counting allocator's plus its shared-memory
-// buffers') next to the plan's
-// prediction for that rank: static bytes within 5%, peak within 20% (the
-// llamas' within 8%); the
-// printed table shows both. Also: a budget below the peak is refused (exit 2)
+// buffers') next to the plan's prediction for that rank: static bytes within
+// 5%, peak within 20% (the llamas' within 8%); the printed table shows both. Also: a budget below the peak is refused (exit 2)
 // by `dtrain plan` and by `dtrain launch` with the table and a change that fits.
 #include <doctest/doctest.h>
 
