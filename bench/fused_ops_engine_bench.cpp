@@ -4,7 +4,12 @@
 // and GELU's width = 4 * 512), interleaved rounds, CPU time of this thread (time-slicing by
 // other processes does not count), one intra-op thread as in training.
 // Prints ms per call of each, the ratio fused / ATen and the median ratio.
-// (A lone LayerNorm is not here: fused_norm runs ATen's for it.)
+// (A lone LayerNorm is not here: fused_norm runs ATen's for it.) Two rows
+// compare something else in the same columns, as their names say: the fc
+// layer + bias + GELU as one node (fused_linear_gelu) against addmm then
+// the GELU kernel (what the model ran before it), and the GELU kernel at
+// AVX-512 against itself at AVX2 (kernel calls only, no autograd; the row
+// says so where the CPU lacks AVX-512).
 //   build/bench/fused_ops_engine_bench [rounds=7] [iters=50] [rows=512] [C=512]
 #include <time.h>
 
@@ -12,12 +17,14 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "engine/model/fused_kernels.h"
 #include "engine/model/fused_ops.h"
 #include "engine/model/llama.h"
 
@@ -80,6 +87,28 @@ int main(int argc, char** argv) {
          at::gelu(fc);
        }},
   };
+  // fc: x [N, C] -> [N, 4C] with its bias, then GELU; grads of x, W and b.
+  // W at the model's init scale (std 1 / sqrt(C)): with randn's std 1 the
+  // pre-activations reach |x| ~ 100, the GELU's tails underflow to
+  // subnormals, and the GEMMs that read them run several times slower.
+  at::Tensor fw = (at::randn({4 * C, C}) / std::sqrt(double(C))).requires_grad_(true), fb = leaf({4 * C});
+  cases.push_back({"fc+bias+GELU vs addmm,GELU",
+                   [&] { (model::fused_linear_gelu(x, fw, fb) * gf).sum().backward(); },
+                   [&] { (model::fused_gelu(at::addmm(fb, x, fw.t())) * gf).sum().backward(); }});
+  using model::kernels::VecIsa;
+  const at::Tensor gx = fc.detach().contiguous(), gdy = gf.contiguous();  // (outlive the cases)
+  at::Tensor gy_out = at::empty_like(gx), gdx = at::empty_like(gx);
+  if (model::kernels::isa_available(VecIsa::avx512)) {
+    auto kernel = [&, n = gx.numel()](VecIsa isa) {
+      model::kernels::gelu_forward(gx.const_data_ptr<float>(), gy_out.mutable_data_ptr<float>(), n, isa);
+      model::kernels::gelu_backward(gdy.const_data_ptr<float>(), gx.const_data_ptr<float>(),
+                                    gdx.mutable_data_ptr<float>(), n, isa);
+    };
+    cases.push_back({"GELU kernel AVX-512 vs AVX2", [&, kernel] { kernel(VecIsa::avx512); },
+                     [&, kernel] { kernel(VecIsa::avx2); }});
+  } else {
+    std::printf("# GELU kernel AVX-512 vs AVX2: not run, this CPU has no AVX-512 (F + DQ)\n");
+  }
   std::printf("# fused_ops_engine_bench: %d rounds x %d calls, rows %lld, C %lld (SwiGLU F %lld), 1 thread,\n"
               "# forward + backward (incl. the loss's mul/sum, same on both sides), thread CPU ms per call\n",
               rounds, iters, (long long)N, (long long)C, (long long)(4 * C));

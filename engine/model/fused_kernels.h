@@ -32,14 +32,31 @@ void norm_backward(const float* dy, const float* dh, const float* h, const float
 void swiglu_backward(const float* dout, const float* gate_up, const float* sig, float* dgate_up, int64_t N,
                      int64_t F);
 
+// The vector width the GELU kernels run at: the widest this CPU has
+// (best_isa; DTRAIN_VEC_ISA=avx2 or scalar caps it, for A/B runs), or one
+// a caller names (tests compare them; a width the CPU lacks falls back to
+// the next narrower one). Every width gives the same bits.
+enum class VecIsa { scalar, avx2, avx512 };
+VecIsa best_isa();
+bool isa_available(VecIsa isa);
+
 // Exact (erf) GELU as at::gelu: y = x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2,
 // erf by Abramowitz & Stegun 7.1.26 (ATen's vectorised erf: |error| <= 1.5e-7)
 // over [n] contiguous floats. The backward, dx = dy * (Phi(x) + x * phi(x)),
 // shares one exp(-x^2 / 2) between erf and the density phi, where ATen's
-// gelu_backward evaluates erf (with its exp) and a second exp. AVX2 + FMA
-// intrinsics where the CPU has them (gelu_kernel.cpp; plain loops over exp
-// would not vectorise), else scalar.
-void gelu_forward(const float* x, float* y, int64_t n);
-void gelu_backward(const float* dy, const float* x, float* dx, int64_t n);
+// gelu_backward evaluates erf (with its exp) and a second exp. AVX-512 or
+// AVX2 + FMA intrinsics where the CPU has them (gelu_kernel.cpp; plain
+// loops over exp would not vectorise), else scalar.
+void gelu_forward(const float* x, float* y, int64_t n, VecIsa isa = best_isa());
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, VecIsa isa = best_isa());
+
+// The same over rows with a bias, for a linear layer's output h [N, F]
+// (x W^T without its bias) and its bias b [F]: h += b in place (h becomes
+// the pre-activation the backward reads), y = gelu(h). Backward: dpre =
+// dy * gelu'(pre) [N, F] and db [F] += the column sums of dpre (double,
+// rows in order), in one pass.
+void bias_gelu_forward(float* h, const float* b, float* y, int64_t N, int64_t F, VecIsa isa = best_isa());
+void gelu_backward_bias(const float* dy, const float* pre, float* dpre, double* db, int64_t N, int64_t F,
+                        VecIsa isa = best_isa());
 
 }  // namespace dtrain::engine::model::kernels

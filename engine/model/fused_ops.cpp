@@ -12,6 +12,8 @@
 #include <string>
 
 #include "engine/model/fused_kernels.h"
+#include "engine/model/grad_slot.h"
+#include "engine/model/linear_ops.h"
 #include "engine/model/llama.h"
 
 namespace dtrain::engine::model {
@@ -32,6 +34,16 @@ bool fusable(std::initializer_list<const at::Tensor*> ts) {
 bool fused_gelu_off() {
   static const bool off = [] {
     const char* v = std::getenv("DTRAIN_FUSED_GELU");
+    return v && std::string(v) == "0";
+  }();
+  return off;
+}
+
+// DTRAIN_FUSED_BIAS_GELU=0: the linear with its bias (addmm), then the
+// GELU kernel as its own op (for A/B runs).
+bool fused_bias_gelu_off() {
+  static const bool off = [] {
+    const char* v = std::getenv("DTRAIN_FUSED_BIAS_GELU");
     return v && std::string(v) == "0";
   }();
   return off;
@@ -135,7 +147,50 @@ struct FusedGelu : public torch::autograd::Function<FusedGelu> {
   }
 };
 
+// gelu(x W^T + b) for x [M, K], W [F, K], b [F]: the GEMM without its
+// bias (beta 0: addmm would first copy the bias into every row of the
+// output), then one pass adds the bias in place and applies GELU. Saves x
+// and the pre-activation, as the linear's and GELU's autograd nodes would.
+// Backward: one pass for GELU's gradient and the bias's (the column sums,
+// in double), then the linear's two GEMMs as linear_2d's backward runs
+// them (dW into W's slot: grad_slot.h).
+struct LinearBiasGelu : public torch::autograd::Function<LinearBiasGelu> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    at::Tensor pre = at::mm(x, w.t());  // [M, F], contiguous: the bias goes in below
+    at::Tensor y = at::empty_like(pre);
+    const at::Tensor bc = b.contiguous();
+    kernels::bias_gelu_forward(pre.mutable_data_ptr<float>(), bc.const_data_ptr<float>(), y.mutable_data_ptr<float>(),
+                               pre.size(0), pre.size(1));
+    ctx->save_for_backward({x, pre});
+    ctx->saved_data["w"] = w;  // the parameter itself, as grad_slot.cpp's SlotLinear keeps it
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &pre = saved[1];
+    const at::Tensor w = ctx->saved_data["w"].toTensor();
+    const at::Tensor dy = grads[0].contiguous();
+    const int64_t M = pre.size(0), F = pre.size(1);
+    at::Tensor dpre = at::empty_like(pre);
+    at::Tensor db = at::zeros({F}, pre.options().dtype(at::kDouble));
+    kernels::gelu_backward_bias(dy.const_data_ptr<float>(), pre.const_data_ptr<float>(), dpre.mutable_data_ptr<float>(),
+                                db.mutable_data_ptr<double>(), M, F);
+    auto [dx, dw] = linear_2d_backward(x, w, dpre, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+    return {dx, dw, ctx->needs_input_grad(2) ? db.to(at::kFloat) : at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor fused_linear_gelu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (!b.defined() || !fusable({&x, &w, &b}) || x.numel() == 0 || fused_gelu_off() || fused_bias_gelu_off())
+    return fused_gelu(detail::linear_nd(x, w, b));
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = w.size(0);
+  const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
+  return LinearBiasGelu::apply(x2, w, b).view(sizes);
+}
 
 at::Tensor fused_gelu(const at::Tensor& x) {
   if (!fusable({&x}) || x.numel() == 0 || fused_gelu_off()) return at::gelu(x);

@@ -1,6 +1,6 @@
 // The model's fused CPU operators (fused_kernels.h) as autograd functions:
-// residual add + LayerNorm or RMSNorm, RMSNorm, SwiGLU's backward and GELU, one
-// pass where ATen's composition runs several. They compute the
+// residual add + LayerNorm or RMSNorm, RMSNorm, SwiGLU's backward, GELU and
+// a linear's bias + GELU, one pass where ATen's composition runs several. They compute the
 // function of the ATen composition named beside each (to ~1e-7); for
 // anything but contiguous-able fp32 CPU tensors they run that composition.
 // Owns neither the modules (gpt.cpp, llama.h) nor when to fuse (GptConfig).
@@ -42,5 +42,13 @@ at::Tensor fused_swiglu(const at::Tensor& gate_up);
 // element in backward where ATen's gelu_backward runs erf's and a second.
 // DTRAIN_FUSED_GELU=0 keeps at::gelu (A/B runs).   x [...]
 at::Tensor fused_gelu(const at::Tensor& x);
+
+// at::gelu(at::linear(x, w, b)) (a GPT's fc and its GELU) as one autograd
+// node: the GEMM without the bias, then one pass adding the bias and
+// applying the GELU kernel; backward, GELU's gradient and the bias's in one
+// pass, then the linear's GEMMs with W's gradient into its slot
+// (grad_slot.h). Falls back to fused_gelu of the linear (also under
+// DTRAIN_FUSED_BIAS_GELU=0, for A/B runs).   x [..., K], w [F, K], b [F]
+at::Tensor fused_linear_gelu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
 }  // namespace dtrain::engine::model

@@ -220,7 +220,8 @@ MlpImpl::MlpImpl(const GptConfig& cfg) {
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
   // [B, T, 4C / tp]; SwiGLU: this rank's gate rows then its up rows, [B, T, F / tp]
-  auto h = gate_up ? fused_swiglu(column_parallel(gate_up, x, tp)) : fused_gelu(column_parallel(fc, x, tp));
+  auto h = gate_up ? fused_swiglu(column_parallel(gate_up, x, tp))
+                   : fused_linear_gelu(tp_input(x, tp), fc->weight, fc->bias);  // column-parallel fc, then GELU
   return residual_dropout(row_parallel(proj, h, tp), drop->options.p(), is_training(), position, layer,
                           random::DropoutSite::mlp_resid, tp, seq);  // [B, T, C] ([B, T / tp, C] with SP)
 }

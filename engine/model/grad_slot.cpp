@@ -71,22 +71,7 @@ variable_list slot_linear_backward(AutogradContext* ctx, const variable_list& gr
   const at::Tensor x = ctx->get_saved_variables()[0];
   const at::Tensor w = ctx->saved_data["w"].toTensor();
   const at::Tensor& dy = grads[0];  // [M, N]
-  at::Tensor dx, dw;
-  if (ctx->needs_input_grad(0))  // mm_mat1_backward(dY, W^T)
-    dx = column_major(x) ? w.t().mm(dy.t()).t() : dy.mm(w);
-  if (ctx->needs_input_grad(1)) {
-    // mm_mat2_backward(dY, X) for W^T (column-major) is (dY^T X)^T, and
-    // W's grad its transpose: dY^T X, [N, K].
-    at::Tensor slot;
-    if (!w.grad().defined() && !c10::GradMode::is_enabled()) slot = claim_slot(w);
-    if (slot.defined()) {
-      slot = slot.view(slot.sizes());  // a handle of its own: AccumulateGrad adopts it as the grad
-      at::mm_out(slot, dy.t(), x);
-      dw = std::move(slot);
-    } else {
-      dw = dy.t().mm(x);
-    }
-  }
+  auto [dx, dw] = linear_2d_backward(x, w, dy, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
   if (!bias) return {dx, dw};
   // The bias's grad as addmm's: dY itself, summed to [N] by the engine.
   return {dx, dw, ctx->needs_input_grad(2) ? dy : at::Tensor()};
@@ -142,6 +127,27 @@ void unregister_grad_slot_of(const at::Tensor& param, const void* owner) {
 }
 
 bool has_grad_slot(const at::Tensor& param) { return slot_device(param).has_value(); }
+
+std::pair<at::Tensor, at::Tensor> linear_2d_backward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& dy,
+                                                     bool need_dx, bool need_dw) {
+  at::Tensor dx, dw;
+  if (need_dx)  // mm_mat1_backward(dY, W^T)
+    dx = column_major(x) ? w.t().mm(dy.t()).t() : dy.mm(w);
+  if (need_dw) {
+    // mm_mat2_backward(dY, X) for W^T (column-major) is (dY^T X)^T, and
+    // W's grad its transpose: dY^T X, [N, K].
+    at::Tensor slot;
+    if (!w.grad().defined() && !c10::GradMode::is_enabled()) slot = claim_slot(w);
+    if (slot.defined()) {
+      slot = slot.view(slot.sizes());  // a handle of its own: AccumulateGrad adopts it as the grad
+      at::mm_out(slot, dy.t(), x);
+      dw = std::move(slot);
+    } else {
+      dw = dy.t().mm(x);
+    }
+  }
+  return {std::move(dx), std::move(dw)};
+}
 
 at::Tensor linear_2d(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const auto device = slot_device(w);

@@ -13,6 +13,7 @@
 #include <c10/core/Device.h>
 
 #include <functional>
+#include <utility>
 
 namespace dtrain::engine::model {
 
@@ -41,5 +42,13 @@ bool has_grad_slot(const at::Tensor& param);
 // forward and backward), through the slot path when w has a slot, x and w
 // are fp32 on the slot's device and no autocast is on; at::linear otherwise.
 at::Tensor linear_2d(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+
+// The input's and the weight's gradients of x [M, K] W^T given dY [M, N],
+// as linear_2d's backward computes them (the same GEMM calls; dW into w's
+// slot where one is armed and this is the step's first backward), for an
+// autograd function that runs the linear itself (fused_ops.h's
+// fused_linear_gelu). Either is undefined where not needed.
+std::pair<at::Tensor, at::Tensor> linear_2d_backward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& dy,
+                                                     bool need_dx, bool need_dw);
 
 }  // namespace dtrain::engine::model

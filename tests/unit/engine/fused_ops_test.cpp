@@ -1,21 +1,25 @@
 // Unit tests of engine/model/fused_ops.h: each fused CPU kernel (residual
-// add + LayerNorm / RMSNorm, SwiGLU, GELU) against the ATen composition it
+// add + LayerNorm / RMSNorm, SwiGLU, GELU, a linear's bias + GELU) against the ATen composition it
 // replaces, forward and every gradient, at 1e-6 of each tensor's largest
 // magnitude (max |diff| / max(1, max |ref|): fp32 holds values near 8 to
 // only ~1e-6 absolute), printed beside the tolerance, each with a negative
 // control (a composition that differs slightly: it must miss by >= 100x); and a GPT and a Llama against their
-// own modules run through ATen's ops, loss and every parameter's gradient.
+// own modules run through ATen's ops, loss and every parameter's gradient;
+// and the GELU kernels' vector widths against each other, bit for bit.
 // Legend: N = rows, C = channels, F = SwiGLU hidden width.
 #include "engine/model/fused_ops.h"
 
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "engine/model/fused_kernels.h"
 #include "engine/model/gpt.h"
 #include "engine/model/llama.h"
+#include "tests/support/skip.h"
 
 namespace model = dtrain::engine::model;
 
@@ -125,6 +129,93 @@ TEST_CASE("fused GELU (forward and backward) matches at::gelu at 1e-6") {
   MESSAGE("GELU: max scaled |diff| " << d << " (tolerance " << kTol << "); control (tanh approximation) " << control);
   CHECK(d <= kTol);
   CHECK(control >= 100 * kTol);
+}
+
+namespace {
+
+// gelu(x W^T + b) as one node (the GEMM without its bias, then bias + GELU
+// in one pass; backward GELU's and the bias's gradients in one) against
+// at::gelu(at::linear(x, w, b)), forward and the gradients of x, w and b,
+// x 3-D and 2-D; F = 45 leaves remainders after the 16- and 8-wide loops.
+// The negative control: the tanh approximation in the reference.
+double linear_gelu_diff(bool control) {
+  double d = 0;
+  for (bool three_d : {true, false}) {
+    const int64_t K = 24, F = 45;
+    at::Tensor x = three_d ? leaf({3, 7, K}, 21) : leaf({19, K}, 21);
+    at::Tensor w = leaf({F, K}, 22, 0.3), b = leaf({F}, 23, 1.0, 0.5);
+    std::vector<int64_t> out = x.sizes().vec();
+    out.back() = F;
+    const at::Tensor gy = at::randn(out, at::detail::createCPUGenerator(24));
+    const at::Tensor y_f = model::fused_linear_gelu(x, w, b);
+    const std::vector<at::Tensor> g_f = grads_of((y_f * gy).sum(), {x, w, b});
+    const at::Tensor y_c = control ? at::gelu(at::linear(x, w, b), "tanh") : at::gelu(at::linear(x, w, b));
+    const std::vector<at::Tensor> g_c = grads_of((y_c * gy).sum(), {x, w, b});
+    d = std::max({d, scaled_diff(y_f, y_c), scaled_diff(g_f[0], g_c[0]), scaled_diff(g_f[1], g_c[1]),
+                  scaled_diff(g_f[2], g_c[2])});
+  }
+  return d;
+}
+
+// The GELU kernels at a width the CPU has against the AVX2 loop, bit for
+// bit: flat forward and backward, and the bias variants over rows whose
+// width leaves every remainder. Returns the number of elements that differ
+// (the bias gradient's doubles included).
+int64_t gelu_width_mismatches(model::kernels::VecIsa isa) {
+  using model::kernels::VecIsa;
+  int64_t bad = 0;
+  auto differ = [](const std::vector<float>& a, const std::vector<float>& b) {
+    int64_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return n;
+  };
+  for (int64_t F : {1, 7, 8, 15, 16, 23, 45, 2048}) {
+    const int64_t N = 5, n = N * F;
+    const at::Tensor xt =
+        at::cat({at::linspace(-12, 12, n / 2), at::randn({n - n / 2}, at::detail::createCPUGenerator(31)) * 3});
+    const at::Tensor dyt = at::randn({n}, at::detail::createCPUGenerator(32));
+    const at::Tensor bt = at::randn({F}, at::detail::createCPUGenerator(33));
+    const float *x = xt.const_data_ptr<float>(), *dy = dyt.const_data_ptr<float>(), *b = bt.const_data_ptr<float>();
+    std::vector<std::vector<float>> y(2, std::vector<float>(size_t(n))), dx = y, h = y, y2 = y, dpre = y;
+    std::vector<std::vector<double>> db(2, std::vector<double>(size_t(F), 0.0));
+    for (int k = 0; k < 2; ++k) {
+      const VecIsa at_isa = k == 0 ? VecIsa::avx2 : isa;
+      model::kernels::gelu_forward(x, y[k].data(), n, at_isa);
+      model::kernels::gelu_backward(dy, x, dx[k].data(), n, at_isa);
+      h[k].assign(x, x + n);
+      model::kernels::bias_gelu_forward(h[k].data(), b, y2[k].data(), N, F, at_isa);
+      model::kernels::gelu_backward_bias(dy, h[k].data(), dpre[k].data(), db[k].data(), N, F, at_isa);
+    }
+    bad += differ(y[0], y[1]) + differ(dx[0], dx[1]) + differ(h[0], h[1]) + differ(y2[0], y2[1]) +
+           differ(dpre[0], dpre[1]);
+    for (int64_t j = 0; j < F; ++j) bad += std::memcmp(&db[0][size_t(j)], &db[1][size_t(j)], sizeof(double)) != 0;
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("fused linear + bias + GELU matches at::gelu(at::linear(x, w, b)) at 1e-6, gradients of x, w, b") {
+  const double d = linear_gelu_diff(false), control = linear_gelu_diff(true);
+  MESSAGE("linear + bias + GELU: max scaled |diff| " << d << " (tolerance " << kTol
+                                                     << "); control (tanh approximation) " << control);
+  CHECK(d <= kTol);
+  CHECK(control >= 100 * kTol);
+}
+
+TEST_CASE("the GELU kernels give the same bits at AVX-512 as at AVX2") {
+  using model::kernels::VecIsa;
+  if (!model::kernels::isa_available(VecIsa::avx2))
+    DTRAIN_SKIP(cpu, "this CPU has no AVX2 + FMA: only the scalar GELU runs here");
+  // The negative control: the scalar loop (std::exp, not the vector exp) differs from the AVX2 one.
+  const int64_t control = gelu_width_mismatches(VecIsa::scalar);
+  MESSAGE("scalar vs AVX2 (control): " << control << " elements differ");
+  CHECK(control > 100);
+  if (!model::kernels::isa_available(VecIsa::avx512))
+    DTRAIN_SKIP(cpu, "this CPU has no AVX-512 (F + DQ): the AVX-512 GELU loop cannot run here (the control ran)");
+  const int64_t bad = gelu_width_mismatches(VecIsa::avx512);
+  MESSAGE("AVX-512 vs AVX2: " << bad << " elements differ (of every output, bias gradients included)");
+  CHECK(bad == 0);
 }
 
 TEST_CASE("fused residual add + LayerNorm, RMSNorm and residual add + RMSNorm match ATen at 1e-6") {
