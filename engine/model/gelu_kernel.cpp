@@ -73,13 +73,13 @@ __attribute__((target("avx2,fma"))) inline void phi8(__m256 x, __m256& phi, __m2
   phi = _mm256_blendv_ps(_mm256_sub_ps(one, q), q, x);  // the sign bit of x picks q
 }
 
-__attribute__((target("avx2,fma"))) int64_t gelu_forward_avx2(float* x, const float* b, const float* xin, float* y,
+__attribute__((target("avx2,fma"))) int64_t gelu_forward_avx2(float* pre, const float* b, const float* in, float* y,
                                                              int64_t i, int64_t n) {
   for (; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_loadu_ps(xin + i);
+    __m256 v = _mm256_loadu_ps(in + i);
     if (b) {
       v = _mm256_add_ps(v, _mm256_loadu_ps(b + i));
-      _mm256_storeu_ps(x + i, v);
+      _mm256_storeu_ps(pre + i, v);
     }
     __m256 phi, e;
     phi8(v, phi, e);
@@ -142,16 +142,17 @@ DTRAIN_AVX512 inline void phi16(__m512 x, __m512& phi, __m512& e) {
 }
 
 // The loops below take [i, n) and return where they stopped (a multiple of
-// their width from i). b, when not null, is added first (in place into x:
-// the pre-activation the backward reads); db, when not null, accumulates dx.
+// their width from i). Forward: in -> y; b, when not null, is added to in
+// first and the sum written to pre (the pre-activation the backward reads;
+// pre may be in itself). Backward: db, when not null, accumulates dx.
 
-DTRAIN_AVX512 int64_t gelu_forward_avx512(float* x, const float* b, const float* xin, float* y, int64_t i,
+DTRAIN_AVX512 int64_t gelu_forward_avx512(float* pre, const float* b, const float* in, float* y, int64_t i,
                                           int64_t n) {
   for (; i + 16 <= n; i += 16) {
-    __m512 v = _mm512_loadu_ps(xin + i);
+    __m512 v = _mm512_loadu_ps(in + i);
     if (b) {
       v = _mm512_add_ps(v, _mm512_loadu_ps(b + i));
-      _mm512_storeu_ps(x + i, v);
+      _mm512_storeu_ps(pre + i, v);
     }
     __m512 phi, e;
     phi16(v, phi, e);
@@ -184,13 +185,13 @@ bool cpu_has(VecIsa isa) {
   return isa == VecIsa::scalar || (isa == VecIsa::avx2 && avx2) || (isa == VecIsa::avx512 && avx512);
 }
 
-// One row (or all of a flat tensor): x (+ b, written back into x) -> y.
-void gelu_forward_row(float* x, const float* b, const float* xin, float* y, int64_t n, VecIsa isa) {
+// One row (or all of a flat tensor): in (+ b, written to pre) -> y.
+void gelu_forward_row(float* pre, const float* b, const float* in, float* y, int64_t n, VecIsa isa) {
   int64_t i = 0;
-  if (isa == VecIsa::avx512 && cpu_has(VecIsa::avx512)) i = gelu_forward_avx512(x, b, xin, y, i, n);
-  if (isa != VecIsa::scalar && cpu_has(VecIsa::avx2)) i = gelu_forward_avx2(x, b, xin, y, i, n);
+  if (isa == VecIsa::avx512 && cpu_has(VecIsa::avx512)) i = gelu_forward_avx512(pre, b, in, y, i, n);
+  if (isa != VecIsa::scalar && cpu_has(VecIsa::avx2)) i = gelu_forward_avx2(pre, b, in, y, i, n);
   for (; i < n; ++i) {
-    const float v = b ? (x[i] = xin[i] + b[i]) : xin[i];
+    const float v = b ? (pre[i] = in[i] + b[i]) : in[i];
     float phi, e;
     phi_scalar(v, phi, e);
     y[i] = v * phi;
