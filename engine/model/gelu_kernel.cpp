@@ -6,7 +6,9 @@
 // per lane, so both widths give the same bits for every element. Per
 // element, with z = |x| / sqrt 2:
 //   t = 1 / (1 + p z), q = t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) e / 2,
-//   e = exp(-z^2) (Cephes' expf: Cody-Waite reduction, degree-5 polynomial),
+//   e = exp(-z^2) (Cephes' expf: Cody-Waite reduction, degree-5 polynomial;
+//     0 for z^2 > 87.3, where it would be a subnormal),
+//   q = 0 where it would be below the smallest normal float,
 //   Phi(x) = 1 - q for x >= 0, q for x < 0 (so 1 + erf(x / sqrt 2) = 2 Phi),
 //   y = x Phi(x);  dx = dy (Phi(x) + x e / sqrt(2 pi)).
 // The bias variants run that per row of [N, F] on h + b, and the backward's
@@ -29,20 +31,28 @@ namespace {
 constexpr float kP = 0.3275911f, kA1 = 0.254829592f, kA2 = -0.284496736f, kA3 = 1.421413741f,
                 kA4 = -1.453152027f, kA5 = 1.061405429f;
 constexpr float kSqrtHalf = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+// q below the smallest normal float is flushed to 0: exp's argument is
+// clamped at -87.3, so for x < ~-13 q would be a subnormal (~1e-40), and
+// GEMMs that read many subnormals (the next layer's, forward and dW) run
+// several times slower. at::gelu returns 0 there too.
+constexpr float kFltMin = 1.17549435e-38f;
+constexpr float kExpMin = -87.3f;  // exp(-87.3) ~ 1.2e-38, the last normal result
 
 // Phi(x) and e = exp(-x^2 / 2), scalar.
 inline void phi_scalar(float x, float& phi, float& e) {
   const float z = std::fabs(x) * kSqrtHalf;
   const float t = 1.0f / (1.0f + kP * z);
-  e = std::exp(-z * z);
-  const float q = 0.5f * t * (kA1 + t * (kA2 + t * (kA3 + t * (kA4 + t * kA5)))) * e;
+  e = -z * z >= kExpMin ? std::exp(-z * z) : 0.0f;
+  float q = 0.5f * t * (kA1 + t * (kA2 + t * (kA3 + t * (kA4 + t * kA5)))) * e;
+  if (!(q >= kFltMin)) q = 0.0f;  // the far tail: 0, not a subnormal
   phi = x >= 0.0f ? 1.0f - q : q;
 }
 
-// exp(v) for v <= 0 (clamped at -87.3: below it the result underflows to
-// ~1e-38, and 2^n stays a normal number).
+// exp(v) for v <= 0: 0 below kExpMin (the result would be a subnormal;
+// the argument is clamped there, so 2^n stays a normal number).
 __attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive(__m256 v) {
-  v = _mm256_max_ps(v, _mm256_set1_ps(-87.3f));
+  const __m256 keep = _mm256_cmp_ps(v, _mm256_set1_ps(kExpMin), _CMP_GE_OQ);
+  v = _mm256_max_ps(v, _mm256_set1_ps(kExpMin));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), v);  // v - n ln2, in two parts
@@ -55,7 +65,7 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive(__m256 v) {
   y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n));
+  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)), keep);
 }
 
 // Phi(x) and e for 8 floats.
@@ -69,7 +79,8 @@ __attribute__((target("avx2,fma"))) inline void phi8(__m256 x, __m256& phi, __m2
   poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(kA2));
   poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(kA1));
   e = exp_nonpositive(_mm256_xor_ps(sign, _mm256_mul_ps(z, z)));
-  const __m256 q = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(poly, t), e), _mm256_set1_ps(0.5f));
+  __m256 q = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(poly, t), e), _mm256_set1_ps(0.5f));
+  q = _mm256_and_ps(q, _mm256_cmp_ps(q, _mm256_set1_ps(kFltMin), _CMP_GE_OQ));  // the far tail: 0, not a subnormal
   phi = _mm256_blendv_ps(_mm256_sub_ps(one, q), q, x);  // the sign bit of x picks q
 }
 
@@ -110,7 +121,8 @@ __attribute__((target("avx2,fma"))) int64_t gelu_backward_avx2(const float* dy, 
 
 // exp_nonpositive and phi8 at 16 lanes: the same operations, lane by lane.
 DTRAIN_AVX512 inline __m512 exp_nonpositive16(__m512 v) {
-  v = _mm512_max_ps(v, _mm512_set1_ps(-87.3f));
+  const __mmask16 keep = _mm512_cmp_ps_mask(v, _mm512_set1_ps(kExpMin), _CMP_GE_OQ);
+  v = _mm512_max_ps(v, _mm512_set1_ps(kExpMin));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);
@@ -123,7 +135,7 @@ DTRAIN_AVX512 inline __m512 exp_nonpositive16(__m512 v) {
   y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   const __m512i pow2n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(pow2n));
+  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(pow2n)));
 }
 
 DTRAIN_AVX512 inline void phi16(__m512 x, __m512& phi, __m512& e) {
@@ -136,7 +148,8 @@ DTRAIN_AVX512 inline void phi16(__m512 x, __m512& phi, __m512& e) {
   poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kA2));
   poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kA1));
   e = exp_nonpositive16(_mm512_xor_ps(sign, _mm512_mul_ps(z, z)));
-  const __m512 q = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(poly, t), e), _mm512_set1_ps(0.5f));
+  __m512 q = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(poly, t), e), _mm512_set1_ps(0.5f));
+  q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(q, _mm512_set1_ps(kFltMin), _CMP_GE_OQ), q);  // as phi8
   // the sign bit of x picks q (as blendv in phi8)
   phi = _mm512_mask_blend_ps(_mm512_movepi32_mask(_mm512_castps_si512(x)), _mm512_sub_ps(one, q), q);
 }

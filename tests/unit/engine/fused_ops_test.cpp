@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -159,8 +160,9 @@ double linear_gelu_diff(bool control) {
 
 // The GELU kernels at a width the CPU has against the AVX2 loop, bit for
 // bit: flat forward and backward, and the bias variants over rows whose
-// width leaves every remainder. Returns the number of elements that differ
-// (the bias gradient's doubles included).
+// width leaves every remainder; inputs from -20 to 20 (the flushed tails
+// included). Returns the number of elements that differ (the bias
+// gradient's doubles included).
 int64_t gelu_width_mismatches(model::kernels::VecIsa isa) {
   using model::kernels::VecIsa;
   int64_t bad = 0;
@@ -172,7 +174,7 @@ int64_t gelu_width_mismatches(model::kernels::VecIsa isa) {
   for (int64_t F : {1, 7, 8, 15, 16, 23, 45, 2048}) {
     const int64_t N = 5, n = N * F;
     const at::Tensor xt =
-        at::cat({at::linspace(-12, 12, n / 2), at::randn({n - n / 2}, at::detail::createCPUGenerator(31)) * 3});
+        at::cat({at::linspace(-20, 20, n / 2), at::randn({n - n / 2}, at::detail::createCPUGenerator(31)) * 3});
     const at::Tensor dyt = at::randn({n}, at::detail::createCPUGenerator(32));
     const at::Tensor bt = at::randn({F}, at::detail::createCPUGenerator(33));
     const float *x = xt.const_data_ptr<float>(), *dy = dyt.const_data_ptr<float>(), *b = bt.const_data_ptr<float>();
@@ -193,7 +195,37 @@ int64_t gelu_width_mismatches(model::kernels::VecIsa isa) {
   return bad;
 }
 
+// Subnormal floats in t (the GEMMs that read them run several times slower).
+int64_t subnormals(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  int64_t n = 0;
+  for (const float *p = c.const_data_ptr<float>(), *e = p + c.numel(); p < e; ++p)
+    n += std::fpclassify(*p) == FP_SUBNORMAL;
+  return n;
+}
+
 }  // namespace
+
+TEST_CASE("the GELU kernels give no subnormals in the far tail (x < -13), forward or backward at dy 1") {
+  using model::kernels::VecIsa;
+  // -200 .. 200 in steps of 0.005, the tail -13.2 .. -12.5 included
+  const at::Tensor x = at::linspace(-200, 200, 80001);
+  const at::Tensor ones = at::ones_like(x);
+  int64_t bad = 0;
+  for (VecIsa isa : {VecIsa::scalar, VecIsa::avx2, VecIsa::avx512}) {
+    if (!model::kernels::isa_available(isa)) continue;
+    at::Tensor y = at::empty_like(x), dx = at::empty_like(x);
+    model::kernels::gelu_forward(x.const_data_ptr<float>(), y.mutable_data_ptr<float>(), x.numel(), isa);
+    model::kernels::gelu_backward(ones.const_data_ptr<float>(), x.const_data_ptr<float>(), dx.mutable_data_ptr<float>(),
+                                  x.numel(), isa);
+    bad += subnormals(y) + subnormals(dx);
+  }
+  // The negative control: the exact GELU in fp32 through erfc, whose tail is subnormal.
+  const int64_t control = subnormals(x * 0.5 * at::erfc(-x * 0.70710678118654752));
+  MESSAGE("GELU kernels: " << bad << " subnormal outputs; control (x * erfc(-x / sqrt 2) / 2): " << control);
+  CHECK(bad == 0);
+  CHECK(control > 0);
+}
 
 TEST_CASE("fused linear + bias + GELU matches at::gelu(at::linear(x, w, b)) at 1e-6, gradients of x, w, b") {
   const double d = linear_gelu_diff(false), control = linear_gelu_diff(true);
