@@ -4,7 +4,11 @@
 # RANKS ranks, one thread per rank, REPS runs each. Prints, per run, the median
 # of metrics.jsonl's `mfu` over the logged steps from step 20 on, the ranks'
 # measured matmul peak (`peak_flops`, measured by each worker at start-up) and
-# the achieved FLOP/s (mfu x peak), which does not depend on that measurement.
+# the achieved FLOP/s (mfu x peak), which does not depend on that measurement,
+# and the spread of the ranks' rates (rank 0's start-up line): on a shared
+# machine one core can run well below the other, and a synchronous step goes
+# at the slower one's pace. bench/mfu_ceiling.py gives the MFU of a step that
+# ran its GEMMs only, against the same peak.
 #   [RANKS=2] [REPS=4] [STEPS=60] [DTRAIN_BUILD_DIR=build] bench/mfu.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,14 +30,16 @@ for rep in $(seq "$REPS"); do
       --set model.layers=4 --set model.d_model=512 --set model.heads=8 --set model.seq_len=128 \
       --set train.micro_batch=4 --set train.lr=1e-3 --set train.warmup_steps=20 \
       --set parallel.ddp.bucket_mb=1 >"$d.log" 2>&1 || { tail "$d.log" >&2; exit 1; }
-    python3 - "$d/metrics.jsonl" "$z" "$rep" <<'PY'
-import json, statistics, sys
+    python3 - "$d/metrics.jsonl" "$z" "$rep" "$d/rank_0.log" <<'PY'
+import json, re, statistics, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+spread = re.search(r"the ranks' matmul rates: (min .*? GFLOP/s)", open(sys.argv[4]).read())
 recs = [r for r in recs if r.get("step", 0) >= 20 and r.get("mfu")]
 m = statistics.median(r["mfu"] for r in recs)
 peak = recs[-1]["peak_flops"]
-print("zero %s run %s: mfu median %.3f over %d records (%s), peak_flops %.3g, achieved %.3g FLOP/s" % (
-    sys.argv[2], sys.argv[3], m, len(recs), " ".join("%.3f" % r["mfu"] for r in recs), peak, m * peak))
+print("zero %s run %s: mfu median %.3f over %d records (%s), peak_flops %.3g, achieved %.3g FLOP/s; ranks' rates %s" % (
+    sys.argv[2], sys.argv[3], m, len(recs), " ".join("%.3f" % r["mfu"] for r in recs), peak, m * peak,
+    spread.group(1) if spread else "?"))
 PY
   done
 done

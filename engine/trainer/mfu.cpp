@@ -3,7 +3,7 @@
 // min(1, cores / local ranks), so 4 ranks on 2 cores count 2 cores' peak.
 #include "engine/trainer/mfu.h"
 
-#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <map>
@@ -51,10 +51,30 @@ DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int loca
   p.cores = usable_cpus();
   const double share = device.is_cpu() ? std::min(1.0, double(p.cores) / double(std::max(1, local_world))) : 1.0;
   p.rank_flops = p.measured_gflops * 1e9 * share;
-  at::Tensor t = at::full({1}, p.rank_flops, at::TensorOptions().dtype(at::kDouble));  // [1]
-  control.all_reduce(t);
-  p.total_flops = t.item<double>();
+  // One sum: slot `rank` holds this rank's rate, the last slot its share.
+  const int world = control.size(), rank = control.rank();
+  at::Tensor t = at::zeros({world + 1}, at::TensorOptions().dtype(at::kDouble));  // [world + 1]
+  double* v = t.data_ptr<double>();
+  v[rank] = p.measured_gflops;
+  v[world] = p.rank_flops;
+  control.all_reduce(t);  // in place: v holds the sums
+  p.rank_gflops.assign(v, v + world);
+  p.total_flops = v[world];
   return p;
+}
+
+PeakSpread peak_spread(const std::vector<double>& rank_gflops, double slow_fraction) {
+  PeakSpread s;
+  if (rank_gflops.empty()) return s;
+  std::vector<double> sorted = rank_gflops;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  s.min = sorted.front();
+  s.max = sorted.back();
+  s.median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  s.slowest_rank = int(std::min_element(rank_gflops.begin(), rank_gflops.end()) - rank_gflops.begin());
+  s.slow = n > 1 && s.min < slow_fraction * s.median;
+  return s;
 }
 
 }  // namespace dtrain::engine::trainer

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/job_spec.h"
 #include "engine/comm/comm.h"
@@ -21,11 +22,26 @@ struct DevicePeak {
   double total_flops = 0;  // summed over all ranks (the MFU denominator)
   double measured_gflops = 0;  // the rate measured on this rank's thread / GPU
   int cores = 0;           // CPU cores this process may run on
+  // Every rank's measured rate, gathered at start-up: a rank well below the
+  // others (a throttled or shared core) sets a synchronous step's pace.
+  std::vector<double> rank_gflops;
 };
+
+// The ranks' spread of measured matmul rates, for the start-up log: "min X
+// (rank r), median Y, max Z GFLOP/s", and `slow` when the slowest rank is
+// under `slow_fraction` of the median (that rank sets a synchronous step's
+// pace, and MFU's denominator counts the others' faster rates).
+struct PeakSpread {
+  double min = 0, median = 0, max = 0;
+  int slowest_rank = -1;
+  bool slow = false;
+};
+PeakSpread peak_spread(const std::vector<double>& rank_gflops, double slow_fraction = 0.85);
 
 // Measures this rank's matmul rate (fp32, or bf16 for train.precision bf16;
 // n = 512 on the CPU (256 in bf16), 4096 on a GPU; about 0.06 s of CPU) on `device` and sums the shares over the control
-// group. Collective: every rank calls it once, at start-up.
+// group, gathering every rank's rate (DevicePeak::rank_gflops). Collective:
+// every rank calls it once, at start-up.
 DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
                                comm::Group& control);
 

@@ -255,6 +255,16 @@ std::unique_ptr<TrainSession> make_train_session(bool skip_init_if_restoring) {
                 blas.name, blas.version, blas.core, blas_check.max_rel_err, s->peak.measured_gflops,
                 to_string(spec.train.precision), s->device.is_cpu() ? "1 thread, CPU time" : s->device.str(),
                 s->peak.total_flops / 1e9, s->info.world, s->peak.cores, s->info.local_world);
+    const PeakSpread spread = peak_spread(s->peak.rank_gflops);
+    if (s->info.world > 1)
+      DTRAIN_INFO("doctor: the ranks' matmul rates: min {:.1f} (rank {}), median {:.1f}, max {:.1f} GFLOP/s",
+                  spread.min, spread.slowest_rank, spread.median, spread.max);
+    if (spread.slow)
+      DTRAIN_WARN("doctor: rank {}'s matmul rate {:.1f} GFLOP/s is {:.0f}% of the ranks' median {:.1f}: its {} is "
+                  "slower (throttled, or shared with another load) and sets a synchronous step's pace; MFU's peak "
+                  "counts every rank's own rate. Fix: move that rank's host or core out of the job, or free it",
+                  spread.slowest_rank, spread.min, 100.0 * spread.min / spread.median, spread.median,
+                  s->device.is_cpu() ? "core" : "device");
   }
   if (s->is_log_rank())
     DTRAIN_INFO("model {}: {} parameters ({} tensors); data {} samples of {} tokens; {}; "

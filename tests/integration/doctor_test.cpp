@@ -2,13 +2,16 @@
 // and its workers-over-cores warning; MKL really forced onto its compatible
 // code path (MKL_CBWR=COMPATIBLE) is seen and warned about; `dtrain launch`
 // prints the summary, and metrics.jsonl's mfu equals PaLM's FLOP count over
-// the logged step time and peak (1 process, a tiny model).
+// the logged step time and peak, the sum of the 2 ranks' rates the start-up
+// line gathers (a tiny model).
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -86,7 +89,7 @@ TEST_CASE("doctor: MKL forced onto its compatible code path is warned about") {
   CHECK(has_warning(forced, "blas_code_path"));
 }
 
-TEST_CASE("launch: the doctor line at start, and mfu in metrics.jsonl is PaLM's count / time / peak") {
+TEST_CASE("launch: the doctor lines at start, and mfu in metrics.jsonl is PaLM's count / time / peak over 2 ranks") {
   TempDir dir;
   dtrain::testing::TagGuard tag;
   const int V = 256, L = 2, C = 32, T = 32, B = 4, steps = 4;
@@ -94,7 +97,8 @@ TEST_CASE("launch: the doctor line at start, and mfu in metrics.jsonl is PaLM's 
   dtrain::testing::write_file(
       dir / "spec.yaml",
       "job: {name: mfu, seed: 3}\n"
-      "cluster: {nodes: 1, procs_per_node: 1, device: cpu, backend: gloo}\n"
+      "cluster: {nodes: 1, procs_per_node: 2, device: cpu, backend: gloo}\n"
+      "parallel: {dp: 2}\n"
       "model: {kind: gpt, vocab: 256, layers: 2, d_model: 32, heads: 2, seq_len: 32, dropout: 0.0}\n"
       "train: {steps: 4, micro_batch: 4, lr: 3.0e-3, warmup_steps: 2}\n"
       "data: {path: " + (dir / "text.txt") + ", format: bytes}\n"
@@ -109,9 +113,25 @@ TEST_CASE("launch: the doctor line at start, and mfu in metrics.jsonl is PaLM's 
   CHECK(out.find("doctor: ") != std::string::npos);                  // the launcher's summary
   CHECK(out.find("start-up check max rel err") != std::string::npos);  // rank 0's BLAS line
   CHECK(out.find("| MFU ") != std::string::npos);                     // the progress line
+  // The ranks' rates, gathered: with 2 ranks min and max are the two, and
+  // MFU's peak is their sum times each rank's share of the cores.
+  double lo = 0, med = 0, hi = 0, share = 0;
+  {
+    std::smatch m;
+    const std::regex spread(R"(the ranks' matmul rates: min ([0-9.]+) \(rank [01]\), median ([0-9.]+), max ([0-9.]+) GFLOP/s)");
+    REQUIRE(std::regex_search(out, m, spread));
+    lo = std::stod(m[1]), med = std::stod(m[2]), hi = std::stod(m[3]);
+    const std::regex cores(R"(over 2 ranks \(([0-9]+) cores here, 2 local ranks\))");
+    REQUIRE(std::regex_search(out, m, cores));
+    share = std::min(1.0, std::stod(m[1]) / 2.0);
+  }
+  CHECK(lo > 0);
+  CHECK(lo <= med);
+  CHECK(med <= hi);
+  CHECK(med == doctest::Approx((lo + hi) / 2).epsilon(1e-3));
   // engine/model/gpt.cpp's parameters: wte, wpe, per block 12C^2 + 13C, final LayerNorm, head.
   const double params = double(V) * C + double(T) * C + L * (12.0 * C * C + 13.0 * C) + 2.0 * C + double(V) * C;
-  const double tokens = double(B) * T;
+  const double tokens = 2.0 * B * T;  // dp 2
   const double flops = 6 * params * tokens + 12.0 * L * C * T * tokens;
   std::ifstream in(dir / "run/metrics.jsonl");
   int lines = 0;
@@ -126,6 +146,8 @@ TEST_CASE("launch: the doctor line at start, and mfu in metrics.jsonl is PaLM's 
     CHECK(m["flops_per_step"].get<double>() == doctest::Approx(flops).epsilon(1e-12));
     const double peak = m["peak_flops"];
     REQUIRE(peak > 0);
+    // The log prints the rates to 0.1 GFLOP/s.
+    CHECK(peak == doctest::Approx((lo + hi) * 1e9 * share).epsilon(2e-3));
     const double want = flops / m["step_time_s"].get<double>() / peak;
     // step_time_s is printed to 6 significant digits: 1e-5 relative covers its rounding.
     CHECK(m["mfu"].get<double>() == doctest::Approx(want).epsilon(1e-5));

@@ -1,7 +1,8 @@
 // Unit tests of engine/trainer's MetricsLogger: metrics.jsonl stays JSON
 // that any reader accepts when a value is NaN or inf (null, and
 // "nonfinite": true on that step), and a non-finite step is written even
-// between log.every steps; so is a step data.valid evaluated, with its val_loss.
+// between log.every steps; so is a step data.valid evaluated, with its val_loss;
+// and mfu.h's peak_spread, the start-up line on the ranks' matmul rates.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "engine/trainer/metrics.h"
+#include "engine/trainer/mfu.h"
 
 namespace fs = std::filesystem;
 using dtrain::engine::trainer::MemoryStats;
@@ -102,4 +104,24 @@ TEST_CASE("metrics.jsonl: an evaluated step is written between log.every steps w
   CHECK_FALSE(lines[0].contains("val_loss_by_source"));  // only with an evaluation
   CHECK_FALSE(lines[0].contains("val_loss"));
   CHECK_FALSE(lines[2].contains("val_loss"));
+}
+
+TEST_CASE("peak_spread: the ranks' matmul rates, their median, the slowest rank, and when it is slow") {
+  using dtrain::engine::trainer::peak_spread;
+  // Rates as two cores of a shared VM gave them (bench/results/mfu_ceiling_s64.txt).
+  auto s = peak_spread({101.9, 129.8});
+  CHECK(s.min == 101.9);
+  CHECK(s.max == 129.8);
+  CHECK(s.median == doctest::Approx(115.85));
+  CHECK(s.slowest_rank == 0);
+  CHECK_FALSE(s.slow);  // 101.9 is 88% of 115.85: within 85%
+  s = peak_spread({152.6, 98.0, 150.1, 149.9});
+  CHECK(s.slowest_rank == 1);
+  CHECK(s.median == doctest::Approx(150.0));
+  CHECK(s.slow);  // 98 is 65% of the median
+  CHECK_FALSE(peak_spread({98.0, 152.6}, 0.6).slow);  // a looser threshold
+  s = peak_spread({140.0});
+  CHECK(s.slowest_rank == 0);
+  CHECK_FALSE(s.slow);  // one rank has no one to be slower than
+  CHECK(peak_spread({}).slowest_rank == -1);
 }
