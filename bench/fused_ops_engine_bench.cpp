@@ -9,7 +9,9 @@
 // layer + bias + GELU as one node (fused_linear_gelu) against addmm then
 // the GELU kernel (what the model ran before it), and the GELU kernel at
 // AVX-512 against itself at AVX2 (kernel calls only, no autograd; the row
-// says so where the CPU lacks AVX-512).
+// says so where the CPU lacks AVX-512); and the strided attention's score
+// GEMM + causal softmax forward and backward (attention_core.cpp) against
+// the baddbmm with the -inf bias + ATen's softmax it replaced.
 //   build/bench/fused_ops_engine_bench [rounds=7] [iters=50] [rows=512] [C=512]
 #include <time.h>
 
@@ -109,6 +111,48 @@ int main(int argc, char** argv) {
   } else {
     std::printf("# GELU kernel AVX-512 vs AVX2: not run, this CPU has no AVX-512 (F + DQ)\n");
   }
+  // The strided attention's scores and softmax at B 4, H 8, T 128, D 64,
+  // per batch row as attention_core.cpp runs them: q k^T by bmm and the
+  // causal softmax kernel (forward, then backward in place) against
+  // baddbmm with the -inf bias and the 1/sqrt(D) scale, ATen's softmax and
+  // _softmax_backward_data (the path before; DTRAIN_CAUSAL_SOFTMAX=0).
+  const int64_t AB = 4, AH = 8, AT = 128, AD = 64;
+  const at::Tensor aq = at::randn({AB, AH, AT, AD}), ak = at::randn({AB, AH, AT, AD});
+  const at::Tensor adp = at::randn({AB, AH, AT, AT});
+  const at::Tensor abias = at::full({AT, AT}, -INFINITY).triu(1).expand({AH, AT, AT});
+  at::Tensor aatt = at::empty({AB, AH, AT, AT}), ads = at::empty({AB, AH, AT, AT});
+  const double ascale = 1.0 / std::sqrt(double(AD));
+  cases.push_back({"attn scores+causal softmax",
+                   [&] {
+                     for (int64_t b = 0; b < AB; ++b) {
+                       at::Tensor att_b = aatt[b];
+                       at::bmm_out(att_b, aq[b], ak[b].transpose(1, 2));
+                     }
+                     float* p = aatt.mutable_data_ptr<float>();
+                     model::kernels::causal_softmax_forward(p, p, AB * AH * AT, AT, float(ascale));
+                     ads.copy_(adp);
+                     float* d = ads.mutable_data_ptr<float>();
+                     model::kernels::causal_softmax_backward(d, p, d, AB * AH * AT, AT);
+                   },
+                   [&] {
+                     for (int64_t b = 0; b < AB; ++b) {
+                       at::Tensor att_b = aatt[b];
+                       at::baddbmm_out(att_b, abias, aq[b], ak[b].transpose(1, 2), 1.0, ascale);
+                     }
+                     const at::Tensor p = at::softmax(aatt, -1);
+                     ads.copy_(at::_softmax_backward_data(adp, p, -1, at::kFloat));
+                   }});
+  cases.push_back({"causal softmax alone",
+                   [&] {
+                     float* p = aatt.mutable_data_ptr<float>();
+                     model::kernels::causal_softmax_forward(p, p, AB * AH * AT, AT, float(ascale));
+                     float* d = ads.mutable_data_ptr<float>();
+                     model::kernels::causal_softmax_backward(adp.const_data_ptr<float>(), p, d, AB * AH * AT, AT);
+                   },
+                   [&] {
+                     const at::Tensor p = at::softmax(aatt, -1);
+                     at::_softmax_backward_data_out(ads, adp, p, -1, at::kFloat);
+                   }});
   std::printf("# fused_ops_engine_bench: %d rounds x %d calls, rows %lld, C %lld (SwiGLU F %lld), 1 thread,\n"
               "# forward + backward (incl. the loss's mul/sum, same on both sides), thread CPU ms per call\n",
               rounds, iters, (long long)N, (long long)C, (long long)(4 * C));

@@ -1,6 +1,7 @@
 // attention_core.h: the naive core (one baddbmm with the causal bias and
 // the 1/sqrt(D) scale fused, softmax, dropout, bmm), its strided form on a
-// fused qkv projection, and the dispatch.
+// fused qkv projection (bmm, then the causal softmax kernel), and the
+// dispatch.
 //
 // Shape legend: B = batch rows, H = local heads, T = time, D = head dim.
 #include "engine/model/attention_core.h"
@@ -22,6 +23,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "engine/model/fused_kernels.h"
 #include "engine/model/tiled_attention.h"
 
 namespace dtrain::engine::model {
@@ -48,25 +50,48 @@ at::Tensor head_view(const at::Tensor& qkv, int64_t which, int64_t H) {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Inputs qkv [B, T, 3C] (contiguous) and the [T, T] causal bias; output
-// [B, T, C]. Per batch row b, each product is one batch of H GEMMs on
-// strided views (bmm and baddbmm take a row stride >= the row length; an
-// output that is not contiguous is written head by head, in place). The
-// ops and their arguments are naive_attention's and its autograd's: the
-// same GEMMs (baddbmm's alpha as the backward's scale), the same softmax
-// and softmax backward.
+// The strided core's softmax: fused_kernels.h's causal one (the default),
+// or with DTRAIN_CAUSAL_SOFTMAX=0 the additive -inf bias in the score GEMM
+// and ATen's softmax (for A/B runs).
+bool causal_softmax_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("DTRAIN_CAUSAL_SOFTMAX");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+// Inputs qkv [B, T, 3C] (contiguous) and the [T, T] causal bias (read only
+// with DTRAIN_CAUSAL_SOFTMAX=0); output [B, T, C]. Per batch row b, each
+// product is one batch of H GEMMs on strided views (bmm and baddbmm take a
+// row stride >= the row length; an output that is not contiguous is
+// written head by head, in place). The GEMMs are naive_attention's and its
+// autograd's (baddbmm's alpha as the backward's scale); the softmax is
+// fused_kernels.h's causal one, which reads each row up to its diagonal
+// only (no bias added to the scores) and applies the scale itself.
 struct StridedAttention : public torch::autograd::Function<StridedAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, const at::Tensor& bias, int64_t heads) {
     const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = heads, D = C / H;
     const double scale = 1.0 / std::sqrt(double(D));
     const at::Tensor q = head_view(qkv, 0, H), k = head_view(qkv, 1, H), v = head_view(qkv, 2, H);
-    const at::Tensor bias_h = bias.expand({H, T, T});
     at::Tensor att = at::empty({B, H, T, T}, qkv.options());  // scores, then probabilities
-    for (int64_t b = 0; b < B; ++b) {
-      at::Tensor att_b = att[b];
-      at::baddbmm_out(att_b, bias_h, q[b], k[b].transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
+    if (causal_softmax_on()) {
+      // q k^T unscaled and unmasked (one bmm per row b), then the causal
+      // softmax of scale x scores in place: the mask is each row's length,
+      // so the entries above the diagonal are computed but never read.
+      for (int64_t b = 0; b < B; ++b) {
+        at::Tensor att_b = att[b];
+        at::bmm_out(att_b, q[b], k[b].transpose(1, 2));
+      }
+      kernels::causal_softmax_forward(att.data_ptr<float>(), att.data_ptr<float>(), B * H * T, T, float(scale));
+    } else {
+      const at::Tensor bias_h = bias.expand({H, T, T});
+      for (int64_t b = 0; b < B; ++b) {
+        at::Tensor att_b = att[b];
+        at::baddbmm_out(att_b, bias_h, q[b], k[b].transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
+      }
+      att = at::softmax(att, /*dim=*/-1);
     }
-    att = at::softmax(att, /*dim=*/-1);
     at::Tensor y = at::empty({B, T, C}, qkv.options());
     const at::Tensor y_heads = y.view({B, T, H, D}).permute({0, 2, 1, 3});  // [B, H, T, D] view
     for (int64_t b = 0; b < B; ++b) {
@@ -96,7 +121,14 @@ struct StridedAttention : public torch::autograd::Function<StridedAttention> {
       at::bmm_out(datt_b, dy_heads[b], v[b].transpose(1, 2));
       at::bmm_out(dv_b, att[b].transpose(1, 2), dy_heads[b]);
     }
-    const at::Tensor ds = at::_softmax_backward_data(datt, att, /*dim=*/-1, att.scalar_type());
+    at::Tensor ds;
+    if (causal_softmax_on()) {
+      kernels::causal_softmax_backward(datt.data_ptr<float>(), att.data_ptr<float>(), datt.data_ptr<float>(),
+                                       B * H * T, T);
+      ds = datt;
+    } else {
+      ds = at::_softmax_backward_data(datt, att, /*dim=*/-1, att.scalar_type());
+    }
     for (int64_t b = 0; b < B; ++b) {
       // beta 0: the (unset) output is not read.
       at::Tensor dq_b = dq[b], dk_b = dk[b];

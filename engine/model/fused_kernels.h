@@ -1,8 +1,9 @@
 // Fused CPU kernels of the model's memory-bound steps, as plain loops over
 // contiguous fp32 rows: residual add + LayerNorm / RMSNorm (forward and
-// backward in one pass over a row each), SwiGLU's backward and GELU. No
-// LibTorch here (fused_ops.cpp wraps them as autograd functions and owns
-// the checks on dtype, device and layout); one thread, the caller's.
+// backward in one pass over a row each), SwiGLU's backward, GELU and the
+// causal softmax. No LibTorch here (fused_ops.cpp and attention_core.cpp
+// wrap them and own the checks on dtype, device and layout); one thread,
+// the caller's.
 //
 // Shape legend: N = rows (B*T), C = channels, F = the SwiGLU hidden width.
 #pragma once
@@ -58,5 +59,18 @@ void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, VecIsa
 void bias_gelu_forward(float* h, const float* b, float* y, int64_t N, int64_t F, VecIsa isa = best_isa());
 void gelu_backward_bias(const float* dy, const float* pre, float* dpre, double* db, int64_t N, int64_t F,
                         VecIsa isa = best_isa());
+
+// Causal softmax over the rows of scores s [R, T], row r being query
+// position i = r % T (rows of [B, H, T, T]) and `scale` > 0 (1 / sqrt(D)):
+// p[j] = exp((s[j] - m) scale) / sum for j <= i (m, sum over those), p[j] = 0
+// for j > i; the scores above the diagonal are never read (they may be
+// unset). Backward (of softmax(scale s) as a function of scale s): ds[j] =
+// p[j] (dp[j] - sum_k p[k] dp[k]) for j <= i, 0 above (dp is not read
+// there). Cephes' exp (vec_exp.h: 0 below -87.3, not a subnormal); sums
+// in 16 float lanes (lane j % 16, columns in order) folded in a fixed order,
+// so every width gives the same bits. p may be s; ds may be dp.
+void causal_softmax_forward(const float* s, float* p, int64_t R, int64_t T, float scale, VecIsa isa = best_isa());
+void causal_softmax_backward(const float* dp, const float* p, float* ds, int64_t R, int64_t T,
+                             VecIsa isa = best_isa());
 
 }  // namespace dtrain::engine::model::kernels

@@ -16,10 +16,7 @@
 // at every width).
 #include "engine/model/fused_kernels.h"
 
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps, which it then
-// reports as maybe uninitialized (GCC bug 105593); nothing here reads one.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
+#include "engine/model/vec_exp.h"  // immintrin.h and the exp kernels
 
 #include <cmath>
 #include <cstdlib>
@@ -27,6 +24,10 @@
 
 namespace dtrain::engine::model::kernels {
 namespace {
+
+using vec::exp_nonpositive;
+using vec::exp_nonpositive16;
+using vec::kExpMin;
 
 constexpr float kP = 0.3275911f, kA1 = 0.254829592f, kA2 = -0.284496736f, kA3 = 1.421413741f,
                 kA4 = -1.453152027f, kA5 = 1.061405429f;
@@ -36,7 +37,6 @@ constexpr float kSqrtHalf = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143
 // GEMMs that read many subnormals (the next layer's, forward and dW) run
 // several times slower. at::gelu returns 0 there too.
 constexpr float kFltMin = 1.17549435e-38f;
-constexpr float kExpMin = -87.3f;  // exp(-87.3) ~ 1.2e-38, the last normal result
 
 // Phi(x) and e = exp(-x^2 / 2), scalar.
 inline void phi_scalar(float x, float& phi, float& e) {
@@ -46,26 +46,6 @@ inline void phi_scalar(float x, float& phi, float& e) {
   float q = 0.5f * t * (kA1 + t * (kA2 + t * (kA3 + t * (kA4 + t * kA5)))) * e;
   if (!(q >= kFltMin)) q = 0.0f;  // the far tail: 0, not a subnormal
   phi = x >= 0.0f ? 1.0f - q : q;
-}
-
-// exp(v) for v <= 0: 0 below kExpMin (the result would be a subnormal;
-// the argument is clamped there, so 2^n stays a normal number).
-__attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive(__m256 v) {
-  const __m256 keep = _mm256_cmp_ps(v, _mm256_set1_ps(kExpMin), _CMP_GE_OQ);
-  v = _mm256_max_ps(v, _mm256_set1_ps(kExpMin));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), v);  // v - n ln2, in two parts
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)), keep);
 }
 
 // Phi(x) and e for 8 floats.
@@ -117,27 +97,7 @@ __attribute__((target("avx2,fma"))) int64_t gelu_backward_avx2(const float* dy, 
   return i;
 }
 
-#define DTRAIN_AVX512 __attribute__((target("avx512f,avx512dq")))
-
-// exp_nonpositive and phi8 at 16 lanes: the same operations, lane by lane.
-DTRAIN_AVX512 inline __m512 exp_nonpositive16(__m512 v) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(v, _mm512_set1_ps(kExpMin), _CMP_GE_OQ);
-  v = _mm512_max_ps(v, _mm512_set1_ps(kExpMin));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i pow2n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(pow2n)));
-}
-
+// phi8 at 16 lanes: the same operations, lane by lane.
 DTRAIN_AVX512 inline void phi16(__m512 x, __m512& phi, __m512& e) {
   const __m512 sign = _mm512_set1_ps(-0.0f);
   const __m512 z = _mm512_mul_ps(_mm512_andnot_ps(sign, x), _mm512_set1_ps(kSqrtHalf));

@@ -1,11 +1,13 @@
 // Unit tests of engine/model/fused_ops.h: each fused CPU kernel (residual
-// add + LayerNorm / RMSNorm, SwiGLU, GELU, a linear's bias + GELU) against the ATen composition it
+// add + LayerNorm / RMSNorm, SwiGLU, GELU, a linear's bias + GELU, the
+// causal softmax) against the ATen composition it
 // replaces, forward and every gradient, at 1e-6 of each tensor's largest
 // magnitude (max |diff| / max(1, max |ref|): fp32 holds values near 8 to
 // only ~1e-6 absolute), printed beside the tolerance, each with a negative
 // control (a composition that differs slightly: it must miss by >= 100x); and a GPT and a Llama against their
 // own modules run through ATen's ops, loss and every parameter's gradient;
-// and the GELU kernels' vector widths against each other, bit for bit.
+// and the GELU and causal softmax kernels' vector widths against each
+// other, bit for bit.
 // Legend: N = rows, C = channels, F = SwiGLU hidden width.
 #include "engine/model/fused_ops.h"
 
@@ -248,6 +250,95 @@ TEST_CASE("the GELU kernels give the same bits at AVX-512 as at AVX2") {
   const int64_t bad = gelu_width_mismatches(VecIsa::avx512);
   MESSAGE("AVX-512 vs AVX2: " << bad << " elements differ (of every output, bias gradients included)");
   CHECK(bad == 0);
+}
+
+namespace {
+
+// The causal softmax kernels on scores [R, T] (R = rows of [B*H, T, T]) at
+// `isa`, forward p and backward ds for upstream dp; entries above each
+// row's diagonal are set to NaN first: the kernels must not read them.
+std::pair<at::Tensor, at::Tensor> causal_softmax_kernels(const at::Tensor& s0, const at::Tensor& dp0, double scale,
+                                                         model::kernels::VecIsa isa) {
+  const int64_t R = s0.size(0), T = s0.size(1);
+  const at::Tensor above = at::ones({T, T}, at::kBool).triu(1).repeat({R / T, 1});  // [R, T]
+  at::Tensor s = s0.masked_fill(above, NAN), dp = dp0.masked_fill(above, NAN);
+  at::Tensor p = at::empty_like(s), ds = at::empty_like(s);
+  model::kernels::causal_softmax_forward(s.const_data_ptr<float>(), p.mutable_data_ptr<float>(), R, T, float(scale),
+                                         isa);
+  model::kernels::causal_softmax_backward(dp.const_data_ptr<float>(), p.const_data_ptr<float>(),
+                                          ds.mutable_data_ptr<float>(), R, T, isa);
+  return {p, ds};
+}
+
+// ATen's composition the strided attention ran before: softmax(scale s +
+// causal -inf bias) and _softmax_backward_data; `causal` false drops the
+// mask (the negative control).
+std::pair<at::Tensor, at::Tensor> causal_softmax_aten(const at::Tensor& s, const at::Tensor& dp, double scale,
+                                                      bool causal = true) {
+  const int64_t R = s.size(0), T = s.size(1);
+  at::Tensor bias = at::full({T, T}, causal ? -INFINITY : 0.0f).triu(1).repeat({R / T, 1});
+  at::Tensor p = at::softmax(s * scale + bias, -1);
+  return {p, at::_softmax_backward_data(dp, p, -1, at::kFloat)};
+}
+
+const std::vector<int64_t> kSoftmaxT = {1, 5, 15, 16, 17, 33, 128, 131};
+
+}  // namespace
+
+TEST_CASE("the causal softmax kernel matches ATen's softmax with the -inf bias at 1e-6, forward and backward") {
+  double worst = 0, control = INFINITY;
+  for (const int64_t T : kSoftmaxT) {
+    auto gen = at::detail::createCPUGenerator(uint64_t(T));
+    const double scale = 1.0 / std::sqrt(64.0);
+    const at::Tensor s = at::randn({3 * T, T}, gen) * 8, dp = at::randn({3 * T, T}, gen);
+    const auto ref = causal_softmax_aten(s, dp, scale);
+    const auto got = causal_softmax_kernels(s, dp, scale, model::kernels::best_isa());
+    worst = std::max({worst, scaled_diff(got.first, ref.first), scaled_diff(got.second, ref.second)});
+    if (T > 1) {
+      const auto no_mask = causal_softmax_aten(s, dp, scale, false);
+      control = std::min(control, std::max(scaled_diff(no_mask.first, ref.first), scaled_diff(no_mask.second, ref.second)));
+    }
+    // Above the diagonal: exactly 0, the NaN there never read.
+    const at::Tensor above = at::ones({T, T}, at::kBool).triu(1).repeat({3, 1});
+    CHECK(got.first.masked_select(above).abs().sum().item<double>() == 0);
+    CHECK(got.second.masked_select(above).abs().sum().item<double>() == 0);
+  }
+  MESSAGE("causal softmax: max scaled |diff| " << worst << " over T in 1..131 (tolerance " << kTol
+                                               << "); control (no mask) " << control);
+  CHECK(worst <= kTol);
+  CHECK(control >= 100 * kTol);
+}
+
+TEST_CASE("the causal softmax kernel gives the same bits at every width, and NaN rows stay NaN") {
+  using model::kernels::VecIsa;
+  int64_t differ = 0, control = 0;
+  for (const int64_t T : kSoftmaxT) {
+    auto gen = at::detail::createCPUGenerator(uint64_t(100 + T));
+    const at::Tensor s = at::randn({2 * T, T}, gen) * 8, dp = at::randn({2 * T, T}, gen);
+    const auto scalar = causal_softmax_kernels(s, dp, 0.125, VecIsa::scalar);
+    for (VecIsa isa : {VecIsa::avx2, VecIsa::avx512}) {
+      if (!model::kernels::isa_available(isa)) continue;
+      const auto got = causal_softmax_kernels(s, dp, 0.125, isa);
+      differ += at::ne(got.first, scalar.first).sum().item<int64_t>() + at::ne(got.second, scalar.second).sum().item<int64_t>();
+    }
+    // The negative control: ATen's softmax differs from the kernel in some last bits.
+    control += at::ne(causal_softmax_aten(s, dp, 0.125).first, scalar.first).sum().item<int64_t>();
+  }
+  MESSAGE("causal softmax: " << differ << " elements differ between the scalar and the vector widths ("
+                             << std::string(model::kernels::isa_available(VecIsa::avx512) ? "AVX2 and AVX-512"
+                                 : model::kernels::isa_available(VecIsa::avx2) ? "AVX2 only: no AVX-512 here"
+                                                                               : "none: scalar only here")
+                             << "); control (ATen's softmax): " << control);
+  CHECK(differ == 0);
+  CHECK(control > 100);
+  // A NaN score makes its row NaN (as ATen's softmax), the other rows untouched.
+  const int64_t T = 40;
+  at::Tensor s = at::randn({T, T}), dp = at::randn({T, T});
+  s.index_put_({20, 3}, NAN);
+  const auto got = causal_softmax_kernels(s, dp, 0.125, model::kernels::best_isa());
+  CHECK(at::isnan(got.first[20].narrow(0, 0, 21)).all().item<bool>());
+  CHECK(at::isfinite(got.first.narrow(0, 0, 20)).all().item<bool>());
+  CHECK(at::isfinite(got.first.narrow(0, 21, T - 21)).all().item<bool>());
 }
 
 TEST_CASE("fused residual add + LayerNorm, RMSNorm and residual add + RMSNorm match ATen at 1e-6") {
