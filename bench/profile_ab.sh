@@ -8,13 +8,17 @@
 # as CPU ms per step and rank and as a share of the ranks' samples. The
 # shares are what to compare: the machine's speed moves the ms of every
 # category together, not one category's share.
+# ENV_BEFORE / ENV_AFTER set environment variables for one side only (as
+# bench/fused_ab.sh's: BEFORE=build ENV_BEFORE="DTRAIN_X=0" is one build, a
+# toggle A/B).
 #   BEFORE=DIR [ROUNDS=3] [STEPS=60] [SECONDS_REC=15] [SYMBOLS="sgemm=sgemm copy=direct_copy_kernel ..."]
-#   [EXTRA=...] [OUT=...] bench/profile_ab.sh
+#   [EXTRA=...] [ENV_BEFORE=...] [ENV_AFTER=...] [OUT=...] bench/profile_ab.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DTRAIN_BUILD_DIR:-$ROOT/build}"
 BEFORE="${BEFORE:?set BEFORE to the build dir to compare against}"
 ROUNDS="${ROUNDS:-3}" STEPS="${STEPS:-60}" SECONDS_REC="${SECONDS_REC:-15}" EXTRA="${EXTRA:-}"
+ENV_BEFORE="${ENV_BEFORE:-}" ENV_AFTER="${ENV_AFTER:-}"
 SYMBOLS="${SYMBOLS:-sgemm=sgemm copy=direct_copy_kernel memmove=memmove adamw=adamw_run}"
 OUT="${OUT:-$ROOT/bench/results/profile_ab.txt}"
 cd "$ROOT"
@@ -30,9 +34,10 @@ tmp="$(mktemp -d /tmp/dtrain-profab-XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
 
 run() {  # $1 = build dir, $2 = label, $3 = round
-  local dir="$tmp/$2$3"
+  local dir="$tmp/$2$3" envs="$ENV_AFTER"
+  [ "$2" = before ] && envs="$ENV_BEFORE"
   # shellcheck disable=SC2086
-  "$1/apps/dtrain/dtrain" launch configs/quickstart.yaml --set train.steps="$STEPS" --set log.every=10 \
+  env $envs "$1/apps/dtrain/dtrain" launch configs/quickstart.yaml --set train.steps="$STEPS" --set log.every=10 \
     --set log.dir="$dir" --set checkpoint.dir='""' --set model.layers=4 --set model.d_model=512 \
     --set model.heads=8 --set model.seq_len=128 --set train.micro_batch=4 --set parallel.dp=2 \
     --set cluster.procs_per_node=2 --set parallel.ddp.bucket_mb=1 --set train.lr=1e-3 \
@@ -75,6 +80,7 @@ done
   echo "# bench/profile_ab.sh: $BUILD (after, commit $(git rev-parse --short HEAD)) vs $BEFORE (before), $(date -u +%Y-%m-%dT%H:%MZ)"
   echo "# DDP 2 ranks x 1 thread on $(nproc --all) cores; gpt 4 x 512, heads 8, seq 128, micro_batch 4, bucket 1 MB; $STEPS steps;"
   echo "# perf cpu-clock 499 Hz on both ranks for $SECONDS_REC s from step 20; ms = CPU ms per step and rank; extra: ${EXTRA:-none}"
+  echo "# environment: before ${ENV_BEFORE:-(none)}, after ${ENV_AFTER:-(none)}"
   echo "# load before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 - "$tmp/rows" "$SYMBOLS" <<'PY'
 import json, statistics, sys
@@ -89,5 +95,5 @@ for n in names:
     a = statistics.median(r['share'][n] for r in rows if r['label'] == 'after')
     print(f"# {n}: median share of the samples before {b:.2f}%, after {a:.2f}%")
 PY
-  echo "# reproduce: BEFORE=$BEFORE ROUNDS=$ROUNDS STEPS=$STEPS SECONDS_REC=$SECONDS_REC SYMBOLS=\"$SYMBOLS\" bench/profile_ab.sh"
+  echo "# reproduce: BEFORE=$BEFORE ROUNDS=$ROUNDS STEPS=$STEPS SECONDS_REC=$SECONDS_REC SYMBOLS=\"$SYMBOLS\" ENV_BEFORE=\"$ENV_BEFORE\" ENV_AFTER=\"$ENV_AFTER\" bench/profile_ab.sh"
 } | tee "$OUT"
