@@ -112,8 +112,13 @@ peer_run() {  # $1 = round, $2 = ranks, $3 = kind; prints "tokens/s cpu_ms_per_s
     $extra --log-every "$EVERY" >"$log" 2>&1
   local rc=$?
   set -e
-  if [ $rc -ne 0 ]; then cat "$log" >&2; echo "peer_ratio: peer exited $rc" >&2; exit 1; fi
   local line; line="$(grep 'PEER kind=' "$log" | tail -1)"
+  # Rank 0 prints its PEER line after the last step, which every rank's
+  # collectives reach: a non-zero exit after it is a crash at teardown
+  # (PyTorch's Gloo threads at exit, seen with FSDP2 at 4 ranks), said on
+  # stderr, and the measurement stands. Without the line the run failed.
+  if [ $rc -ne 0 ] && [ -z "$line" ]; then cat "$log" >&2; echo "peer_ratio: peer exited $rc" >&2; exit 1; fi
+  [ $rc -ne 0 ] && echo "peer_ratio: the peer exited $rc after its result ($(grep -m1 -o 'terminate called.*' "$log" || echo 'see its log')); kept" >&2
   echo "$(grep -o 'tokens_per_s=[0-9.]*' <<<"$line" | cut -d= -f2) $(grep -o 'rank0_cpu_ms_per_step=[0-9.]*' <<<"$line" | cut -d= -f2)"
 }
 
