@@ -4,8 +4,9 @@
 // columns run at AVX-512 (one register) or AVX2 + FMA (two registers, lanes
 // 0-7 and 8-15), the last partial block through masked loads into the same
 // lanes, or by scalar code (std::fma, the vector exp's operations) on CPUs
-// without AVX2; the lanes' sums fold in a fixed order (fold16). Each lane sees the same operations
-// in the same order at every width, so every width gives the same bits.
+// without AVX2; the lanes' sums fold in a fixed order (fold16). Each lane
+// sees the same operations in the same order at every width, so every
+// width gives the same bits.
 // A row with a NaN, or +inf, among its scores comes out NaN (as ATen's).
 #include "engine/model/fused_kernels.h"
 #include "engine/model/vec_exp.h"
