@@ -39,6 +39,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/ab_switch.h"
 #include "common/log.h"
 #include "engine/comm/forwarding_group.h"
 #include "engine/comm/gloo_group.h"
@@ -457,7 +458,7 @@ Group* shm_group_of(Group& g, bool hier = false) {
 }  // namespace
 
 at::Tensor symmetric_buffer(Group& g, int64_t numel, at::ScalarType dtype) {
-  if (const char* v = std::getenv("DTRAIN_SYMMETRIC_BUFFERS"); v && std::string(v) == "0") return {};
+  if (switched_off("DTRAIN_SYMMETRIC_BUFFERS")) return {};
   Group* found = shm_group_of(g, /*hier=*/true);
   if (found == nullptr) return {};
   if (auto* shm = dynamic_cast<detail::ShmGroup*>(found)) return shm->symmetric(numel, dtype);

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/ab_switch.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/comm/gloo_group.h"
@@ -62,10 +63,7 @@ struct SymHeader {
 // DTRAIN_FUSED_SHM_SUM=0: the sum then the copies (reduce_in_rank_order and
 // a memcpy per region), for A/B runs; the same bits either way.
 bool fused_sum() {
-  static const bool on = [] {
-    const char* v = std::getenv("DTRAIN_FUSED_SHM_SUM");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !switched_off("DTRAIN_FUSED_SHM_SUM");
   return on;
 }
 

@@ -18,10 +18,10 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <string>
 
+#include "common/ab_switch.h"
 #include "common/error.h"
 #include "engine/model/fused_kernels.h"
 #include "engine/model/tiled_attention.h"
@@ -54,10 +54,7 @@ using torch::autograd::variable_list;
 // or with DTRAIN_CAUSAL_SOFTMAX=0 the additive -inf bias in the score GEMM
 // and ATen's softmax (for A/B runs).
 bool causal_softmax_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("DTRAIN_CAUSAL_SOFTMAX");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !switched_off("DTRAIN_CAUSAL_SOFTMAX");
   return on;
 }
 
@@ -178,10 +175,7 @@ at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 }
 
 bool strided_attention_applies(const at::Tensor& qkv) {
-  static const bool off = [] {
-    const char* v = std::getenv("DTRAIN_STRIDED_ATTENTION");
-    return v && std::string(v) == "0";
-  }();
+  static const bool off = switched_off("DTRAIN_STRIDED_ATTENTION");
   return !off && qkv.dim() == 3 && qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat &&
          !at::autocast::is_autocast_enabled(at::kCPU);
 }

@@ -7,10 +7,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <cstdlib>
 #include <initializer_list>
-#include <string>
 
+#include "common/ab_switch.h"
 #include "engine/model/fused_kernels.h"
 #include "engine/model/grad_slot.h"
 #include "engine/model/linear_ops.h"
@@ -32,20 +31,14 @@ bool fusable(std::initializer_list<const at::Tensor*> ts) {
 
 // DTRAIN_FUSED_GELU=0: at::gelu (for A/B runs).
 bool fused_gelu_off() {
-  static const bool off = [] {
-    const char* v = std::getenv("DTRAIN_FUSED_GELU");
-    return v && std::string(v) == "0";
-  }();
+  static const bool off = switched_off("DTRAIN_FUSED_GELU");
   return off;
 }
 
 // DTRAIN_FUSED_BIAS_GELU=0: the linear with its bias (addmm), then the
 // GELU kernel as its own op (for A/B runs).
 bool fused_bias_gelu_off() {
-  static const bool off = [] {
-    const char* v = std::getenv("DTRAIN_FUSED_BIAS_GELU");
-    return v && std::string(v) == "0";
-  }();
+  static const bool off = switched_off("DTRAIN_FUSED_BIAS_GELU");
   return off;
 }
 
