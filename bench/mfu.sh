@@ -8,7 +8,11 @@
 # and the spread of the ranks' rates (rank 0's start-up line): on a shared
 # machine one core can run well below the other, and a synchronous step goes
 # at the slower one's pace. bench/mfu_ceiling.py gives the MFU of a step that
-# ran its GEMMs only, against the same peak.
+# ran its GEMMs only, against the same peak. The runs set log.live_peak, so
+# each record also has mfu_live: the same interval against the peak measured
+# again right after it (the start-up figure alone moves with the host's speed
+# at start-up; bench/instep_gemm.sh compares the steps' GEMMs with a probe
+# taken beside them).
 #   [RANKS=2] [REPS=4] [STEPS=60] [DTRAIN_BUILD_DIR=build] bench/mfu.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,17 +33,20 @@ for rep in $(seq "$REPS"); do
       --set train.steps="$STEPS" --set log.every=10 --set log.dir="$d" --set checkpoint.dir='""' \
       --set model.layers=4 --set model.d_model=512 --set model.heads=8 --set model.seq_len=128 \
       --set train.micro_batch=4 --set train.lr=1e-3 --set train.warmup_steps=20 \
-      --set parallel.ddp.bucket_mb=1 >"$d.log" 2>&1 || { tail "$d.log" >&2; exit 1; }
+      --set parallel.ddp.bucket_mb=1 --set log.live_peak=true >"$d.log" 2>&1 || { tail "$d.log" >&2; exit 1; }
     python3 - "$d/metrics.jsonl" "$z" "$rep" "$d/rank_0.log" <<'PY'
 import json, re, statistics, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 spread = re.search(r"the ranks' matmul rates: (min .*? GFLOP/s)", open(sys.argv[4]).read())
 recs = [r for r in recs if r.get("step", 0) >= 20 and r.get("mfu")]
 m = statistics.median(r["mfu"] for r in recs)
+live = statistics.median(r["mfu_live"] for r in recs)
 peak = recs[-1]["peak_flops"]
-print("zero %s run %s: mfu median %.3f over %d records (%s), peak_flops %.3g, achieved %.3g FLOP/s; ranks' rates %s" % (
+print("zero %s run %s: mfu median %.3f over %d records (%s), peak_flops %.3g, achieved %.3g FLOP/s; ranks' rates %s; "
+      "mfu_live median %.3f (%s), peak_flops_live %s" % (
     sys.argv[2], sys.argv[3], m, len(recs), " ".join("%.3f" % r["mfu"] for r in recs), peak, m * peak,
-    spread.group(1) if spread else "?"))
+    spread.group(1) if spread else "?", live, " ".join("%.3f" % r["mfu_live"] for r in recs),
+    " ".join("%.3g" % r["peak_flops_live"] for r in recs)))
 PY
   done
 done

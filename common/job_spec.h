@@ -320,6 +320,12 @@ struct LogSpec {
   std::string dir = "runs/dtrain";
   int every = 10;
   bool tensorboard = true;  // rank 0 also writes TensorBoard event files to <dir>/tb
+  // Every rank measures its matmul rate again at each logged step (the
+  // start-up probe, about 25 ms between steps, outside step_time_s); the
+  // records gain peak_flops_live and mfu_live against it. On a shared host
+  // the cores' speed moves within seconds, and the start-up figure alone
+  // can sit far from what they gave the logged steps.
+  bool live_peak = false;
   // log.trace.steps: [FROM, TO] (inclusive, 1-based): every rank records a
   // timeline of those steps into <dir>/trace/ (`dtrain trace merge`); empty = off.
   std::vector<int> trace_steps;

@@ -132,6 +132,7 @@ const std::vector<Field>& spec_fields() {
       DTRAIN_FIELD("log.dir", log.dir),
       DTRAIN_FIELD("log.every", log.every),
       DTRAIN_FIELD("log.tensorboard", log.tensorboard),
+      DTRAIN_FIELD("log.live_peak", log.live_peak),
       DTRAIN_FIELD("log.trace.steps", log.trace_steps),
       DTRAIN_FIELD("fault.kind", fault.kind),
       DTRAIN_FIELD("fault.rank", fault.rank),

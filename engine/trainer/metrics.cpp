@@ -70,6 +70,8 @@ std::string MetricsLogger::jsonl_line(const StepReport& r, const MemoryStats& me
       num(t.step_s, 6), num(t.wait_s, 6), num(r.grad_norm, 9), mem.rss, mem.params, mem.grads, mem.optimizer,
       mem.peak, mem.shm, r.buckets_in_backward, r.dp_bytes_sent, r.tp_bytes_sent, r.slowest_rank,
       num(r.straggler_ratio, 6), num(t.mfu, 9), num(opt_.flops_per_step, 17), num(opt_.peak_flops, 17));
+  if (r.live_peak_flops > 0)
+    line += ", \"peak_flops_live\": " + num(r.live_peak_flops, 17) + ", \"mfu_live\": " + num(t.mfu_live, 9);
   for (const auto& [name, value] : r.extra) line += ", \"" + name + "\": " + num(value, 9);
   if (r.evaluated)
     line += ", \"val_loss\": " + num(r.val_loss, 17) + ", \"val_ppl\": " + num(r.val_ppl, 17) +
@@ -138,17 +140,20 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
   const double eta = step_s * double(opt_.total_steps - r.step);
   // Model FLOPs utilisation of the interval's mean step (mfu.h).
   const double mfu = opt_.peak_flops > 0 ? opt_.flops_per_step / step_s / opt_.peak_flops : 0.0;
+  const double mfu_live = r.live_peak_flops > 0 ? opt_.flops_per_step / step_s / r.live_peak_flops : 0.0;
   interval_s_ = interval_wait_s_ = 0;
   interval_steps_ = 0;
   if (!print) return;
 
   DTRAIN_INFO(
-      "step {}/{} | loss {:.4f}{} | lr {:.2e} | {:.0f} tok/s | MFU {:.2f}% | {:.0f} ms/step (comm wait {:.1f} ms) | "
+      "step {}/{} | loss {:.4f}{} | lr {:.2e} | {:.0f} tok/s | MFU {:.2f}%{} | {:.0f} ms/step (comm wait {:.1f} ms) | "
       "ETA {} | mem rss {}, params {}, grads {}, optim {}, step peak {}",
       r.step, opt_.total_steps, r.loss,
       r.evaluated ? fmt::format(" | val_loss {:.4f} (ppl {:.2f}, {:.0f} ms)", r.val_loss, r.val_ppl, r.eval_ms)
                   : std::string(),
-      r.lr, tokens_per_s, mfu * 100, step_s * 1e3, wait_s * 1e3,
+      r.lr, tokens_per_s, mfu * 100,
+      r.live_peak_flops > 0 ? fmt::format(" (live peak {:.2f}%)", mfu_live * 100) : std::string(), step_s * 1e3,
+      wait_s * 1e3,
       duration_text(eta), mib(mem.rss), mib(mem.params), mib(mem.grads), mib(mem.optimizer),
       mib(mem.peak));
   if (!r.extra.empty()) {
@@ -156,7 +161,7 @@ void MetricsLogger::record(const StepReport& r, const MemoryStats& mem, bool pri
     for (const auto& [name, value] : r.extra) line += fmt::format("{}{} {:.4g}", line.empty() ? "" : " | ", name, value);
     DTRAIN_INFO("step {}/{} | {}", r.step, opt_.total_steps, line);
   }
-  const std::string line = jsonl_line(r, mem, {tokens_per_s, elapsed, process_cpu_s(), step_s, wait_s, mfu});
+  const std::string line = jsonl_line(r, mem, {tokens_per_s, elapsed, process_cpu_s(), step_s, wait_s, mfu, mfu_live});
   if (jsonl_) {
     std::fputs(line.c_str(), jsonl_);
     std::fflush(jsonl_);

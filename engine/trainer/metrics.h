@@ -62,6 +62,11 @@ struct StepReport {
   // with val_loss, val_ppl and eval_ms (its wall time, outside step_s).
   bool evaluated = false;
   double val_loss = 0, val_ppl = 0, eval_ms = 0;
+  // log.live_peak, on a logged step: the ranks' matmul peak measured again
+  // after this step (FLOP/s, mfu.h's measure_live_peak; 0 = not measured).
+  // The record gains peak_flops_live and mfu_live, the interval's mean step
+  // against it.
+  double live_peak_flops = 0;
 };
 
 struct MetricsOptions {
@@ -109,6 +114,7 @@ class MetricsLogger {
  private:
   struct Timing {  // the logged interval's figures
     double tokens_per_s, elapsed_s, cpu_s, step_s, wait_s, mfu;
+    double mfu_live;  // against StepReport::live_peak_flops (0 = none)
   };
   // One metrics.jsonl record, newline included.
   std::string jsonl_line(const StepReport& r, const MemoryStats& mem, const Timing& t) const;

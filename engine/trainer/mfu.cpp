@@ -22,32 +22,34 @@ double model_flops_per_step(double params, const ModelSpec& m, double tokens_per
 
 namespace {
 
-// This process's matmul rate for `spec`'s precision on `device`. Short:
-// every worker start pays it. bf16 on a CPU without bf16 units runs at a
-// few GFLOP/s, so its matrix is smaller. Once per process and kind: a worker
-// that recovers in place (a new round, the same device) keeps its first
-// figure and starts training sooner; so does a warm spare that measured it.
-double matmul_gflops(const JobSpec& spec, c10::Device device) {
+// This process's matmul rate for `spec`'s precision on `device`, measured
+// for about `seconds` (0: the start-up window). bf16 on a CPU without bf16
+// units runs at a few GFLOP/s, so its matrix is smaller.
+double probe_gflops(const JobSpec& spec, c10::Device device, double seconds) {
   const auto dtype = spec.train.precision == Precision::bf16 ? at::kBFloat16 : at::kFloat;
   const int n = !device.is_cpu() ? 4096 : dtype == at::kBFloat16 ? 256 : 512;
+  if (seconds <= 0) seconds = device.is_cpu() ? 0.06 : 0.3;
+  return doctor::measure_gemm_gflops(dtype, n, seconds, device);
+}
+
+// The start-up rate. Short: every worker start pays it. Once per process and
+// kind: a worker that recovers in place (a new round, the same device) keeps
+// its first figure and starts training sooner; so does a warm spare that
+// measured it.
+double matmul_gflops(const JobSpec& spec, c10::Device device) {
   static std::map<std::pair<int, std::string>, double> measured;
+  const auto dtype = spec.train.precision == Precision::bf16 ? at::kBFloat16 : at::kFloat;
   const auto key = std::make_pair(int(dtype), device.str());
   auto it = measured.find(key);
-  if (it == measured.end())
-    it = measured.emplace(key, doctor::measure_gemm_gflops(dtype, n, device.is_cpu() ? 0.06 : 0.3, device)).first;
+  if (it == measured.end()) it = measured.emplace(key, probe_gflops(spec, device, 0)).first;
   return it->second;
 }
 
-}  // namespace
-
-void premeasure_cpu_peak(const JobSpec& spec) {
-  if (spec.cluster.device == DeviceKind::cpu) (void)matmul_gflops(spec, c10::Device(c10::DeviceType::CPU));
-}
-
-DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
-                               comm::Group& control) {
+// Each rank's rate times its share of its device, summed over `control`, and
+// every rank's rate gathered: one all-reduce.
+DevicePeak sum_peak(double gflops, c10::Device device, int local_world, comm::Group& control) {
   DevicePeak p;
-  p.measured_gflops = matmul_gflops(spec, device);
+  p.measured_gflops = gflops;
   p.cores = usable_cpus();
   const double share = device.is_cpu() ? std::min(1.0, double(p.cores) / double(std::max(1, local_world))) : 1.0;
   p.rank_flops = p.measured_gflops * 1e9 * share;
@@ -61,6 +63,21 @@ DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int loca
   p.rank_gflops.assign(v, v + world);
   p.total_flops = v[world];
   return p;
+}
+
+}  // namespace
+
+void premeasure_cpu_peak(const JobSpec& spec) {
+  if (spec.cluster.device == DeviceKind::cpu) (void)matmul_gflops(spec, c10::Device(c10::DeviceType::CPU));
+}
+
+DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
+                               comm::Group& control) {
+  return sum_peak(matmul_gflops(spec, device), device, local_world, control);
+}
+
+DevicePeak measure_live_peak(const JobSpec& spec, c10::Device device, int local_world, comm::Group& control) {
+  return sum_peak(probe_gflops(spec, device, device.is_cpu() ? 0.02 : 0.05), device, local_world, control);
 }
 
 PeakSpread peak_spread(const std::vector<double>& rank_gflops, double slow_fraction) {

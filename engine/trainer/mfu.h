@@ -45,6 +45,12 @@ PeakSpread peak_spread(const std::vector<double>& rank_gflops, double slow_fract
 DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
                                comm::Group& control);
 
+// measure_device_peak again, now, for log.live_peak: the same probe in a
+// shorter window (about 0.02 s of CPU between two steps), not the figure
+// kept from start-up. Collective over `control`: every rank calls it at the
+// same logged steps.
+DevicePeak measure_live_peak(const JobSpec& spec, c10::Device device, int local_world, comm::Group& control);
+
 // The rate measure_device_peak takes, measured now for `spec`'s precision
 // when it trains on the CPU (one thread): a warm spare measures while it
 // waits for a rank, so that a restart does not (the figure is kept per

@@ -297,6 +297,8 @@ int run_training() {
     if (logged) report.loss = global_mean_loss(s, r.local_loss_sum);
     if (logged && !std::isfinite(report.loss)) r.finite = false;  // the same reduced loss on every rank
     report.nonfinite = !r.finite;
+    if (logged && s.spec.log.live_peak)  // collective: every rank logs the same steps
+      report.live_peak_flops = measure_live_peak(s.spec, s.device, s.info.local_world, s.comm->control()).total_flops;
     if (logged) {
       const StragglerStats st = straggler_stats(s.comm->control(), r.step_s - r.blocked_s);
       report.slowest_rank = st.slowest_rank;

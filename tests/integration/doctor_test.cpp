@@ -3,7 +3,9 @@
 // code path (MKL_CBWR=COMPATIBLE) is seen and warned about; `dtrain launch`
 // prints the summary, and metrics.jsonl's mfu equals PaLM's FLOP count over
 // the logged step time and peak, the sum of the 2 ranks' rates the start-up
-// line gathers (a tiny model).
+// line gathers (a tiny model); with log.live_peak every logged record also
+// has peak_flops_live, measured again after that step, and mfu_live against
+// it, and the losses are those of the run without it.
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
@@ -155,4 +157,68 @@ TEST_CASE("launch: the doctor lines at start, and mfu in metrics.jsonl is PaLM's
     CHECK(m["mfu"].get<double>() < 1);
   }
   CHECK(lines == steps);
+}
+
+TEST_CASE("launch: log.live_peak measures the peak again at each logged step, and changes no loss") {
+  TempDir dir;
+  dtrain::testing::TagGuard tag;
+  dtrain::testing::write_file(dir / "text.txt", dtrain::testing::word_salad(16 * 1024, {"live ", "peak\n"}));
+  auto spec = [&](const std::string& name, int seed) {
+    dtrain::testing::write_file(
+        dir / (name + ".yaml"),
+        "job: {name: live, seed: " + std::to_string(seed) + "}\n"
+        "cluster: {nodes: 1, procs_per_node: 2, device: cpu, backend: gloo}\n"
+        "parallel: {dp: 2}\n"
+        "model: {kind: gpt, vocab: 256, layers: 2, d_model: 32, heads: 2, seq_len: 32, dropout: 0.1}\n"
+        "train: {steps: 6, micro_batch: 4, lr: 3.0e-3, warmup_steps: 2}\n"
+        "data: {path: " + (dir / "text.txt") + ", format: bytes}\n"
+        "log: {dir: " + (dir / name) + ", every: 2}\n"
+        "entrypoint: builtin\n");
+    return dir / (name + ".yaml");
+  };
+  // Each run's metrics.jsonl records, in order.
+  auto run = [&](const std::string& name, int seed, bool live) {
+    std::vector<std::string> args = {dtrain::testing::dtrain_bin(), "launch", spec(name, seed), "--set",
+                                     "cluster.rendezvous.endpoint=127.0.0.1:" +
+                                         std::to_string(dtrain::testing::free_port())};
+    if (live) args.insert(args.end(), {"--set", "log.live_peak=true"});
+    auto [code, out] = dtrain::testing::run_command(args, dir / (name + ".log"), 120, {tag.env()});
+    INFO(out);
+    REQUIRE(code == 0);
+    CHECK((out.find("(live peak ") != std::string::npos) == live);  // the progress line's second MFU
+    std::vector<json> recs;
+    std::ifstream in(dir / (name + "/metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) recs.push_back(json::parse(line));
+    return recs;
+  };
+  const std::vector<json> off = run("off", 3, false), on = run("on", 3, true), other = run("seed4", 4, false);
+  REQUIRE(off.size() == 4);  // steps 1, 2, 4, 6
+  REQUIRE(on.size() == off.size());
+  REQUIRE(other.size() == off.size());
+  int moved = 0;
+  for (size_t i = 0; i < off.size(); ++i) {
+    CAPTURE(i);
+    CHECK_FALSE(off[i].contains("mfu_live"));
+    CHECK_FALSE(off[i].contains("peak_flops_live"));
+    // The probe runs between steps from a generator of its own: the same
+    // losses to the last bit (dropout on); another seed moves them.
+    CHECK(on[i]["step"] == off[i]["step"]);
+    CHECK(on[i]["loss"].get<double>() == off[i]["loss"].get<double>());
+    moved += other[i]["loss"].get<double>() != off[i]["loss"].get<double>();
+    // A new figure at every logged step, and mfu_live is the same interval's
+    // step time against it.
+    REQUIRE(on[i].contains("peak_flops_live"));
+    const double live = on[i]["peak_flops_live"];
+    CHECK(live > 0);
+    const double want = on[i]["flops_per_step"].get<double>() / on[i]["step_time_s"].get<double>() / live;
+    CHECK(on[i]["mfu_live"].get<double>() == doctest::Approx(want).epsilon(1e-5));
+    // The start-up figure stays the start-up figure.
+    CHECK(on[i]["peak_flops"].get<double>() == on[0]["peak_flops"].get<double>());
+  }
+  CHECK(moved == int(off.size()));
+  // Measured again, not the start-up figure carried along: 4 short probes
+  // on a shared machine do not all give its value to 17 digits.
+  int same = 0;
+  for (const auto& r : on) same += r["peak_flops_live"].get<double>() == r["peak_flops"].get<double>();
+  CHECK(same < int(on.size()));
 }
