@@ -324,7 +324,7 @@ struct LogSpec {
   // start-up probe, about 25 ms between steps, outside step_time_s); the
   // records gain peak_flops_live and mfu_live against it. On a shared host
   // the cores' speed moves within seconds, and the start-up figure alone
-  // can sit far from what they gave the logged steps.
+  // can sit far from what they gave the logged steps. cluster.device cpu only.
   bool live_peak = false;
   // log.trace.steps: [FROM, TO] (inclusive, 1-based): every rank records a
   // timeline of those steps into <dir>/trace/ (`dtrain trace merge`); empty = off.

@@ -45,9 +45,9 @@ PeakSpread peak_spread(const std::vector<double>& rank_gflops, double slow_fract
 DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
                                comm::Group& control);
 
-// measure_device_peak again, now, for log.live_peak: the same probe in a
-// shorter window (about 0.02 s of CPU between two steps), not the figure
-// kept from start-up. Collective over `control`: every rank calls it at the
+// measure_device_peak again, now, for log.live_peak (cluster.device cpu):
+// the same probe in a shorter window (about 0.02 s of CPU between two
+// steps), not the figure kept from start-up. Collective over `control`: every rank calls it at the
 // same logged steps.
 DevicePeak measure_live_peak(const JobSpec& spec, c10::Device device, int local_world, comm::Group& control);
 

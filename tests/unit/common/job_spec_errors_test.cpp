@@ -225,6 +225,15 @@ TEST_CASE("spec errors: an unknown enum name is reported once, not again by the 
             "model.attention: expected a string, got a list; write it like attention: naive (the default)"));
 }
 
+TEST_CASE("spec errors: log.live_peak is for the CPU") {
+  const std::string e = error_of("cluster: {device: cuda}\nlog: {live_peak: true}");
+  CHECK(has(e, "log.live_peak = true"));
+  CHECK(has(e, "t.yaml:2:"));
+  CHECK(has(e, "set log.live_peak: false"));
+  CHECK(error_of("cluster: {device: cpu}\nlog: {live_peak: true}") == "");
+  CHECK(error_of("cluster: {device: cuda}\nlog: {live_peak: false}") == "");
+}
+
 TEST_CASE("spec errors: nccl needs cuda") {
   std::string e = error_of("cluster: {device: cpu, backend: nccl}");
   CHECK(has(e, "cluster.backend = nccl"));
