@@ -7,22 +7,58 @@
 
 #include <cmath>
 
+#include "common/ab_switch.h"
+
 namespace dtrain::engine::optim::kernel {
+
+namespace {
+
+// Element i's update: the per-tensor pass's operations in its order.
+inline void adamw_one(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                      int64_t i, const AdamWScalars& c) {
+  const float gi = g[i] * c.grad_scale;
+  const float pi = p[i] * c.decay;
+  const float mi = m[i] * c.b1 + c.one_minus_b1 * gi;
+  const float vi = v[i] * c.b2 + c.one_minus_b2 * gi * gi;
+  const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
+  m[i] = mi;
+  v[i] = vi;
+  p[i] = pi + c.neg_step * (mi / denom);
+}
+
+// How far ahead (elements) the loop asks for its four streams' lines: the
+// hardware prefetcher alone leaves one core's memory bandwidth short on
+// seven streams (16-20% less time per update of 12.9M parameters on an
+// Emerald Rapids host at 256 or 1024 elements ahead, less at 4096).
+constexpr int64_t kAhead = 512;
+
+// DTRAIN_ADAMW_PREFETCH=0: the loop without the prefetches (for A/B runs).
+bool prefetch_on() {
+  static const bool on = !switched_off("DTRAIN_ADAMW_PREFETCH");
+  return on;
+}
+
+}  // namespace
 
 __attribute__((target_clones("avx2", "default")))
 void adamw_run(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                int64_t n, const AdamWScalars& s) {
   const AdamWScalars c = s;  // by value: the compiler need not reload it past the stores
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * c.grad_scale;
-    const float pi = p[i] * c.decay;
-    const float mi = m[i] * c.b1 + c.one_minus_b1 * gi;
-    const float vi = v[i] * c.b2 + c.one_minus_b2 * gi * gi;
-    const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi + c.neg_step * (mi / denom);
+  int64_t i = 0;
+  if (!prefetch_on()) {
+    for (; i < n; ++i) adamw_one(p, g, m, v, i, c);
+    return;
   }
+  // 16 elements (one 64-byte line of each stream) per block, the lines
+  // kAhead elements on asked for first; the last kAhead elements without.
+  for (; i + kAhead + 16 <= n; i += 16) {
+    __builtin_prefetch(g + i + kAhead, 0);
+    __builtin_prefetch(p + i + kAhead, 1);
+    __builtin_prefetch(m + i + kAhead, 1);
+    __builtin_prefetch(v + i + kAhead, 1);
+    for (int64_t j = i; j < i + 16; ++j) adamw_one(p, g, m, v, j, c);
+  }
+  for (; i < n; ++i) adamw_one(p, g, m, v, i, c);
 }
 
 __attribute__((target_clones("avx2", "default")))
