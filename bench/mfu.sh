@@ -9,10 +9,10 @@
 # machine one core can run well below the other, and a synchronous step goes
 # at the slower one's pace. bench/mfu_ceiling.py gives the MFU of a step that
 # ran its GEMMs only, against the same peak. The runs set log.live_peak, so
-# each record also has mfu_live: the same interval against the peak measured
-# again right after it (the start-up figure alone moves with the host's speed
-# at start-up; bench/instep_gemm.sh compares the steps' GEMMs with a probe
-# taken beside them).
+# each record also has mfu_live: the same interval against the ranks' rate
+# measured beside its steps (one probe matmul after each; the start-up figure
+# alone moves with the host's speed at start-up; bench/instep_gemm.sh
+# compares the steps' GEMMs with a probe taken beside them).
 #   [RANKS=2] [REPS=4] [STEPS=60] [DTRAIN_BUILD_DIR=build] bench/mfu.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,7 +44,7 @@ live = statistics.median(r["mfu_live"] for r in recs)
 peak = recs[-1]["peak_flops"]
 # The run's own figure against the live peak: every record's interval
 # weighs the same (10 steps), so the mean achieved rate over the mean live
-# peak; one 0.02 s probe per interval samples the host's speed at one moment.
+# peak.
 achieved = statistics.mean(r["flops_per_step"] / r["step_time_s"] for r in recs)
 run_live = achieved / statistics.mean(r["peak_flops_live"] for r in recs)
 print("zero %s run %s: mfu median %.3f over %d records (%s), peak_flops %.3g, achieved %.3g FLOP/s; ranks' rates %s; "

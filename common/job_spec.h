@@ -320,11 +320,12 @@ struct LogSpec {
   std::string dir = "runs/dtrain";
   int every = 10;
   bool tensorboard = true;  // rank 0 also writes TensorBoard event files to <dir>/tb
-  // Every rank measures its matmul rate again at each logged step (the
-  // start-up probe, about 25 ms between steps, outside step_time_s); the
-  // records gain peak_flops_live and mfu_live against it. On a shared host
-  // the cores' speed moves within seconds, and the start-up figure alone
-  // can sit far from what they gave the logged steps. cluster.device cpu only.
+  // Every rank times one matmul of the start-up probe's size after every
+  // step (about 2 ms at n 512, outside step_time_s); each logged record
+  // gains peak_flops_live (the interval's mean rate of those, summed as the
+  // start-up peak is) and mfu_live against it. On a shared host the cores'
+  // speed moves within seconds, and the start-up figure alone can sit far
+  // from what they gave the logged steps. cluster.device cpu only.
   bool live_peak = false;
   // log.trace.steps: [FROM, TO] (inclusive, 1-based): every rank records a
   // timeline of those steps into <dir>/trace/ (`dtrain trace merge`); empty = off.

@@ -58,12 +58,6 @@ std::string config_value(const std::string& config, const std::string& key) {
   return config.substr(at + key.size() + 1, end == std::string::npos ? std::string::npos : end - at - key.size() - 1);
 }
 
-double thread_cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
 double wall_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -151,6 +145,12 @@ BlasFacts blas_facts() {
     }
   }
   return b;
+}
+
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 double measure_gemm_gflops(c10::ScalarType dtype, int n, double seconds, c10::Device device) {

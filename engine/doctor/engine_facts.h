@@ -15,6 +15,10 @@ namespace dtrain::engine::doctor {
 
 BlasFacts blas_facts();
 
+// This thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID): what the
+// matmul probes time on the CPU.
+double thread_cpu_s();
+
 // GFLOP/s of C = A @ B (n x n) in `dtype` on `device`, repeated for about
 // `seconds`: on the CPU per second of this thread's CPU time (time-slicing by
 // other processes does not count; one intra-op thread), on a GPU per second

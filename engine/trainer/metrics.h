@@ -50,20 +50,20 @@ struct StepReport {
   int slowest_rank = -1;        // logged steps: the rank with the most compute (straggler.h)
   double straggler_ratio = 0;   // its compute / the median rank's
   bool nonfinite = false;       // the loss or gradient norm is NaN or inf (the update was skipped)
-  std::vector<std::pair<std::string, double>> extra;  // GradSync::step_metrics (e.g. moe_max_load)
+  std::vector<std::pair<std::string, double>> extra{};  // GradSync::step_metrics (e.g. moe_max_load)
   // Tokens drawn per data source since the start of training (indexed data):
   // "data_tokens": {"<base name>": n, ...} in metrics.jsonl.
-  std::vector<std::pair<std::string, int64_t>> data_tokens;
+  std::vector<std::pair<std::string, int64_t>> data_tokens{};
   // data.valid.blend, on an evaluated step: each file's own val_loss,
   // "val_loss_by_source": {"<base name>": x, ...} (TensorBoard:
   // val_loss_by_source/<base name>).
-  std::vector<std::pair<std::string, double>> val_loss_by_source;
+  std::vector<std::pair<std::string, double>> val_loss_by_source{};
   // data.valid evaluated after this step (evaluation.h): the step is logged
   // with val_loss, val_ppl and eval_ms (its wall time, outside step_s).
   bool evaluated = false;
   double val_loss = 0, val_ppl = 0, eval_ms = 0;
-  // log.live_peak, on a logged step: the ranks' matmul peak measured again
-  // after this step (FLOP/s, mfu.h's measure_live_peak; 0 = not measured).
+  // log.live_peak, on a logged step: the ranks' matmul peak measured beside
+  // the interval's steps (FLOP/s, mfu.h's LivePeak; 0 = not measured).
   // The record gains peak_flops_live and mfu_live, the interval's mean step
   // against it.
   double live_peak_flops = 0;

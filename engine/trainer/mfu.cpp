@@ -3,6 +3,9 @@
 // min(1, cores / local ranks), so 4 ranks on 2 cores count 2 cores' peak.
 #include "engine/trainer/mfu.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -22,26 +25,19 @@ double model_flops_per_step(double params, const ModelSpec& m, double tokens_per
 
 namespace {
 
-// This process's matmul rate for `spec`'s precision on `device`, measured
-// for about `seconds` (0: the start-up window). bf16 on a CPU without bf16
-// units runs at a few GFLOP/s, so its matrix is smaller.
-double probe_gflops(const JobSpec& spec, c10::Device device, double seconds) {
+// This process's matmul rate for `spec`'s precision on `device`. Short:
+// every worker start pays it. bf16 on a CPU without bf16 units runs at a
+// few GFLOP/s, so its matrix is smaller. Once per process and kind: a worker
+// that recovers in place (a new round, the same device) keeps its first
+// figure and starts training sooner; so does a warm spare that measured it.
+double matmul_gflops(const JobSpec& spec, c10::Device device) {
   const auto dtype = spec.train.precision == Precision::bf16 ? at::kBFloat16 : at::kFloat;
   const int n = !device.is_cpu() ? 4096 : dtype == at::kBFloat16 ? 256 : 512;
-  if (seconds <= 0) seconds = device.is_cpu() ? 0.06 : 0.3;
-  return doctor::measure_gemm_gflops(dtype, n, seconds, device);
-}
-
-// The start-up rate. Short: every worker start pays it. Once per process and
-// kind: a worker that recovers in place (a new round, the same device) keeps
-// its first figure and starts training sooner; so does a warm spare that
-// measured it.
-double matmul_gflops(const JobSpec& spec, c10::Device device) {
   static std::map<std::pair<int, std::string>, double> measured;
-  const auto dtype = spec.train.precision == Precision::bf16 ? at::kBFloat16 : at::kFloat;
   const auto key = std::make_pair(int(dtype), device.str());
   auto it = measured.find(key);
-  if (it == measured.end()) it = measured.emplace(key, probe_gflops(spec, device, 0)).first;
+  if (it == measured.end())
+    it = measured.emplace(key, doctor::measure_gemm_gflops(dtype, n, device.is_cpu() ? 0.06 : 0.3, device)).first;
   return it->second;
 }
 
@@ -76,8 +72,27 @@ DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int loca
   return sum_peak(matmul_gflops(spec, device), device, local_world, control);
 }
 
-DevicePeak measure_live_peak(const JobSpec& spec, c10::Device device, int local_world, comm::Group& control) {
-  return sum_peak(probe_gflops(spec, device, 0.02), device, local_world, control);  // the CPU (spec_validate.cpp)
+LivePeak::LivePeak(const JobSpec& spec) {
+  const auto dtype = spec.train.precision == Precision::bf16 ? at::kBFloat16 : at::kFloat;
+  const int64_t n = dtype == at::kBFloat16 ? 256 : 512;  // the start-up probe's (matmul_gflops)
+  at::Generator gen = at::detail::createCPUGenerator(5);  // not the run's generators
+  a_ = at::randn({n, n}, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+  b_ = at::randn({n, n}, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+  c_ = at::mm(a_, b_);  // warm-up: pages touched, the kernel chosen
+}
+
+void LivePeak::sample() {
+  const double t0 = doctor::thread_cpu_s();
+  at::mm_out(c_, a_, b_);
+  seconds_ += doctor::thread_cpu_s() - t0;
+  flops_ += 2.0 * double(a_.size(0)) * double(a_.size(0)) * double(a_.size(0));
+}
+
+double LivePeak::take_total_flops(c10::Device device, int local_world, comm::Group& control) {
+  if (seconds_ <= 0) sample();  // a logged step with no sample since the last (none expected)
+  const double gflops = flops_ / seconds_ / 1e9;
+  flops_ = seconds_ = 0;
+  return sum_peak(gflops, device, local_world, control).total_flops;
 }
 
 PeakSpread peak_spread(const std::vector<double>& rank_gflops, double slow_fraction) {

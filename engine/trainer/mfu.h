@@ -5,6 +5,8 @@
 // summed over the ranks. Owns neither the timing nor the logging (metrics.h).
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -45,11 +47,26 @@ PeakSpread peak_spread(const std::vector<double>& rank_gflops, double slow_fract
 DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int local_world,
                                comm::Group& control);
 
-// measure_device_peak again, now, for log.live_peak (cluster.device cpu):
-// the same probe in a shorter window (about 0.02 s of CPU between two
-// steps), not the figure kept from start-up. Collective over `control`: every rank calls it at the
-// same logged steps.
-DevicePeak measure_live_peak(const JobSpec& spec, c10::Device device, int local_world, comm::Group& control);
+// log.live_peak (cluster.device cpu): the ranks' matmul rate measured
+// beside the steps. sample() after every step times one n^3 matmul of the
+// start-up probe's size (about 2 ms at n 512 on these cores, outside the
+// step's time) on inputs drawn once from a generator of its own; at a
+// logged step take_total_flops() turns the samples since the last logged
+// step into this rank's mean rate there (their FLOPs over their thread CPU
+// time) times its share of the cores, summed over the ranks: the cores'
+// rate while the interval's steps ran, where the start-up figure is one
+// 0.06 s window before the first.
+class LivePeak {
+ public:
+  explicit LivePeak(const JobSpec& spec);
+  void sample();
+  // Collective over `control`: every rank calls it at the same logged steps.
+  double take_total_flops(c10::Device device, int local_world, comm::Group& control);
+
+ private:
+  at::Tensor a_, b_, c_;  // [n, n] each
+  double flops_ = 0, seconds_ = 0;
+};
 
 // The rate measure_device_peak takes, measured now for `spec`'s precision
 // when it trains on the CPU (one thread): a warm spare measures while it

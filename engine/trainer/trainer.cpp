@@ -16,6 +16,7 @@
 #include <exception>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "common/log.h"
 #include "common/timeline.h"
@@ -255,6 +256,8 @@ int run_training() {
   start_timeline(s);
   const std::unique_ptr<OpProfile> op_profile = OpProfile::from_env(s.info.rank);  // DTRAIN_OP_PROFILE
   const int64_t first_step = step;
+  std::optional<LivePeak> live_peak;  // log.live_peak
+  if (s.spec.log.live_peak) live_peak.emplace(s.spec);
   Validation validation;
   if (s.spec.data.valid.active()) validation.sources = open_validation(s, s.spec.data.valid.batches);
   // Set-up's freed heap (a model built whole before it was sharded, shards
@@ -266,6 +269,7 @@ int run_training() {
     timeline::begin_step(int(step + 1));  // the step's span ends after its checkpoint
     if (op_profile) op_profile->before_step(step - first_step);
     StepResult r = train_step(s, step, timer);
+    if (live_peak) live_peak->sample();  // after the step's time was taken
     offload_fault_after_step(s, step + 1);
     run_peak = std::max(run_peak, measured_peak_bytes());
     last_bytes = {r.dp_bytes_sent, r.tp_bytes_sent, r.ep_bytes_sent, r.cp_bytes_sent};
@@ -297,8 +301,8 @@ int run_training() {
     if (logged) report.loss = global_mean_loss(s, r.local_loss_sum);
     if (logged && !std::isfinite(report.loss)) r.finite = false;  // the same reduced loss on every rank
     report.nonfinite = !r.finite;
-    if (logged && s.spec.log.live_peak)  // collective: every rank logs the same steps
-      report.live_peak_flops = measure_live_peak(s.spec, s.device, s.info.local_world, s.comm->control()).total_flops;
+    if (logged && live_peak)  // collective: every rank logs the same steps
+      report.live_peak_flops = live_peak->take_total_flops(s.device, s.info.local_world, s.comm->control());
     if (logged) {
       const StragglerStats st = straggler_stats(s.comm->control(), r.step_s - r.blocked_s);
       report.slowest_rank = st.slowest_rank;

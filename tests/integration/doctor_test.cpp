@@ -4,8 +4,8 @@
 // prints the summary, and metrics.jsonl's mfu equals PaLM's FLOP count over
 // the logged step time and peak, the sum of the 2 ranks' rates the start-up
 // line gathers (a tiny model); with log.live_peak every logged record also
-// has peak_flops_live, measured again after that step, and mfu_live against
-// it, and the losses are those of the run without it.
+// has peak_flops_live, the ranks' rate measured beside that interval's steps,
+// and mfu_live against it, and the losses are those of the run without it.
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
@@ -159,7 +159,7 @@ TEST_CASE("launch: the doctor lines at start, and mfu in metrics.jsonl is PaLM's
   CHECK(lines == steps);
 }
 
-TEST_CASE("launch: log.live_peak measures the peak again at each logged step, and changes no loss") {
+TEST_CASE("launch: log.live_peak measures the peak beside each logged interval's steps, and changes no loss") {
   TempDir dir;
   dtrain::testing::TagGuard tag;
   dtrain::testing::write_file(dir / "text.txt", dtrain::testing::word_salad(16 * 1024, {"live ", "peak\n"}));
@@ -200,7 +200,7 @@ TEST_CASE("launch: log.live_peak measures the peak again at each logged step, an
     CAPTURE(i);
     CHECK_FALSE(off[i].contains("mfu_live"));
     CHECK_FALSE(off[i].contains("peak_flops_live"));
-    // The probe runs between steps from a generator of its own: the same
+    // The probe runs between steps on inputs of its own generator: the same
     // losses to the last bit (dropout on); another seed moves them.
     CHECK(on[i]["step"] == off[i]["step"]);
     CHECK(on[i]["loss"].get<double>() == off[i]["loss"].get<double>());
@@ -212,12 +212,15 @@ TEST_CASE("launch: log.live_peak measures the peak again at each logged step, an
     CHECK(live > 0);
     const double want = on[i]["flops_per_step"].get<double>() / on[i]["step_time_s"].get<double>() / live;
     CHECK(on[i]["mfu_live"].get<double>() == doctest::Approx(want).epsilon(1e-5));
-    // The start-up figure stays the start-up figure.
+    // The start-up figure stays the start-up figure; the live one measures
+    // the same matmul (a FLOP count off by a factor n would land far outside).
     CHECK(on[i]["peak_flops"].get<double>() == on[0]["peak_flops"].get<double>());
+    CHECK(live > 0.25 * on[i]["peak_flops"].get<double>());
+    CHECK(live < 4.0 * on[i]["peak_flops"].get<double>());
   }
   CHECK(moved == int(off.size()));
-  // Measured again, not the start-up figure carried along: 4 short probes
-  // on a shared machine do not all give its value to 17 digits.
+  // Measured beside the steps, not the start-up figure carried along: 4
+  // intervals' samples on a shared machine do not all give its value to 17 digits.
   int same = 0;
   for (const auto& r : on) same += r["peak_flops_live"].get<double>() == r["peak_flops"].get<double>();
   CHECK(same < int(on.size()));
