@@ -10,7 +10,7 @@
 # at the slower one's pace. bench/mfu_ceiling.py gives the MFU of a step that
 # ran its GEMMs only, against the same peak. The runs set log.live_peak, so
 # each record also has mfu_live: the same interval against the ranks' rate
-# measured beside its steps (one probe matmul after each; the start-up figure
+# measured beside its steps (a probe matmul after each; the start-up figure
 # alone moves with the host's speed at start-up; bench/instep_gemm.sh
 # compares the steps' GEMMs with a probe taken beside them).
 #   [RANKS=2] [REPS=4] [STEPS=60] [DTRAIN_BUILD_DIR=build] bench/mfu.sh

@@ -48,9 +48,10 @@ DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int loca
                                comm::Group& control);
 
 // log.live_peak (cluster.device cpu): the ranks' matmul rate measured
-// beside the steps. sample() after every step times one n^3 matmul of the
-// start-up probe's size (about 2 ms at n 512 on these cores, outside the
-// step's time) on inputs drawn once from a generator of its own; at a
+// beside the steps. sample() after every step runs two n^3 matmuls of the
+// start-up probe's size (about 2 ms each at n 512 on these cores, outside
+// the step's time) on inputs drawn once from a generator of its own and
+// times the second (the first brings the inputs back into cache); at a
 // logged step take_total_flops() turns the samples since the last logged
 // step into this rank's mean rate there (their FLOPs over their thread CPU
 // time) times its share of the cores, summed over the ranks: the cores'
