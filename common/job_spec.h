@@ -321,12 +321,12 @@ struct LogSpec {
   int every = 10;
   bool tensorboard = true;  // rank 0 also writes TensorBoard event files to <dir>/tb
   // Every rank times a matmul of the start-up probe's size after every
-  // step (two, the second timed: about 4 ms at n 512, outside
-  // step_time_s); each logged record
-  // gains peak_flops_live (the interval's mean rate of those, summed as the
-  // start-up peak is) and mfu_live against it. On a shared host the cores'
-  // speed moves within seconds, and the start-up figure alone can sit far
-  // from what they gave the logged steps. cluster.device cpu only.
+  // step (two, the second timed: about 4 ms at n 512, outside step_time_s);
+  // each logged record gains peak_flops_live (the interval's mean rate of
+  // those, summed as the start-up peak is) and mfu_live against it. On a
+  // shared host the cores' speed moves within seconds, and the start-up
+  // figure alone can sit far from what they gave the logged steps.
+  // cluster.device cpu only.
   bool live_peak = false;
   // log.trace.steps: [FROM, TO] (inclusive, 1-based): every rank records a
   // timeline of those steps into <dir>/trace/ (`dtrain trace merge`); empty = off.

@@ -227,7 +227,7 @@ void check_enums(const Checker& c) {
     c.error("cluster.backend", "cluster.backend = nccl: NCCL needs cluster.device = cuda, "
                                "the device is cpu; use backend gloo (or auto), or device cuda");
   if (!c.bad({"log.live_peak", "cluster.device"}) && s.log.live_peak && s.cluster.device == DeviceKind::cuda)
-    c.error("log.live_peak", "log.live_peak = true measures the CPU's matmul rate again between steps; the device "
+    c.error("log.live_peak", "log.live_peak = true measures the CPU's matmul rate beside the steps; the device "
                              "is cuda, whose MFU peak is the start-up figure; set log.live_peak: false");
   const std::string& ep = s.cluster.rendezvous.endpoint;
   size_t colon = ep.rfind(':');

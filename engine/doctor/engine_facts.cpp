@@ -9,7 +9,6 @@
 #include <link.h>
 #include <time.h>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Version.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
@@ -154,12 +153,9 @@ double thread_cpu_s() {
 }
 
 double measure_gemm_gflops(c10::ScalarType dtype, int n, double seconds, c10::Device device) {
-  // From a generator of its own, drawn on the CPU: a probe between training
-  // steps (log.live_peak) must not move the global generators the run draws from.
-  at::Generator gen = at::detail::createCPUGenerator(3);
-  auto host = at::TensorOptions().dtype(at::kFloat);
-  at::Tensor a = at::randn({n, n}, gen, host).to(device, dtype);  // [n, n]
-  at::Tensor b = at::randn({n, n}, gen, host).to(device, dtype);  // [n, n]
+  auto opts = at::TensorOptions().dtype(dtype).device(device);
+  at::Tensor a = at::randn({n, n}, opts);  // [n, n]
+  at::Tensor b = at::randn({n, n}, opts);  // [n, n]
   at::Tensor c = at::mm(a, b);             // warm-up: kernels chosen, pages touched
   device::synchronize(device);
   const bool cpu = device.is_cpu();

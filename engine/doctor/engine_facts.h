@@ -22,8 +22,7 @@ double thread_cpu_s();
 // GFLOP/s of C = A @ B (n x n) in `dtype` on `device`, repeated for about
 // `seconds`: on the CPU per second of this thread's CPU time (time-slicing by
 // other processes does not count; one intra-op thread), on a GPU per second
-// of wall time between synchronisations. The best of 3 rounds. Its inputs
-// come from a generator of its own: the global ones are left as they were.
+// of wall time between synchronisations. The best of 3 rounds.
 double measure_gemm_gflops(c10::ScalarType dtype, int n, double seconds, c10::Device device);
 
 // Everything above, plus the start-up BLAS check's error. `seconds` is the
