@@ -25,14 +25,24 @@ double model_flops_per_step(double params, const ModelSpec& m, double tokens_per
 
 namespace {
 
-// This process's matmul rate for `spec`'s precision on `device`. Short:
-// every worker start pays it. bf16 on a CPU without bf16 units runs at a
-// few GFLOP/s, so its matrix is smaller. Once per process and kind: a worker
-// that recovers in place (a new round, the same device) keeps its first
-// figure and starts training sooner; so does a warm spare that measured it.
-double matmul_gflops(const JobSpec& spec, c10::Device device) {
+// The probe's matmul for `spec`'s precision on `device`: its dtype and n.
+// bf16 on a CPU without bf16 units runs at a few GFLOP/s, so its matrix is
+// smaller.
+struct ProbeShape {
+  at::ScalarType dtype;
+  int n;
+};
+ProbeShape probe_shape(const JobSpec& spec, c10::Device device) {
   const auto dtype = spec.train.precision == Precision::bf16 ? at::kBFloat16 : at::kFloat;
-  const int n = !device.is_cpu() ? 4096 : dtype == at::kBFloat16 ? 256 : 512;
+  return {dtype, !device.is_cpu() ? 4096 : dtype == at::kBFloat16 ? 256 : 512};
+}
+
+// This process's matmul rate for `spec`'s precision on `device`. Short:
+// every worker start pays it. Once per process and kind: a worker that
+// recovers in place (a new round, the same device) keeps its first figure
+// and starts training sooner; so does a warm spare that measured it.
+double matmul_gflops(const JobSpec& spec, c10::Device device) {
+  const auto [dtype, n] = probe_shape(spec, device);
   static std::map<std::pair<int, std::string>, double> measured;
   const auto key = std::make_pair(int(dtype), device.str());
   auto it = measured.find(key);
@@ -73,8 +83,7 @@ DevicePeak measure_device_peak(const JobSpec& spec, c10::Device device, int loca
 }
 
 LivePeak::LivePeak(const JobSpec& spec) {
-  const auto dtype = spec.train.precision == Precision::bf16 ? at::kBFloat16 : at::kFloat;
-  const int64_t n = dtype == at::kBFloat16 ? 256 : 512;  // the start-up probe's (matmul_gflops)
+  const auto [dtype, n] = probe_shape(spec, c10::Device(c10::kCPU));  // the start-up probe's
   at::Generator gen = at::detail::createCPUGenerator(5);  // not the run's generators
   a_ = at::randn({n, n}, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
   b_ = at::randn({n, n}, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
