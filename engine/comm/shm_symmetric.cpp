@@ -1,13 +1,20 @@
 // symmetric_buffer.h's segment (shm_symmetric.h): a header page (or more)
 // of per-slot counters and each member's claim, then one region per member.
 // The k-th in-place all_reduce on it uses slot k % kSymSlots; every member
-// writes its claim (the range's offset and length), arrives, and the last to
-// arrive checks the claims agree, reduces the members' ranges in rank order
-// into member 0's, copies that into the others' (a sum: both in one pass,
-// block by block, sum_to_all) and marks the slot done. A
-// slot is claimed again (op k + kSymSlots) only once op k is done, so the
-// counters only grow; a member's range is not written again before its own
-// wait() (DDP: the next backward), which comes after every member arrived.
+// writes its claim (the range's offset and length) and arrives. A sum
+// (fp32, fp64) is shared: once all have arrived, member j sums the j-th of
+// n cache-line-aligned pieces of the range in rank order into every
+// member's range (sum_to_all on the piece), at its first chance: on
+// arrival if it came last, else at a later op's arrival or at the op's
+// wait(). Another op (max, min, other dtypes) is the last arriver's alone,
+// over the whole range (reduce_in_rank_order, then copies). Each member
+// checks the claims agree before its part, counts its part done, and the
+// last part marks the slot done. A member does its parts in op order and
+// does all of its earlier ones before it blocks on a later op, so no two
+// members wait on each other. A slot is claimed again (op k + kSymSlots)
+// only once op k is done, so the counters only grow; a member's range is
+// not written again before its own wait() (DDP: the next backward), which
+// comes after every member's part.
 // A shared region (open_shared_region) is a header page then the elements,
 // the same bytes for every member: no protocol, its users order their writes
 // and reads with the group's own collectives.
@@ -44,7 +51,10 @@ constexpr int kSymSlots = 64;
 
 struct SymSlot {
   Counter arrived, done;         // arrived reaches n (k+1), done k+1, for the slot's k-th use
-  Counter read;                  // reduce_scatter: members done reading, n (k+1) at the end
+  // Members' parts of the use done (a share of a sum, a reduce_scatter's
+  // read; the last arriver's whole reduction and the hierarchical leader's
+  // stage count n): n (k+1) at the end of the k-th use.
+  Counter parts;
   std::atomic<uint32_t> bad;     // k+1 where the k-th use's claims disagreed
   std::atomic<uint32_t> failed;  // k+1 where the k-th use's stage across nodes threw (hier)
 };
@@ -67,6 +77,11 @@ bool fused_sum() {
   return on;
 }
 
+// DTRAIN_SHARED_SHM_SUM=0: the last member to arrive sums the whole range
+// (the protocol before the shares), for A/B runs; the same bits either way.
+// Read at every op (a getenv beside a collective), so a test can run both.
+bool shared_sum() { return !switched_off("DTRAIN_SHARED_SHM_SUM"); }
+
 size_t sym_header_bytes(int members) {
   return round_to_page(sizeof(SymHeader) + sizeof(SymClaim) * kSymSlots * static_cast<size_t>(members));
 }
@@ -86,19 +101,30 @@ class SymmetricSegment {
   SymHeader& header() const { return *reinterpret_cast<SymHeader*>(seg_->base()); }
   char* region(int j) const { return seg_->base() + header_bytes_ + static_cast<size_t>(j) * header().region_bytes; }
   int rank() const { return me_; }
+  int64_t summed() const { return summed_.load(std::memory_order_relaxed); }
 
-  // Arrives with t's range; the last to arrive reduces. Returns the op's index.
+  // Arrives with t's range. A shared sum: this member's share is queued.
+  // Then every queued part whose op all members have reached is done, in op
+  // order (this op's own share where this member came last). Another op:
+  // the last to arrive reduces the whole range. Returns the op's index.
   uint64_t arrive(const at::Tensor& t, ReduceOp op) {
     std::lock_guard<std::mutex> lock(mu_);
+    const bool shared = op == ReduceOp::sum && fused_sum() && shared_sum() &&
+                        (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
     const Arrival a = enter(t, "all_reduce");
-    if (a.last) {
+    if (shared) parts_.push_back({a.index, nullptr, t.numel(), t.scalar_type()});
+    settle(a.index, /*block=*/false);
+    if (!shared && a.last) {
       const int s = static_cast<int>(a.index % kSymSlots);
       const auto use = static_cast<uint32_t>(a.index / kSymSlots);
       SymSlot& slot = header().slots[s];
-      if (claims_agree(s)) reduce(claim(s, me_), t.numel(), t.scalar_type(), op);
-      else slot.bad.store(use + 1, std::memory_order_relaxed);
-      slot.done.value.store(use + 1, std::memory_order_release);
-      wake_all(slot.done);
+      if (claims_agree(s)) {
+        reduce(claim(s, me_), t.numel(), t.scalar_type(), op);
+        if (op == ReduceOp::sum) summed_.fetch_add(t.numel(), std::memory_order_relaxed);
+      } else {
+        slot.bad.store(use + 1, std::memory_order_relaxed);
+      }
+      finish_part(slot, use, n_);
     }
     return a.index;
   }
@@ -115,6 +141,7 @@ class SymmetricSegment {
     {
       std::lock_guard<std::mutex> lock(mu_);
       index = enter(t, "all_reduce").index;
+      if (index > 0) settle(index - 1, /*block=*/true);  // this member's earlier parts before it blocks
     }
     const int s = static_cast<int>(index % kSymSlots);
     const auto use = static_cast<uint32_t>(index / kSymSlots);
@@ -148,8 +175,7 @@ class SymmetricSegment {
       for (int j = 1; j < n_; ++j) std::memcpy(ranges[size_t(j)], ranges[0], mine.bytes);
     if (!agree) slot.bad.store(use + 1, std::memory_order_relaxed);
     if (err) slot.failed.store(use + 1, std::memory_order_relaxed);
-    slot.done.value.store(use + 1, std::memory_order_release);
-    wake_all(slot.done);
+    finish_part(slot, use, n_);
     if (err) std::rethrow_exception(err);
     check_claims(slot, use);
   }
@@ -157,9 +183,10 @@ class SymmetricSegment {
   // reduce_scatter of `in` (a range of this member's region, n blocks of
   // out.numel()) into `out`: every member claims and arrives. The read
   // (this member's block of every member's range, in member order, into
-  // out) comes at the work's wait(), or earlier where a later op needs the
-  // slot; wait() then waits until every member has read, so a member
-  // writes its range again only after the others are done with it.
+  // out) comes at the first arrival (this op's or a later one's) that finds
+  // every member arrived, else at the work's wait(); wait() then waits
+  // until every member has read, so a member writes its range again only
+  // after the others are done with it.
   struct Read {
     uint64_t index;
     at::Tensor out;  // kept alive until read
@@ -168,13 +195,14 @@ class SymmetricSegment {
   std::shared_ptr<Read> arrive_reduce_scatter(const at::Tensor& in, const at::Tensor& out) {
     std::lock_guard<std::mutex> lock(mu_);
     auto r = std::make_shared<Read>(Read{enter(in, "reduce_scatter").index, out});
-    reads_.push_back(r);
+    parts_.push_back({r->index, r, 0, in.scalar_type()});
+    settle(r->index, /*block=*/false);
     return r;
   }
   void wait_read(Read& r) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!r.read) read(r);
+      settle(r.index, /*block=*/true);  // reads r, after this member's earlier parts
     }
     const auto use = static_cast<uint32_t>(r.index / kSymSlots);
     wait_until(header().slots[r.index % kSymSlots].done, use + 1, options_, group_, "reduce_scatter",
@@ -189,15 +217,19 @@ class SymmetricSegment {
   }
 
   void wait(uint64_t index) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      settle(index, /*block=*/true);  // this member's parts up to this op's share
+    }
     SymSlot& slot = header().slots[index % kSymSlots];
     const auto use = static_cast<uint32_t>(index / kSymSlots);
-    wait_until(slot.done, use + 1, options_, group_, "all_reduce", "the last rank's in-place reduction");
+    wait_until(slot.done, use + 1, options_, group_, "all_reduce", "every member's part of the in-place reduction");
     check_claims(slot, use);
   }
 
  private:
-  // The next op: takes its slot (once this member's own unread
-  // reduce_scatters of the slot's earlier uses are read, then every
+  // The next op: takes its slot (once this member's own parts of the
+  // slot's earlier uses, and of every op before them, are done, then every
   // member's earlier use is done), claims t's range (offset in this
   // member's region, bytes) and arrives, waking whoever waits for the
   // arrivals. Under mu_.
@@ -211,10 +243,7 @@ class SymmetricSegment {
     const auto use = static_cast<uint32_t>(index / kSymSlots);
     SymSlot& slot = header().slots[s];
     if (use > 0) {
-      while (!reads_.empty() && reads_.front()->index + kSymSlots <= index) {
-        if (!reads_.front()->read) read(*reads_.front());
-        reads_.pop_front();
-      }
+      settle(index - kSymSlots, /*block=*/true);
       wait_until(slot.done, use, options_, group_, op, "reusing a symmetric-buffer slot");
     }
     claim(s, me_) = {static_cast<uint64_t>(static_cast<const char*>(t.data_ptr()) - region(me_)),
@@ -259,7 +288,57 @@ class SymmetricSegment {
     }
     r.read = true;
     r.out = at::Tensor();
-    if (slot.read.value.fetch_add(1, std::memory_order_acq_rel) + 1 == all) {
+    finish_part(slot, use, 1);
+  }
+  // This member's queued parts of ops up to index `through`, in op order.
+  // block: waits for each op's arrivals; else stops at the first op some
+  // member has not reached. Under mu_.
+  void settle(uint64_t through, bool block) {
+    while (!parts_.empty() && parts_.front().index <= through) {
+      Part& p = parts_.front();
+      const auto use = static_cast<uint32_t>(p.index / kSymSlots);
+      SymSlot& slot = header().slots[p.index % kSymSlots];
+      if (!block && !reached(slot.arrived.value.load(std::memory_order_acquire), static_cast<uint32_t>(n_) * (use + 1)))
+        return;
+      if (p.read) {
+        if (!p.read->read) read(*p.read);
+      } else {
+        share(p);
+      }
+      parts_.pop_front();
+    }
+  }
+  // A shared sum's part: this member's piece of the range (n pieces, each
+  // a whole number of 64-byte lines but the last), summed in rank order
+  // into every member's range.
+  struct Part;
+  void share(const Part& p) {
+    const int s = static_cast<int>(p.index % kSymSlots);
+    const auto use = static_cast<uint32_t>(p.index / kSymSlots);
+    SymSlot& slot = header().slots[s];
+    wait_until(slot.arrived, static_cast<uint32_t>(n_) * (use + 1), options_, group_, "all_reduce",
+               "every member's arrival");
+    if (claims_agree(s)) {
+      const int64_t esize = static_cast<int64_t>(c10::elementSize(p.dtype));
+      const int64_t line = 64 / esize;
+      const int64_t piece = ((p.elems + n_ - 1) / n_ + line - 1) / line * line;
+      const int64_t lo = std::min(p.elems, piece * me_), hi = std::min(p.elems, lo + piece);
+      if (hi > lo) {
+        const uint64_t at = claim(s, me_).offset + static_cast<uint64_t>(lo * esize);
+        std::vector<char*> ranges(static_cast<size_t>(n_));  // every member's piece, rank order
+        for (int j = 0; j < n_; ++j) ranges[size_t(j)] = region(j) + at;
+        sum_to_all(ranges.data(), n_, hi - lo, p.dtype);
+        summed_.fetch_add(hi - lo, std::memory_order_relaxed);
+      }
+    } else {
+      slot.bad.store(use + 1, std::memory_order_relaxed);
+    }
+    finish_part(slot, use, 1);
+  }
+  // k parts of the slot's use-th use done; the last marks it done.
+  void finish_part(SymSlot& slot, uint32_t use, int k) {
+    const auto add = static_cast<uint32_t>(k);
+    if (slot.parts.value.fetch_add(add, std::memory_order_acq_rel) + add == static_cast<uint32_t>(n_) * (use + 1)) {
       slot.done.value.store(use + 1, std::memory_order_release);
       wake_all(slot.done);
     }
@@ -295,7 +374,16 @@ class SymmetricSegment {
   ShmOptions options_;
   std::mutex mu_;
   uint64_t next_ = 0;
-  std::deque<std::shared_ptr<Read>> reads_;  // reduce_scatters issued, oldest first (read or not)
+  // This member's parts not yet done, in op order: a reduce_scatter's read
+  // (read set: the read itself), or a share of a sum (read null).
+  struct Part {
+    uint64_t index;
+    std::shared_ptr<Read> read;
+    int64_t elems;
+    at::ScalarType dtype;
+  };
+  std::deque<Part> parts_;
+  std::atomic<int64_t> summed_{0};  // elements of all_reduce sums this member added up
 };
 
 namespace {
@@ -390,6 +478,8 @@ at::Tensor open_shared_region(const Group& g, c10d::Store& store, const std::str
 }
 
 char* symmetric_region(const SymmetricSegment& s) { return s.region(s.rank()); }
+
+int64_t symmetric_summed_elements(const SymmetricSegment& s) { return s.summed(); }
 
 bool symmetric_holds(const SymmetricSegment& s, const at::Tensor& t) {
   if (!t.device().is_cpu() || !t.is_contiguous() || !shm_dtype(t.scalar_type()) || t.numel() == 0) return false;

@@ -31,12 +31,18 @@ std::shared_ptr<SymmetricSegment> open_symmetric(const Group& g, c10d::Store& st
 // This member's region (numel elements).
 char* symmetric_region(const SymmetricSegment& s);
 
+// Elements of all_reduce sums on s this member has added up so far (its
+// shares, or whole ranges it reduced as the last to arrive).
+int64_t symmetric_summed_elements(const SymmetricSegment& s);
+
 // Whether t (contiguous, CPU, non-empty, a dtype the segment adds) lies in
 // this member's region.
 bool symmetric_holds(const SymmetricSegment& s, const at::Tensor& t);
 
 // The in-place all_reduce of t (which symmetric_holds): every member passes
-// the same range, in the same order; the last to arrive reduces. wait()
+// the same range, in the same order. A sum of fp32 or fp64 is shared (each
+// member sums its 1/n of the range once all have arrived, at its arrival
+// or a later op's, or at wait()); another op is the last arriver's. wait()
 // throws dtrain::Error(internal) on every member where the ranges differ.
 WorkPtr symmetric_all_reduce(const std::shared_ptr<SymmetricSegment>& s, const at::Tensor& t, ReduceOp op);
 

@@ -14,11 +14,13 @@
 #include <ATen/ops/minimum.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <future>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -29,6 +31,7 @@
 
 #include "common/error.h"
 #include "engine/comm/comm.h"
+#include "engine/comm/shm_symmetric.h"
 #include "engine/comm/symmetric_buffer.h"
 
 #include "tests/support/thread_world.h"
@@ -393,6 +396,100 @@ TEST_CASE("shm symmetric buffer: reduce_scatter read in place, every dtype, equa
   }, [](comm::WorldInfo&, comm::CommOptions& o) { o = small_slots(true); });
   REQUIRE(messages.size() == 2);
   for (const auto& m : messages) CHECK(m.find("different ranges") != std::string::npos);
+}
+
+// The shared sum (shm_symmetric.cpp): once every member has arrived, each
+// adds up its 1/n of the range. The last member arrives last at every op
+// (it issues op k only after the others have), so under the last-arriver
+// protocol (DTRAIN_SHARED_SHM_SUM=0, the control) it sums every element
+// alone; shared, each member sums about 1/n. Sums, maxes and
+// reduce_scatters mixed on one buffer, more ops than slots (64), waited
+// newest first; every result equal to the rank-order reduction, exactly,
+// either way.
+TEST_CASE("shm symmetric buffer: a sum's work shared by every member, whoever arrives last") {
+  if (!have_dev_shm()) return;
+  for (bool shared : {true, false}) {
+    if (!shared) setenv("DTRAIN_SHARED_SHM_SUM", "0", 1);
+    for (int n : {2, 3, 4}) {
+      std::mutex mu;
+      double worst = 0;
+      std::vector<double> share(static_cast<size_t>(n));  // each member's part of the summed elements
+      std::vector<std::atomic<int>> issued(90);            // members other than the last that issued op k
+      run_world(comm::parse_mesh("dp=" + std::to_string(n)), [&](comm::Comm& c, int r) {
+        comm::Group& g = c.axis("dp");
+        const std::vector<int64_t> sizes = {1, 3, 1023, 1025, 10007, 40000};
+        struct Op {
+          int kind;  // 0 sum, 1 max, 2 reduce_scatter
+          int64_t off, m;
+        };
+        std::vector<Op> ops;
+        int64_t total = 0, sum_elems = 0;
+        for (int k = 0; k < 90; ++k) {
+          const int kind = k % 7 == 3 ? 2 : k % 7 == 5 ? 1 : 0;
+          const int64_t m = sizes[size_t(k) % sizes.size()];
+          ops.push_back({kind, total, m});
+          total += (kind == 2 ? n * m : m) + (k % 3);
+          if (kind == 0) sum_elems += m;
+        }
+        at::Tensor buf = comm::symmetric_buffer(g, total, at::kFloat);
+        REQUIRE(buf.defined());
+        const auto seg = comm::detail::symmetric_holding(g, buf);
+        REQUIRE(seg);
+        const int64_t before = comm::detail::symmetric_summed_elements(*seg);
+        std::vector<comm::WorkPtr> works;
+        std::vector<at::Tensor> outs;
+        for (size_t k = 0; k < ops.size(); ++k) {
+          const Op& o = ops[k];
+          const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+          if (r == n - 1)
+            while (issued[k].load() < n - 1) {
+              if (std::chrono::steady_clock::now() > give_up) throw std::runtime_error("the others never issued op k");
+              std::this_thread::yield();
+            }
+          if (o.kind == 2) {
+            at::Tensor in = buf.narrow(0, o.off, n * o.m);
+            in.copy_(input(r + int(k % 5), n * o.m, at::kFloat));
+            outs.push_back(at::empty({o.m}, at::kFloat));
+            works.push_back(g.reduce_scatter(in, outs.back(), /*async=*/true));
+          } else {
+            at::Tensor t = buf.narrow(0, o.off, o.m);
+            t.copy_(input(r + int(k % 5), o.m, at::kFloat));
+            outs.push_back(t);
+            works.push_back(g.all_reduce(t, /*async=*/true, o.kind == 0 ? comm::ReduceOp::sum : comm::ReduceOp::max));
+          }
+          if (r != n - 1) issued[k].fetch_add(1);
+        }
+        for (auto w = works.rbegin(); w != works.rend(); ++w) (*w)->wait();
+        double d = 0;
+        for (size_t k = 0; k < ops.size(); ++k) {
+          const Op& o = ops[k];
+          const int64_t len = o.kind == 2 ? n * o.m : o.m;
+          at::Tensor want = input(int(k % 5), len, at::kFloat);
+          for (int q = 1; q < n; ++q) {
+            at::Tensor x = input(q + int(k % 5), len, at::kFloat);
+            want = o.kind == 1 ? at::maximum(want, x) : want + x;
+          }
+          if (o.kind == 2) want = want.narrow(0, r * o.m, o.m);
+          d = std::max(d, max_diff(outs[k], want));
+        }
+        const double part = double(comm::detail::symmetric_summed_elements(*seg) - before) / double(sum_elems);
+        std::lock_guard<std::mutex> lock(mu);
+        worst = std::max(worst, d);
+        share[size_t(r)] = part;
+      }, [](comm::WorldInfo&, comm::CommOptions& o) { o = small_slots(true); });
+      std::string parts;
+      for (double p : share) parts += " " + std::to_string(p).substr(0, 5);
+      std::printf("shm symmetric buffer, %s, dp=%d, the last member arriving last at all 90 ops: max diff %.3g vs "
+                  "the rank-order reduction (tolerance 0); each member's part of the summed elements:%s\n",
+                  shared ? "shared sum" : "last arriver sums (control)", n, worst, parts.c_str());
+      CHECK(worst == 0);
+      for (int r = 0; r < n; ++r) {
+        if (shared) CHECK(std::abs(share[size_t(r)] - 1.0 / n) < 0.02);
+        else CHECK(share[size_t(r)] == (r == n - 1 ? 1.0 : 0.0));
+      }
+    }
+    unsetenv("DTRAIN_SHARED_SHM_SUM");
+  }
 }
 
 TEST_CASE("shm shared buffer: one region every member reads and writes; none without shared memory") {
