@@ -22,9 +22,10 @@ namespace dtrain::engine::comm {
 // the same order as the group's other collectives (it sets the segment up
 // over the store). From then on g.all_reduce of a contiguous range of the
 // returned tensor (the same offset and length on every member) is done in
-// place: the last member to arrive reduces the members' ranges in member
-// order into member 0's and copies the result into the others' (the same
-// bits as the staged path); g.reduce_scatter whose input is such a range
+// place: once every member has arrived, each sums its 1/n of the range in
+// member order into every member's range (a sum; for another op the last
+// member to arrive reduces the whole range; the same bits as the staged
+// path either way); g.reduce_scatter whose input is such a range
 // reads every member's block where it lies (its wait() returns once every
 // member has read, so the input may be written again after it). Where `g`
 // is a hierarchical group across machines (hier_group.h) the buffer is one
