@@ -3,8 +3,10 @@
 // that leave some ranks no part, all_reduce sum/max/min, all_gather and
 // reduce_scatter on fp32, fp64, int32, int64, async ops of all three kinds
 // completing in call order beside sync ones, a peer that never arrives, and
-// symmetric buffers (symmetric_buffer.h) reduced in place, and a shared
-// buffer whose writes every member sees (a private one's: the control).
+// symmetric buffers (symmetric_buffer.h) reduced in place (a sum's work
+// shared by the members, the last-arriver protocol its control), and a
+// shared buffer whose writes every member sees (a private one's: the
+// control).
 // Sums add in rank order, so they equal that reference exactly; Gloo's ring
 // adds in another order (the negative control).
 #include <ATen/TensorOperators.h>
