@@ -79,7 +79,7 @@ bool fused_sum() {
 
 // DTRAIN_SHARED_SHM_SUM=0: the last member to arrive sums the whole range
 // (the protocol before the shares), for A/B runs; the same bits either way.
-// Read at every op (a getenv beside a collective), so a test can run both.
+// Read when a segment is made (so a test can run both in one process).
 bool shared_sum() { return !switched_off("DTRAIN_SHARED_SHM_SUM"); }
 
 size_t sym_header_bytes(int members) {
@@ -96,7 +96,8 @@ class SymmetricSegment {
         me_(rank),
         header_bytes_(sym_header_bytes(members)),
         group_(std::move(group)),
-        options_(options) {}
+        options_(options),
+        shared_sum_(fused_sum() && shared_sum()) {}
 
   SymHeader& header() const { return *reinterpret_cast<SymHeader*>(seg_->base()); }
   char* region(int j) const { return seg_->base() + header_bytes_ + static_cast<size_t>(j) * header().region_bytes; }
@@ -109,7 +110,7 @@ class SymmetricSegment {
   // the last to arrive reduces the whole range. Returns the op's index.
   uint64_t arrive(const at::Tensor& t, ReduceOp op) {
     std::lock_guard<std::mutex> lock(mu_);
-    const bool shared = op == ReduceOp::sum && fused_sum() && shared_sum() &&
+    const bool shared = op == ReduceOp::sum && shared_sum_ &&
                         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
     const Arrival a = enter(t, "all_reduce");
     if (shared) parts_.push_back({a.index, nullptr, t.numel(), t.scalar_type()});
@@ -160,8 +161,7 @@ class SymmetricSegment {
                "every member of the node");
     const bool agree = claims_agree(s);
     const SymClaim mine = claim(s, me_);
-    std::vector<char*> ranges(static_cast<size_t>(n_));  // every member's range, member order
-    for (int j = 0; j < n_; ++j) ranges[size_t(j)] = region(j) + mine.offset;
+    std::vector<char*> ranges = ranges_at(mine.offset);
     // (symmetric buffers hold only dtypes sum_to_first adds)
     if (agree) sum_to_first(ranges.data(), n_, t.numel(), t.scalar_type());
     std::exception_ptr err;
@@ -191,6 +191,14 @@ class SymmetricSegment {
     uint64_t index;
     at::Tensor out;  // kept alive until read
     bool read = false, agree = true;
+  };
+  // A part of an op this member has still to do: a reduce_scatter's read
+  // (read set), or its share of a sum (read null).
+  struct Part {
+    uint64_t index;
+    std::shared_ptr<Read> read;
+    int64_t elems;
+    at::ScalarType dtype;
   };
   std::shared_ptr<Read> arrive_reduce_scatter(const at::Tensor& in, const at::Tensor& out) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -311,7 +319,6 @@ class SymmetricSegment {
   // A shared sum's part: this member's piece of the range (n pieces, each
   // a whole number of 64-byte lines but the last), summed in rank order
   // into every member's range.
-  struct Part;
   void share(const Part& p) {
     const int s = static_cast<int>(p.index % kSymSlots);
     const auto use = static_cast<uint32_t>(p.index / kSymSlots);
@@ -325,8 +332,7 @@ class SymmetricSegment {
       const int64_t lo = std::min(p.elems, piece * me_), hi = std::min(p.elems, lo + piece);
       if (hi > lo) {
         const uint64_t at = claim(s, me_).offset + static_cast<uint64_t>(lo * esize);
-        std::vector<char*> ranges(static_cast<size_t>(n_));  // every member's piece, rank order
-        for (int j = 0; j < n_; ++j) ranges[size_t(j)] = region(j) + at;
+        std::vector<char*> ranges = ranges_at(at);
         sum_to_all(ranges.data(), n_, hi - lo, p.dtype);
         summed_.fetch_add(hi - lo, std::memory_order_relaxed);
       }
@@ -350,14 +356,19 @@ class SymmetricSegment {
                       " (symmetric buffer): the members passed different ranges of their buffers",
                   "every member all-reduces the same offset and length of its symmetric_buffer, in the same order");
   }
+  // Every member's region at byte `offset`, member order.
+  std::vector<char*> ranges_at(uint64_t offset) const {
+    std::vector<char*> r(static_cast<size_t>(n_));
+    for (int j = 0; j < n_; ++j) r[size_t(j)] = region(j) + offset;
+    return r;
+  }
   SymClaim& claim(int s, int j) const {
     auto* claims = reinterpret_cast<SymClaim*>(seg_->base() + sizeof(SymHeader));
     return claims[static_cast<size_t>(s) * n_ + j];
   }
   void reduce(const SymClaim& c, int64_t elems, at::ScalarType dtype, ReduceOp op) {
     if (op == ReduceOp::sum && fused_sum()) {
-      std::vector<char*> ranges(static_cast<size_t>(n_));  // every member's range, rank order
-      for (int j = 0; j < n_; ++j) ranges[size_t(j)] = region(j) + c.offset;
+      std::vector<char*> ranges = ranges_at(c.offset);
       if (sum_to_all(ranges.data(), n_, elems, dtype)) return;
     }
     auto opts = at::TensorOptions().dtype(dtype);
@@ -372,17 +383,10 @@ class SymmetricSegment {
   size_t header_bytes_;
   std::string group_;
   ShmOptions options_;
+  const bool shared_sum_;  // sums shared (fused_sum and shared_sum when made)
   std::mutex mu_;
   uint64_t next_ = 0;
-  // This member's parts not yet done, in op order: a reduce_scatter's read
-  // (read set: the read itself), or a share of a sum (read null).
-  struct Part {
-    uint64_t index;
-    std::shared_ptr<Read> read;
-    int64_t elems;
-    at::ScalarType dtype;
-  };
-  std::deque<Part> parts_;
+  std::deque<Part> parts_;  // this member's parts not yet done, in op order
   std::atomic<int64_t> summed_{0};  // elements of all_reduce sums this member added up
 };
 
